@@ -1,0 +1,40 @@
+"""The explicit method registry: it feeds the CLI choices, the docs and the conformance tests.
+
+Registration is a literal table here, not an import side effect.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import StreetlampError
+from .attention import Attention
+from .base import Method
+
+REGISTRY: dict[str, type[Method]] = {cls.name: cls for cls in (
+    Attention,
+)}
+
+
+def list_methods() -> list[str]:
+    return list(REGISTRY)
+
+
+def get_method(name: str, **params: Any) -> Method:
+    if name not in REGISTRY:
+        raise StreetlampError(f"unknown method {name!r}; registered: {', '.join(REGISTRY)}")
+    try:
+        return REGISTRY[name](**params)
+    except TypeError as e:
+        raise StreetlampError(f"bad parameters for {name}: {e}") from None
+
+
+def parse_methods(spec: str) -> list[str]:
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    if names == ["all"]:
+        return list_methods()
+    for n in names:
+        if n not in REGISTRY:
+            raise StreetlampError(f"unknown method {n!r}; registered: {', '.join(REGISTRY)}")
+    if not names:
+        raise StreetlampError("no method named")
+    return names

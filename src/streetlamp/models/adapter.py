@@ -1,0 +1,232 @@
+"""ModelAdapter: one object around a Hugging Face model that streetlamp methods talk to.
+
+Methods never touch Hugging Face internals; they use :meth:`ModelAdapter.encode`,
+:meth:`ModelAdapter.forward` (logits of the explained output plus recorded sites) and
+:meth:`ModelAdapter.score`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Literal, Sequence
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ..errors import StreetlampError
+from . import attention
+from .sites import FAMILIES, Family, site_names
+from .trace import Edit, Session
+
+Kind = Literal["classifier", "causal_lm"]
+Quantity = Literal["prob", "logit", "logprob"]
+
+
+def _get(root: nn.Module, path: str) -> nn.Module:
+    m = root
+    for part in path.split("."):
+        m = m[int(part)] if part.isdigit() else getattr(m, part)  # type: ignore[index]
+    return m
+
+
+@dataclass
+class Inputs:
+    """A tokenised, right-padded batch. Real tokens keep the positions they have when alone."""
+
+    input_ids: torch.Tensor  # [batch, pos]
+    attention_mask: torch.Tensor  # [batch, pos], 1 = real token
+    tokens: list[list[str]]  # per text, real tokens only (tokenizer's own strings)
+    labels: list[list[str]]  # per text, readable token labels for figures
+    texts: list[str]
+    truncated: list[bool] = field(default_factory=list)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [int(n) for n in self.attention_mask.sum(1)]
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def select(self, idx: Sequence[int]) -> "Inputs":
+        ids = list(idx)
+        width = max(self.lengths[i] for i in ids)
+        return Inputs(self.input_ids[ids, :width], self.attention_mask[ids, :width],
+                      [self.tokens[i] for i in ids], [self.labels[i] for i in ids],
+                      [self.texts[i] for i in ids], [self.truncated[i] for i in ids] if self.truncated else [])
+
+
+@dataclass(frozen=True)
+class Target:
+    """What is explained: one output index (a class id or a vocabulary token id).
+
+    ``index=None`` means the model's own prediction (argmax). ``contrast`` makes the explained
+    scalar ``F = q(index) - q(contrast)``. ``quantity`` is the probability, logit or log-prob.
+    For a causal LM the output is the distribution over the next token after the text.
+    """
+
+    index: int | None = None
+    contrast: int | None = None
+    quantity: Quantity = "prob"
+
+    def describe(self, adapter: "ModelAdapter", index: int) -> str:
+        s = f"{self.quantity}({adapter.output_label(index)!r})"
+        if self.contrast is not None:
+            s += f" - {self.quantity}({adapter.output_label(self.contrast)!r})"
+        return s
+
+
+@dataclass
+class Forward:
+    logits: torch.Tensor  # [batch, n_outputs]: class logits, or next-token logits after the last real token
+    cache: dict[str, torch.Tensor]
+
+
+class ModelAdapter:
+    """Wraps a Hugging Face classifier or causal LM of a supported family."""
+
+    def __init__(self, hf_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, name: str,
+                 source: str = "") -> None:
+        model_type = hf_model.config.model_type
+        if model_type not in FAMILIES:
+            raise StreetlampError(f"unsupported model type {model_type!r}; supported: {', '.join(sorted(FAMILIES))}")
+        self.family: Family = FAMILIES[model_type]
+        arch = type(hf_model).__name__
+        if arch.endswith("ForSequenceClassification"):
+            self.kind: Kind = "classifier"
+        elif arch.endswith("ForCausalLM") or arch.endswith("LMHeadModel"):
+            self.kind = "causal_lm"
+        else:
+            raise StreetlampError(f"unsupported architecture {arch}; supported: *ForSequenceClassification "
+                                  "(bert, roberta, distilbert, gpt2, llama) and *ForCausalLM / GPT2LMHeadModel")
+        hf_model.set_attn_implementation(attention.register())
+        hf_model.eval()
+        self.hf_model = hf_model
+        self.tokenizer = tokenizer
+        self.name = name
+        self.source = source
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer.padding_side = "right"
+        base = hf_model.base_model
+        self.layer_modules: list[nn.Module] = list(_get(base, self.family.layers))
+        self.attn_modules = [_get(l, self.family.attn) for l in self.layer_modules]
+        self.o_proj_modules = [_get(l, self.family.o_proj) for l in self.layer_modules]
+        self.mlp_out_modules = [_get(l, self.family.mlp_out) for l in self.layer_modules]
+        self.embed_module = _get(base, self.family.embed)
+        cfg = hf_model.config
+        self.n_layers = len(self.layer_modules)
+        self.n_heads = int(cfg.num_attention_heads)
+        self.n_kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
+        self.d_model = int(cfg.hidden_size)
+        self.site_names = site_names(self.n_layers)
+        max_pos = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or 10**9)
+        # RoBERTa numbers positions from padding_idx + 1, so two position slots are never usable.
+        self.max_positions = max_pos - 2 if model_type == "roberta" else max_pos
+
+    # -- metadata ------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return next(self.hf_model.parameters()).device
+
+    @property
+    def n_outputs(self) -> int:
+        return int(self.hf_model.config.num_labels if self.kind == "classifier" else self.hf_model.config.vocab_size)
+
+    def output_label(self, index: int) -> str:
+        if self.kind == "classifier":
+            return str(self.hf_model.config.id2label.get(index, index))
+        return self.tokenizer.decode([index])
+
+    def describe(self) -> dict:
+        cfg = self.hf_model.config
+        return {"name": self.name, "source": self.source, "kind": self.kind, "family": self.family.name,
+                "architecture": type(self.hf_model).__name__, "layers": self.n_layers, "heads": self.n_heads,
+                "kv_heads": self.n_kv_heads, "d_model": self.d_model, "max_positions": self.max_positions,
+                "labels": ({str(k): v for k, v in cfg.id2label.items()} if self.kind == "classifier" else None)}
+
+    # -- inputs --------------------------------------------------------------------------------
+    def encode(self, texts: str | Iterable[str], truncate: bool = False) -> Inputs:
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        if not texts:
+            raise StreetlampError("no text given")
+        for t in texts:
+            if not t or not t.strip():
+                raise StreetlampError("empty text: give at least one non-space character")
+        enc = self.tokenizer(texts, padding=False, truncation=False)
+        rows = enc["input_ids"]
+        truncated = []
+        for i, r in enumerate(rows):
+            if len(r) > self.max_positions:
+                if not truncate:
+                    raise StreetlampError(
+                        f"text {i} has {len(r)} tokens but the model takes at most {self.max_positions}; "
+                        "pass --truncate to cut it (recorded in the manifest)")
+                # the tokenizer keeps its special tokens ([CLS] ... [SEP]) when it truncates
+                rows[i] = self.tokenizer(texts[i], truncation=True, max_length=self.max_positions)["input_ids"]
+            truncated.append(len(r) > self.max_positions)
+        width = max(len(r) for r in rows)
+        pad = int(self.tokenizer.pad_token_id)
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r)
+            mask[i, : len(r)] = 1
+        tokens = [self.tokenizer.convert_ids_to_tokens(r) for r in rows]
+        labels = [[self.token_label(t) for t in toks] for toks in tokens]
+        return Inputs(ids, mask, tokens, labels, texts, truncated)
+
+    def token_label(self, token: str) -> str:
+        s = self.tokenizer.convert_tokens_to_string([token])
+        return s if s.strip() else repr(s)
+
+    def token_id(self, text: str) -> int:
+        """The single vocabulary id of ``text`` (for causal-LM targets)."""
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1:
+            raise StreetlampError(f"target {text!r} is {len(ids)} tokens for this tokenizer; give one token")
+        return int(ids[0])
+
+    # -- running -------------------------------------------------------------------------------
+    def session(self, record: Iterable[str] = (), edit: dict[str, Edit] | None = None,
+                keep_grad: bool = False) -> Session:
+        return Session(self, record=record, edit=edit, keep_grad=keep_grad)
+
+    def forward(self, inputs: Inputs, record: Iterable[str] = (), edit: dict[str, Edit] | None = None,
+                keep_grad: bool = False, grad: bool = False) -> Forward:
+        """Run the model; return the explained logits ``[batch, n_outputs]`` and recorded sites."""
+        dev = self.device
+        with torch.set_grad_enabled(grad or keep_grad), self.session(record, edit, keep_grad) as s:
+            out = self.hf_model(input_ids=inputs.input_ids.to(dev), attention_mask=inputs.attention_mask.to(dev))
+        return Forward(self.select_logits(out.logits, inputs), s.cache)
+
+    def select_logits(self, logits: torch.Tensor, inputs: Inputs) -> torch.Tensor:
+        if self.kind == "classifier":
+            return logits
+        last = inputs.attention_mask.sum(1).to(logits.device) - 1
+        return logits[torch.arange(logits.shape[0], device=logits.device), last]
+
+    @staticmethod
+    def score(logits: torch.Tensor, index: torch.Tensor, target: Target) -> torch.Tensor:
+        """The explained scalar per example, ``[batch]``, from explained logits ``[batch, n]``."""
+        if target.quantity == "logit":
+            q = logits
+        elif target.quantity == "logprob":
+            q = torch.log_softmax(logits.float(), -1)
+        else:
+            q = torch.softmax(logits.float(), -1)
+        f = q.gather(1, index.view(-1, 1).to(q.device)).squeeze(1)
+        if target.contrast is not None:
+            f = f - q[:, target.contrast]
+        return f
+
+    def resolve(self, inputs: Inputs, target: Target, logits: torch.Tensor | None = None) -> torch.Tensor:
+        """Concrete output index per example: the target's, or the prediction when it has none."""
+        if target.index is not None:
+            if not 0 <= target.index < self.n_outputs:
+                raise StreetlampError(f"target {target.index} out of range: the model has {self.n_outputs} outputs")
+            if target.contrast is not None and not 0 <= target.contrast < self.n_outputs:
+                raise StreetlampError(f"contrast {target.contrast} out of range")
+            return torch.full((len(inputs),), target.index, dtype=torch.long)
+        if logits is None:
+            logits = self.forward(inputs).logits
+        return logits.argmax(-1).cpu()

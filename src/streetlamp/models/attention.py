@@ -1,0 +1,88 @@
+"""The one attention function streetlamp registers with transformers.
+
+Every supported family (BERT, RoBERTa, DistilBERT, GPT-2, Llama-family, ViT) calls its attention
+through ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]``. Registering this function (and
+the eager mask builder under the same name, so masks arrive as additive float tensors) lets one
+piece of code record and intervene on attention for all of them.
+
+Outside an active :class:`~streetlamp.models.trace.Session` it is a plain eager attention
+(identical numerics to Hugging Face's eager path). Inside one it exposes two sites per layer:
+
+* ``layers.{l}.attn.pattern`` -- post-softmax probabilities ``[batch, head, query, key]``
+  (per *query* head for grouped-query attention);
+* ``layers.{l}.attn.z`` -- per-head context vectors ``[batch, pos, head, d_head]``, before the
+  output projection.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+from .trace import active_session
+
+ATTN_IMPLEMENTATION = "streetlamp"
+
+
+def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """[batch, kv_heads, seq, d] -> [batch, kv_heads * groups, seq, d] (grouped-query attention)."""
+    if groups == 1:
+        return x
+    b, h, s, d = x.shape
+    return x[:, :, None, :, :].expand(b, h, groups, s, d).reshape(b, h * groups, s, d)
+
+
+def streetlamp_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if scaling is None:
+        scaling = query.size(-1) ** -0.5
+    groups = int(getattr(module, "num_key_value_groups", 1) or 1)
+    key = repeat_kv(key, groups)
+    value = repeat_kv(value, groups)
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    q_len, k_len = query.shape[-2], key.shape[-2]
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            allowed = attention_mask[:, :, :, :k_len]
+            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + attention_mask[:, :, :, :k_len]
+            allowed = attention_mask[:, :, :, :k_len] > torch.finfo(attention_mask.dtype).min / 2
+    else:
+        allowed = torch.ones(1, 1, q_len, k_len, dtype=torch.bool, device=query.device)
+        if getattr(module, "is_causal", False) and q_len > 1:
+            allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril(k_len - q_len)[None, None]
+            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    probs = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    probs = nn.functional.dropout(probs, p=dropout, training=module.training)
+    session = active_session()
+    layer = session.layer_of(module) if session is not None else None
+    if layer is not None:
+        assert session is not None
+        session.note_allowed(allowed, query.shape[0])
+        probs = session.site(f"layers.{layer}.attn.pattern", probs)
+    out = torch.matmul(probs, value).transpose(1, 2).contiguous()
+    if layer is not None:
+        assert session is not None
+        out = session.site(f"layers.{layer}.attn.z", out)
+        session.stash_z(layer, out)
+    return out, probs
+
+
+def register() -> str:
+    """Register the attention function and its mask builder; idempotent. Returns the name."""
+    AttentionInterface.register(ATTN_IMPLEMENTATION, streetlamp_attention)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, eager_mask)
+    return ATTN_IMPLEMENTATION
+
+
+register()

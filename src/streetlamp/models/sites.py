@@ -1,0 +1,91 @@
+"""Named sites: one stable name per intervention point, the same for every family.
+
+A family is a small table of module paths (relative to ``model.base_model``); everything else
+is derived from it. Shapes:
+
+==============================  ==================================  =============================
+name                            shape                               what
+==============================  ==================================  =============================
+``embed``                       ``[batch, pos, d_model]``           token embeddings (lookup output)
+``layers.{l}.resid_pre``        ``[batch, pos, d_model]``           hidden state entering layer l
+``layers.{l}.attn.pattern``     ``[batch, head, query, key]``       post-softmax attention
+``layers.{l}.attn.z``           ``[batch, pos, head, d_head]``      per-head context, before W_O
+``layers.{l}.attn.head_out``    ``[batch, pos, head, d_model]``     per-head output, z_h W_O,h
+``layers.{l}.attn.out``         ``[batch, pos, d_model]``           attention block output (W_O)
+``layers.{l}.mlp.out``          ``[batch, pos, d_model]``           MLP output (last linear)
+``layers.{l}.resid_post``       ``[batch, pos, d_model]``           hidden state leaving layer l
+==============================  ==================================  =============================
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+LAYER_SITES = ("resid_pre", "attn.pattern", "attn.z", "attn.head_out", "attn.out", "mlp.out", "resid_post")
+SITE_AXES: dict[str, list[str]] = {
+    "embed": ["batch", "pos", "d_model"],
+    "resid_pre": ["batch", "pos", "d_model"],
+    "attn.pattern": ["batch", "head", "query", "key"],
+    "attn.z": ["batch", "pos", "head", "d_head"],
+    "attn.head_out": ["batch", "pos", "head", "d_model"],
+    "attn.out": ["batch", "pos", "d_model"],
+    "mlp.out": ["batch", "pos", "d_model"],
+    "resid_post": ["batch", "pos", "d_model"],
+}
+
+
+@dataclass(frozen=True)
+class Family:
+    """Module paths of one architecture family, relative to ``model.base_model``."""
+
+    name: str
+    layers: str
+    attn: str  # the module that calls the attention function
+    o_proj: str  # relative to a layer
+    mlp_out: str  # relative to a layer
+    embed: str  # token-embedding lookup, relative to the base model
+
+
+_BERT = dict(layers="encoder.layer", attn="attention.self", o_proj="attention.output.dense",
+             mlp_out="output.dense", embed="embeddings.word_embeddings")
+_LLAMA = dict(layers="layers", attn="self_attn", o_proj="self_attn.o_proj", mlp_out="mlp.down_proj",
+              embed="embed_tokens")
+FAMILIES: dict[str, Family] = {
+    "bert": Family("bert", **_BERT),
+    "roberta": Family("roberta", **_BERT),
+    "distilbert": Family("distilbert", layers="transformer.layer", attn="attention", o_proj="attention.out_lin",
+                         mlp_out="ffn.lin2", embed="embeddings.word_embeddings"),
+    "gpt2": Family("gpt2", layers="h", attn="attn", o_proj="attn.c_proj", mlp_out="mlp.c_proj", embed="wte"),
+    "llama": Family("llama", **_LLAMA),
+    "mistral": Family("mistral", **_LLAMA),
+    "qwen2": Family("qwen2", **_LLAMA),
+    "vit": Family("vit", layers="encoder.layer", attn="attention.attention", o_proj="attention.output.dense",
+                  mlp_out="output.dense", embed="embeddings.patch_embeddings"),
+}
+
+
+def site_names(n_layers: int) -> list[str]:
+    """Every site name of a model with ``n_layers`` layers, in forward order."""
+    return ["embed"] + [f"layers.{l}.{s}" for l in range(n_layers) for s in LAYER_SITES]
+
+
+def site_axes(name: str) -> list[str]:
+    key = name.split(".", 2)[-1] if name.startswith("layers.") else name
+    return SITE_AXES[key]
+
+
+def parse_site(name: str) -> tuple[int | None, str]:
+    """``layers.3.attn.z`` -> (3, "attn.z"); ``embed`` -> (None, "embed")."""
+    if name.startswith("layers."):
+        _, l, rest = name.split(".", 2)
+        return int(l), rest
+    return None, name
+
+
+def output_matrix(o_proj: nn.Module, n_heads: int) -> torch.Tensor:
+    """W_O as ``[head, d_head, d_model]`` for nn.Linear or GPT-2's Conv1D."""
+    w = o_proj.weight
+    w_in_out = w if type(o_proj).__name__ == "Conv1D" else w.t()
+    return w_in_out.reshape(n_heads, -1, w_in_out.shape[-1])

@@ -1,0 +1,1 @@
+"""Rendering: functions that consume saved arrays and write figures; they never recompute."""

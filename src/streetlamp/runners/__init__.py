@@ -1,0 +1,1 @@
+"""Runners: the jobs behind the CLI subcommands, as library calls."""
