@@ -8,7 +8,7 @@ from streetlamp.models.adapter import ModelAdapter
 from .conftest import TEXTS
 
 PINNED = ["embed"] + [f"layers.{l}.{s}" for l in range(2) for s in (
-    "resid_pre", "attn.pattern", "attn.z", "attn.head_out", "attn.out", "mlp.out", "resid_post")]
+    "resid_pre", "attn.v", "attn.pattern", "attn.z", "attn.head_out", "attn.out", "mlp.out", "resid_post")]
 
 
 def test_site_names_pinned(tiny: ModelAdapter) -> None:
@@ -23,6 +23,10 @@ def test_site_shapes(tiny: ModelAdapter) -> None:
     for l in range(2):
         assert f.cache[f"layers.{l}.attn.pattern"].shape == (b, h, s, s)
         assert f.cache[f"layers.{l}.attn.z"].shape == (b, s, h, d // h)
+        assert f.cache[f"layers.{l}.attn.v"].shape == (b, s, h, d // h)
+        # z is the attention-weighted sum of values, per head
+        z = torch.einsum("bhqk,bkhd->bqhd", f.cache[f"layers.{l}.attn.pattern"], f.cache[f"layers.{l}.attn.v"])
+        torch.testing.assert_close(z, f.cache[f"layers.{l}.attn.z"], atol=1e-5, rtol=1e-5)
         assert f.cache[f"layers.{l}.attn.head_out"].shape == (b, s, h, d)
         for k in ("attn.out", "mlp.out", "resid_post", "resid_pre"):
             assert f.cache[f"layers.{l}.{k}"].shape == (b, s, d)

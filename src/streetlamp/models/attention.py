@@ -6,8 +6,9 @@ the eager mask builder under the same name, so masks arrive as additive float te
 piece of code record and intervene on attention for all of them.
 
 Outside an active :class:`~streetlamp.models.trace.Session` it is a plain eager attention
-(identical numerics to Hugging Face's eager path). Inside one it exposes two sites per layer:
+(identical numerics to Hugging Face's eager path). Inside one it exposes three sites per layer:
 
+* ``layers.{l}.attn.v`` -- value vectors ``[batch, pos, head, d_head]`` (per query head);
 * ``layers.{l}.attn.pattern`` -- post-softmax probabilities ``[batch, head, query, key]``
   (per *query* head for grouped-query attention);
 * ``layers.{l}.attn.z`` -- per-head context vectors ``[batch, pos, head, d_head]``, before the
@@ -48,6 +49,14 @@ def streetlamp_attention(
     groups = int(getattr(module, "num_key_value_groups", 1) or 1)
     key = repeat_kv(key, groups)
     value = repeat_kv(value, groups)
+    session = active_session()
+    layer = session.layer_of(module) if session is not None else None
+    if layer is not None:
+        assert session is not None
+        v = value.transpose(1, 2)
+        v_new = session.site(f"layers.{layer}.attn.v", v)
+        if v_new is not v:
+            value = v_new.transpose(1, 2)
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     q_len, k_len = query.shape[-2], key.shape[-2]
     if attention_mask is not None:
@@ -64,8 +73,6 @@ def streetlamp_attention(
             scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
     probs = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     probs = nn.functional.dropout(probs, p=dropout, training=module.training)
-    session = active_session()
-    layer = session.layer_of(module) if session is not None else None
     if layer is not None:
         assert session is not None
         session.note_allowed(allowed, query.shape[0])

@@ -8,6 +8,7 @@ name                            shape                               what
 ==============================  ==================================  =============================
 ``embed``                       ``[batch, pos, d_model]``           token embeddings (lookup output)
 ``layers.{l}.resid_pre``        ``[batch, pos, d_model]``           hidden state entering layer l
+``layers.{l}.attn.v``           ``[batch, pos, head, d_head]``      value vectors (per query head)
 ``layers.{l}.attn.pattern``     ``[batch, head, query, key]``       post-softmax attention
 ``layers.{l}.attn.z``           ``[batch, pos, head, d_head]``      per-head context, before W_O
 ``layers.{l}.attn.head_out``    ``[batch, pos, head, d_model]``     per-head output, z_h W_O,h
@@ -23,10 +24,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-LAYER_SITES = ("resid_pre", "attn.pattern", "attn.z", "attn.head_out", "attn.out", "mlp.out", "resid_post")
+LAYER_SITES = ("resid_pre", "attn.v", "attn.pattern", "attn.z", "attn.head_out", "attn.out", "mlp.out", "resid_post")
 SITE_AXES: dict[str, list[str]] = {
     "embed": ["batch", "pos", "d_model"],
     "resid_pre": ["batch", "pos", "d_model"],
+    "attn.v": ["batch", "pos", "head", "d_head"],
     "attn.pattern": ["batch", "head", "query", "key"],
     "attn.z": ["batch", "pos", "head", "d_head"],
     "attn.head_out": ["batch", "pos", "head", "d_model"],

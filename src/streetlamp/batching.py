@@ -1,0 +1,47 @@
+"""Batching by a token budget (batch x length), not a fixed count.
+
+``batch_size`` everywhere in streetlamp means the largest number of tokens (rows x padded
+length) one forward pass may hold. Long inputs get small batches, short inputs large ones; on
+CPU large batches of long inputs are slower than small ones, so the default budget is modest.
+"""
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import torch
+
+DEFAULT_CPU_BUDGET = 4096
+DEFAULT_GPU_BUDGET = 65536
+
+
+def default_budget(device: torch.device | str = "cpu") -> int:
+    return DEFAULT_GPU_BUDGET if torch.device(device).type == "cuda" else DEFAULT_CPU_BUDGET
+
+
+def rows_per_batch(length: int, budget: int | None, device: torch.device | str = "cpu") -> int:
+    """How many rows of ``length`` tokens fit one forward pass."""
+    b = budget if budget is not None else default_budget(device)
+    return max(1, b // max(1, length))
+
+
+def chunks(n: int, length: int, budget: int | None, device: torch.device | str = "cpu") -> Iterator[slice]:
+    """Slices over ``n`` rows of equal ``length`` within the token budget."""
+    step = rows_per_batch(length, budget, device)
+    for start in range(0, n, step):
+        yield slice(start, min(n, start + step))
+
+
+def group_by_budget(lengths: Sequence[int], budget: int | None, device: torch.device | str = "cpu") -> list[list[int]]:
+    """Indices grouped so that (rows x longest length) stays within the budget; similar lengths together."""
+    b = budget if budget is not None else default_budget(device)
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        if cur and (len(cur) + 1) * max(lengths[j] for j in cur + [i]) > b:
+            groups.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        groups.append(cur)
+    return groups
