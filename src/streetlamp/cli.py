@@ -50,7 +50,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
         raise StreetlampError("empty text: give the sentence to explain")
     out = Path(args.out) if args.out else Path("runs") / f"explain-{__import__('time').strftime('%Y%m%d-%H%M%S')}"
     check_out_dir(out, args.overwrite)
-    methods = parse_methods(args.methods) if args.methods else []
+    from .runners.explain import default_methods
+
+    methods = parse_methods(args.methods) if args.methods else default_methods()
     adapter = load(args.model)
     if args.device != "cpu":
         adapter.hf_model.to(args.device)
@@ -61,7 +63,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     print(f"model: {adapter.name} ({adapter.kind}, {adapter.n_layers} layers x {adapter.n_heads} heads)")
     for line in res.summary:
         print(line)
-    print(f"output: {res.out}/ (manifest.json, arrays.safetensors, PNG heatmaps)")
+    print(f"output: {res.out}/ (manifest.json, arrays.safetensors, PNG heatmaps"
+          + (", methods_comparison.png, kendall_tau.csv)" if res.explanations else ")"))
     return 0
 
 
@@ -83,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quantity", choices=["prob", "logit", "logprob"], default="prob")
     s.add_argument("--layer", type=int, default=None, help="layer for the single heatmap (default: last)")
     s.add_argument("--head", type=int, default=None, help="head for the single heatmap (default: head mean)")
-    s.add_argument("--methods", default=None, help="comma-separated method names, or 'all'")
+    s.add_argument("--methods", default=None, help="comma-separated method names, or 'all' "
+                   "(default: attention, rollout, integrated_gradients, occlusion)")
     s.add_argument("--out", default=None, help="output folder (default runs/explain-<time>)")
     s.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
     s.add_argument("--truncate", action="store_true", help="cut texts longer than the model's positions")

@@ -162,14 +162,53 @@ def write_outputs(adapter: ModelAdapter, res: ExplainResult, tmp: Path, target: 
     write_json(tmp / "manifest.json", manifest)
 
 
-def summarise(adapter: ModelAdapter, res: ExplainResult, k: int = 5) -> list[str]:
+DEFAULT_METHODS = ["attention", "rollout", "integrated_gradients", "occlusion"]
+
+
+def default_methods() -> list[str]:
+    from ..methods.registry import REGISTRY
+
+    return [m for m in DEFAULT_METHODS if m in REGISTRY]
+
+
+def summarise(adapter: ModelAdapter, res: ExplainResult, k: int = 3) -> list[str]:
+    """A few lines read at a glance: what attention points at, and what removing it does."""
     L, H = res.attention.shape[:2]
-    row = res.attention[L - 1, :, res.position].mean(0)
-    order = np.argsort(-row)[:k]
     lines = [f"prediction: {adapter.output_label(res.prediction)!r} (p={res.probs[res.prediction]:.3f})"
              + (f"; explaining {adapter.output_label(res.target_index)!r}" if res.target_index != res.prediction
-                else ""),
-             f"top tokens by attention (from {res.labels[res.position]!r} at position {res.position}, "
-             f"last layer {L - 1}, mean over {H} heads):",
-             "  " + ", ".join(f"{res.labels[j]!r} {row[j]:.3f}" for j in order)]
+                else "")]
+    att_e = res.explanations.get("attention")
+    row = att_e.scores if att_e is not None else res.attention[L - 1, :, res.position].mean(0)
+    view = att_e.info.get("view") if att_e is not None else f"layer {L - 1}, mean over {H} heads"
+    special = set(adapter.tokenizer.all_special_tokens)
+    words = [j for j, t in enumerate(res.tokens) if t not in special]
+    where = f"attention from {res.labels[res.position]!r} (position {res.position}), {view}"
+    if len(words) < len(res.tokens):
+        lines.append(f"{where}: {row[[j for j in range(len(row)) if j not in words]].sum():.0%} of it goes to "
+                     "special tokens (excluded below)")
+    occ = res.explanations.get("occlusion")
+    if occ is None or not words:
+        order = sorted(words, key=lambda j: -row[j])[:k]
+        lines.append(f"top tokens by {where}:")
+        lines.append("  " + ", ".join(f"{res.labels[j]!r} {row[j]:.3f}" for j in order))
+        return lines
+    delta = occ.scores
+    repl = occ.info.get("replacement", "see manifest")
+    by_att = sorted(words, key=lambda j: -row[j])[:k]
+    by_occ = sorted(words, key=lambda j: -abs(delta[j]))[:k]
+    quantity = occ.info.get("target", {}).get("explained", "the target")
+    lines.append(f"what removing a token does (occlusion, token replaced by {repl}; change of {quantity}):")
+    lines.append(f"  {'token':<16}{'attention':>10}{'rank':>6}{'change if removed':>19}{'rank':>6}")
+    att_rank = {j: r + 1 for r, j in enumerate(sorted(words, key=lambda j: -row[j]))}
+    occ_rank = {j: r + 1 for r, j in enumerate(sorted(words, key=lambda j: -abs(delta[j])))}
+    for title, group in (("top by attention", by_att), ("top by occlusion", by_occ)):
+        lines.append(f"  {title}:")
+        for j in group:
+            lines.append(f"  {res.labels[j]!r:<16}{row[j]:>10.3f}{att_rank[j]:>6}{-delta[j]:>+19.3f}{occ_rank[j]:>6}")
+    shared = len(set(by_att) & set(by_occ))
+    from scipy.stats import kendalltau
+
+    tau = kendalltau(row[words], np.abs(delta[words])).statistic if len(words) > 1 else float("nan")
+    lines.append(f"attention's top {k} and occlusion's top {k} share {shared} token(s); Kendall tau(attention, "
+                 f"|occlusion|) over the {len(words)} word tokens = {tau:.2f}")
     return lines

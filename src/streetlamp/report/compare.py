@@ -1,0 +1,67 @@
+"""Method comparison for one text: a tokens x methods figure and the Kendall tau table."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from scipy.stats import kendalltau  # noqa: E402
+
+if TYPE_CHECKING:
+    from ..runners.explain import ExplainResult
+
+COMPARISON_SCALE = {"cmap": "RdBu_r", "vmin": -1.0, "vmax": 1.0, "norm": "linear",
+                    "label": "score / max |score| of that method (signed; red pushes the target up)"}
+
+
+def normalise_rows(m: np.ndarray) -> np.ndarray:
+    scale = np.abs(m).max(1, keepdims=True)
+    return np.divide(m, scale, out=np.zeros_like(m), where=scale > 0)
+
+
+def kendall_matrix(scores: dict[str, np.ndarray]) -> tuple[list[str], np.ndarray]:
+    """Kendall tau-b between every pair of methods' token scores (NaN where a method is constant)."""
+    names = list(scores)
+    tau = np.full((len(names), len(names)), np.nan)
+    for a, na in enumerate(names):
+        for b, nb in enumerate(names):
+            x, y = scores[na], scores[nb]
+            if np.ptp(x) > 0 and np.ptp(y) > 0:
+                tau[a, b] = kendalltau(x, y).statistic
+    return names, tau
+
+
+def write_comparison(res: "ExplainResult", out: Path) -> list[dict[str, Any]]:
+    scores = {k: np.asarray(e.scores, dtype=np.float64) for k, e in res.explanations.items()}
+    names = list(scores)
+    m = normalise_rows(np.stack([scores[k] for k in names]))
+    n = m.shape[1]
+    fig, ax = plt.subplots(figsize=(min(3 + 0.45 * n, 30), 1.2 + 0.45 * len(names)))
+    im = ax.imshow(m, cmap=COMPARISON_SCALE["cmap"], vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
+    ax.set_xticks(range(n), res.labels, rotation=90, fontsize=8)
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.set_xlabel("token")
+    ax.set_ylabel("method")
+    for i in range(len(names)):
+        for j in range(n):
+            ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=6,
+                    color="white" if abs(m[i, j]) > 0.6 else "black")
+    cb = fig.colorbar(im, ax=ax, shrink=0.9)
+    cb.set_label("row-normalised score", fontsize=8)
+    ax.set_title("Token scores by method (each row divided by its max |score|)", fontsize=9)
+    fig.savefig(out / "methods_comparison.png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    names, tau = kendall_matrix(scores)
+    with open(out / "kendall_tau.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["method"] + names)
+        for i, na in enumerate(names):
+            w.writerow([na] + ["" if np.isnan(t) else f"{t:.4f}" for t in tau[i]])
+    return [{"file": "methods_comparison.png", "shows": "token scores by method, rows normalised",
+             "arrays": [f"{k}.tokens" for k in names], "colour_scale": COMPARISON_SCALE},
+            {"file": "kendall_tau.csv", "shows": "Kendall tau-b between every pair of methods' token scores"}]
