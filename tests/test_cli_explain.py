@@ -38,8 +38,10 @@ def test_explain_writes_manifest_arrays_figures(ckpts: dict[str, Path], tmp_path
     assert arrays["attention"].shape == (2, 4, n, n)
     assert m["arrays"]["attention"]["axes"] == ["layer", "head", "query", "key"]
     assert m["colour_scales"]["attention"]["vmin"] == 0.0
-    assert {f["file"] for f in m["figures"]} == {"attention_L1_H2.png", "attention_grid.png",
-                                                 "attention_head_mean.png"}
+    assert {f["file"] for f in m["figures"]} >= {"attention_L1_H2.png", "attention_grid.png",
+                                                 "attention_head_mean.png", "methods_comparison.png",
+                                                 "kendall_tau.csv"}
+    assert "attention" in m["methods"] and m["arrays"]["attention.tokens"]["axes"] == ["token"]
     for f in m["figures"]:
         assert (out / f["file"]).stat().st_size > 1000
     assert {"torch", "transformers", "streetlamp"} <= set(m["versions"])
