@@ -43,7 +43,7 @@ def test_explain_writes_manifest_arrays_figures(ckpts: dict[str, Path], tmp_path
                                                  "kendall_tau.csv"}
     assert "attention" in m["methods"] and m["arrays"]["attention.tokens"]["axes"] == ["token"]
     for f in m["figures"]:
-        assert (out / f["file"]).stat().st_size > 1000
+        assert (out / f["file"]).stat().st_size > (1000 if f["file"].endswith(".png") else 10)
     assert {"torch", "transformers", "streetlamp"} <= set(m["versions"])
     allowed = arrays["allowed"].astype(bool)
     assert np.all(arrays["attention"][:, :, ~allowed] == 0)
