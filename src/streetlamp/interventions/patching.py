@@ -1,0 +1,207 @@
+"""Activation patching, path patching and attribution patching on a clean/corrupted pair.
+
+Metric (Wang et al. 2023; Heimersheim & Nanda 2024): the logit difference
+``LD(x) = logit(answer) - logit(wrong)`` of the explained output, normalised as
+``m = (LD_patched - LD_corrupt) / (LD_clean - LD_corrupt)``: 0 = the corrupted run, 1 = the clean run.
+
+* **Activation patching** (denoising): run the *corrupted* input and copy one clean activation
+  (residual stream entering layer l at one position, attention output, MLP output at one position,
+  or one head's ``attn.z`` at every position) into it; ``m`` is the fraction of the clean
+  behaviour that single activation restores.
+* **Path patching** (Wang et al., ICLR 2023, "Interpretability in the Wild", section 3.1; noising as
+  in the paper): run the *clean* input with the sender head's output taken from the corrupted run
+  and every other head frozen at its clean value (MLPs recompute). With receiver ``logits`` the
+  metric is read from that run (the sender's direct path plus paths through MLPs); with receiver
+  heads, their ``attn.z`` from that run (optionally only at one position) is patched into a
+  fresh clean run. ``m`` near 1 = the path does not matter, lower = it carries the behaviour.
+* **Attribution patching** (Nanda 2023; Kramár et al. 2024): the first-order approximation of
+  activation patching, ``(a_clean - a_corrupt) · ∂LD/∂a`` evaluated on the corrupted run, one
+  backward pass for all sites, divided by ``LD_clean - LD_corrupt`` to be in units of ``m``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..errors import StreetlampError
+from ..models.adapter import Inputs, ModelAdapter
+from . import engine
+from .engine import Intervention
+
+KINDS = ("resid_pre", "attn.out", "mlp.out")  # by layer and position; heads: attn.z, by layer and head
+
+
+@dataclass
+class Pair:
+    clean: Inputs
+    corrupt: Inputs
+    answer: int
+    wrong: int
+    ld_clean: float
+    ld_corrupt: float
+
+    def normalise(self, ld: torch.Tensor | np.ndarray | float):
+        return (ld - self.ld_corrupt) / (self.ld_clean - self.ld_corrupt)
+
+
+def logit_diff(logits: torch.Tensor, answer: int, wrong: int) -> torch.Tensor:
+    return logits[:, answer].float() - logits[:, wrong].float()
+
+
+def make_pair(adapter: ModelAdapter, clean_text: str, corrupt_text: str, answer: int | None = None,
+              wrong: int | None = None) -> Pair:
+    """Encode both texts, check equal token length, choose answer/wrong, compute both LDs.
+
+    Default answer: the clean prediction; default wrong: the corrupted prediction (or, when
+    the two agree, the clean run's second most likely output).
+    """
+    clean, corrupt = adapter.encode(clean_text), adapter.encode(corrupt_text)
+    n, m = clean.lengths[0], corrupt.lengths[0]
+    if n != m:
+        raise StreetlampError(
+            f"clean text has {n} tokens and corrupted text has {m}; patching copies activations position by "
+            f"position, so both must have the same token length (clean: {clean.labels[0]}, corrupted: "
+            f"{corrupt.labels[0]})")
+    with torch.no_grad():
+        lc = adapter.forward(clean).logits
+        lx = adapter.forward(corrupt).logits
+    if answer is None:
+        answer = int(lc.argmax(-1))
+    if wrong is None:
+        wrong = int(lx.argmax(-1))
+        if wrong == answer:
+            wrong = int(lc[0].topk(2).indices[1])
+    if answer == wrong:
+        raise StreetlampError("answer and wrong output are the same; give two different ones")
+    for i in (answer, wrong):
+        if not 0 <= i < adapter.n_outputs:
+            raise StreetlampError(f"output {i} out of range: the model has {adapter.n_outputs} outputs")
+    ldc, ldx = float(logit_diff(lc, answer, wrong)), float(logit_diff(lx, answer, wrong))
+    if abs(ldc - ldx) < 1e-6:
+        raise StreetlampError(f"the logit difference is the same on both inputs ({ldc:.4f}); nothing to restore: "
+                              "choose a corruption that changes the answer")
+    return Pair(clean, corrupt, answer, wrong, ldc, ldx)
+
+
+def _sites(adapter: ModelAdapter) -> list[str]:
+    return [f"layers.{l}.{k}" for l in range(adapter.n_layers) for k in KINDS + ("attn.z",)]
+
+
+def activation_patching(adapter: ModelAdapter, pair: Pair, progress: bool = False) -> dict[str, np.ndarray]:
+    """Normalised metric for patching each clean activation into the corrupted run.
+
+    Returns ``{"resid_pre"|"attn.out"|"mlp.out": [layer, pos], "heads": [layer, head]}``.
+    """
+    L, H, P = adapter.n_layers, adapter.n_heads, pair.clean.lengths[0]
+    clean = adapter.forward(pair.clean, record=_sites(adapter)).cache
+    out = {k: np.zeros((L, P), np.float32) for k in KINDS}
+    out["heads"] = np.zeros((L, H), np.float32)
+    by_pos = engine.repeat_inputs(pair.corrupt, P)
+    by_head = engine.repeat_inputs(pair.corrupt, H)
+    it = range(L)
+    if progress:
+        from tqdm import tqdm
+        it = tqdm(it, desc="activation patching", leave=False)
+    with torch.no_grad():
+        for l in it:
+            for k in KINDS:
+                s = f"layers.{l}.{k}"
+                ivs = [Intervention(s, engine.patch(clean[s]), pos=p, rows=[p]) for p in range(P)]
+                out[k][l] = pair.normalise(logit_diff(engine.run(adapter, by_pos, ivs).logits,
+                                                      pair.answer, pair.wrong)).cpu().numpy()
+            s = f"layers.{l}.attn.z"
+            ivs = [Intervention(s, engine.patch(clean[s]), head=h, rows=[h]) for h in range(H)]
+            out["heads"][l] = pair.normalise(logit_diff(engine.run(adapter, by_head, ivs).logits,
+                                                        pair.answer, pair.wrong)).cpu().numpy()
+    return out
+
+
+def attribution_patching(adapter: ModelAdapter, pair: Pair) -> dict[str, np.ndarray]:
+    """``(a_clean - a_corrupt) · ∂LD/∂a`` at the corrupted run, normalised; same keys as
+    :func:`activation_patching` (heads: summed over positions and ``d_head``)."""
+    sites = _sites(adapter)
+    clean = adapter.forward(pair.clean, record=sites).cache
+    fwd = adapter.forward(pair.corrupt, record=sites, keep_grad=True, grad=True)
+    ld = logit_diff(fwd.logits, pair.answer, pair.wrong).sum()
+    grads = torch.autograd.grad(ld, [fwd.cache[s] for s in sites], allow_unused=True)
+    g = dict(zip(sites, grads))
+    L, P = adapter.n_layers, pair.clean.lengths[0]
+    scale = pair.ld_clean - pair.ld_corrupt
+    out = {k: np.zeros((L, P), np.float32) for k in KINDS}
+    out["heads"] = np.zeros((L, adapter.n_heads), np.float32)
+    for s in sites:
+        l, k = int(s.split(".")[1]), s.split(".", 2)[2]
+        gr = g[s] if g[s] is not None else torch.zeros_like(fwd.cache[s])
+        prod = ((clean[s] - fwd.cache[s].detach()) * gr).float()[0]
+        if k == "attn.z":
+            out["heads"][l] = (prod.sum((0, 2)) / scale).cpu().numpy()
+        else:
+            out[k][l] = (prod.sum(-1) / scale).cpu().numpy()
+    return out
+
+
+def compare(real: dict[str, np.ndarray], approx: dict[str, np.ndarray], top: int = 5) -> dict:
+    """Pearson correlation per site kind and the sites where approximation and truth differ most."""
+    res = {}
+    for k in real:
+        a, b = real[k].reshape(-1), approx[k].reshape(-1)
+        r = float(np.corrcoef(a, b)[0, 1]) if a.std() > 0 and b.std() > 0 else float("nan")
+        worst = np.argsort(-np.abs(a - b))[:top]
+        cols = real[k].shape[1]
+        res[k] = {"pearson": r, "largest_disagreements": [
+            {"layer": int(i // cols), ("head" if k == "heads" else "pos"): int(i % cols),
+             "patching": float(a[i]), "attribution": float(b[i])} for i in worst]}
+    return res
+
+
+def path_patching(adapter: ModelAdapter, pair: Pair, receivers: Sequence[tuple[int, int]] | None = None,
+                  receiver_pos: int | None = None, progress: bool = False) -> np.ndarray:
+    """Normalised metric ``[layer, head]`` for the path sender (l, h) -> receivers.
+
+    ``receivers=None``: the logits (sender's direct path, MLPs recomputed). Otherwise a list of
+    (layer, head): senders must lie in earlier layers (NaN elsewhere).
+    """
+    L, H, P = adapter.n_layers, adapter.n_heads, pair.clean.lengths[0]
+    for lr, hr in receivers or []:
+        engine.check_layer_head(adapter, lr, hr)
+    if receiver_pos is not None and not 0 <= receiver_pos < P:
+        raise StreetlampError(f"receiver position {receiver_pos} out of range 0..{P - 1}")
+    zs = [f"layers.{l}.attn.z" for l in range(L)]
+    clean = adapter.forward(pair.clean, record=zs).cache
+    corrupt = adapter.forward(pair.corrupt, record=zs).cache
+    rec_layers = sorted({lr for lr, _ in receivers or []})
+    last = min(rec_layers) if rec_layers else L
+    out = np.full((L, H), np.nan, np.float32)
+    base = engine.repeat_inputs(pair.clean, H)
+
+    def freeze(l: int) -> engine.Strategy:
+        keep = [hr for lr, hr in receivers or [] if lr == l]
+
+        def fn(a: torch.Tensor) -> torch.Tensor:
+            new = clean[f"layers.{l}.attn.z"].to(a.dtype).expand_as(a).clone()
+            if keep:
+                new[:, :, keep] = a[:, :, keep]
+            return new
+        return fn
+
+    it = range(last)
+    if progress:
+        from tqdm import tqdm
+        it = tqdm(it, desc="path patching", leave=False)
+    with torch.no_grad():
+        for ls in it:
+            ivs = [Intervention(zs[l], freeze(l)) for l in range(L)]
+            ivs += [Intervention(zs[ls], engine.patch(corrupt[zs[ls]]), head=h, rows=[h]) for h in range(H)]
+            rec = [zs[l] for l in rec_layers]
+            fwd = engine.run(adapter, base, ivs, record=rec)
+            if not receivers:
+                ld = logit_diff(fwd.logits, pair.answer, pair.wrong)
+            else:
+                ivs2 = [Intervention(zs[lr], engine.patch(fwd.cache[zs[lr]]), head=hr, pos=receiver_pos)
+                        for lr, hr in receivers]
+                ld = logit_diff(engine.run(adapter, base, ivs2).logits, pair.answer, pair.wrong)
+            out[ls] = pair.normalise(ld).cpu().numpy()
+    return out
