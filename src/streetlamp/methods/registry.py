@@ -9,9 +9,11 @@ from typing import Any
 from ..errors import StreetlampError
 from .attention import Attention
 from .base import Method
+from .decomposition import Alti, Norm, ValueZeroing
 
 REGISTRY: dict[str, type[Method]] = {cls.name: cls for cls in (
     Attention,
+    Norm, Alti, ValueZeroing,
 )}
 
 

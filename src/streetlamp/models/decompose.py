@@ -1,0 +1,81 @@
+"""Per-family facts the decomposition methods (norm, ALTI, value zeroing) need beyond the sites.
+
+The named sites already give the value vectors (``layers.{l}.attn.v``, per query head, *with*
+the value bias b_V and, for pre-LN families, *after* the pre-attention LayerNorm/RMSNorm) and
+the attention block's output (``layers.{l}.attn.out``, with b_O). What they do not give is:
+
+* where the LayerNorm around the attention block sits: **post-LN** (BERT, RoBERTa, DistilBERT:
+  ``LN(x + Attn(x))``) or **pre-LN** (GPT-2: LayerNorm; Llama family: RMSNorm:
+  ``x + Attn(LN(x))``), and for post-LN the norm's gamma, beta and eps;
+* W_O per head (``sites.output_matrix``) and b_O.
+
+This module is that table plus three small accessors; nothing else touches module paths.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import torch
+
+from ..errors import StreetlampError
+from .sites import output_matrix
+
+if TYPE_CHECKING:
+    from .adapter import ModelAdapter
+
+
+@dataclass(frozen=True)
+class NormPlacement:
+    """``placement``: where the norm around the attention block sits; ``attn_norm``: its path
+    relative to a layer module (applied to ``x + Attn`` when post-LN, to ``x`` when pre-LN);
+    ``kind``: ``layernorm`` (mean-centred, gamma, beta) or ``rmsnorm`` (gamma only)."""
+
+    placement: Literal["post", "pre"]
+    attn_norm: str
+    kind: Literal["layernorm", "rmsnorm"]
+
+
+DECOMPOSE: dict[str, NormPlacement] = {
+    "bert": NormPlacement("post", "attention.output.LayerNorm", "layernorm"),
+    "roberta": NormPlacement("post", "attention.output.LayerNorm", "layernorm"),
+    "distilbert": NormPlacement("post", "sa_layer_norm", "layernorm"),
+    "gpt2": NormPlacement("pre", "ln_1", "layernorm"),
+    "llama": NormPlacement("pre", "input_layernorm", "rmsnorm"),
+    "mistral": NormPlacement("pre", "input_layernorm", "rmsnorm"),
+    "qwen2": NormPlacement("pre", "input_layernorm", "rmsnorm"),
+}
+
+
+def placement(adapter: "ModelAdapter") -> NormPlacement:
+    """The family's norm placement, or a StreetlampError naming the supported families."""
+    p = DECOMPOSE.get(adapter.family.name)
+    if p is None:
+        raise StreetlampError(f"no decomposition table for family {adapter.family.name!r}; "
+                              f"supported: {', '.join(sorted(DECOMPOSE))}")
+    return p
+
+
+def _module(root: torch.nn.Module, path: str) -> torch.nn.Module:
+    m = root
+    for part in path.split("."):
+        m = m[int(part)] if part.isdigit() else getattr(m, part)  # type: ignore[index]
+    return m
+
+
+def output_weights(adapter: "ModelAdapter", layer: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``W_O`` ``[head, d_head, d_model]`` and ``b_O`` ``[d_model]`` (None without a bias), float32."""
+    o = adapter.o_proj_modules[layer]
+    w = output_matrix(o, adapter.n_heads).detach().float()
+    b = getattr(o, "bias", None)
+    return w, (b.detach().float() if b is not None else None)
+
+
+def post_norm(adapter: "ModelAdapter", layer: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """gamma, beta ``[d_model]`` (float32) and eps of the post-attention LayerNorm (post-LN only)."""
+    p = placement(adapter)
+    if p.placement != "post" or p.kind != "layernorm":
+        raise StreetlampError(f"family {adapter.family.name!r} has no post-attention LayerNorm")
+    ln = _module(adapter.layer_modules[layer], p.attn_norm)
+    eps = float(getattr(ln, "eps", None) or getattr(ln, "variance_epsilon"))
+    return ln.weight.detach().float(), ln.bias.detach().float(), eps
