@@ -68,6 +68,97 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _heads_adapter(args: argparse.Namespace):
+    from .models.loading import load
+
+    adapter = load(args.model)
+    if args.device != "cpu":
+        adapter.hf_model.to(args.device)
+    return adapter
+
+
+def _heads_out(args: argparse.Namespace, kind: str) -> Path:
+    from .results import check_out_dir
+
+    out = Path(args.out) if args.out else Path("runs") / f"{kind}-{__import__('time').strftime('%Y%m%d-%H%M%S')}"
+    check_out_dir(out, args.overwrite)
+    return out
+
+
+def cmd_heads(args: argparse.Namespace) -> int:
+    from .models.adapter import Target
+    from .runners.explain import parse_target
+    from .runners.heads import run_heads
+
+    if args.text is None and args.data is None:
+        raise StreetlampError("give a TEXT or --data FILE")
+    out = _heads_out(args, "heads")
+    adapter = _heads_adapter(args)
+    target = Target(parse_target(adapter, args.target), None, "prob")
+    res = run_heads(adapter, out, text=args.text, data=args.data, ablation=args.ablation, target=target,
+                    seed=args.seed, limit=args.limit, overwrite=args.overwrite)
+    print("heads whose ablation changes the target most (layer.head: ΔF):")
+    print("  " + ", ".join(f"{r['layer']}.{r['head']}: {r['effect']:+.4f}" for r in res["ranked"][:8]))
+    for k, v in res["claim"].get("spearman_vs_effect", {}).items():
+        print(f"spearman({k}, |ΔF|) = {v['rho']:+.3f} (p={v['p']:.2g})")
+    for note in res["notes"].values():
+        print(f"note: {note}")
+    print(f"output: {out}/ (manifest.json, arrays.safetensors, PNG figures)")
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    from .runners.heads import run_prune
+
+    out = _heads_out(args, "prune")
+    adapter = _heads_adapter(args)
+    orders = [o.strip() for o in args.order.split(",") if o.strip()]
+    res = run_prune(adapter, out, data=args.data, orders=orders, seeds=args.seeds, step=args.step,
+                    limit=args.limit, overwrite=args.overwrite, seed=args.seed)
+    for name, (x, y) in res["curves"].items():
+        half = int(len(x) // 2)
+        print(f"{name:<14} accuracy: all heads {y[0]:.3f}, {x[half]} removed {y[half]:.3f}, all removed {y[-1]:.3f}")
+    for note in res["notes"].values():
+        print(f"note: {note}")
+    print(f"output: {out}/")
+    return 0
+
+
+def cmd_patch(args: argparse.Namespace) -> int:
+    from .runners.explain import parse_target
+    from .runners.patch import run_patch
+
+    out = _heads_out(args, "patch")
+    adapter = _heads_adapter(args)
+    res = run_patch(adapter, out, clean=args.clean, corrupt=args.corrupt, answer=parse_target(adapter, args.answer),
+                    wrong=parse_target(adapter, args.wrong), paths=args.paths, receivers=args.receiver,
+                    receiver_pos=args.receiver_pos, approx=args.approx, overwrite=args.overwrite)
+    pair = res["pair"]
+    print(f"logit difference {adapter.output_label(pair.answer)!r} - {adapter.output_label(pair.wrong)!r}: "
+          f"clean {pair.ld_clean:.3f}, corrupted {pair.ld_corrupt:.3f}")
+    print("heads restoring most (layer.head: fraction): " + ", ".join(
+        f"{h['layer']}.{h['head']}: {h['restored']:.3f}" for h in res["summary"]["top_heads"]))
+    for k, v in res["summary"].get("attribution_vs_patching", {}).items():
+        print(f"attribution vs real patching, {k}: pearson {v['pearson']:.3f}")
+    print(f"output: {out}/")
+    return 0
+
+
+def cmd_mediate(args: argparse.Namespace) -> int:
+    from .runners.patch import run_mediate
+
+    out = _heads_out(args, "mediate")
+    adapter = _heads_adapter(args)
+    res = run_mediate(adapter, out, n_prompts=args.prompts, head_site=args.component, overwrite=args.overwrite)
+    nie = res["head_nie"]
+    top = nie.reshape(-1).argsort()[::-1][:5]
+    print(f"total effect TE = {float(res['te']):.3f} (mean over {len(res['y_null'])} prompts)")
+    print("heads with the largest NIE: " + ", ".join(
+        f"{i // nie.shape[1]}.{i % nie.shape[1]}: {nie.reshape(-1)[i]:.3f}" for i in top))
+    print(f"output: {out}/")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .models.loading import DEFAULT_MODEL
 
@@ -95,6 +186,59 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batch-size", type=int, default=None, help="token budget knob for batched methods")
     s.add_argument("--device", default="cpu", help="cpu, cuda, cuda:0 ...")
     s.set_defaults(func=cmd_explain)
+    s = sub.add_parser("heads", help="ablate every head (zero/mean/resample); with --data also importance, "
+                       "attention attribution and attention mass")
+    s.add_argument("text", nargs="?", default=None)
+    s.add_argument("--data", default=None, help=".txt (one per line), .csv/.jsonl with a 'text' (and 'label') "
+                   "column, or 'movies'")
+    s.add_argument("--ablation", choices=["zero", "mean", "resample"], default="zero",
+                   help="mean/resample use the --data texts, or with a single TEXT a built-in set of 12 sentences")
+    s.add_argument("--target", default=None, help="class/token whose probability is F (default: prediction)")
+    s.add_argument("--limit", type=int, default=None, help="use only the first N texts of --data")
+    s.add_argument("--model", default=DEFAULT_MODEL)
+    s.add_argument("--out", default=None)
+    s.add_argument("--overwrite", action="store_true")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--device", default="cpu")
+    s.set_defaults(func=cmd_heads)
+    s = sub.add_parser("prune", help="remove heads one by one in a score order; held-out accuracy curves")
+    s.add_argument("--data", required=True, help="labelled .csv/.jsonl (text, label) or 'movies'; first half "
+                   "scores heads, second half is held out")
+    s.add_argument("--order", default="importance,attribution,attention,random",
+                   help="comma-separated: importance, attribution, attention, random")
+    s.add_argument("--seeds", type=int, default=3, help="random orders to draw")
+    s.add_argument("--step", type=int, default=1, help="heads removed per step")
+    s.add_argument("--limit", type=int, default=None)
+    s.add_argument("--model", default=DEFAULT_MODEL)
+    s.add_argument("--out", default=None)
+    s.add_argument("--overwrite", action="store_true")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--device", default="cpu")
+    s.set_defaults(func=cmd_prune)
+    s = sub.add_parser("patch", help="activation patching (+ --paths path patching, --approx attribution patching); "
+                       "clean and corrupted texts must have the same token length")
+    s.add_argument("--clean", required=True)
+    s.add_argument("--corrupt", required=True)
+    s.add_argument("--answer", default=None, help="right output (token or class); default: clean prediction")
+    s.add_argument("--wrong", default=None, help="wrong output; default: corrupted prediction")
+    s.add_argument("--paths", action="store_true", help="path patching from every sender head")
+    s.add_argument("--receiver", default="logits", help="'logits' or receiver heads L.H[,L.H]")
+    s.add_argument("--receiver-pos", type=int, default=None, help="patch receivers only at this position")
+    s.add_argument("--approx", action="store_true", help="attribution patching beside real patching")
+    s.add_argument("--model", default=DEFAULT_MODEL)
+    s.add_argument("--out", default=None)
+    s.add_argument("--overwrite", action="store_true")
+    s.add_argument("--device", default="cpu")
+    s.set_defaults(func=cmd_patch)
+    s = sub.add_parser("mediate", help="causal mediation (Vig et al. 2020): TE, NIE, NDE per head and layer")
+    s.add_argument("--prompts", type=int, default=8, help="number of template x profession prompts")
+    s.add_argument("--component", choices=["attn.pattern", "attn.z"], default="attn.pattern",
+                   help="head site: attention weights (as Vig et al.) or the head's output")
+    s.add_argument("--model", default="smollm2-135m")
+    s.add_argument("--out", default=None)
+    s.add_argument("--overwrite", action="store_true")
+    s.add_argument("--device", default="cpu")
+    s.set_defaults(func=cmd_mediate)
     return p
 
 

@@ -1,0 +1,243 @@
+"""``streetlamp heads`` and ``streetlamp prune``: ablate, score and prune attention heads."""
+from __future__ import annotations
+
+import csv
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.stats import spearmanr
+
+from ..errors import StreetlampError
+from ..interventions import heads as H
+from ..models.adapter import ModelAdapter, Target
+from ..report import heads as fig
+from ..results import atomic_dir, check_out_dir, command_line, save_arrays, versions, write_json
+
+# Default reference set for mean/resample ablation of a single TEXT (documented in the help).
+REFERENCE_TEXTS = (
+    "The movie was not good, but the acting was great.", "I loved this film.",
+    "The plot was boring and far too long.", "When Mary and John went to the store, John gave a drink to Mary.",
+    "The capital of France is Paris.", "She said that the weather would be nice tomorrow.",
+    "A terrible waste of time.", "The nurse said that he would be late.",
+    "What a wonderful story, really fun to watch.", "The doctor went home because she was tired.",
+    "It rained all day in Berlin.", "The acting was bad and the story made no sense.",
+)
+
+
+def load_texts(spec: str) -> tuple[list[str], list[str] | None]:
+    """Texts (and labels, if any) from a file: .txt one per line, .csv/.jsonl with a ``text``
+    column and optional ``label``; or the name ``movies`` (gensim's 200 labelled movie sentences).
+
+    Uses ``streetlamp.data`` when that module exists (it knows more dataset names).
+    """
+    try:  # the shared dataset loader, when present
+        from .. import data as shared  # type: ignore[attr-defined]
+        if hasattr(shared, "load_texts"):
+            return shared.load_texts(spec)
+    except ImportError:
+        pass
+    if spec == "movies":
+        from ..models.minilm import package_dir
+        path = package_dir("gensim") / "test" / "test_data" / "pang_lee_polarity.cor"
+        texts, labels = [], []
+        for line in path.read_text(encoding="latin-1").splitlines():
+            tag, _, text = line.partition(" ")
+            if text.strip():
+                texts.append(text.strip())
+                labels.append({"__label__neg": "negative", "__label__pos": "positive"}[tag])
+        return texts, labels
+    p = Path(spec)
+    if not p.is_file():
+        raise StreetlampError(f"data {spec!r} not found: give a .txt/.csv/.jsonl file or 'movies'")
+    if p.suffix == ".txt":
+        return [l.strip() for l in p.read_text().splitlines() if l.strip()], None
+    if p.suffix in (".csv", ".jsonl"):
+        rows = (list(csv.DictReader(p.open())) if p.suffix == ".csv"
+                else [json.loads(l) for l in p.read_text().splitlines() if l.strip()])
+        if not rows or "text" not in rows[0]:
+            raise StreetlampError(f"{p} needs a 'text' column")
+        labels = [str(r["label"]) for r in rows] if "label" in rows[0] else None
+        return [str(r["text"]) for r in rows], labels
+    raise StreetlampError(f"unsupported data file {p.name}: use .txt, .csv or .jsonl")
+
+
+def label_ids(adapter: ModelAdapter, labels: list[str]) -> list[int]:
+    if adapter.kind != "classifier":
+        raise StreetlampError("labels and accuracy need a classifier")
+    names = {str(v).lower(): int(k) for k, v in adapter.hf_model.config.id2label.items()}
+    out = []
+    for s in labels:
+        s2 = s.strip().lower()
+        if s2 in names:
+            out.append(names[s2])
+        elif s2.lstrip("-").isdigit() and 0 <= int(s2) < adapter.n_outputs:
+            out.append(int(s2))
+        else:
+            raise StreetlampError(f"label {s!r} is not a class of the model ({', '.join(names)})")
+    return out
+
+
+def _manifest(adapter: ModelAdapter, kind: str, arrays: dict[str, np.ndarray], described: dict, **extra: Any) -> dict:
+    for k, v in described.items():
+        v.update(file="arrays.safetensors", key=k, shape=list(arrays[k].shape), dtype=str(arrays[k].dtype))
+    return {"streetlamp": kind, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command_line(),
+            "model": adapter.describe(), "arrays": described, **extra, "versions": versions()}
+
+
+def run_heads(adapter: ModelAdapter, out: Path, *, text: str | None = None, data: str | None = None,
+              ablation: str = "zero", target: Target = Target(), seed: int = 0, limit: int | None = None,
+              overwrite: bool = False, progress: bool = True) -> dict:
+    """Ablate every head; with ``data`` also Michel importance, Hao attribution, attention mass."""
+    check_out_dir(out, overwrite)
+    if (text is None) == (data is None):
+        raise StreetlampError("give either TEXT or --data")
+    labels = None
+    if data is not None:
+        texts, raw = load_texts(data)
+        texts = texts[:limit] if limit else texts
+        labels = label_ids(adapter, raw[: len(texts)]) if raw and adapter.kind == "classifier" else None
+    else:
+        texts = [text]  # type: ignore[list-item]
+    inputs = adapter.encode(texts, truncate=True)
+    ref_note = None
+    reference = None
+    if ablation != "zero":
+        if data is not None:
+            reference, ref_note = inputs, "the dataset itself (every real token)"
+        else:
+            reference = adapter.encode(list(REFERENCE_TEXTS), truncate=True)
+            ref_note = f"streetlamp's built-in {len(REFERENCE_TEXTS)} reference sentences (runners/heads.py)"
+    eff, f_clean = H.ablation_effects(adapter, inputs, ablation=ablation, reference=reference, target=target,
+                                      seed=seed, progress=progress)
+    arrays = {"ablation": eff.mean(0).astype(np.float32), "ablation_per_text": eff.astype(np.float32),
+              "f_clean": f_clean.astype(np.float32)}
+    described = {"ablation": {"axes": ["layer", "head"], "meaning": f"mean over texts of F(head {ablation}-ablated at "
+                              "attn.z) - F(clean); F = probability of the target (clean prediction unless given)"},
+                 "ablation_per_text": {"axes": ["text", "layer", "head"], "meaning": "the same per text"},
+                 "f_clean": {"axes": ["text"], "meaning": "F on the clean input"}}
+    notes: dict[str, str] = {}
+    if data is not None:
+        imp = H.head_importance(adapter, inputs, labels=labels, target=target)
+        mass, peak = H.attention_mass(adapter, inputs)
+        arrays.update(importance=imp.mean(0).astype(np.float32), attention_mass=mass.mean(0),
+                      attention_max=peak.mean(0))
+        described["importance"] = {"axes": ["layer", "head"], "meaning": "Michel et al. 2019 |dL/dxi_h| mean over texts; "
+                                   + ("L = cross-entropy of the gold label" if labels else "L = -log p(target)")}
+        described["attention_mass"] = {"axes": ["layer", "head"], "meaning": "attention of the explained position "
+                                       "on content (non-special) tokens, mean over texts"}
+        described["attention_max"] = {"axes": ["layer", "head"], "meaning": "largest attention weight of the "
+                                      "explained position, mean over texts"}
+        hao, why = H.attribution_scores(adapter, inputs, target)
+        notes["attribution"] = why
+        if hao is not None:
+            arrays["attribution"] = hao.mean(0)
+            described["attribution"] = {"axes": ["layer", "head"], "meaning": "Hao et al. 2021 attention attribution "
+                                        "head scores (method attention_attribution), mean over texts"}
+    stats = claim_stats(arrays) if data is not None else {}
+    with atomic_dir(out, overwrite) as tmp:
+        save_arrays(tmp / "arrays.safetensors", arrays)
+        a = arrays["ablation"]
+        fig.layer_head(a, f"{adapter.name}: {ablation} ablation of each head ({len(texts)} text(s))",
+                       "ΔF (ablated - clean)", tmp / "ablation.png")
+        fig.ranked(a, f"{adapter.name}: heads ranked by |ΔF|", "ΔF", tmp / "ranked.png")
+        figures = ["ablation.png", "ranked.png"]
+        if data is not None:
+            panels = {k: arrays[k] for k in ("ablation", "importance", "attribution", "attention_mass") if k in arrays}
+            fig.side_by_side(panels, f"{adapter.name}: head scores side by side", tmp / "scores.png")
+            figures.append("scores.png")
+        write_json(tmp / "manifest.json", _manifest(
+            adapter, "heads", arrays, described, figures=figures, notes=notes, claim=stats,
+            parameters={"ablation": ablation, "reference": ref_note, "data": data, "n_texts": len(texts),
+                        "text": text, "target": {"index": target.index, "quantity": target.quantity},
+                        "limit": limit, "labels": bool(labels)},
+            ranked=rank(a), seed=seed))
+    return {"arrays": arrays, "ranked": rank(a), "claim": stats, "notes": notes}
+
+
+def rank(a: np.ndarray, k: int = 10) -> list[dict]:
+    H_ = a.shape[1]
+    return [{"layer": int(i // H_), "head": int(i % H_), "effect": float(a.reshape(-1)[i])}
+            for i in np.argsort(-np.abs(a.reshape(-1)))[:k]]
+
+
+def claim_stats(arrays: dict[str, np.ndarray], q: float = 0.25) -> dict:
+    """The articles' claim: high-attention heads that do not matter, low-attention heads that do.
+
+    Effect = |ablation|. Spearman rank correlations of every score with the effect; heads in
+    the top quartile of attention mass with effect in the bottom quartile, and vice versa.
+    """
+    eff = np.abs(arrays["ablation"]).reshape(-1)
+    out: dict[str, Any] = {"effect": "|mean ablation ΔF|", "spearman_vs_effect": {}}
+    for k in ("attention_mass", "attention_max", "importance", "attribution"):
+        if k in arrays:
+            r = spearmanr(arrays[k].reshape(-1), eff)
+            out["spearman_vs_effect"][k] = {"rho": float(r.statistic), "p": float(r.pvalue)}
+    mass = arrays["attention_mass"].reshape(-1)
+    H_ = arrays["ablation"].shape[1]
+    hi_m, lo_m = mass >= np.quantile(mass, 1 - q), mass <= np.quantile(mass, q)
+    hi_e, lo_e = eff >= np.quantile(eff, 1 - q), eff <= np.quantile(eff, q)
+    name = lambda i: f"L{i // H_}.H{i % H_} (mass {mass[i]:.2f}, |ΔF| {eff[i]:.4f})"  # noqa: E731
+    out["high_mass_low_effect"] = [name(i) for i in np.nonzero(hi_m & lo_e)[0]]
+    out["low_mass_high_effect"] = [name(i) for i in np.nonzero(lo_m & hi_e)[0]]
+    out["quartile"] = q
+    return out
+
+
+def run_prune(adapter: ModelAdapter, out: Path, *, data: str, orders: list[str], seeds: int = 3,
+              step: int = 1, limit: int | None = None, overwrite: bool = False, seed: int = 0,
+              progress: bool = True) -> dict:
+    """Score heads on the first half of the data, prune on the held-out second half."""
+    check_out_dir(out, overwrite)
+    texts, raw = load_texts(data)
+    if not raw:
+        raise StreetlampError("pruning needs labels: give a .csv/.jsonl with a 'label' column or a labelled dataset")
+    texts, raw = (texts[:limit], raw[:limit]) if limit else (texts, raw)
+    labels = label_ids(adapter, raw)
+    if len(texts) < 4:
+        raise StreetlampError("pruning needs at least 4 labelled texts (half to score heads, half held out)")
+    half = len(texts) // 2
+    score_in, eval_in = adapter.encode(texts[:half], truncate=True), adapter.encode(texts[half:], truncate=True)
+    ev_labels = labels[half:]
+    scores: dict[str, np.ndarray] = {}
+    notes = {}
+    for o in orders:
+        if o == "importance":
+            scores[o] = H.head_importance(adapter, score_in, labels=labels[:half]).mean(0)
+        elif o == "attention":
+            scores[o] = H.attention_mass(adapter, score_in)[0].mean(0)
+        elif o == "attribution":
+            hao, why = H.attribution_scores(adapter, score_in)
+            notes["attribution"] = why
+            if hao is not None:
+                scores[o] = np.abs(hao).mean(0)
+        elif o != "random":
+            raise StreetlampError(f"unknown order {o!r}; choose importance, attribution, attention, random")
+    curves: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for name, s in scores.items():
+        curves[name] = H.prune_curve(adapter, eval_in, ev_labels, H.order_from_scores(s), step, progress)
+    if "random" in orders:
+        for k in range(seeds):
+            curves[f"random_seed{k}"] = H.prune_curve(
+                adapter, eval_in, ev_labels, H.random_order(adapter.n_layers, adapter.n_heads, seed + k), step, progress)
+    majority = max(ev_labels.count(c) for c in set(ev_labels)) / len(ev_labels)
+    arrays = {f"curve.{k}": np.stack([x.astype(np.float32), y]) for k, (x, y) in curves.items()}
+    arrays.update({f"score.{k}": v.astype(np.float32) for k, v in scores.items()})
+    described = {k: {"axes": ["row(0=heads removed,1=accuracy)", "step"], "meaning":
+                     "held-out accuracy after zero-ablating the first k heads of the order (least important first)"}
+                 for k in arrays if k.startswith("curve.")}
+    described.update({k: {"axes": ["layer", "head"], "meaning": "score used for the order (computed on the first "
+                          "half of the data; heads removed lowest score first)"} for k in arrays if k.startswith("score.")})
+    with atomic_dir(out, overwrite) as tmp:
+        save_arrays(tmp / "arrays.safetensors", arrays)
+        fig.prune_curves(curves, f"{adapter.name}: pruning heads ({len(ev_labels)} held-out texts)",
+                         tmp / "prune.png", majority)
+        write_json(tmp / "manifest.json", _manifest(
+            adapter, "prune", arrays, described, figures=["prune.png"], notes=notes,
+            parameters={"data": data, "orders": orders, "random_seeds": seeds, "step": step, "limit": limit,
+                        "n_score": half, "n_heldout": len(ev_labels), "removal": "zero ablation at attn.z",
+                        "importance_normalisation": "none (raw Michel scores)"},
+            majority_baseline=majority, seed=seed))
+    return {"curves": curves, "majority": majority, "notes": notes}

@@ -1,0 +1,119 @@
+"""``streetlamp patch`` and ``streetlamp mediate``."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import StreetlampError
+from ..interventions import mediation as M
+from ..interventions import patching as P
+from ..models.adapter import ModelAdapter
+from ..report import heads as fig
+from ..results import atomic_dir, check_out_dir, save_arrays, write_json
+from .heads import _manifest
+
+META = {"axes_lp": ["layer", "pos"], "axes_lh": ["layer", "head"]}
+
+
+def parse_heads(adapter: ModelAdapter, spec: str) -> list[tuple[int, int]] | None:
+    """``logits`` or ``L.H[,L.H...]``."""
+    if spec in ("", "logits"):
+        return None
+    out = []
+    for part in spec.split(","):
+        try:
+            l, h = (int(x) for x in part.strip().split("."))
+        except ValueError:
+            raise StreetlampError(f"bad receiver {part!r}: write LAYER.HEAD, e.g. 9.6, or 'logits'") from None
+        if not (0 <= l < adapter.n_layers and 0 <= h < adapter.n_heads):
+            raise StreetlampError(f"receiver {part} out of range: layers 0..{adapter.n_layers - 1}, "
+                                  f"heads 0..{adapter.n_heads - 1}")
+        out.append((l, h))
+    return out
+
+
+def run_patch(adapter: ModelAdapter, out: Path, *, clean: str, corrupt: str, answer: int | None = None,
+              wrong: int | None = None, paths: bool = False, receivers: str = "logits",
+              receiver_pos: int | None = None, approx: bool = False, overwrite: bool = False,
+              progress: bool = True) -> dict:
+    check_out_dir(out, overwrite)
+    pair = P.make_pair(adapter, clean, corrupt, answer, wrong)
+    rec = parse_heads(adapter, receivers) if paths else None
+    real = P.activation_patching(adapter, pair, progress=progress)
+    arrays = {f"patch.{k}": v for k, v in real.items()}
+    described = {f"patch.{k}": {"axes": META["axes_lh"] if k == "heads" else META["axes_lp"], "meaning":
+                 f"activation patching: clean {k} ({'one head, every position' if k == 'heads' else 'one layer, one position'}) "
+                 "copied into the corrupted run; normalised logit difference (0 corrupt, 1 clean)"} for k in real}
+    summary: dict = {}
+    if approx:
+        ap = P.attribution_patching(adapter, pair)
+        arrays.update({f"approx.{k}": v for k, v in ap.items()})
+        described.update({f"approx.{k}": {"axes": described[f"patch.{k}"]["axes"], "meaning":
+                          "attribution patching (a_clean - a_corrupt)·dLD/da / (LD_clean - LD_corrupt)"} for k in ap})
+        summary["attribution_vs_patching"] = P.compare(real, ap)
+    if paths:
+        pp = P.path_patching(adapter, pair, rec, receiver_pos, progress=progress)
+        arrays["paths"] = pp
+        described["paths"] = {"axes": META["axes_lh"], "meaning": "path patching (Wang et al. 2023), noising: "
+                              f"sender head's corrupted output along the path to {receivers} only, other heads frozen "
+                              "clean; normalised logit difference (1 = path irrelevant, lower = path carries it); "
+                              "NaN = sender not before the receiver"}
+    labels = pair.clean.labels[0]
+    heads = real["heads"]
+    top = np.argsort(-heads.reshape(-1))[:5]
+    summary["top_heads"] = [{"layer": int(i // adapter.n_heads), "head": int(i % adapter.n_heads),
+                             "restored": float(heads.reshape(-1)[i])} for i in top]
+    with atomic_dir(out, overwrite) as tmp:
+        save_arrays(tmp / "arrays.safetensors", {k: np.ascontiguousarray(v, np.float32) for k, v in arrays.items()})
+        figures = ["patch_positions.png", "patch_heads.png"]
+        fig.layer_pos({k: real[k] for k in P.KINDS}, labels, f"{adapter.name}: activation patching "
+                      f"(clean -> corrupted), {adapter.output_label(pair.answer)!r} vs "
+                      f"{adapter.output_label(pair.wrong)!r}", tmp / "patch_positions.png")
+        fig.layer_head(heads, f"{adapter.name}: patching single heads (attn.z, all positions)",
+                       "normalised logit difference", tmp / "patch_heads.png")
+        if approx:
+            r = np.concatenate([real[k].reshape(-1) for k in real])
+            a = np.concatenate([arrays[f"approx.{k}"].reshape(-1) for k in real])
+            fig.scatter(r, a, f"{adapter.name}: attribution vs activation patching", tmp / "approx_scatter.png")
+            figures.append("approx_scatter.png")
+        if paths:
+            fig.layer_head(arrays["paths"] - 1, f"{adapter.name}: path patching, sender -> {receivers}",
+                           "normalised LD - 1", tmp / "paths.png")
+            figures.append("paths.png")
+        write_json(tmp / "manifest.json", _manifest(
+            adapter, "patch", arrays, described, figures=figures, summary=summary,
+            parameters={"clean": clean, "corrupt": corrupt, "tokens": labels, "corrupt_tokens": pair.corrupt.labels[0],
+                        "answer": {"index": pair.answer, "label": adapter.output_label(pair.answer)},
+                        "wrong": {"index": pair.wrong, "label": adapter.output_label(pair.wrong)},
+                        "paths": paths, "receivers": receivers, "receiver_pos": receiver_pos, "approx": approx},
+            logit_diff={"clean": pair.ld_clean, "corrupt": pair.ld_corrupt}, seed=0))
+    return {"pair": pair, "arrays": arrays, "summary": summary}
+
+
+def run_mediate(adapter: ModelAdapter, out: Path, *, n_prompts: int | None = 8, head_site: str = "attn.pattern",
+                overwrite: bool = False, progress: bool = True, prompts: list[M.Prompt] | None = None) -> dict:
+    check_out_dir(out, overwrite)
+    if adapter.kind != "causal_lm":
+        raise StreetlampError("mediation compares next-token probabilities of pronouns: it needs a causal LM")
+    prompts = prompts or M.default_prompts(adapter, n_prompts)
+    res = M.mediation(adapter, prompts, head_site=head_site, progress=progress)
+    described = {"te": {"axes": [], "meaning": "total effect y(set)/y(null) - 1, mean over prompts"},
+                 "te_per_prompt": {"axes": ["prompt"], "meaning": "total effect per prompt"},
+                 "head_nie": {"axes": ["layer", "head"], "meaning": f"natural indirect effect of each head ({head_site})"},
+                 "head_nde": {"axes": ["layer", "head"], "meaning": f"natural direct effect of each head ({head_site})"},
+                 "layer_nie": {"axes": ["component(attn.out,mlp.out)", "layer"], "meaning": "NIE per layer component"},
+                 "layer_nde": {"axes": ["component(attn.out,mlp.out)", "layer"], "meaning": "NDE per layer component"},
+                 "y_null": {"axes": ["prompt"], "meaning": "p(anti)/p(stereo) on the prompt"},
+                 "y_set": {"axes": ["prompt"], "meaning": "p(anti)/p(stereo) after the set-gender intervention"}}
+    with atomic_dir(out, overwrite) as tmp:
+        save_arrays(tmp / "arrays.safetensors", res)
+        fig.layer_head(res["head_nie"], f"{adapter.name}: natural indirect effect per head (TE {float(res['te']):.2f})",
+                       "NIE", tmp / "nie_heads.png")
+        fig.layer_head(res["layer_nie"].T, f"{adapter.name}: NIE per layer (columns attn.out, mlp.out)",
+                       "NIE", tmp / "nie_layers.png")
+        write_json(tmp / "manifest.json", _manifest(
+            adapter, "mediate", res, described, figures=["nie_heads.png", "nie_layers.png"],
+            parameters={"head_site": head_site, "n_prompts": len(prompts),
+                        "prompts": [p.__dict__ for p in prompts]}, seed=0))
+    return res
