@@ -9,10 +9,12 @@ from typing import Any
 from ..errors import StreetlampError
 from .attention import Attention
 from .base import Method
+from .occlusion import Occlusion
 from .decomposition import Alti, Norm, ValueZeroing
 
 REGISTRY: dict[str, type[Method]] = {cls.name: cls for cls in (
     Attention,
+    Occlusion,
     Norm, Alti, ValueZeroing,
 )}
 
