@@ -298,6 +298,15 @@ def zeroed_outputs(adapter: ModelAdapter, inputs: Inputs, b: int, layer: int, ze
     return got["h"]
 
 
+def cosine_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``1 − cos(a, b)`` over the last axis as ``½‖â − b̂‖²`` in float64: small changes of a
+    representation give distances near 1e-7, where ``1 − cos`` in float32 is rounding noise."""
+    a, b = a.double(), b.double()
+    da = a / a.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+    db = b / b.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+    return 0.5 * (da - db).pow(2).sum(-1)
+
+
 @dataclass
 class ValueZeroing(Method):
     """Value zeroing (Mohebbi, Zuidema, Chrupała & Alishahi, EACL 2023).
@@ -333,13 +342,12 @@ class ValueZeroing(Method):
                     allowed = cache["allowed"][k, :n, :n]
                     layers = []
                     for l in range(adapter.n_layers):
-                        orig = cache[f"layers.{l}.resid_post"][k, :n].float()
+                        orig = cache[f"layers.{l}.resid_post"][k, :n]
                         c = torch.zeros(n, n, device=orig.device)
                         for sl in chunks(n, n, batch_size, adapter.device):
                             js = list(range(sl.start, sl.stop))
-                            new = zeroed_outputs(adapter, inputs, b, l, js).float()  # [rows, i, d]
-                            cos = torch.nn.functional.cosine_similarity(new, orig[None], dim=-1, eps=1e-8)
-                            c[:, sl] = (1 - cos).t()
+                            new = zeroed_outputs(adapter, inputs, b, l, js)  # [rows, i, d]
+                            c[:, sl] = cosine_distance(new, orig[None]).t().float()
                             bar.update(1)
                         layers.append(normalise_rows(c.clamp_min(0) * allowed))
                     cm = torch.stack(layers)
