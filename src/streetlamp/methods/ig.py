@@ -1,0 +1,291 @@
+"""Integrated gradients over the token embeddings (site ``embed``).
+
+Sundararajan, Taly & Yan, ICML 2017, "Axiomatic Attribution for Deep Networks"::
+
+    IG_i = Σ_d (e_i,d − e'_i,d) · ∫₀¹ ∂F(e' + α(e − e'))/∂e_i,d dα
+
+with the integral replaced by a quadrature rule ``Σ_k w_k g(α_k)`` on [0, 1]:
+
+* ``riemann_left`` α_k = k/n (k=0..n−1), ``riemann_right`` α_k = k/n (k=1..n),
+  ``riemann_middle`` α_k = (k+½)/n, all with w_k = 1/n (error O(1/n), middle O(1/n²));
+* ``riemann_trapezoid``: n intervals, n+1 points α_k = k/n, weights 1/(2n), 1/n, …, 1/n, 1/(2n)
+  (they sum to 1; error O(1/n²)). Captum 0.9's ``riemann_trapezoid`` uses n points with weights
+  summing to (n−1)/n, so its completeness error is ~1/n; we do not copy it.
+* ``gauss_legendre``: n Gauss–Legendre nodes mapped to [0, 1] (exact for polynomials of degree 2n−1).
+
+Completeness (the paper's axiom): ``Σ_i IG_i = F(e) − F(e')``. The error
+``δ = |Σ_i IG_i − (F(e) − F(e'))|`` and ``δ / |F(e) − F(e')|`` are always recorded. In adaptive
+mode the step count doubles (reusing every gradient already computed at the same α, e.g. all
+points of the trapezoid and Riemann left/right rules) until the relative error is under
+``tolerance`` or the next count would exceed ``max_steps`` (then ``converged=False`` and a warning).
+
+Baselines ``e'``: ``zero``, ``pad`` ([PAD] embedding), ``mask`` ([MASK] embedding; tokenizers
+without a mask token fall back to [PAD], recorded in ``info["baseline_used"]``). With
+``keep_special=True`` (default) special tokens ([CLS], [SEP], BOS, ...) keep their own embedding in
+the baseline, so they get exactly zero attribution. All interpolation rows are batched within the
+token budget ``batch_size`` (rows × length), one forward + backward per chunk.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..batching import chunks
+from ..errors import StreetlampError
+from ..models.adapter import Inputs, ModelAdapter, Target
+from ..results import Explanation
+from .base import Method
+from .gradient import embed_ids, ids_inputs, resolve_one, scores_at, text_batches
+
+RULES = ("riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "gauss_legendre")
+BASELINES = ("zero", "pad", "mask")
+NOISE_FLOOR = 1e-6
+GradFn = Callable[[torch.Tensor], torch.Tensor]  # emb [rows, pos, d] -> grads [targets, rows, pos, d]
+
+
+def quadrature(rule: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes α and weights w on [0, 1] (weights sum to 1) of ``rule`` with ``n`` steps."""
+    k = np.arange(n, dtype=np.float64)
+    if rule == "riemann_left":
+        return k / n, np.full(n, 1.0 / n)
+    if rule == "riemann_right":
+        return (k + 1) / n, np.full(n, 1.0 / n)
+    if rule == "riemann_middle":
+        return (k + 0.5) / n, np.full(n, 1.0 / n)
+    if rule == "riemann_trapezoid":
+        w = np.full(n + 1, 1.0 / n)
+        w[0] = w[-1] = 0.5 / n
+        return np.arange(n + 1, dtype=np.float64) / n, w
+    if rule == "gauss_legendre":
+        x, w = np.polynomial.legendre.leggauss(n)
+        return (x + 1) / 2, w / 2
+    raise StreetlampError(f"unknown IG rule {rule!r}; choose one of {', '.join(RULES)}")
+
+
+class PathCache:
+    """Gradients along the straight path e' → e, cached per α as ``[target, pos]`` dot products."""
+
+    def __init__(self, e: torch.Tensor, eb: torch.Tensor, grad_fn: GradFn, batch_size: int | None,
+                 device: torch.device) -> None:
+        self.e, self.eb, self.diff = e, eb, (e - eb)
+        self.grad_fn, self.batch_size, self.device = grad_fn, batch_size, device
+        self.cache: dict[float, torch.Tensor] = {}
+
+    def evaluate(self, alphas: np.ndarray) -> None:
+        todo = sorted({float(a) for a in alphas} - set(self.cache))
+        if not todo:
+            return
+        n = self.e.shape[0]
+        parts = list(chunks(len(todo), n, self.batch_size, self.device))
+        for sl in tqdm(parts, desc="IG steps", disable=len(parts) < 8, leave=False):
+            a = torch.tensor(todo[sl], dtype=self.e.dtype, device=self.device).view(-1, 1, 1)
+            g = self.grad_fn(self.eb + a * self.diff)  # [targets, rows, pos, d]
+            s = (g.double() * self.diff.double()).sum(-1)  # [targets, rows, pos]
+            for r, alpha in enumerate(todo[sl]):
+                self.cache[alpha] = s[:, r]
+
+    def integrate(self, rule: str, n: int) -> torch.Tensor:
+        alphas, w = quadrature(rule, n)
+        self.evaluate(alphas)
+        return sum(float(wk) * self.cache[float(a)] for a, wk in zip(alphas, w))  # type: ignore[return-value]
+
+
+def integrate_adaptive(path: PathCache, fdiff: torch.Tensor, fscale: torch.Tensor, rule: str, steps: int,
+                       adaptive: bool, tolerance: float, max_steps: int, lengths: Sequence[int]) -> tuple[torch.Tensor, dict]:
+    """IG ``[target, pos]`` and the completeness record; doubles steps in adaptive mode.
+
+    Converged when every target has ``δ/|ΔF| <= tolerance`` or ``δ <= NOISE_FLOOR · max(|F(e)|, |F(e')|)``
+    (``fscale``): below that float32 noise, e.g. when F(e) ≈ F(e'), the relative error means nothing.
+    """
+    n, history = steps, []
+    # float32 forward passes cannot resolve F better than ~1e-6 of its size: a smaller delta is noise
+    noise = NOISE_FLOOR * fscale.double().abs().clamp_min(1e-30)
+    while True:
+        ig = path.integrate(rule, n)
+        total = torch.stack([ig[j, :L].sum() for j, L in enumerate(lengths)])
+        delta = (total - fdiff.double()).abs()
+        rel = delta / fdiff.double().abs().clamp_min(1e-12)
+        history.append({"steps": n, "max_relative_error": float(rel.max())})
+        ok = bool(((rel <= tolerance) | (delta <= noise)).all())
+        if ok or not adaptive:
+            break
+        if 2 * n > max_steps:
+            warnings.warn(f"integrated_gradients: relative completeness error {float(rel.max()):.3g} > tolerance "
+                          f"{tolerance:g} after {n} steps ({rule}); max_steps={max_steps} reached", stacklevel=3)
+            break
+        n *= 2
+    info = {"steps": n, "gradient_evaluations": len(path.cache), "converged": ok,
+            "converged_by_noise_floor": bool(ok and rel.max() > tolerance),
+            "tolerance": tolerance, "history": history, "delta": delta.tolist(),
+            "relative_error": rel.tolist(), "sum_attributions": total.tolist()}
+    return ig, info
+
+
+@dataclass
+class IntegratedGradients(Method):
+    """Integrated gradients over the token embedding (site ``embed``); see the module docstring."""
+
+    baseline: str = "zero"
+    rule: str = "gauss_legendre"
+    steps: int = 16
+    adaptive: bool = True
+    tolerance: float = 1e-3
+    max_steps: int = 256
+    keep_special: bool = True
+
+    name = "integrated_gradients"
+    family = "gradient"
+    description = "integrated gradients over token embeddings, completeness error recorded, adaptive steps"
+    needs_gradients = True
+    needs_baseline = True
+    reports_completeness = True
+
+    def check(self, adapter: ModelAdapter) -> None:
+        super().check(adapter)
+        if self.rule not in RULES:
+            raise StreetlampError(f"unknown IG rule {self.rule!r}; choose one of {', '.join(RULES)}")
+        if self.baseline not in BASELINES:
+            raise StreetlampError(f"unknown IG baseline {self.baseline!r}; choose one of {', '.join(BASELINES)}")
+        if self.steps < 1 or self.max_steps < self.steps:
+            raise StreetlampError(f"IG needs 1 <= steps <= max_steps (got steps={self.steps}, "
+                                  f"max_steps={self.max_steps})")
+        if not self.tolerance > 0:
+            raise StreetlampError(f"IG tolerance must be > 0 (got {self.tolerance})")
+
+    # -- baselines ---------------------------------------------------------------------------
+    def baseline_embedding(self, adapter: ModelAdapter, ids: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, str]:
+        tok = adapter.tokenizer
+        if self.baseline == "zero":
+            eb, used = torch.zeros_like(e), "zero vector"
+        else:
+            tid, used = (tok.mask_token_id, f"{tok.mask_token} embedding") if self.baseline == "mask" else (None, "")
+            if tid is None:
+                if self.baseline == "mask":
+                    used = "no mask token in this tokenizer: fell back to "
+                tid = tok.pad_token_id
+                used += f"pad token {tok.convert_ids_to_tokens(int(tid))!r} embedding"
+            eb = embed_ids(adapter, torch.full_like(ids, int(tid)))
+        if self.keep_special:
+            special = torch.tensor([int(i) in set(tok.all_special_ids) for i in ids.tolist()], device=e.device)
+            eb = torch.where(special.view(-1, 1), e, eb)
+            used += "; special tokens kept at their own embedding"
+        return eb, used
+
+    # -- the one-target method ---------------------------------------------------------------
+    def attribute(self, adapter: ModelAdapter, inputs: Inputs, *, target: Target,
+                  batch_size: int | None = None, seed: int = 0) -> list[Explanation]:
+        self.check(adapter)
+        out = []
+        for b, ids in text_batches(adapter, inputs):
+            e = embed_ids(adapter, ids)
+            eb, used = self.baseline_embedding(adapter, ids, e)
+            with torch.no_grad():
+                ends = adapter.forward(ids_inputs(adapter, ids, 2),
+                                       edit={"embed": lambda x: torch.stack([e, eb]).to(x.dtype)})
+            index = resolve_one(adapter, ids, target, ends.logits[0])
+            f = adapter.score(ends.logits, torch.full((2,), index, device=ends.logits.device), target)
+
+            def grad_fn(emb: torch.Tensor, index: int = index, ids: torch.Tensor = ids) -> torch.Tensor:
+                return scores_at(adapter, ids, emb, index, target, grad=True)[1][None]  # type: ignore[index]
+
+            path = PathCache(e, eb, grad_fn, batch_size, adapter.device)
+            ig, rec = integrate_adaptive(path, (f[0] - f[1]).view(1), f.abs().max().view(1), self.rule, self.steps, self.adaptive,
+                                         self.tolerance, self.max_steps, [len(ids)])
+            out.append(self._explanation(adapter, inputs, b, index, target, ig[0], f[0], f[1], rec, used))
+        return out
+
+    def _explanation(self, adapter: ModelAdapter, inputs: Inputs, b: int, index: int, target: Target,
+                     ig: torch.Tensor, fe: torch.Tensor, fb: torch.Tensor, rec: dict, used: str,
+                     j: int = 0, **extra: object) -> Explanation:
+        comp = np.array([rec["delta"][j], rec["relative_error"][j], float(fe), float(fb),
+                         rec["sum_attributions"][j]], dtype=np.float64)
+        info = {k: v for k, v in rec.items() if k not in ("delta", "relative_error", "sum_attributions")}
+        return self.explanation(
+            adapter, inputs, b, index, target,
+            arrays={"tokens": ig.cpu().numpy().astype(np.float32), "completeness": comp},
+            axes={"tokens": ["token"], "completeness": ["quantity"]},
+            meaning={"tokens": f"integrated gradients over the token embedding (site embed), {self.rule}, "
+                               f"baseline {used}; sums to F(e) - F(baseline) up to the completeness error",
+                     "completeness": "[delta = |sum IG - (F(e) - F(e'))|, delta / |F(e) - F(e')|, F(e), "
+                                     "F(e'), sum IG]"},
+            site="embed", baseline_used=used, completeness_error=rec["delta"][j],
+            relative_completeness_error=rec["relative_error"][j], F_input=float(fe), F_baseline=float(fb),
+            **info, **extra)
+
+    # -- several generated tokens sharing forward passes ----------------------------------------
+    def attribute_sequence(self, adapter: ModelAdapter, prompt: str, continuation: Sequence[int] | int, *,
+                           target: Target = Target(), batch_size: int | None = None,
+                           batched_grads: bool = False) -> list[Explanation]:
+        """IG for each token of ``continuation`` (ids, or a number of greedily generated tokens).
+
+        One interpolation path over the whole sequence serves every target (the model is causal,
+        so target j at position P+j−1 depends only on the first P+j tokens and their straight path
+        is the prefix of the full path): one forward per chunk of steps, then one backward per
+        target (``retain_graph``) or one vmapped backward (``batched_grads=True``). Returns one
+        Explanation per continuation token, scores over all tokens before it. ``target`` supplies
+        the quantity and an optional contrast; its ``index`` is ignored.
+        """
+        self.check(adapter)
+        if adapter.kind != "causal_lm":
+            raise StreetlampError("attribute_sequence needs a causal LM")
+        prompt_ids = adapter.encode(prompt).input_ids[0].to(adapter.device)
+        cont = generate(adapter, prompt_ids, continuation) if isinstance(continuation, int) else list(continuation)
+        if not cont:
+            raise StreetlampError("attribute_sequence: no continuation tokens")
+        for t in cont:
+            if not 0 <= int(t) < adapter.n_outputs:
+                raise StreetlampError(f"token id {t} out of range: the vocabulary has {adapter.n_outputs} ids")
+        P, k = len(prompt_ids), len(cont)
+        ids = torch.cat([prompt_ids, torch.tensor(cont[:-1], dtype=torch.long, device=adapter.device)])
+        pos = torch.arange(P - 1, P - 1 + k, device=adapter.device)
+        index = torch.tensor(cont, dtype=torch.long, device=adapter.device)
+        e = embed_ids(adapter, ids)
+        eb, used = self.baseline_embedding(adapter, ids, e)
+
+        def scores(emb: torch.Tensor, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+            x = emb.detach().requires_grad_(grad)
+            rows = x.shape[0]
+            with torch.set_grad_enabled(grad), adapter.session(edit={"embed": lambda v: x.to(v.dtype)}):
+                logits = adapter.hf_model(input_ids=ids.expand(rows, -1), attention_mask=torch.ones_like(
+                    ids).expand(rows, -1), logits_to_keep=pos).logits  # [rows, k, vocab]
+            f = adapter.score(logits.reshape(rows * k, -1), index.repeat(rows), target).view(rows, k)
+            return x, f
+
+        def grad_fn(emb: torch.Tensor) -> torch.Tensor:
+            x, f = scores(emb, True)
+            per_target = f.sum(0)  # [k]
+            if batched_grads:
+                eye = torch.eye(k, dtype=per_target.dtype, device=per_target.device)
+                return torch.autograd.grad(per_target, x, eye, is_grads_batched=True)[0]
+            return torch.stack([torch.autograd.grad(per_target[j], x, retain_graph=j < k - 1)[0] for j in range(k)])
+
+        _, fends = scores(torch.stack([e, eb]), False)
+        path = PathCache(e, eb, grad_fn, batch_size, adapter.device)
+        lengths = [P + j for j in range(k)]
+        ig, rec = integrate_adaptive(path, fends[0] - fends[1], fends.abs().amax(0), self.rule, self.steps, self.adaptive,
+                                     self.tolerance, self.max_steps, lengths)
+        out = []
+        for j in range(k):
+            pre = ids_inputs(adapter, ids[: lengths[j]].cpu())
+            out.append(self._explanation(adapter, pre, 0, int(cont[j]), Target(int(cont[j]), target.contrast,
+                                         target.quantity), ig[j, : lengths[j]], fends[0, j], fends[1, j], rec,
+                                         used, j=j, position=P - 1 + j, generated_index=j, shared_path=True))
+        return out
+
+
+@torch.no_grad()
+def generate(adapter: ModelAdapter, prompt_ids: torch.Tensor, n_new: int) -> list[int]:
+    """Greedy continuation of ``n_new`` tokens (one forward per token; small n only)."""
+    if n_new < 1:
+        raise StreetlampError(f"need at least one new token (got {n_new})")
+    ids, out = prompt_ids, []
+    for _ in range(n_new):
+        nxt = int(adapter.forward(ids_inputs(adapter, ids.cpu())).logits[0].argmax())
+        out.append(nxt)
+        ids = torch.cat([ids, torch.tensor([nxt], device=ids.device)])
+    return out
