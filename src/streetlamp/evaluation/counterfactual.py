@@ -1,0 +1,136 @@
+"""Counterfactual attention (Jain & Wallace, NAACL 2019, "Attention is not Explanation") and the
+uniform-attention baseline (Wiegreffe & Pinter, EMNLP 2019, "Attention is not not Explanation").
+
+All act on the attention row of the explained position (query = [CLS] for BERT-style classifiers,
+the last token otherwise) in every head of one layer -- the analogue of the papers' single
+attention distribution read by the classifier -- for each layer in ``layers``.
+
+* Permutation: the row is permuted over the real keys (the same permutation for every head),
+  ``n_permutations`` times; ``perm_tvd_median`` is the median total variation distance
+  ``0.5 * sum |y' - y|`` of the output distribution (the paper's median output difference).
+* Adversarial: maximise the mean JS divergence (bits) between the new and original rows over the
+  heads subject to ``TVD(y', y) <= eps`` (eps = 0.01). The paper solves a constrained problem per
+  example; here Adam optimises per-head row logits ``z`` (initialised at ``log A`` plus seeded
+  N(0, 1) noise, since JS has zero gradient at ``A`` itself) on ``-JS + lam * relu(TVD - eps)`` for
+  ``steps`` steps, batched over examples, keeping for each example the best iterate that satisfies
+  the constraint (``adv_js``; the original row, JS = 0, is always feasible). ``adv_exists`` is
+  ``adv_js >= js_threshold`` (default 0.5 bits, i.e. at least half way to disjoint supports).
+* Uniform baseline: every attention row of every layer replaced by the uniform distribution over
+  the keys the mask allows; ``uniform_tvd``, ``uniform_flip`` (argmax changed) and accuracy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..methods.base import explained_position
+from ..models.adapter import ModelAdapter
+from .common import inputs_from_rows, output_probs, tvd
+
+
+def _js_bits(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    m = 0.5 * (p + q)
+    eps = 1e-12
+    kl = lambda a, b: (a * (torch.log2(a + eps) - torch.log2(b + eps))).sum(-1)  # noqa: E731
+    return 0.5 * kl(p, m) + 0.5 * kl(q, m)
+
+
+def _row_edit(pos: torch.Tensor, new_rows: torch.Tensor):
+    """Replace row ``pos[b]`` of every head by ``new_rows[b, h, :]`` (differentiable)."""
+
+    def fn(p: torch.Tensor) -> torch.Tensor:
+        w = p.shape[-1]
+        onehot = torch.nn.functional.one_hot(pos.to(p.device), p.shape[-2]).to(p.dtype)[:, None, :, None]
+        return p * (1 - onehot) + onehot * new_rows[..., :w].to(p.dtype)[:, :, None, :]
+
+    return fn
+
+
+@dataclass
+class Counterfactual:
+    eps: float = 0.01
+    n_permutations: int = 10
+    steps: int = 40
+    lr: float = 0.2
+    lam: float = 50.0
+    js_threshold: float = 0.5
+
+    def permutations(self, adapter: ModelAdapter, rows: Sequence[list[int]], probs: np.ndarray, layer: int,
+                     seeds: Sequence[int], budget: int | None) -> list[float]:
+        inp = inputs_from_rows(adapter, rows)
+        with torch.no_grad():
+            att = adapter.forward(inp, record=[f"layers.{layer}.attn.pattern"]).cache[f"layers.{layer}.attn.pattern"]
+        plan, new_rows, where = [], [], []
+        for b, n in enumerate(inp.lengths):
+            pos = explained_position(adapter, n)
+            rng = np.random.default_rng([seeds[b], layer])
+            row = att[b, :, pos, :n].cpu()
+            for _ in range(self.n_permutations):
+                perm = torch.as_tensor(rng.permutation(n))
+                plan.append(rows[b])
+                new_rows.append((pos, row[:, perm]))
+                where.append(b)
+
+        def build(group: list[int], width: int) -> dict:
+            pos = torch.tensor([new_rows[i][0] for i in group])
+            nr = torch.zeros(len(group), adapter.n_heads, width, dtype=att.dtype)
+            for r, i in enumerate(group):
+                nr[r, :, : new_rows[i][1].shape[1]] = new_rows[i][1]
+            return {f"layers.{layer}.attn.pattern": _row_edit(pos, nr)}
+
+        p = output_probs(adapter, plan, budget, build)
+        d = tvd(p, probs[np.array(where)])
+        return [float(np.median(d[np.array(where) == b])) for b in range(len(rows))]
+
+    def adversarial(self, adapter: ModelAdapter, rows: Sequence[list[int]], probs: np.ndarray, layer: int,
+                    seeds: Sequence[int]) -> tuple[list[float], list[float]]:
+        """Best feasible JS (bits) and its output TVD per text, for one layer; one padded batch."""
+        inp = inputs_from_rows(adapter, rows)
+        site = f"layers.{layer}.attn.pattern"
+        dev = adapter.device
+        with torch.no_grad():
+            att = adapter.forward(inp, record=[site]).cache[site].float()
+        lengths = inp.lengths
+        pos = torch.tensor([explained_position(adapter, n) for n in lengths])
+        width = att.shape[-1]
+        real = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).to(dev)  # [B, W]
+        orig = att[torch.arange(len(lengths)), :, pos.to(att.device)]  # [B, H, W]
+        noise = torch.stack([torch.as_tensor(np.random.default_rng([s, layer, 7]).standard_normal(
+            (adapter.n_heads, width)), dtype=torch.float32) for s in seeds]).to(dev)
+        z = (torch.log(orig + 1e-12) + noise).detach().requires_grad_(True)
+        y0 = torch.as_tensor(probs, dtype=torch.float32, device=dev)
+        opt = torch.optim.Adam([z], lr=self.lr)
+        best_js = np.zeros(len(rows))
+        best_tvd = np.zeros(len(rows))
+        for _ in range(self.steps + 1):
+            new = torch.softmax(z.masked_fill(~real[:, None, :], float("-inf")), -1)
+            with torch.enable_grad():
+                logits = adapter.forward(inp, edit={site: _row_edit(pos, new)}, grad=True).logits
+            y = torch.softmax(logits.float(), -1)
+            d = 0.5 * (y - y0).abs().sum(-1)
+            js = _js_bits(new, orig).mean(-1)
+            js_np, d_np = js.detach().cpu().numpy(), d.detach().cpu().numpy()
+            ok = (d_np <= self.eps) & (js_np > best_js)
+            best_js[ok], best_tvd[ok] = js_np[ok], d_np[ok]
+            loss = (-js + self.lam * torch.relu(d - self.eps)).sum()
+            opt.zero_grad()
+            (z.grad,) = torch.autograd.grad(loss, [z])  # the model's parameters get no .grad
+            opt.step()
+        return best_js.tolist(), best_tvd.tolist()
+
+    def uniform(self, adapter: ModelAdapter, rows: Sequence[list[int]], budget: int | None) -> np.ndarray:
+        """Output distributions with uniform attention (over allowed keys) in every row and layer."""
+
+        def build(group: list[int], width: int) -> dict:
+            def fn(p: torch.Tensor) -> torch.Tensor:
+                from ..models.trace import active_session
+                s = active_session()
+                allowed = s.cache["allowed"] if s is not None and "allowed" in s.cache else p > 0
+                u = allowed.to(p.dtype)[:, None, :, :].expand_as(p)
+                return u / u.sum(-1, keepdim=True).clamp_min(1)
+            return {f"layers.{l}.attn.pattern": fn for l in range(adapter.n_layers)}
+
+        return output_probs(adapter, list(rows), budget, build)

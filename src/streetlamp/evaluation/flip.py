@@ -1,0 +1,129 @@
+"""Decision flips by zeroing attention items (Serrano & Smith, ACL 2019, "Is Attention Interpretable?").
+
+Items are the key positions of a text. Zeroing item ``j`` sets ``A[l, h, q, j] = 0`` for every head
+and query row of the chosen layers (``last``: the final layer, the analogue of the paper's single
+attention layer feeding the classifier; ``all``: every layer) and renormalises each row over the
+items left (a row with nothing left keeps its weights). Items are zeroed cumulatively in the order of
+a ranking; ``flip_fraction`` is ``k / n`` for the first ``k`` at which the argmax changes (NaN and
+``flipped = 0`` when it never does before only one item is left). Rankings:
+
+* ``attention``: attention paid by the explained position ([CLS] or last token) to the item, mean
+  over heads (and over the chosen layers) -- the heatmap's claim;
+* ``gradient``: ``sum_{l,h,q} dF/dA[l,h,q,j]`` (F = probability of the predicted class);
+* ``attention_x_gradient``: ``sum_{l,h,q} A * dF/dA`` (first-order estimate of zeroing the item);
+* ``random``: a seeded permutation;
+* every evaluated method's token scores (e.g. ``integrated_gradients``), item j = token j.
+
+Also the JS divergence (bits) between the output distribution and the output with only the
+top-attention item zeroed (``js_top``) vs one random other item zeroed (``js_random``).
+The paper's attention is a single layer over RNN states; here the layer set is a parameter.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..models.adapter import ModelAdapter
+from ..methods.base import explained_position
+from .common import inputs_from_rows, js_divergence, output_probs
+
+INTERNAL_RANKINGS = ("attention", "gradient", "attention_x_gradient", "random")
+
+
+def flip_layers(adapter: ModelAdapter, spec: str) -> list[int]:
+    if spec == "all":
+        return list(range(adapter.n_layers))
+    if spec == "last":
+        return [adapter.n_layers - 1]
+    return [int(spec) % adapter.n_layers]
+
+
+def attention_item_scores(adapter: ModelAdapter, rows: Sequence[Sequence[int]], pred: Sequence[int],
+                          layers: list[int]) -> list[dict[str, np.ndarray]]:
+    """attention / gradient / attention x gradient item scores per text, one padded batch."""
+    inp = inputs_from_rows(adapter, rows)
+    sites = [f"layers.{l}.attn.pattern" for l in layers]
+    fwd = adapter.forward(inp, record=sites, keep_grad=True, grad=True)
+    idx = torch.as_tensor(list(pred), dtype=torch.long)
+    f = torch.softmax(fwd.logits.float(), -1).gather(1, idx.view(-1, 1).to(fwd.logits.device)).sum()
+    pats = [fwd.cache[s] for s in sites]
+    grads = torch.autograd.grad(f, pats)
+    out = []
+    for b, n in enumerate(inp.lengths):
+        pos = explained_position(adapter, n)
+        a = torch.stack([p[b, :, :n, :n].detach() for p in pats]).double()  # [L, H, q, k]
+        g = torch.stack([gr[b, :, :n, :n] for gr in grads]).double()
+        out.append({"attention": a[:, :, pos, :].mean((0, 1)).cpu().numpy(),
+                    "gradient": g.sum((0, 1, 2)).cpu().numpy(),
+                    "attention_x_gradient": (a * g).sum((0, 1, 2)).cpu().numpy()})
+    return out
+
+
+def _zero_edit(keep: list[np.ndarray], layers: list[int]):
+    """Edit builder: rows' keep masks ``[rows, n]`` applied at the chosen layers, then renormalised."""
+
+    def build(group: list[int], width: int) -> dict:
+        k = torch.ones((len(group), width), dtype=torch.float32)
+        for r, i in enumerate(group):
+            k[r, : keep[i].shape[0]] = torch.as_tensor(keep[i], dtype=torch.float32)
+
+        def fn(p: torch.Tensor) -> torch.Tensor:
+            kk = k.to(p.device, p.dtype)[:, None, None, :]
+            z = p * kk
+            s = z.sum(-1, keepdim=True)
+            return torch.where(s > 0, z / s.clamp_min(torch.finfo(p.dtype).tiny), p)
+
+        return {f"layers.{l}.attn.pattern": fn for l in layers}
+
+    return build
+
+
+def decision_flip(adapter: ModelAdapter, rows: Sequence[list[int]], probs: np.ndarray,
+                  rankings: list[dict[str, np.ndarray]], layers: list[int], seeds: Sequence[int],
+                  budget: int | None) -> list[dict[str, dict[str, float]]]:
+    """Per text: ranking name -> {flip_fraction, flipped, [js_top, js_random]}.
+
+    ``rankings[b]`` maps a ranking name to item scores ``[n_b]``; ``random`` is added here."""
+    plan_rows: list[list[int]] = []
+    keeps: list[np.ndarray] = []
+    where: list[tuple[int, str, int]] = []  # (text, ranking, k) per planned row
+    for b, ids in enumerate(rows):
+        n = len(ids)
+        rng = np.random.default_rng(seeds[b])
+        ranks = dict(rankings[b])
+        ranks["random"] = rng.permutation(n).astype(np.float64)[::-1].copy()
+        rankings[b] = ranks
+        for name, s in ranks.items():
+            order = np.argsort(-np.asarray(s, np.float64), kind="stable")
+            keep = np.ones(n, dtype=np.float32)
+            for k in range(1, n):
+                keep = keep.copy()
+                keep[order[k - 1]] = 0.0
+                plan_rows.append(ids)
+                keeps.append(keep)
+                where.append((b, name, k))
+        if n > 1:  # JS: the top attention item vs a random other item
+            top = int(np.argmax(rankings[b]["attention"]))
+            other = int(rng.choice([j for j in range(n) if j != top]))
+            for name, j in (("js_top", top), ("js_random", other)):
+                keep = np.ones(n, dtype=np.float32)
+                keep[j] = 0.0
+                plan_rows.append(ids)
+                keeps.append(keep)
+                where.append((b, name, 1))
+    out: list[dict[str, dict[str, float]]] = [
+        {name: {"flip_fraction": float("nan"), "flipped": 0.0} for name in rankings[b]} for b in range(len(rows))]
+    if not plan_rows:
+        return out
+    p = output_probs(adapter, plan_rows, budget, _zero_edit(keeps, layers))
+    for r, (b, name, k) in enumerate(where):
+        if name in ("js_top", "js_random"):
+            out[b]["attention"][name] = float(js_divergence(p[r], probs[b]))
+            continue
+        d = out[b][name]
+        if not d["flipped"] and int(np.argmax(p[r])) != int(np.argmax(probs[b])):
+            d["flipped"] = 1.0
+            d["flip_fraction"] = k / len(rows[b])
+    return out

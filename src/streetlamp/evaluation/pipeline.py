@@ -1,0 +1,147 @@
+"""Everything measured for one chunk of examples: a pure function of (model, examples, settings),
+so the local and the Ray engine produce the same rows.
+
+Rows are ``(example_id, method, metric, value)``; ``method`` is a registered method, a decision-flip
+ranking (``attention_items``, ``gradient_items``, ``attention_x_gradient_items``, ``random``), a pair
+``a|b`` (agreement), ``counterfactual_attention``, ``uniform_attention`` or ``model``.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..methods.registry import get_method
+from ..models.adapter import ModelAdapter, Target
+from .agreement import pairwise_taus
+from .common import output_probs, special_mask, tvd
+from .counterfactual import Counterfactual
+from .erasure import ErasurePlan, replacement_id
+from .flip import attention_item_scores, decision_flip, flip_layers
+from .plausibility import plausibility, rationale_mask
+
+FLIP_NAMES = {"attention": "attention_items", "gradient": "gradient_items",
+              "attention_x_gradient": "attention_x_gradient_items"}
+
+
+@dataclass
+class EvalSettings:
+    methods: list[str]
+    method_params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seed: int = 0
+    batch_size: int | None = None
+    replacement: str = "delete"
+    flip_layers: str = "last"
+    cf_layers: str = "last"
+    counterfactual: dict[str, Any] = field(default_factory=lambda: asdict(Counterfactual()))
+    truncate: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class ChunkExample:
+    index: int  # position in the dataset (seeds derive from it, not from the chunk)
+    id: str
+    ids: list[int]  # token ids, special tokens included
+    text: str
+    gold: int
+    rationale: tuple[tuple[int, int], ...] | None = None
+    truncated: bool = False
+
+
+Rows = list[tuple[str, str, str, float]]
+
+
+def evaluate_chunk(adapter: ModelAdapter, examples: list[ChunkExample], s: EvalSettings
+                   ) -> tuple[Rows, dict[str, dict[str, np.ndarray]]]:
+    rows: Rows = []
+    arrays: dict[str, dict[str, np.ndarray]] = {e.id: {} for e in examples}
+    if not examples:
+        return rows, arrays
+    add = lambda eid, m, k, v: rows.append((eid, m, k, float(v)))  # noqa: E731
+    budget = s.batch_size
+    ids = [e.ids for e in examples]
+    seeds = [s.seed * 1_000_003 + e.index for e in examples]
+    probs = output_probs(adapter, ids, budget)
+    pred = probs.argmax(-1)
+    specials = [special_mask(adapter, r) for r in ids]
+    for b, e in enumerate(examples):
+        add(e.id, "model", "prob", probs[b, pred[b]])
+        add(e.id, "model", "correct", pred[b] == e.gold)
+        add(e.id, "model", "n_tokens", len(e.ids))
+        add(e.id, "model", "truncated", e.truncated)
+        arrays[e.id]["input_ids"] = np.asarray(e.ids, np.int64)
+        arrays[e.id]["probs"] = probs[b].astype(np.float32)
+
+    # -- explanations (the prediction is explained), then erasure metrics -------------------------
+    inputs = adapter.encode([e.text for e in examples], truncate=s.truncate)
+    scores: dict[str, list[np.ndarray]] = {}
+    for name in s.methods:
+        m = get_method(name, **s.method_params.get(name, {}))
+        exps = m.attribute(adapter, inputs, target=Target(), batch_size=budget, seed=s.seed)
+        scores[name] = [np.asarray(x.scores, np.float64) for x in exps]
+    rep = replacement_id(adapter, s.replacement)
+    plans, all_rows = [], []
+    for name in s.methods:
+        for b in range(len(examples)):
+            p = ErasurePlan.build(ids[b], scores[name][b], specials[b], rep)
+            plans.append((name, b, p, len(all_rows)))
+            all_rows += p.rows
+    f_rows = np.zeros(0)
+    if all_rows:  # F of every planned row = probability of the original prediction of its example
+        owner = np.repeat([pp[1] for pp in plans], [len(pp[2].rows) for pp in plans]).astype(int)
+        f_rows = output_probs(adapter, all_rows, budget)[np.arange(len(all_rows)), pred[owner]]
+    for name, b, p, start in plans:
+        e = examples[b]
+        met, arr = p.metrics(float(probs[b, pred[b]]), f_rows[start:start + len(p.rows)])
+        for k, v in met.items():
+            add(e.id, name, k, v)
+        arrays[e.id][f"{name}.tokens"] = scores[name][b].astype(np.float32)
+        for k, v in arr.items():
+            arrays[e.id][f"{name}.{k}"] = v
+
+    # -- agreement and plausibility --------------------------------------------------------------
+    for b, e in enumerate(examples):
+        keep = ~specials[b]
+        for (x, y), t in pairwise_taus({n: scores[n][b] for n in s.methods}, keep).items():
+            add(e.id, f"{x}|{y}", "kendall_tau", t)
+        if e.rationale is not None:
+            gold = rationale_mask(adapter, e.text, e.ids, e.rationale)
+            if gold is not None and gold.any():
+                for n in s.methods:
+                    for k, v in plausibility(scores[n][b][keep], gold[keep]).items():
+                        add(e.id, n, k, v)
+                arrays[e.id]["rationale"] = gold.astype(np.uint8)
+
+    # -- decision flip ---------------------------------------------------------------------------
+    layers = flip_layers(adapter, s.flip_layers)
+    items = attention_item_scores(adapter, ids, pred.tolist(), layers)
+    rankings = [dict(items[b], **{f"method:{n}": scores[n][b] for n in s.methods}) for b in range(len(examples))]
+    flips = decision_flip(adapter, ids, probs, rankings, layers, seeds, budget)
+    for b, e in enumerate(examples):
+        for rname, d in flips[b].items():
+            mname = rname[7:] if rname.startswith("method:") else FLIP_NAMES.get(rname, rname)
+            for k, v in d.items():
+                add(e.id, mname, k, v)
+
+    # -- counterfactual attention and the uniform baseline ---------------------------------------
+    cf = Counterfactual(**s.counterfactual)
+    for l in flip_layers(adapter, s.cf_layers):
+        perm = cf.permutations(adapter, ids, probs, l, seeds, budget)
+        adv_js, adv_tvd = cf.adversarial(adapter, ids, probs, l, seeds)
+        for b, e in enumerate(examples):
+            add(e.id, "counterfactual_attention", f"perm_tvd_median@{l}", perm[b])
+            add(e.id, "counterfactual_attention", f"adv_js@{l}", adv_js[b])
+            add(e.id, "counterfactual_attention", f"adv_tvd@{l}", adv_tvd[b])
+            add(e.id, "counterfactual_attention", f"adv_exists@{l}", adv_js[b] >= cf.js_threshold)
+    uni = cf.uniform(adapter, ids, budget)
+    d = tvd(uni, probs)
+    for b, e in enumerate(examples):
+        add(e.id, "uniform_attention", "tvd", d[b])
+        add(e.id, "uniform_attention", "flip", uni[b].argmax() != pred[b])
+        add(e.id, "uniform_attention", "correct", uni[b].argmax() == e.gold)
+        arrays[e.id]["uniform_probs"] = uni[b].astype(np.float32)
+    return rows, arrays

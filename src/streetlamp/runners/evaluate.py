@@ -1,0 +1,165 @@
+"""``streetlamp evaluate``: every example x every method, faithfulness metrics, in a resumable
+run store; locally (batched by token budget) or on Ray (one model per actor)."""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..data import Dataset, load_dataset
+from ..errors import StreetlampError
+from ..evaluation.erasure import replacement_id
+from ..evaluation.pipeline import ChunkExample, EvalSettings, evaluate_chunk
+from ..methods.registry import get_method
+from ..models.adapter import ModelAdapter
+from ..results import command_line, versions
+from ..store import RunStore
+
+KEY_METRICS = ["aopc_comprehensiveness", "aopc_sufficiency", "deletion_area", "insertion_area",
+               "flip_fraction", "flipped"]
+
+
+@dataclass
+class EvalResult:
+    out: Path
+    n_examples: int
+    n_skipped: int
+    n_computed_chunks: int
+    summary: pd.DataFrame
+    lines: list[str] = field(default_factory=list)
+
+
+def label_indices(adapter: ModelAdapter, ds: Dataset) -> dict[str, int]:
+    """Map the data's labels to the model's class ids (by name, case-insensitive, or by number)."""
+    names = {str(v).lower(): int(k) for k, v in adapter.hf_model.config.id2label.items()}
+    out, bad = {}, []
+    for lab in ds.labels():
+        if lab.lower() in names:
+            out[lab] = names[lab.lower()]
+        elif lab.lstrip("-").isdigit() and 0 <= int(lab) < adapter.n_outputs:
+            out[lab] = int(lab)
+        else:
+            bad.append(lab)
+    if bad:
+        raise StreetlampError(f"labels {', '.join(map(repr, bad[:5]))} are not classes of the model "
+                              f"(classes: {', '.join(names)})")
+    return out
+
+
+def prepare(adapter: ModelAdapter, ds: Dataset, truncate: bool) -> tuple[list[ChunkExample], list[str]]:
+    """Tokenise; examples longer than the model's positions are skipped (or truncated when asked)."""
+    labels = label_indices(adapter, ds)
+    out, skipped = [], []
+    for i, e in enumerate(ds.examples):
+        ids = adapter.tokenizer(e.text)["input_ids"]
+        cut = len(ids) > adapter.max_positions
+        if cut and not truncate:
+            skipped.append(e.id)
+            continue
+        if cut:
+            ids = adapter.tokenizer(e.text, truncation=True, max_length=adapter.max_positions)["input_ids"]
+        out.append(ChunkExample(i, e.id, list(ids), e.text, labels[e.label], e.rationale, cut))
+    return out, skipped
+
+
+def _progress(total: int, done: int):
+    from tqdm import tqdm
+    return tqdm(total=total, initial=done, unit="ex", desc="evaluate", file=sys.stderr, dynamic_ncols=True,
+                disable=None, bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]")
+
+
+def evaluate(model: str, data: str, out: Path, settings: EvalSettings, *, limit: int | None = None,
+             chunk_size: int = 16, engine: str = "local", ray_address: str | None = None,
+             workers: int | None = None, device: str = "cpu", adapter: ModelAdapter | None = None,
+             text_column: str | None = None, label_column: str | None = None) -> EvalResult:
+    from ..models.loading import load
+
+    ds = load_dataset(data, text_column=text_column, label_column=label_column)
+    if limit is not None:
+        if limit < 1:
+            raise StreetlampError("--limit must be at least 1")
+        ds.examples = ds.examples[:limit]
+    if not ds.examples:
+        raise StreetlampError(f"dataset {data!r} has no examples")
+    if adapter is None:
+        adapter = load(model)
+        if device != "cpu":
+            adapter.hf_model.to(device)
+    if adapter.kind != "classifier":
+        raise StreetlampError(f"evaluate needs a classifier; {adapter.name} is a {adapter.kind}")
+    for name in settings.methods:
+        get_method(name, **settings.method_params.get(name, {})).check(adapter)
+    if settings.replacement not in ("delete", "mask"):
+        raise StreetlampError("--replacement must be 'delete' or 'mask'")
+    examples, skipped = prepare(adapter, ds, settings.truncate)  # every check before the store is touched
+    params = {"settings": settings.to_dict(), "chunk_size": chunk_size,
+              "method_params": {n: get_method(n, **settings.method_params.get(n, {})).params()
+                                for n in settings.methods}}
+    run_settings = {"model": {"name": adapter.name, "source": adapter.source}, "data": {
+        "name": ds.name, "source": ds.source, "sha256": ds.hash(), "n_examples": len(ds.examples)},
+        "limit": limit, **params}
+    store = RunStore.open(Path(out), run_settings, {
+        "model_info": adapter.describe(), "versions": versions(), "command": command_line(),
+        "skipped_too_long": skipped, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "replacement_token": settings.replacement if settings.replacement == "delete"
+        else adapter.tokenizer.convert_ids_to_tokens([replacement_id(adapter, "mask")])[0]})
+    chunks = [examples[i:i + chunk_size] for i in range(0, len(examples), chunk_size)]
+    done = store.done_chunks()
+    todo = [c for c in range(len(chunks)) if c not in done]
+    bar = _progress(len(examples), sum(len(chunks[c]) for c in done if c < len(chunks)))
+    try:
+        if engine == "local":
+            for c in todo:
+                rows, arrays = evaluate_chunk(adapter, chunks[c], settings)
+                store.write_chunk(c, rows, arrays)
+                bar.update(len(chunks[c]))
+        elif engine == "ray":
+            from .ray_engine import run_on_ray
+            run_on_ray(model, device, settings, {c: chunks[c] for c in todo}, store, bar,
+                       address=ray_address, workers=workers)
+        else:
+            raise StreetlampError(f"unknown engine {engine!r}: local or ray")
+    finally:
+        bar.close()
+    summary = summarise(store.metrics())
+    lines = write_summary(store.folder, summary)
+    try:
+        from ..report.evaluation import figures
+        figures(store.folder, store.metrics())
+    except ImportError:  # the report module is optional for the store itself
+        pass
+    return EvalResult(store.folder, len(examples), len(skipped), len(todo), summary, lines)
+
+
+def summarise(df: pd.DataFrame) -> pd.DataFrame:
+    """Mean, median and count (non-NaN) per method x metric."""
+    if df.empty:
+        return pd.DataFrame(columns=["method", "metric", "mean", "median", "n"])
+    g = df.groupby(["method", "metric"])["value"]
+    return g.agg(mean="mean", median="median", n="count").reset_index()
+
+
+def _md(df: pd.DataFrame) -> str:
+    cols = list(df.columns)
+    fmt = lambda v: f"{v:.4f}" if isinstance(v, (float, np.floating)) and not math.isnan(v) else (  # noqa: E731
+        "" if isinstance(v, float) else str(v))
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def write_summary(folder: Path, summary: pd.DataFrame) -> list[str]:
+    summary.to_csv(folder / "summary.csv", index=False)
+    wide = summary[summary.metric.isin(KEY_METRICS)].pivot(index="method", columns="metric", values="mean")
+    wide = wide[[m for m in KEY_METRICS if m in wide.columns]].reset_index()
+    other = summary[~summary.metric.isin(KEY_METRICS) & ~summary.metric.str.match(r"(comprehensiveness|sufficiency)@")]
+    text = ("## Faithfulness per method / ranking (means)\n\n" + _md(wide) +
+            "\n\n## Other metrics (mean, median, n)\n\n" + _md(other) + "\n")
+    (folder / "summary.md").write_text(text)
+    return text.splitlines()

@@ -1,0 +1,73 @@
+"""``--engine ray``: the same chunks on Ray actors, one model per actor; the driver writes the store.
+
+Each actor loads the model once (``streetlamp.load(model)``, so ``model`` must be an embedded name or
+a checkpoint folder every node can read) and runs :func:`evaluate_chunk`, the function the local
+engine runs, on whole chunks; results are written by the driver as they arrive, so resumption and
+atomicity are the local engine's. ``address``: an existing cluster (``ray://host:10001`` or ``auto``);
+without it a local instance is started. On a GPU cluster pass ``--device cuda``: each actor then
+reserves one GPU (``num_gpus=1``), so ``--workers`` actors use that many GPUs.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..errors import StreetlampError
+from ..evaluation.pipeline import ChunkExample, EvalSettings
+from ..store import RunStore
+
+
+class _Worker:
+    def __init__(self, model: str, device: str, threads: int) -> None:
+        import torch
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        torch.set_num_threads(threads)
+        from ..models.loading import load
+
+        self.adapter = load(model)
+        if device != "cpu":
+            self.adapter.hf_model.to(device)
+
+    def run(self, chunk: list[ChunkExample], settings: EvalSettings) -> Any:
+        from ..evaluation.pipeline import evaluate_chunk
+
+        return evaluate_chunk(self.adapter, chunk, settings)
+
+
+def run_on_ray(model: str, device: str, settings: EvalSettings, chunks: dict[int, list[ChunkExample]],
+               store: RunStore, bar: Any, address: str | None = None, workers: int | None = None) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise StreetlampError("--engine ray needs ray: pip install 'streetlamp[ray]'") from None
+    if not chunks:
+        return
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=workers or os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    gpu = device.startswith("cuda")
+    n = max(1, min(len(chunks), workers or int(ray.cluster_resources().get("GPU" if gpu else "CPU", 1))))
+    cls = ray.remote(num_gpus=1, num_cpus=1)(_Worker) if gpu else ray.remote(num_cpus=1)(_Worker)
+    actors = [cls.remote(model, "cuda" if gpu else "cpu", 1) for _ in range(n)]
+    try:
+        pending, queue = {}, list(chunks)
+        for a in actors:
+            if queue:
+                c = queue.pop(0)
+                pending[a.run.remote(chunks[c], settings)] = (c, a)
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            c, a = pending.pop(ready[0])
+            rows, arrays = ray.get(ready[0])
+            store.write_chunk(c, rows, arrays)
+            bar.update(len(chunks[c]))
+            if queue:
+                nc = queue.pop(0)
+                pending[a.run.remote(chunks[nc], settings)] = (nc, a)
+    finally:
+        for a in actors:
+            ray.kill(a)

@@ -1,0 +1,129 @@
+"""A resumable run folder::
+
+    RUN/manifest.json                   settings (model, data + sha256, methods + parameters, seed, ...)
+                                        and package versions; ``settings`` must match to resume
+    RUN/metrics/part-000012.parquet     one row per example x method x metric (example_id, method,
+                                        metric, value), one part file per completed chunk
+    RUN/arrays/<example_id>.safetensors raw per-example arrays (scores, curves, outputs)
+
+Atomicity: every file is written to a hidden temporary name in the same folder and moved into
+place with ``os.replace``; the Parquet part of a chunk is written last, so a chunk counts as done
+exactly when its part exists. A run killed at any moment (SIGKILL included) leaves at worst
+temporary files, which are ignored and cleaned up on the next start. The reader deduplicates on
+(example_id, method, metric), keeping the last part's value, so even two writers cannot duplicate
+rows. Read it with plain pandas: ``pd.read_parquet("RUN/metrics")`` (or DuckDB:
+``SELECT * FROM 'RUN/metrics/*.parquet'``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import StreetlampError
+from ..results import save_arrays, to_jsonable
+
+SCHEMA = pa.schema([("example_id", pa.string()), ("method", pa.string()), ("metric", pa.string()),
+                    ("value", pa.float64())])
+KEY = ["example_id", "method", "metric"]
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def safe_name(example_id: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", example_id)
+
+
+def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            out += _diff(a.get(k), b.get(k), f"{prefix}{k}.")
+        return out
+    return [] if a == b else [f"{prefix.rstrip('.')}: stored {a!r}, now {b!r}"]
+
+
+class RunStore:
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.metrics_dir = self.folder / "metrics"
+        self.arrays_dir = self.folder / "arrays"
+
+    @classmethod
+    def open(cls, folder: Path, settings: dict, extra: dict) -> "RunStore":
+        """Create the run folder, or reopen it when its stored settings equal ``settings``."""
+        s = cls(folder)
+        settings = to_jsonable(settings)
+        mpath = s.folder / "manifest.json"
+        if s.folder.exists() and not s.folder.is_dir():
+            raise StreetlampError(f"{s.folder} exists and is not a folder")
+        if mpath.exists():
+            try:
+                stored = json.loads(mpath.read_text())["settings"]
+            except (json.JSONDecodeError, KeyError):
+                raise StreetlampError(f"{mpath} is not a streetlamp run manifest") from None
+            diff = _diff(stored, json.loads(json.dumps(settings)))
+            if diff:
+                raise StreetlampError(f"run folder {s.folder} was made with other settings ({'; '.join(diff[:3])}"
+                                      f"{' ...' if len(diff) > 3 else ''}); use another --out or the same settings")
+        elif s.folder.exists() and any(s.folder.iterdir()):
+            raise StreetlampError(f"{s.folder} is not empty and has no manifest.json: not a run folder")
+        s.metrics_dir.mkdir(parents=True, exist_ok=True)
+        s.arrays_dir.mkdir(parents=True, exist_ok=True)
+        for d in (s.folder, s.metrics_dir, s.arrays_dir):  # leftovers of a killed run
+            for t in d.glob(".*.tmp-*"):
+                t.unlink(missing_ok=True)
+        if not mpath.exists():
+            doc = {"settings": settings, **to_jsonable(extra)}
+            _atomic_write(mpath, lambda p: p.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n"))
+        return s
+
+    def manifest(self) -> dict:
+        return json.loads((self.folder / "manifest.json").read_text())
+
+    def part_path(self, chunk: int) -> Path:
+        return self.metrics_dir / f"part-{chunk:06d}.parquet"
+
+    def done_chunks(self) -> set[int]:
+        return {int(p.stem.split("-")[1]) for p in self.metrics_dir.glob("part-*.parquet")}
+
+    def write_chunk(self, chunk: int, rows: list[tuple[str, str, str, float]],
+                    arrays: dict[str, dict[str, np.ndarray]]) -> None:
+        """Arrays first, the Parquet part last (its presence marks the chunk done)."""
+        for eid, arrs in arrays.items():
+            if arrs:
+                _atomic_write(self.arrays_dir / f"{safe_name(eid)}.safetensors", lambda p, a=arrs: save_arrays(p, a))
+        cols = list(zip(*rows)) if rows else [[], [], [], []]
+        table = pa.table({"example_id": pa.array(cols[0], pa.string()), "method": pa.array(cols[1], pa.string()),
+                          "metric": pa.array(cols[2], pa.string()),
+                          "value": pa.array([float(v) for v in cols[3]], pa.float64())}, schema=SCHEMA)
+        _atomic_write(self.part_path(chunk), lambda p: pq.write_table(table, p))
+
+    def metrics(self) -> pd.DataFrame:
+        return read_metrics(self.folder)
+
+
+def read_metrics(folder: Path) -> pd.DataFrame:
+    """All metric rows of a run folder, deduplicated on (example_id, method, metric)."""
+    parts = sorted((Path(folder) / "metrics").glob("part-*.parquet"))
+    if not parts:
+        return pd.DataFrame({c: pd.Series(dtype="float64" if c == "value" else "object") for c in SCHEMA.names})
+    df = pd.concat([pq.read_table(p, schema=SCHEMA).to_pandas() for p in parts], ignore_index=True)
+    return df.drop_duplicates(KEY, keep="last").reset_index(drop=True)
