@@ -94,7 +94,7 @@ def cmd_heads(args: argparse.Namespace) -> int:
     adapter = _heads_adapter(args)
     target = Target(parse_target(adapter, args.target), None, "prob")
     res = run_heads(adapter, out, text=args.text, data=args.data, ablation=args.ablation, target=target,
-                    seed=args.seed, limit=args.limit, overwrite=args.overwrite)
+                    seed=args.seed, limit=args.limit, overwrite=args.overwrite, attribution=not args.no_attribution)
     print("heads whose ablation changes the target most (layer.head: ΔF):")
     print("  " + ", ".join(f"{r['layer']}.{r['head']}: {r['effect']:+.4f}" for r in res["ranked"][:8]))
     for k, v in res["claim"].get("spearman_vs_effect", {}).items():
@@ -224,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mean/resample use the --data texts, or with a single TEXT a built-in set of 12 sentences")
     s.add_argument("--target", default=None, help="class/token whose probability is F (default: prediction)")
     s.add_argument("--limit", type=int, default=None, help="use only the first N texts of --data")
+    s.add_argument("--no-attribution", action="store_true", help="skip the (slow) Hao attribution column")
     s.add_argument("--model", default=DEFAULT_MODEL)
     s.add_argument("--out", default=None)
     s.add_argument("--overwrite", action="store_true")

@@ -89,7 +89,7 @@ def _manifest(adapter: ModelAdapter, kind: str, arrays: dict[str, np.ndarray], d
 
 def run_heads(adapter: ModelAdapter, out: Path, *, text: str | None = None, data: str | None = None,
               ablation: str = "zero", target: Target = Target(), seed: int = 0, limit: int | None = None,
-              overwrite: bool = False, progress: bool = True) -> dict:
+              overwrite: bool = False, progress: bool = True, attribution: bool = True) -> dict:
     """Ablate every head; with ``data`` also Michel importance, Hao attribution, attention mass."""
     check_out_dir(out, overwrite)
     if (text is None) == (data is None):
@@ -130,7 +130,7 @@ def run_heads(adapter: ModelAdapter, out: Path, *, text: str | None = None, data
                                        "on content (non-special) tokens, mean over texts"}
         described["attention_max"] = {"axes": ["layer", "head"], "meaning": "largest attention weight of the "
                                       "explained position, mean over texts"}
-        hao, why = H.attribution_scores(adapter, inputs, target)
+        hao, why = H.attribution_scores(adapter, inputs, target) if attribution else (None, "skipped (--no-attribution)")
         notes["attribution"] = why
         if hao is not None:
             arrays["attribution"] = hao.mean(0)
