@@ -123,6 +123,17 @@ class ModelAdapter:
         # RoBERTa numbers positions from padding_idx + 1, so two position slots are never usable.
         self.max_positions = max_pos - 2 if model_type == "roberta" else max_pos
 
+    def to(self, device: str | torch.device = "cpu", dtype: str = "float32") -> "ModelAdapter":
+        """Move the model (e.g. ``"cuda"``, ``dtype="bfloat16"``); a clear error if the device is missing."""
+        dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
+        if dt is None:
+            raise StreetlampError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
+        dev = torch.device(device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise StreetlampError(f"device {device!r} asked for, but torch sees no CUDA GPU here")
+        self.hf_model.to(device=dev, dtype=dt)
+        return self
+
     # -- metadata ------------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
