@@ -1,0 +1,173 @@
+"""Attention weighted by gradients: attention × gradient, and Hao et al.'s attention attribution.
+
+Both give per-edge scores ``[layer, head, query, key]``. Their token-level ``tokens`` aggregate is
+the same for both: the **last layer's row of the explained position, summed over heads**,
+``tokens[j] = Σ_h X[L-1, h, pos, j]`` (the same row the ``attention`` method shows by default, so
+the three are comparable). For attention attribution this row sums (up to the Riemann error) to
+``F(A) − F(0·A_{L-1})`` whenever only the explained position's last-layer row reaches the output
+([CLS] classifiers, causal LMs).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+
+from ..batching import chunks, group_by_budget
+from ..errors import StreetlampError
+from ..models.adapter import Inputs, ModelAdapter, Target
+from ..results import Explanation
+from .base import Method, explained_position
+from .rollout import attention_and_gradient
+
+try:
+    from tqdm.auto import tqdm
+except ImportError:  # pragma: no cover
+    tqdm = None
+
+TOKENS_MEANING = "sum over heads of the last layer's row of position {pos} ({label})"
+
+
+@dataclass
+class AttentionXGradient(Method):
+    """Attention × gradient ``A ⊙ ∂F/∂A`` per layer and head (the signal Jain & Wallace 2019 and
+    Serrano & Smith 2019 compare with raw attention): a first-order estimate of how F changes
+    when each attention edge is removed."""
+
+    name = "attention_x_gradient"
+    family = "attention"
+    description = "attention times its gradient, A * dF/dA, per layer and head"
+    needs_gradients = True
+
+    def attribute(self, adapter: ModelAdapter, inputs: Inputs, *, target: Target,
+                  batch_size: int | None = None, seed: int = 0) -> list[Explanation]:
+        self.check(adapter)
+        out: list[Explanation | None] = [None] * len(inputs)
+        for group in group_by_budget(inputs.lengths, batch_size, adapter.device):
+            sub = inputs.select(group)
+            att, grad, index = attention_and_gradient(adapter, sub, target)
+            for k, b in enumerate(group):
+                n = inputs.lengths[b]
+                axg = (att[k, :, :, :n, :n].double() * grad[k, :, :, :n, :n].double()).cpu().numpy()
+                pos = explained_position(adapter, n)
+                out[b] = self.explanation(
+                    adapter, sub, k, int(index[k]), target,
+                    arrays={"tokens": axg[-1, :, pos].sum(0).astype(np.float32),
+                            "attention_x_gradient": axg.astype(np.float32)},
+                    axes={"tokens": ["token"], "attention_x_gradient": ["layer", "head", "query", "key"]},
+                    meaning={"tokens": TOKENS_MEANING.format(pos=pos, label=inputs.labels[b][pos])
+                             + " of A ⊙ dF/dA",
+                             "attention_x_gradient": "A ⊙ dF/dA (post-softmax attention times its gradient)"},
+                    position=pos)
+        return [e for e in out if e is not None]
+
+
+@dataclass
+class AttentionAttribution(Method):
+    """Self-attention attribution (Hao, Dong, Wei & Xu, AAAI 2021, eq. 2): for each layer l, scale
+    that layer's attention (all heads together) to ``α·A_l``, other layers untouched, and
+    ``Attr_l = A_l ⊙ (1/m) Σ_{k=1..m} ∂F/∂X |_{X = (k/m)·A_l}`` (right Riemann sum, ``m = steps``,
+    as in the paper). By completeness ``Σ Attr_l ≈ F(A) − F(0·A_l)``; the exact gap per layer is
+    returned as ``completeness_error``. ``head_scores[l, h]`` is the max (Hao's choice) or the sum
+    of head h's entries.
+    """
+
+    steps: int = 20
+    head_score: Literal["max", "sum"] = "max"
+
+    name = "attention_attribution"
+    family = "attention"
+    description = "Hao et al. 2021: integrated gradients over each layer's attention scaled from 0 to A"
+    needs_gradients = True
+    reports_completeness = True
+
+    def check(self, adapter: ModelAdapter) -> None:
+        super().check(adapter)
+        if not isinstance(self.steps, int) or self.steps < 1:
+            raise StreetlampError(f"attention_attribution steps must be an integer >= 1, not {self.steps!r}")
+        if self.head_score not in ("max", "sum"):
+            raise StreetlampError(f"head_score must be 'max' or 'sum', not {self.head_score!r}")
+
+    def attribute(self, adapter: ModelAdapter, inputs: Inputs, *, target: Target,
+                  batch_size: int | None = None, seed: int = 0) -> list[Explanation]:
+        self.check(adapter)
+        index = adapter.resolve(inputs, target)
+        L, m = adapter.n_layers, self.steps
+        bar = None
+        total_rows = sum(L * (m + 1) for _ in inputs.lengths)
+        if tqdm is not None and total_rows * max(inputs.lengths) > 20000:
+            bar = tqdm(total=total_rows, desc="attention_attribution", unit="pass", leave=False)
+        out = []
+        try:
+            for b, n in enumerate(inputs.lengths):
+                one = inputs.select([b])
+                attr, gap = self._one_text(adapter, one, int(index[b]), target, batch_size, bar)
+                pos = explained_position(adapter, n)
+                heads = attr.max((2, 3)) if self.head_score == "max" else attr.sum((2, 3))
+                out.append(self.explanation(
+                    adapter, inputs, b, int(index[b]), target,
+                    arrays={"tokens": attr[-1, :, pos].sum(0).astype(np.float32),
+                            "attention_attribution": attr.astype(np.float32),
+                            "head_scores": heads.astype(np.float32),
+                            "completeness_error": gap.astype(np.float32)},
+                    axes={"tokens": ["token"], "attention_attribution": ["layer", "head", "query", "key"],
+                          "head_scores": ["layer", "head"], "completeness_error": ["layer"]},
+                    meaning={"tokens": TOKENS_MEANING.format(pos=pos, label=inputs.labels[b][pos])
+                             + " of Attr_l",
+                             "attention_attribution": f"Attr_l = A_l ⊙ mean over α=k/{m} of dF/dX at X=α·A_l",
+                             "head_scores": f"{self.head_score} of each head's attribution entries",
+                             "completeness_error": "Σ Attr_l − (F(A) − F(0·A_l)) per layer (Riemann error)"},
+                    position=pos, steps=m))
+        finally:
+            if bar is not None:
+                bar.close()
+        return out
+
+    def _one_text(self, adapter: ModelAdapter, one: Inputs, index: int, target: Target,
+                  batch_size: int | None, bar) -> tuple[np.ndarray, np.ndarray]:
+        """Attribution ``[L, H, n, n]`` and per-layer completeness gap for one unpadded text."""
+        L, m, n = adapter.n_layers, self.steps, one.lengths[0]
+        dev = adapter.device
+        # rows: (layer l, k) with α = k/m for k = 1..m, plus k = 0 for F(0·A_l)
+        jobs = [(l, k) for l in range(L) for k in range(m + 1)]
+        sites = [f"layers.{l}.attn.pattern" for l in range(L)]
+        grad_sum = torch.zeros(L, adapter.n_heads, n, n, dtype=torch.float64)
+        f_zero = np.zeros(L)
+        f_full = 0.0
+        att = None
+        for sl in chunks(len(jobs), n, batch_size, dev):
+            part = jobs[sl]
+            rows = len(part)
+            alpha = torch.ones(rows, L, dtype=torch.float64)
+            for r, (l, k) in enumerate(part):
+                alpha[r, l] = k / m
+            batch = Inputs(one.input_ids.expand(rows, -1), one.attention_mask.expand(rows, -1),
+                           one.tokens * rows, one.labels * rows, one.texts * rows)
+            edits = {s: _scale(alpha[:, l]) for l, s in enumerate(sites)}
+            fwd = adapter.forward(batch, record=sites, edit=edits, keep_grad=True, grad=True)
+            idx = torch.full((rows,), index, dtype=torch.long, device=fwd.logits.device)
+            f = adapter.score(fwd.logits, idx, target)
+            pats = [fwd.cache[s] for s in sites]
+            grads = torch.autograd.grad(f.sum(), pats, allow_unused=True)
+            for r, (l, k) in enumerate(part):
+                if k == 0:
+                    f_zero[l] = float(f[r].detach())
+                elif grads[l] is not None:
+                    grad_sum[l] += grads[l][r].detach().double().cpu()
+                if k == m and att is None:  # α = 1: the recorded pattern is A itself
+                    att = torch.stack([p[r].detach().double().cpu() for p in pats])
+                    f_full = float(f[r].detach())
+            if bar is not None:
+                bar.update(rows)
+        assert att is not None
+        attr = (att * grad_sum / m).numpy()
+        gap = attr.sum((1, 2, 3)) - (f_full - f_zero)
+        return attr, gap
+
+
+def _scale(alpha: torch.Tensor):
+    def fn(p: torch.Tensor) -> torch.Tensor:
+        return p * alpha.to(device=p.device, dtype=p.dtype).view(-1, 1, 1, 1)
+    return fn
