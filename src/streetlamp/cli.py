@@ -130,7 +130,8 @@ def cmd_patch(args: argparse.Namespace) -> int:
     adapter = _heads_adapter(args)
     res = run_patch(adapter, out, clean=args.clean, corrupt=args.corrupt, answer=parse_target(adapter, args.answer),
                     wrong=parse_target(adapter, args.wrong), paths=args.paths, receivers=args.receiver,
-                    receiver_pos=args.receiver_pos, approx=args.approx, overwrite=args.overwrite)
+                    receiver_pos=args.receiver_pos, approx=args.approx, overwrite=args.overwrite,
+                    kinds=tuple(k.strip() for k in args.sites.split(",") if k.strip()))
     pair = res["pair"]
     print(f"logit difference {adapter.output_label(pair.answer)!r} - {adapter.output_label(pair.wrong)!r}: "
           f"clean {pair.ld_clean:.3f}, corrupted {pair.ld_corrupt:.3f}")
@@ -255,6 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--receiver", default="logits", help="'logits' or receiver heads L.H[,L.H]")
     s.add_argument("--receiver-pos", type=int, default=None, help="patch receivers only at this position")
     s.add_argument("--approx", action="store_true", help="attribution patching beside real patching")
+    s.add_argument("--sites", default="resid_pre,attn.out,mlp.out,heads",
+                   help="what to patch: comma-separated resid_pre, attn.out, mlp.out (by layer x position), heads")
     s.add_argument("--model", default=DEFAULT_MODEL)
     s.add_argument("--out", default=None)
     s.add_argument("--overwrite", action="store_true")
