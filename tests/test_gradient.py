@@ -1,0 +1,243 @@
+"""Gradient methods against independent computations: Captum (Saliency, InputXGradient,
+IntegratedGradients, LayerIntegratedGradients), an analytic toy with closed-form IG, convergence
+orders of the quadrature rules, the shared multi-target path against separate runs, bad input."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from captum.attr import InputXGradient, IntegratedGradients as CaptumIG, LayerIntegratedGradients, Saliency as CS
+from captum.attr._utils.approximation_methods import approximation_parameters
+
+from streetlamp.errors import StreetlampError
+from streetlamp.methods.gradient import GradientXInput, Saliency, embed_ids, ids_inputs
+from streetlamp.methods.ig import IntegratedGradients, PathCache, integrate_adaptive, quadrature
+from streetlamp.models.adapter import ModelAdapter, Target
+from streetlamp.models.tiny import tiny_model
+
+from .conftest import TEXTS
+
+CAPTUM_RULE = {"riemann_left": "riemann_left", "riemann_right": "riemann_right",
+               "riemann_middle": "riemann_middle", "gauss_legendre": "gausslegendre",
+               "riemann_trapezoid": "riemann_trapezoid"}
+
+
+def adapter_of(family: str) -> ModelAdapter:
+    m, t = tiny_model(family, seed=1)
+    return ModelAdapter(m, t, f"tiny-{family}")
+
+
+def emb_forward(a: ModelAdapter, ids: torch.Tensor, index: int, target: Target):
+    """F as a function of the embed site (a forward function for Captum)."""
+    def f(emb: torch.Tensor) -> torch.Tensor:
+        fwd = a.forward(ids_inputs(a, ids, emb.shape[0]), edit={"embed": lambda e: emb.to(e.dtype)}, grad=True)
+        return a.score(fwd.logits, torch.full((emb.shape[0],), index), target)
+    return f
+
+
+def ids_forward(a: ModelAdapter, index: int, target: Target):
+    def f(ids: torch.Tensor) -> torch.Tensor:
+        inp = ids_inputs(a, ids[0])
+        inp.input_ids, inp.attention_mask = ids, torch.ones_like(ids)
+        fwd = a.forward(inp, grad=True)
+        return a.score(fwd.logits, torch.full((ids.shape[0],), index), target)
+    return f
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_saliency_and_gradient_x_input_match_captum(family: str) -> None:
+    a = adapter_of(family)
+    inputs = a.encode(TEXTS[:2])
+    t = Target(index=1, quantity="logprob")
+    sal = Saliency().attribute(a, inputs, target=t)
+    gxi = GradientXInput().attribute(a, inputs, target=t)
+    for b, n in enumerate(inputs.lengths):
+        ids = inputs.input_ids[b, :n]
+        e = embed_ids(a, ids)[None]
+        f = emb_forward(a, ids, 1, t)
+        g = CS(f).attribute(e.clone(), abs=False)
+        np.testing.assert_allclose(sal[b].scores, g[0].norm(dim=-1).numpy(), rtol=1e-4, atol=1e-7)
+        x = InputXGradient(f).attribute(e.clone())
+        np.testing.assert_allclose(gxi[b].scores, x[0].sum(-1).detach().numpy(), rtol=1e-4, atol=1e-7)
+
+
+def special_kept_baseline(a: ModelAdapter, ids: torch.Tensor, tid: int) -> torch.Tensor:
+    special = set(a.tokenizer.all_special_ids)
+    return torch.tensor([[i if i in special else tid for i in ids.tolist()]])
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+@pytest.mark.parametrize("rule", ["riemann_left", "riemann_right", "riemann_middle", "gauss_legendre"])
+def test_ig_matches_captum_layer_integrated_gradients(family: str, rule: str) -> None:
+    a = adapter_of(family)
+    inputs = a.encode(TEXTS[0])
+    ids = inputs.input_ids[0]
+    t = Target(index=2 if a.kind == "classifier" else 7, quantity="logit")
+    ours = IntegratedGradients(baseline="pad", rule=rule, steps=7, adaptive=False).attribute(a, inputs, target=t)[0]
+    lig = LayerIntegratedGradients(ids_forward(a, t.index, t), a.embed_module)
+    base = special_kept_baseline(a, ids, a.tokenizer.pad_token_id)
+    attr, delta = lig.attribute(ids[None], baselines=base, method=CAPTUM_RULE[rule], n_steps=7,
+                                internal_batch_size=5, return_convergence_delta=True)
+    ref = attr[0].sum(-1).detach().numpy()
+    np.testing.assert_allclose(ours.scores, ref, rtol=2e-4, atol=2e-6 * np.abs(ref).max())
+    assert ours.info["completeness_error"] == pytest.approx(abs(float(delta[0])), abs=1e-5)
+
+
+def test_zero_baseline_matches_captum_integrated_gradients() -> None:
+    a = adapter_of("roberta")
+    inputs = a.encode(TEXTS[1])
+    ids = inputs.input_ids[0]
+    t = Target(index=0, quantity="prob")
+    ours = IntegratedGradients(baseline="zero", keep_special=False, steps=12, adaptive=False).attribute(
+        a, inputs, target=t)[0]
+    e = embed_ids(a, ids)[None]
+    ref = CaptumIG(emb_forward(a, ids, 0, t)).attribute(e, torch.zeros_like(e), n_steps=12, method="gausslegendre")
+    np.testing.assert_allclose(ours.scores, ref[0].sum(-1).detach().numpy(), rtol=2e-4, atol=1e-8)
+    assert "zero" in ours.info["baseline_used"]
+
+
+def toy_path(x: torch.Tensor, w: torch.Tensor) -> PathCache:
+    """F(x) = (Σ w·x)³: gradient 3 s² w, IG_i = (w_i·x_i) s² from a zero baseline (closed form)."""
+    def grad_fn(emb: torch.Tensor) -> torch.Tensor:
+        s = (emb * w).sum((1, 2))
+        return (3 * s.view(-1, 1, 1) ** 2 * w)[None]
+    return PathCache(x, torch.zeros_like(x), grad_fn, None, torch.device("cpu"))
+
+
+def test_analytic_cubic_toy_and_convergence_orders() -> None:
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(5, 3, generator=g, dtype=torch.float64), torch.randn(5, 3, generator=g, dtype=torch.float64)
+    s = float((x * w).sum())
+    exact = ((w * x).sum(-1) * s ** 2).numpy()
+    ig, rec = integrate_adaptive(toy_path(x, w), torch.tensor([s ** 3], dtype=torch.float64), torch.tensor([abs(s ** 3)]),
+                                 "gauss_legendre", 2, False, 1e-3, 2, [5])
+    np.testing.assert_allclose(ig[0].numpy(), exact, rtol=1e-12)  # 2-point GL is exact for degree 3
+    assert rec["delta"][0] < 1e-10
+    errs = {}
+    for rule in ("riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid"):
+        errs[rule] = [abs(float(toy_path(x, w).integrate(rule, n)[0].sum()) - s ** 3) for n in (8, 16, 32)]
+    for rule, order in (("riemann_left", 2), ("riemann_right", 2), ("riemann_middle", 4), ("riemann_trapezoid", 4)):
+        ratios = np.array(errs[rule][:-1]) / np.array(errs[rule][1:])
+        assert np.all(np.abs(ratios - order) < 0.35 * order), (rule, ratios)
+    # trapezoid error for ∫3α²: exactly 1/(2n²) times |s|³
+    assert errs["riemann_trapezoid"][0] == pytest.approx(abs(s) ** 3 / (2 * 64), rel=1e-9)
+    # independent check: Captum 0.9's trapezoid weights sum to (n-1)/n, its error ~ 1/n
+    for n in (8, 16, 32):
+        sizes, alphas = approximation_parameters("riemann_trapezoid")
+        assert sum(sizes(n)) == pytest.approx((n - 1) / n)
+        ours_a, ours_w = quadrature("riemann_trapezoid", n)
+        assert ours_w.sum() == pytest.approx(1.0) and len(ours_a) == n + 1
+
+
+def test_trapezoid_is_second_order_on_a_model_and_captum_first_order() -> None:
+    a = adapter_of("bert")
+    inputs = a.encode(TEXTS[0])
+    ids = inputs.input_ids[0]
+    t = Target(index=0, quantity="logit")
+    ours, theirs = [], []
+    lig = LayerIntegratedGradients(ids_forward(a, 0, t), a.embed_module)
+    base = special_kept_baseline(a, ids, a.tokenizer.pad_token_id)
+    for n in (4, 8, 16):
+        e = IntegratedGradients(baseline="pad", rule="riemann_trapezoid", steps=n, adaptive=False).attribute(
+            a, inputs, target=t)[0]
+        ours.append(e.info["relative_completeness_error"])
+        _, d = lig.attribute(ids[None], baselines=base, method="riemann_trapezoid", n_steps=n,
+                             return_convergence_delta=True)
+        theirs.append(abs(float(d[0])) / abs(e.info["F_input"] - e.info["F_baseline"]))
+    ours_r = np.array(ours[:-1]) / np.array(ours[1:])
+    assert np.all(ours_r > 3.0), ours  # O(1/n²): about 4x per doubling
+    theirs_r = np.array(theirs[:-1]) / np.array(theirs[1:])
+    assert np.all((theirs_r > 1.6) & (theirs_r < 2.6)), theirs  # Captum's: about 2x per doubling
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert", "gpt2", "llama"])
+def test_completeness_and_adaptive_on_every_family(family: str) -> None:
+    a = adapter_of(family)
+    t = Target(quantity="logit")
+    for baseline in ("pad", "mask"):
+        e = IntegratedGradients(baseline=baseline, steps=4, max_steps=512).attribute(a, a.encode(TEXTS[0]),
+                                                                                      target=t)[0]
+        assert e.info["converged"] and e.info["relative_completeness_error"] <= 1e-3
+        assert e.info["steps"] == e.info["history"][-1]["steps"] and e.info["steps"] >= 4
+        delta, rel, fe, fb, total = e.arrays["completeness"]
+        assert abs(e.scores.sum() - (fe - fb)) <= delta + 1e-5 * abs(fe - fb) + 1e-6
+        assert rel == pytest.approx(delta / abs(fe - fb))
+        special = [i for i, x in enumerate(e.tokens) if x in a.tokenizer.all_special_tokens]
+        assert np.all(e.scores[special] == 0)  # special tokens kept: zero path, zero attribution
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_shared_sequence_equals_separate_runs(family: str) -> None:
+    a = adapter_of(family)
+    ig = IntegratedGradients(baseline="pad", steps=6, adaptive=False)
+    t = Target(quantity="logprob")
+    cont = [5, 9, 11]
+    for batched in (False, True):
+        shared = ig.attribute_sequence(a, TEXTS[2], cont, target=t, batch_size=40, batched_grads=batched)
+        prompt = a.encode(TEXTS[2]).input_ids[0]
+        full = torch.cat([prompt, torch.tensor(cont)])
+        for j, e in enumerate(shared):
+            sep = ig.attribute(a, ids_inputs(a, full[: len(prompt) + j]), target=Target(cont[j], None, "logprob"))[0]
+            assert e.tokens == sep.tokens and e.info["target"]["index"] == cont[j]
+            np.testing.assert_allclose(e.scores, sep.scores, rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(e.arrays["completeness"][2:4], sep.arrays["completeness"][2:4], rtol=1e-5)
+    gen = ig.attribute_sequence(a, TEXTS[1], 2)
+    assert len(gen) == 2 and len(gen[1].tokens) == len(gen[0].tokens) + 1
+
+
+def test_bad_input() -> None:
+    a = adapter_of("bert")
+    inputs = a.encode(TEXTS[1])
+    with pytest.raises(StreetlampError, match="unknown IG rule"):
+        IntegratedGradients(rule="simpson").attribute(a, inputs, target=Target())
+    with pytest.raises(StreetlampError, match="unknown IG baseline"):
+        IntegratedGradients(baseline="unk").attribute(a, inputs, target=Target())
+    with pytest.raises(StreetlampError, match="out of range"):
+        IntegratedGradients().attribute(a, inputs, target=Target(index=3))
+    with pytest.raises(StreetlampError, match="out of range"):
+        Saliency().attribute(a, inputs, target=Target(index=-1))
+    with pytest.raises(StreetlampError, match="steps"):
+        IntegratedGradients(steps=8, max_steps=4).attribute(a, inputs, target=Target())
+    with pytest.warns(UserWarning, match="tolerance") as rec:
+        e = IntegratedGradients(rule="riemann_left", steps=2, max_steps=4, tolerance=1e-9).attribute(
+            a, inputs, target=Target(quantity="logit"))[0]
+    assert len(rec) == 1 and "\n" not in str(rec[0].message)
+    assert not e.info["converged"] and e.info["steps"] == 4 and len(e.info["history"]) == 2
+    assert e.info["relative_completeness_error"] > 1e-9
+
+
+def test_mask_baseline_fallback_is_recorded() -> None:
+    a = adapter_of("gpt2")
+    a.tokenizer.mask_token = None
+    assert a.tokenizer.mask_token_id is None
+    e = IntegratedGradients(baseline="mask", steps=4, adaptive=False).attribute(a, a.encode(TEXTS[1]),
+                                                                                 target=Target())[0]
+    assert "no mask token" in e.info["baseline_used"]
+
+
+@pytest.mark.slow
+def test_minilm_ig_converges_and_matches_captum(minilm: ModelAdapter) -> None:
+    inputs = minilm.encode("the acting was wonderful but the plot was thin")
+    e = IntegratedGradients(baseline="pad", keep_special=False).attribute(minilm, inputs, target=Target())[0]
+    assert e.info["converged"] and e.info["relative_completeness_error"] <= 1e-3
+    idx = e.info["target"]["index"]
+    lig = LayerIntegratedGradients(ids_forward(minilm, idx, Target()), minilm.embed_module)
+    ids = inputs.input_ids
+    ref = lig.attribute(ids, baselines=torch.full_like(ids, minilm.tokenizer.pad_token_id),
+                        method="gausslegendre", n_steps=e.info["steps"])
+    np.testing.assert_allclose(e.scores, ref[0].sum(-1).detach().numpy(), rtol=1e-3, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_smollm_shared_sequence(smollm: ModelAdapter) -> None:
+    ig = IntegratedGradients(baseline="mask", steps=4, adaptive=False)
+    exps = ig.attribute_sequence(smollm, "The capital of France is", 2, target=Target(quantity="logprob"))
+    assert "no mask token" in exps[0].info["baseline_used"] or smollm.tokenizer.mask_token_id is not None
+    prompt = smollm.encode("The capital of France is").input_ids[0]
+    cont = [exps[0].info["target"]["index"], exps[1].info["target"]["index"]]
+    full = torch.cat([prompt, torch.tensor(cont)])
+    sep = ig.attribute(smollm, ids_inputs(smollm, full[: len(prompt) + 1]),
+                       target=Target(cont[1], None, "logprob"))[0]
+    np.testing.assert_allclose(exps[1].scores, sep.scores, rtol=2e-3, atol=2e-4 * np.abs(sep.scores).max())
