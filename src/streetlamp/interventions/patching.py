@@ -90,16 +90,32 @@ def _sites(adapter: ModelAdapter) -> list[str]:
     return [f"layers.{l}.{k}" for l in range(adapter.n_layers) for k in KINDS + ("attn.z",)]
 
 
-def activation_patching(adapter: ModelAdapter, pair: Pair, progress: bool = False) -> dict[str, np.ndarray]:
+def first_difference(pair: Pair) -> int:
+    """First position where the clean and corrupted token ids differ."""
+    a, b = pair.clean.input_ids[0], pair.corrupt.input_ids[0]
+    diff = (a != b).nonzero()
+    return int(diff[0]) if len(diff) else len(a)
+
+
+def activation_patching(adapter: ModelAdapter, pair: Pair, progress: bool = False,
+                        kinds: Sequence[str] = KINDS + ("heads",)) -> dict[str, np.ndarray]:
     """Normalised metric for patching each clean activation into the corrupted run.
 
-    Returns ``{"resid_pre"|"attn.out"|"mlp.out": [layer, pos], "heads": [layer, head]}``.
+    Returns ``{"resid_pre"|"attn.out"|"mlp.out": [layer, pos], "heads": [layer, head]}`` (the
+    ``kinds`` asked for). In a causal LM every activation before the first differing token is the
+    same in both runs, so patching it is exactly 0 and is not run.
     """
+    bad = set(kinds) - set(KINDS + ("heads",))
+    if bad:
+        raise StreetlampError(f"unknown site kind(s) {sorted(bad)}; choose from {', '.join(KINDS + ('heads',))}")
     L, H, P = adapter.n_layers, adapter.n_heads, pair.clean.lengths[0]
     clean = adapter.forward(pair.clean, record=_sites(adapter)).cache
-    out = {k: np.zeros((L, P), np.float32) for k in KINDS}
-    out["heads"] = np.zeros((L, H), np.float32)
-    by_pos = engine.repeat_inputs(pair.corrupt, P)
+    out = {k: np.zeros((L, P), np.float32) for k in KINDS if k in kinds}
+    if "heads" in kinds:
+        out["heads"] = np.zeros((L, H), np.float32)
+    start = first_difference(pair) if adapter.kind == "causal_lm" else 0
+    positions = list(range(start, P))
+    by_pos = engine.repeat_inputs(pair.corrupt, len(positions))
     by_head = engine.repeat_inputs(pair.corrupt, H)
     it = range(L)
     if progress:
@@ -108,10 +124,14 @@ def activation_patching(adapter: ModelAdapter, pair: Pair, progress: bool = Fals
     with torch.no_grad():
         for l in it:
             for k in KINDS:
+                if k not in kinds or not positions:
+                    continue
                 s = f"layers.{l}.{k}"
-                ivs = [Intervention(s, engine.patch(clean[s]), pos=p, rows=[p]) for p in range(P)]
-                out[k][l] = pair.normalise(logit_diff(engine.run(adapter, by_pos, ivs).logits,
-                                                      pair.answer, pair.wrong)).cpu().numpy()
+                ivs = [Intervention(s, engine.patch(clean[s]), pos=p, rows=[i]) for i, p in enumerate(positions)]
+                out[k][l, positions] = pair.normalise(logit_diff(engine.run(adapter, by_pos, ivs).logits,
+                                                                 pair.answer, pair.wrong)).cpu().numpy()
+            if "heads" not in kinds:
+                continue
             s = f"layers.{l}.attn.z"
             ivs = [Intervention(s, engine.patch(clean[s]), head=h, rows=[h]) for h in range(H)]
             out["heads"][l] = pair.normalise(logit_diff(engine.run(adapter, by_head, ivs).logits,

@@ -1,8 +1,6 @@
 """``streetlamp heads`` and ``streetlamp prune``: ablate, score and prune attention heads."""
 from __future__ import annotations
 
-import csv
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -28,40 +26,23 @@ REFERENCE_TEXTS = (
 
 
 def load_texts(spec: str) -> tuple[list[str], list[str] | None]:
-    """Texts (and labels, if any) from a file: .txt one per line, .csv/.jsonl with a ``text``
-    column and optional ``label``; or the name ``movies`` (gensim's 200 labelled movie sentences).
-
-    Uses ``streetlamp.data`` when that module exists (it knows more dataset names).
-    """
-    try:  # the shared dataset loader, when present
-        from .. import data as shared  # type: ignore[attr-defined]
-        if hasattr(shared, "load_texts"):
-            return shared.load_texts(spec)
-    except ImportError:
-        pass
-    if spec == "movies":
-        from ..models.minilm import package_dir
-        path = package_dir("gensim") / "test" / "test_data" / "pang_lee_polarity.cor"
-        texts, labels = [], []
-        for line in path.read_text(encoding="latin-1").splitlines():
-            tag, _, text = line.partition(" ")
-            if text.strip():
-                texts.append(text.strip())
-                labels.append({"__label__neg": "negative", "__label__pos": "positive"}[tag])
-        return texts, labels
+    """Texts (and labels, if any): a .txt file (one unlabelled text per line), or anything
+    :func:`streetlamp.data.load_dataset` reads (``movies``, ``tweets``, ``drugs``, CSV/TSV/JSONL with
+    text and label columns, ERASER folders)."""
     p = Path(spec)
-    if not p.is_file():
-        raise StreetlampError(f"data {spec!r} not found: give a .txt/.csv/.jsonl file or 'movies'")
     if p.suffix == ".txt":
-        return [l.strip() for l in p.read_text().splitlines() if l.strip()], None
-    if p.suffix in (".csv", ".jsonl"):
-        rows = (list(csv.DictReader(p.open())) if p.suffix == ".csv"
-                else [json.loads(l) for l in p.read_text().splitlines() if l.strip()])
-        if not rows or "text" not in rows[0]:
-            raise StreetlampError(f"{p} needs a 'text' column")
-        labels = [str(r["label"]) for r in rows] if "label" in rows[0] else None
-        return [str(r["text"]) for r in rows], labels
-    raise StreetlampError(f"unsupported data file {p.name}: use .txt, .csv or .jsonl")
+        if not p.is_file():
+            raise StreetlampError(f"data file {spec} not found")
+        texts = [l.strip() for l in p.read_text().splitlines() if l.strip()]
+        if not texts:
+            raise StreetlampError(f"{spec} has no text")
+        return texts, None
+    from ..data import load_dataset
+    ds = load_dataset(spec)
+    if not ds.examples:
+        raise StreetlampError(f"dataset {spec} has no examples")
+    labels = [e.label for e in ds.examples]
+    return [e.text for e in ds.examples], (labels if all(l != "" for l in labels) else None)
 
 
 def label_ids(adapter: ModelAdapter, labels: list[str]) -> list[int]:

@@ -36,11 +36,11 @@ def parse_heads(adapter: ModelAdapter, spec: str) -> list[tuple[int, int]] | Non
 def run_patch(adapter: ModelAdapter, out: Path, *, clean: str, corrupt: str, answer: int | None = None,
               wrong: int | None = None, paths: bool = False, receivers: str = "logits",
               receiver_pos: int | None = None, approx: bool = False, overwrite: bool = False,
-              progress: bool = True) -> dict:
+              progress: bool = True, kinds: tuple[str, ...] = P.KINDS + ("heads",)) -> dict:
     check_out_dir(out, overwrite)
     pair = P.make_pair(adapter, clean, corrupt, answer, wrong)
     rec = parse_heads(adapter, receivers) if paths else None
-    real = P.activation_patching(adapter, pair, progress=progress)
+    real = P.activation_patching(adapter, pair, progress=progress, kinds=kinds)
     arrays = {f"patch.{k}": v for k, v in real.items()}
     described = {f"patch.{k}": {"axes": META["axes_lh"] if k == "heads" else META["axes_lp"], "meaning":
                  f"activation patching: clean {k} ({'one head, every position' if k == 'heads' else 'one layer, one position'}) "
@@ -48,6 +48,7 @@ def run_patch(adapter: ModelAdapter, out: Path, *, clean: str, corrupt: str, ans
     summary: dict = {}
     if approx:
         ap = P.attribution_patching(adapter, pair)
+        ap = {k: v for k, v in ap.items() if k in real}
         arrays.update({f"approx.{k}": v for k, v in ap.items()})
         described.update({f"approx.{k}": {"axes": described[f"patch.{k}"]["axes"], "meaning":
                           "attribution patching (a_clean - a_corrupt)·dLD/da / (LD_clean - LD_corrupt)"} for k in ap})
@@ -60,18 +61,23 @@ def run_patch(adapter: ModelAdapter, out: Path, *, clean: str, corrupt: str, ans
                               "clean; normalised logit difference (1 = path irrelevant, lower = path carries it); "
                               "NaN = sender not before the receiver"}
     labels = pair.clean.labels[0]
-    heads = real["heads"]
-    top = np.argsort(-heads.reshape(-1))[:5]
+    heads = real.get("heads")
+    top = np.argsort(-heads.reshape(-1))[:5] if heads is not None else []
     summary["top_heads"] = [{"layer": int(i // adapter.n_heads), "head": int(i % adapter.n_heads),
-                             "restored": float(heads.reshape(-1)[i])} for i in top]
+                             "restored": float(heads.reshape(-1)[i])} for i in top]  # type: ignore[union-attr]
     with atomic_dir(out, overwrite) as tmp:
         save_arrays(tmp / "arrays.safetensors", {k: np.ascontiguousarray(v, np.float32) for k, v in arrays.items()})
-        figures = ["patch_positions.png", "patch_heads.png"]
-        fig.layer_pos({k: real[k] for k in P.KINDS}, labels, f"{adapter.name}: activation patching "
+        figures = []
+        pos_panels = {k: real[k] for k in P.KINDS if k in real}
+        if pos_panels:
+            figures.append("patch_positions.png")
+            fig.layer_pos(pos_panels, labels, f"{adapter.name}: activation patching "
                       f"(clean -> corrupted), {adapter.output_label(pair.answer)!r} vs "
-                      f"{adapter.output_label(pair.wrong)!r}", tmp / "patch_positions.png")
-        fig.layer_head(heads, f"{adapter.name}: patching single heads (attn.z, all positions)",
-                       "normalised logit difference", tmp / "patch_heads.png")
+                          f"{adapter.output_label(pair.wrong)!r}", tmp / "patch_positions.png")
+        if heads is not None:
+            figures.append("patch_heads.png")
+            fig.layer_head(heads, f"{adapter.name}: patching single heads (attn.z, all positions)",
+                           "normalised logit difference", tmp / "patch_heads.png")
         if approx:
             r = np.concatenate([real[k].reshape(-1) for k in real])
             a = np.concatenate([arrays[f"approx.{k}"].reshape(-1) for k in real])
@@ -86,7 +92,7 @@ def run_patch(adapter: ModelAdapter, out: Path, *, clean: str, corrupt: str, ans
             parameters={"clean": clean, "corrupt": corrupt, "tokens": labels, "corrupt_tokens": pair.corrupt.labels[0],
                         "answer": {"index": pair.answer, "label": adapter.output_label(pair.answer)},
                         "wrong": {"index": pair.wrong, "label": adapter.output_label(pair.wrong)},
-                        "paths": paths, "receivers": receivers, "receiver_pos": receiver_pos, "approx": approx},
+                        "kinds": list(kinds), "paths": paths, "receivers": receivers, "receiver_pos": receiver_pos, "approx": approx},
             logit_diff={"clean": pair.ld_clean, "corrupt": pair.ld_corrupt}, seed=0))
     return {"pair": pair, "arrays": arrays, "summary": summary}
 
