@@ -71,7 +71,7 @@ def _heads_adapter(args: argparse.Namespace):
     from .models.loading import load
 
     adapter = load(args.model)
-    adapter.to(args.device, args.dtype)
+    adapter.to(args.device, getattr(args, "dtype", "float32"))
     return adapter
 
 
