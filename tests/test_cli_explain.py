@@ -31,7 +31,7 @@ def test_explain_writes_manifest_arrays_figures(ckpts: dict[str, Path], tmp_path
     rc, stdout, _ = run(capsys, "explain", "the movie was not good , but the acting was great", "--model",
                         str(ckpts[family]), "--out", str(out), "--layer", "1", "--head", "2")
     assert rc == 0
-    assert str(out) in stdout and "attention from" in stdout and "occlusion" in stdout
+    assert str(out) in stdout and "attention here means" in stdout and "occlusion" in stdout
     m = json.loads((out / "manifest.json").read_text())
     arrays = load_file(str(out / "arrays.safetensors"))
     n = len(m["tokens"])

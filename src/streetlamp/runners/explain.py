@@ -183,14 +183,14 @@ def summarise(adapter: ModelAdapter, res: ExplainResult, k: int = 3) -> list[str
     special = set(adapter.tokenizer.all_special_tokens)
     words = [j for j, t in enumerate(res.tokens) if t not in special]
     where = f"attention from {res.labels[res.position]!r} (position {res.position}), {view}"
+    lines.append(f"attention here means: {where}")
     if len(words) < len(res.tokens):
-        lines.append(f"{where}: {row[[j for j in range(len(row)) if j not in words]].sum():.0%} of it goes to "
+        lines.append(f"  {row[[j for j in range(len(row)) if j not in words]].sum():.0%} of it goes to "
                      "special tokens (excluded below)")
     occ = res.explanations.get("occlusion")
     if occ is None or not words:
         order = sorted(words, key=lambda j: -row[j])[:k]
-        lines.append(f"top tokens by {where}:")
-        lines.append("  " + ", ".join(f"{res.labels[j]!r} {row[j]:.3f}" for j in order))
+        lines.append("top tokens by attention: " + ", ".join(f"{res.labels[j]!r}@{j} {row[j]:.3f}" for j in order))
         return lines
     delta = occ.scores
     repl = occ.info.get("replacement", "see manifest")
@@ -204,7 +204,8 @@ def summarise(adapter: ModelAdapter, res: ExplainResult, k: int = 3) -> list[str
     for title, group in (("top by attention", by_att), ("top by occlusion", by_occ)):
         lines.append(f"  {title}:")
         for j in group:
-            lines.append(f"  {res.labels[j]!r:<16}{row[j]:>10.3f}{att_rank[j]:>6}{-delta[j]:>+19.3f}{occ_rank[j]:>6}")
+            tok = f"{res.labels[j]!r}@{j}"
+            lines.append(f"  {tok:<16}{row[j]:>10.3f}{att_rank[j]:>6}{-delta[j]:>+19.4f}{occ_rank[j]:>6}")
     shared = len(set(by_att) & set(by_occ))
     from scipy.stats import kendalltau
 
