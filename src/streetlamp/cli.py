@@ -187,6 +187,21 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_benchmark(args: argparse.Namespace) -> int:
+    from .groundtruth.tasks import parse_tasks
+    from .methods.registry import list_methods, parse_methods
+    from .runners.benchmark import benchmark, format_rows
+
+    tasks = parse_tasks(args.tasks)
+    methods = parse_methods(args.methods) if args.methods else list_methods()
+    res = benchmark(Path(args.out), tasks, methods, n_examples=args.n_examples, seed=args.seed,
+                    overwrite=args.overwrite, device=args.device, batch_size=args.batch_size)
+    for line in format_rows(res):
+        print(line)
+    print(f"output: {res.out}/ (leaderboard.csv, models.csv, leaderboard.png, manifest.json)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .models.loading import DEFAULT_MODEL
 
@@ -296,6 +311,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workers", type=int, default=None, help="Ray actors (one model each)")
     s.add_argument("--device", default="cpu", help="cpu, cuda ... (with ray: one GPU per actor)")
     s.set_defaults(func=cmd_evaluate)
+    s = sub.add_parser("benchmark", help="ground truth: which methods recover planted tokens (normal vs deceptive)")
+    s.add_argument("--tasks", default="all", help="comma-separated: keyword,order,negation,together (default all)")
+    s.add_argument("--methods", default=None, help="comma-separated method names (default: every registered)")
+    s.add_argument("--n-examples", type=int, default=100, help="generated texts per task (default 100)")
+    s.add_argument("--out", required=True, help="output folder")
+    s.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--batch-size", type=int, default=None, help="token budget knob for batched methods")
+    s.add_argument("--device", default="cpu", help="cpu, cuda, cuda:0 ...")
+    s.set_defaults(func=cmd_benchmark)
     return p
 
 

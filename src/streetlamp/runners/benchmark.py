@@ -1,0 +1,145 @@
+"""``streetlamp benchmark``: which explanation methods recover the planted tokens?
+
+For every task and variant (normal / deceptive ground-truth model) and every method, explain
+``n_examples`` freshly generated texts (the prediction is the explained class) and score the
+token scores against the planted tokens (AUPRC, precision@k) and by erasure (comprehensiveness,
+sufficiency). A ``random`` baseline row is added. Writes ``leaderboard.csv``, ``models.csv``
+(accuracy and attention mass on the planted tokens), ``leaderboard.png`` and ``manifest.json``.
+"""
+from __future__ import annotations
+
+import csv
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import StreetlampError
+from ..groundtruth import leaderboard as lb
+from ..groundtruth.tasks import get_task, planted_mask
+from ..groundtruth.train import evaluate, weights_path
+from ..methods.registry import get_method
+from ..models.adapter import ModelAdapter, Target
+from ..results import atomic_dir, check_out_dir, command_line, versions, write_json
+
+VARIANTS = ("normal", "deceptive")
+COLUMNS = ["task", "variant", "method", "auprc", "precision_at_k", "comprehensiveness", "sufficiency",
+           "base_rate", "n_examples", "seconds", "error"]
+# cheap-but-sound settings for the tiny models (defaults are used for everything else)
+METHOD_PARAMS: dict[str, dict[str, Any]] = {}
+
+
+@dataclass
+class BenchmarkResult:
+    out: Path
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    models: list[dict[str, Any]] = field(default_factory=list)
+
+
+def load_groundtruth(task: str, variant: str) -> ModelAdapter:
+    from ..models.loading import load
+
+    path = weights_path(task, variant)
+    if not (path / "config.json").exists():
+        raise StreetlampError(f"no shipped model at {path}; run scripts/train_groundtruth.py")
+    return load(path)
+
+
+def score_method(adapter: ModelAdapter, name: str, examples: list, seed: int, device_budget: int | None
+                 ) -> dict[str, Any]:
+    inputs = adapter.encode([e.text for e in examples])
+    t0 = time.time()
+    if name == "random":
+        rng = np.random.default_rng(seed)
+        token_scores = [rng.random(n) for n in inputs.lengths]
+        index = adapter.resolve(inputs, Target()).numpy()
+    else:
+        method = get_method(name, **METHOD_PARAMS.get(name, {}))
+        method.check(adapter)
+        exps = method.attribute(adapter, inputs, target=Target(), batch_size=device_budget, seed=seed)
+        token_scores = [e.scores for e in exps]
+        index = np.array([e.info["target"]["index"] for e in exps])
+    secs = time.time() - t0
+    words = [lb.word_scores(s) for s in token_scores]
+    masks = [planted_mask(e, n)[1:-1] for e, n in zip(examples, inputs.lengths)]
+    comp, suff = lb.erasure_metrics(adapter, [e.words for e in examples], words, index)
+    return {"auprc": float(np.mean([lb.average_precision(w, m) for w, m in zip(words, masks)])),
+            "precision_at_k": float(np.mean([lb.precision_at_k(w, m) for w, m in zip(words, masks)])),
+            "comprehensiveness": float(comp.mean()), "sufficiency": float(suff.mean()),
+            "base_rate": float(np.mean([m.mean() for m in masks])), "seconds": round(secs, 2)}
+
+
+def benchmark(out: Path, tasks: list[str], methods: list[str], n_examples: int = 100, seed: int = 0,
+              overwrite: bool = False, device: str = "cpu", batch_size: int | None = None) -> BenchmarkResult:
+    out = Path(out)
+    check_out_dir(out, overwrite)
+    if n_examples < 1:
+        raise StreetlampError("--n-examples must be at least 1")
+    res = BenchmarkResult(out)
+    names = list(dict.fromkeys(["random"] + list(methods)))
+    for task_name in tasks:
+        task = get_task(task_name)
+        examples = task.generate(n_examples, seed=30_000 + seed)
+        for variant in VARIANTS:
+            adapter = load_groundtruth(task_name, variant)
+            if device != "cpu":
+                adapter.hf_model.to(device)
+            res.models.append({"task": task_name, "variant": variant,
+                               **evaluate(adapter, task.generate(max(n_examples, 500), seed=40_000 + seed))})
+            for name in names:
+                print(f"benchmark: {task_name} {variant} {name}", file=sys.stderr)
+                torch.manual_seed(seed)
+                row: dict[str, Any] = {"task": task_name, "variant": variant, "method": name,
+                                       "n_examples": n_examples, "error": ""}
+                try:
+                    row.update(score_method(adapter, name, examples, seed, batch_size))
+                except StreetlampError as e:
+                    row["error"] = str(e)
+                except Exception as e:  # a method that crashes is reported, not fatal to the leaderboard
+                    row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+                res.rows.append(row)
+    with atomic_dir(out, overwrite) as tmp:
+        write_csv(tmp / "leaderboard.csv", res.rows, COLUMNS)
+        write_csv(tmp / "models.csv", res.models, ["task", "variant", "accuracy", "mass_cls_last", "mass_all"])
+        from ..groundtruth.figure import plot_leaderboard
+        plot_leaderboard(res.rows, tmp / "leaderboard.png")
+        write_json(tmp / "manifest.json", {
+            "streetlamp": "benchmark", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command_line(),
+            "tasks": tasks, "methods": names, "n_examples": n_examples, "seed": seed,
+            "files": {"leaderboard.csv": "one row per task x variant x method; AUPRC and precision@k of |token "
+                      "scores| (words only) against the planted tokens; comprehensiveness / sufficiency AOPC",
+                      "models.csv": "held-out accuracy and attention mass on the planted tokens ([CLS] row of "
+                      "the last layer, head mean; and mean over all layers, heads and queries)",
+                      "leaderboard.png": "AUPRC per method, normal vs deceptive, one panel per task"},
+            "versions": versions()})
+    return res
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
+
+
+def format_rows(res: BenchmarkResult) -> list[str]:
+    lines = []
+    for m in res.models:
+        lines.append(f"{m['task']:<9} {m['variant']:<9} accuracy {m['accuracy']:.3f}  attention mass on planted: "
+                     f"[CLS] last layer {m['mass_cls_last']:.3f}, all rows {m['mass_all']:.3f}")
+    for task in dict.fromkeys(r["task"] for r in res.rows):
+        lines.append(f"\n== {task} ==")
+        lines.append(f"{'variant':<10}{'method':<24}{'AUPRC':>7}{'P@k':>7}{'comp':>8}{'suff':>8}")
+        rows = [r for r in res.rows if r["task"] == task]
+        for r in sorted(rows, key=lambda r: (r["variant"] != "normal", -r.get("auprc", -1))):
+            if r["error"]:
+                lines.append(f"{r['variant']:<10}{r['method']:<24} error: {r['error']}")
+            else:
+                lines.append(f"{r['variant']:<10}{r['method']:<24}{r['auprc']:>7.3f}{r['precision_at_k']:>7.3f}"
+                             f"{r['comprehensiveness']:>8.3f}{r['sufficiency']:>8.3f}")
+    return lines
