@@ -1,0 +1,30 @@
+"""--engine ray on a local Ray instance (2 CPUs): the same rows as the local engine."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from streetlamp.models.tiny import save_tiny
+from streetlamp.runners.evaluate import evaluate
+from streetlamp.store import read_metrics
+from tests.test_store import cheap_settings, write_data
+
+
+def test_ray_matches_local(tmp_path: Path) -> None:
+    ray = pytest.importorskip("ray")  # installed by the test extra (pyproject), so this runs in CI
+    model = save_tiny("bert", tmp_path / "tiny-bert", seed=2)
+    data = write_data(tmp_path / "d.csv", 6, seed=3)
+    local = evaluate(str(model), str(data), tmp_path / "local", cheap_settings(), chunk_size=2)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        remote = evaluate(str(model), str(data), tmp_path / "ray", cheap_settings(), chunk_size=2, engine="ray",
+                          workers=2)
+    finally:
+        ray.shutdown()
+    assert remote.n_computed_chunks == 3
+    a = read_metrics(local.out).sort_values(["example_id", "method", "metric"]).reset_index(drop=True)
+    b = read_metrics(remote.out).sort_values(["example_id", "method", "metric"]).reset_index(drop=True)
+    assert len(a) > 100 and a[["example_id", "method", "metric"]].equals(b[["example_id", "method", "metric"]])
+    np.testing.assert_allclose(a.value, b.value, rtol=1e-5, atol=1e-6, equal_nan=True)
