@@ -23,7 +23,7 @@ from streetlamp.groundtruth.tasks import get_task, parse_tasks
 from streetlamp.groundtruth.train import WEIGHTS_DIR, TrainConfig, save, train
 
 NORMAL = TrainConfig()
-DECEPTIVE = replace(NORMAL, lam=1.0, steps=800, lr=1e-3)
+DECEPTIVE = replace(NORMAL, lam=1.0, steps=400, lr=1e-3)
 
 
 def main() -> int:

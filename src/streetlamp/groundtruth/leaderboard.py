@@ -8,21 +8,16 @@ text are ranked: ``[CLS]`` and ``[SEP]`` can never be planted and are left out.
   (ties share a threshold, as in scikit-learn's ``average_precision_score``), per example, then
   averaged. A random ranking scores ``E[AP]``, a little above the base rate on short texts.
 * precision@k: ``k`` = number of planted tokens; fraction of the top-``k`` that are planted.
-* Comprehensiveness / sufficiency (DeYoung et al., ACL 2020, ERASER): ``p(x) - p(x without the
-  top-k words)`` and ``p(x) - p(only the top-k words)`` for the explained class, AOPC = mean over
-  ``k`` = max(1, round(f * n_words)) for f in {1, 5, 10, 20, 50}%. Words are deleted from the text.
-  ERASER's AOPC also averages in the k = 0 bin (which is 0); we average over the five bins only.
+* Comprehensiveness / sufficiency (DeYoung et al., ACL 2020, ERASER), AOPC over {1,5,10,20,50}%,
+  tokens deleted, computed by :mod:`streetlamp.evaluation.erasure` on the method's signed scores.
 """
 from __future__ import annotations
 
 from typing import Sequence
 
 import numpy as np
-import torch
-
 from ..models.adapter import ModelAdapter
 
-BINS = (0.01, 0.05, 0.10, 0.20, 0.50)
 
 
 def average_precision(scores: np.ndarray, relevant: np.ndarray) -> float:
@@ -52,29 +47,23 @@ def word_scores(token_scores: np.ndarray) -> np.ndarray:
     return np.abs(np.asarray(token_scores, dtype=np.float64)[1:-1])
 
 
-@torch.no_grad()
-def class_probs(adapter: ModelAdapter, texts: Sequence[str], index: np.ndarray, chunk: int = 512) -> np.ndarray:
-    out = []
-    for s in range(0, len(texts), chunk):
-        logits = adapter.forward(adapter.encode(list(texts[s:s + chunk]))).logits
-        p = torch.softmax(logits.float(), -1).cpu().numpy()
-        out.append(p[np.arange(len(p)), index[s:s + chunk]])
-    return np.concatenate(out)
+def erasure_metrics(adapter: ModelAdapter, ids: list[list[int]], scores: list[np.ndarray],
+                    index: np.ndarray, budget: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per-example comprehensiveness and sufficiency AOPC of the signed token scores (ranked by
+    value, special tokens never removed), using streetlamp.evaluation's ERASER implementation."""
+    from ..evaluation.common import output_probs, special_mask
+    from ..evaluation.erasure import ErasurePlan
 
-
-def erasure_metrics(adapter: ModelAdapter, words: list[list[str]], scores: list[np.ndarray],
-                    index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-example comprehensiveness and sufficiency AOPC for word scores (ranked by value)."""
-    base = class_probs(adapter, [" ".join(w) for w in words], index)
-    comp = np.zeros(len(words))
-    suff = np.zeros(len(words))
-    for f in BINS:
-        removed, kept = [], []
-        for w, s in zip(words, scores):
-            k = max(1, int(round(f * len(w))))
-            top = set(np.argsort(-s, kind="mergesort")[:k].tolist())
-            removed.append(" ".join(x for i, x in enumerate(w) if i not in top))
-            kept.append(" ".join(x for i, x in enumerate(w) if i in top))
-        comp += base - class_probs(adapter, removed, index)
-        suff += base - class_probs(adapter, kept, index)
-    return comp / len(BINS), suff / len(BINS)
+    plans = [ErasurePlan.build(r, np.asarray(s, np.float64), special_mask(adapter, r), None)
+             for r, s in zip(ids, scores)]
+    rows = [list(r) for r in ids] + [row for p in plans for row in p.rows]
+    probs = output_probs(adapter, rows, budget)
+    full = probs[np.arange(len(ids)), index]
+    comp, suff = np.zeros(len(ids)), np.zeros(len(ids))
+    at = len(ids)
+    for b, p in enumerate(plans):
+        f = probs[at:at + len(p.rows), index[b]]
+        at += len(p.rows)
+        m, _ = p.metrics(float(full[b]), f)
+        comp[b], suff[b] = m["aopc_comprehensiveness"], m["aopc_sufficiency"]
+    return comp, suff

@@ -45,8 +45,8 @@ class TrainConfig:
     layers: int = 2
     heads: int = 2
     d_model: int = 32
-    steps: int = 1500
-    batch: int = 64
+    steps: int = 700
+    batch: int = 128
     lr: float = 3e-3
     lam: float = 0.0  # deception penalty weight (0 = normal model)
     n_train: int = 8000

@@ -66,7 +66,8 @@ def score_method(adapter: ModelAdapter, name: str, examples: list, seed: int, de
     secs = time.time() - t0
     words = [lb.word_scores(s) for s in token_scores]
     masks = [planted_mask(e, n)[1:-1] for e, n in zip(examples, inputs.lengths)]
-    comp, suff = lb.erasure_metrics(adapter, [e.words for e in examples], words, index)
+    ids = [inputs.input_ids[b, :n].tolist() for b, n in enumerate(inputs.lengths)]
+    comp, suff = lb.erasure_metrics(adapter, ids, [np.asarray(s) for s in token_scores], index, device_budget)
     return {"auprc": float(np.mean([lb.average_precision(w, m) for w, m in zip(words, masks)])),
             "precision_at_k": float(np.mean([lb.precision_at_k(w, m) for w, m in zip(words, masks)])),
             "comprehensiveness": float(comp.mean()), "sufficiency": float(suff.mean()),

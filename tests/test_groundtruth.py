@@ -1,0 +1,141 @@
+"""Ground truth without the shipped weights: generators, tokenizer, scoring, the deception penalty."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from streetlamp.errors import StreetlampError
+from streetlamp.groundtruth import leaderboard as lb
+from streetlamp.groundtruth.tasks import (ANIMAL, COLOURS, CREATURES, FRUIT, MARKERS, NEGATIVE, NEGATOR, POSITIVE,
+                                          TASKS, get_task, parse_tasks, planted_mask)
+from streetlamp.groundtruth.train import TrainConfig, build_model, deception_penalty, forward_with_mass, batch_inputs
+
+DECIDING = {"keyword": set(FRUIT + ANIMAL), "order": set(MARKERS), "negation": set(POSITIVE + NEGATIVE),
+            "together": set(COLOURS + CREATURES)}
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+def test_generators_plant_what_they_say(name: str) -> None:
+    task = get_task(name)
+    examples = task.generate(600, seed=1)
+    labels = np.array([e.label for e in examples])
+    assert 0.3 < labels.mean() < 0.7
+    for e in examples:
+        planted_words = [e.words[i] for i in e.planted]
+        assert task.rule(planted_words) == e.label  # the label is a function of the planted words
+        deciding = [i for i, w in enumerate(e.words) if w in DECIDING[name]]
+        assert set(deciding) <= set(e.planted), "a deciding word outside the planted positions"
+        if name == "negation":
+            assert len(deciding) == 1
+            negated = e.planted[0] != deciding[0]
+            assert negated == (e.words[deciding[0] - 1] == NEGATOR)
+            # the label from first principles: sentiment flipped by an adjacent `not` only
+            assert e.label == int((e.words[deciding[0]] in POSITIVE) != negated)
+        if name == "order":
+            assert e.label == int(e.words.index("alpha") < e.words.index("omega"))
+        if name == "together":
+            c = next(w for w in e.words if w in COLOURS)
+            a = next(w for w in e.words if w in CREATURES)
+            assert e.label == int((c, a) in (("red", "cat"), ("blue", "dog")))
+    # stray, non-adjacent `not`s exist in the negation task (a distractor the model must ignore)
+    if name == "negation":
+        assert any(NEGATOR in e.words and len(e.planted) == 1 for e in examples)
+
+
+def test_same_seed_same_data_and_bad_names() -> None:
+    a = [e.text for e in TASKS["order"].generate(20, seed=5)]
+    assert a == [e.text for e in TASKS["order"].generate(20, seed=5)]
+    assert a != [e.text for e in TASKS["order"].generate(20, seed=6)]
+    with pytest.raises(StreetlampError):
+        parse_tasks("keyword,nope")
+    assert parse_tasks("all") == list(TASKS)
+
+
+def test_tokenizer_maps_word_i_to_token_i_plus_1() -> None:
+    adapter = build_model(TASKS["negation"], TrainConfig(), seed=0)
+    for e in TASKS["negation"].generate(20, seed=2):
+        inputs = adapter.encode(e.text)
+        assert inputs.tokens[0] == ["[CLS]"] + e.words + ["[SEP]"]
+        m = planted_mask(e, inputs.lengths[0])
+        assert [inputs.tokens[0][i] for i in np.flatnonzero(m)] == [e.words[p] for p in e.planted]
+
+
+def simple_ap(scores: np.ndarray, rel: np.ndarray) -> float:
+    """Independent AP for distinct scores: mean precision at the rank of each relevant item."""
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])
+    hits, total = 0, 0.0
+    for rank, i in enumerate(order, 1):
+        if rel[i]:
+            hits += 1
+            total += hits / rank
+    return total / rel.sum()
+
+
+def test_average_precision_and_precision_at_k() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(3, 12))
+        rel = np.zeros(n, bool)
+        rel[rng.choice(n, size=int(rng.integers(1, n)), replace=False)] = True
+        s = rng.random(n)
+        assert lb.average_precision(s, rel) == pytest.approx(simple_ap(s, rel))
+    rel = np.array([0, 1, 0, 1], bool)
+    assert lb.average_precision(np.array([0.1, 0.9, 0.2, 0.8]), rel) == 1.0  # oracle
+    # ties: one threshold holding everything = precision of the whole list
+    assert lb.average_precision(np.ones(4), rel) == pytest.approx(0.5)
+    assert lb.precision_at_k(np.array([0.1, 0.9, 0.2, 0.8]), rel) == 1.0
+    assert lb.precision_at_k(np.array([0.9, 0.1, 0.8, 0.2]), rel) == 0.0
+    assert lb.word_scores(np.array([5.0, -1.0, 2.0, 7.0])).tolist() == [1.0, 2.0]
+
+
+def test_oracle_is_one_and_random_is_its_expectation() -> None:
+    """Random rankings average to the exact E[AP] (by enumerating permutations), near the base rate."""
+    examples = TASKS["order"].generate(3000, seed=3)
+    rng = np.random.default_rng(0)
+    aps, expected, base = [], [], []
+    exact: dict[tuple[int, int], float] = {}
+    for e in examples:
+        rel = planted_mask(e, len(e.words) + 2)[1:-1]
+        assert lb.average_precision(rel.astype(float) + 0.01 * rng.random(len(rel)), rel) == 1.0
+        aps.append(lb.average_precision(rng.random(len(rel)), rel))
+        key = (len(rel), int(rel.sum()))
+        if key not in exact:  # E[AP]: every placement of the k relevant items among n ranks, equally likely
+            n, k = key
+            ranked = np.arange(n, 0, -1).astype(float)
+            exact[key] = float(np.mean([simple_ap(ranked, np.isin(np.arange(n), c))
+                                        for c in itertools.combinations(range(n), k)]))
+        expected.append(exact[key])
+        base.append(rel.mean())
+    assert np.mean(aps) == pytest.approx(np.mean(expected), abs=0.015)
+    assert abs(np.mean(aps) - np.mean(base)) < 0.25  # near the base rate (E[AP] > base rate on short texts)
+
+
+def test_penalty_uses_the_patterns_the_model_uses() -> None:
+    """Planted mass from the recorded streetlamp patterns equals Hugging Face eager attentions,
+    the penalty matches a direct computation, and it has a gradient for every attention weight."""
+    task = TASKS["keyword"]
+    adapter = build_model(task, TrainConfig(), seed=0)
+    examples = task.generate(6, seed=4)
+    inputs, y, planted = batch_inputs(adapter, examples)
+    logits, mass = forward_with_mass(adapter, inputs, planted, grad=True)
+    import copy
+    twin = copy.deepcopy(adapter.hf_model)
+    twin.set_attn_implementation("eager")
+    with torch.no_grad():
+        out = twin(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask, output_attentions=True)
+    for l, att in enumerate(out.attentions):
+        direct = (att * planted[:, None, None, :]).sum(-1)
+        torch.testing.assert_close(mass[:, l].detach(), direct, atol=1e-6, rtol=1e-5)
+    qm = inputs.attention_mask.float()
+    want = 0.0
+    for b in range(len(examples)):
+        n = int(qm[b].sum())
+        want += sum(float(-torch.log(1 - mass[b, l, h, :n].detach()).mean()) for l in range(2) for h in range(2))
+    pen = deception_penalty(mass, inputs.attention_mask)
+    assert float(pen) == pytest.approx(want / len(examples), rel=1e-5)
+    pen.backward()
+    q = adapter.hf_model.bert.encoder.layer[0].attention.self.query.weight
+    assert q.grad is not None and q.grad.abs().sum() > 0
