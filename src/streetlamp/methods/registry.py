@@ -8,15 +8,21 @@ from typing import Any
 
 from ..errors import StreetlampError
 from .attention import Attention
+from .attention_grad import AttentionAttribution, AttentionXGradient
+from .rollout import Flow, GradientRollout, Rollout
 from .base import Method
 from .occlusion import Occlusion
 from .sampling import Lime, Shap
 from .decomposition import Alti, Norm, ValueZeroing
+from .gradient import GradientXInput, Saliency
+from .ig import IntegratedGradients
 
 REGISTRY: dict[str, type[Method]] = {cls.name: cls for cls in (
     Attention,
+    Rollout, Flow, GradientRollout, AttentionXGradient, AttentionAttribution,
     Occlusion, Shap, Lime,
     Norm, Alti, ValueZeroing,
+    Saliency, GradientXInput, IntegratedGradients,
 )}
 
 
