@@ -15,8 +15,9 @@ with the integral replaced by a quadrature rule ``Σ_k w_k g(α_k)`` on [0, 1]:
 
 Completeness (the paper's axiom): ``Σ_i IG_i = F(e) − F(e')``. The error
 ``δ = |Σ_i IG_i − (F(e) − F(e'))|`` and ``δ / |F(e) − F(e')|`` are always recorded. In adaptive
-mode the step count doubles (reusing every gradient already computed at the same α, e.g. all
-points of the trapezoid and Riemann left/right rules) until the relative error is under
+mode the step count doubles for the nested rules (reusing every gradient already computed at the
+same α: all points of the trapezoid and Riemann left/right rules) and grows 1.5x for
+Gauss–Legendre (nodes not nested) until the relative error is under
 ``tolerance`` or the next count would exceed ``max_steps`` (then ``converged=False`` and a warning).
 
 Baselines ``e'``: ``zero``, ``pad`` ([PAD] embedding), ``mask`` ([MASK] embedding; tokenizers
@@ -114,11 +115,14 @@ def integrate_adaptive(path: PathCache, fdiff: torch.Tensor, fscale: torch.Tenso
         ok = bool(((rel <= tolerance) | (delta <= noise)).all())
         if ok or not adaptive:
             break
-        if 2 * n > max_steps:
+        # nested rules (trapezoid, left, right) double and reuse every point; Gauss–Legendre nodes
+        # are not nested, so it grows by 1.5x to overshoot less
+        nxt = -(-3 * n // 2) if rule == "gauss_legendre" else 2 * n
+        if nxt > max_steps:
             warnings.warn(f"integrated_gradients: relative completeness error {float(rel.max()):.3g} > tolerance "
                           f"{tolerance:g} after {n} steps ({rule}); max_steps={max_steps} reached", stacklevel=3)
             break
-        n *= 2
+        n = nxt
     info = {"steps": n, "gradient_evaluations": len(path.cache), "converged": ok,
             "converged_by_noise_floor": bool(ok and rel.max() > tolerance),
             "tolerance": tolerance, "history": history, "delta": delta.tolist(),
