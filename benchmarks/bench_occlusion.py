@@ -1,0 +1,89 @@
+"""occlusion vs Captum's FeatureAblation (best perturbations_per_eval) on the default classifier, and
+KV-cache occlusion vs a plain full recompute on smollm2-135m. Ratios are measured in one process.
+
+    nice .venv/bin/python benchmarks/bench_occlusion.py [--lengths 32 128] [--lm-length 64] [--repeat 3]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import fmt, text_of_length, threads, timeit  # noqa: E402
+
+import streetlamp  # noqa: E402
+from streetlamp.methods.occlusion import Occlusion  # noqa: E402
+from streetlamp.models.adapter import ModelAdapter, Target  # noqa: E402
+
+
+def classifier() -> ModelAdapter:
+    try:
+        return streetlamp.load("minilm-sentiment")
+    except Exception as e:  # the trained head may not be there yet: same architecture, same cost
+        from streetlamp.models.minilm import build_minilm_classifier
+        print(f"  (minilm-sentiment not loadable ({e}); timing the same architecture with a fresh head)")
+        return ModelAdapter(*build_minilm_classifier(None), "minilm-base")
+
+
+def bench_classifier(a: ModelAdapter, n: int, repeat: int, ppes: list[int]) -> None:
+    from captum.attr import FeatureAblation
+
+    inputs = a.encode(text_of_length(a, n))
+    ids = inputs.input_ids
+    with torch.no_grad():
+        pred = int(a.hf_model(input_ids=ids).logits.argmax(-1))
+
+    def F(x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.softmax(a.hf_model(input_ids=x).logits, -1)[:, pred]
+
+    target = Target(index=pred)
+    ours_m = Occlusion(occlude_special=True)  # same work as Captum: every position ablated
+    t_ours, ts, e = timeit(lambda: ours_m.attribute(a, inputs, target=target)[0], repeat=repeat)
+    print(f"classifier {n} tokens: streetlamp occlusion {t_ours:.2f} s {fmt(ts)}")
+    best = None
+    for ppe in ppes:
+        fa = FeatureAblation(F)
+        t, ts, ref = timeit(lambda: fa.attribute(ids, baselines=a.tokenizer.mask_token_id,
+                                                 perturbations_per_eval=ppe)[0].numpy(), repeat=repeat)
+        err = float(np.abs(ref - e.scores).max())
+        print(f"  captum FeatureAblation perturbations_per_eval={ppe}: {t:.2f} s {fmt(ts)} (max |diff| {err:.1e})")
+        best = t if best is None else min(best, t)
+    print(f"  => streetlamp / best captum = {t_ours / best:.2f}x the time ({best / t_ours:.2f}x faster)")
+
+
+def bench_lm(n: int, repeat: int) -> None:
+    a = streetlamp.load("smollm2-135m")
+    inputs = a.encode(text_of_length(a, n))
+    kv, plain = Occlusion(), Occlusion(kv_cache=False)
+    t_kv, ts_kv, e_kv = timeit(lambda: kv.attribute(a, inputs, target=Target())[0], repeat=repeat)
+    t_pl, ts_pl, e_pl = timeit(lambda: plain.attribute(a, inputs, target=Target())[0], repeat=repeat)
+    print(f"smollm2-135m {n} tokens, replacement {e_kv.info['replacement_used']} "
+          f"({e_kv.info['replacement_token']!r}):")
+    print(f"  KV-cache occlusion {t_kv:.2f} s {fmt(ts_kv)}, positions computed {e_kv.info['positions_computed']}")
+    print(f"  plain recompute    {t_pl:.2f} s {fmt(ts_pl)}, positions computed {e_pl.info['positions_computed']}")
+    print(f"  => KV / plain = {t_kv / t_pl:.2f}x the time ({t_pl / t_kv:.2f}x faster); "
+          f"max |diff| {np.abs(e_kv.scores - e_pl.scores).max():.1e}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--lengths", type=int, nargs="*", default=[32, 128])
+    p.add_argument("--ppe", type=int, nargs="*", default=[8, 32, 128])
+    p.add_argument("--lm-length", type=int, default=64, help="0 skips the causal-LM part")
+    p.add_argument("--repeat", type=int, default=3)
+    args = p.parse_args()
+    print(f"torch threads: {threads()}")
+    a = classifier()
+    for n in args.lengths:
+        bench_classifier(a, n, args.repeat, args.ppe)
+    if args.lm_length:
+        bench_lm(args.lm_length, args.repeat)
+
+
+if __name__ == "__main__":
+    main()
