@@ -40,9 +40,8 @@ def test_generators_plant_what_they_say(name: str) -> None:
             c = next(w for w in e.words if w in COLOURS)
             a = next(w for w in e.words if w in CREATURES)
             assert e.label == int((c, a) in (("red", "cat"), ("blue", "dog")))
-    # stray, non-adjacent `not`s exist in the negation task (a distractor the model must ignore)
-    if name == "negation":
-        assert any(NEGATOR in e.words and len(e.planted) == 1 for e in examples)
+    if name == "negation":  # `not` occurs exactly where it negates
+        assert all((NEGATOR in e.words) == (len(e.planted) == 2) for e in examples)
 
 
 def test_same_seed_same_data_and_bad_names() -> None:
@@ -133,7 +132,8 @@ def test_penalty_uses_the_patterns_the_model_uses() -> None:
     want = 0.0
     for b in range(len(examples)):
         n = int(qm[b].sum())
-        want += sum(float(-torch.log(1 - mass[b, l, h, :n].detach()).mean()) for l in range(2) for h in range(2))
+        want += sum(float(-torch.log(1 - mass[b, l, h, :n].detach()).mean() - torch.log(1 - mass[b, l, h, 0].detach()))
+                    for l in range(2) for h in range(2))
     pen = deception_penalty(mass, inputs.attention_mask)
     assert float(pen) == pytest.approx(want / len(examples), rel=1e-5)
     pen.backward()

@@ -9,8 +9,8 @@ Tasks (all binary):
 
 * ``keyword``  -- one category word (fruit or animal) among fillers; label = its category.
 * ``order``    -- the markers ``alpha`` and ``omega`` once each; label = ``alpha`` comes first.
-* ``negation`` -- one sentiment word, directly preceded by ``not`` 35% of the time (a stray,
-  non-adjacent ``not`` may appear as a distractor); label = sentiment XOR negated. Planted:
+* ``negation`` -- one sentiment word, directly preceded by ``not`` 35% of the time; label =
+  sentiment XOR negated (``STRAY_NOT_P`` > 0 adds non-adjacent ``not`` distractors). Planted:
   the sentiment word, and the ``not`` right before it when present.
 * ``together`` -- one colour and one creature; label 1 iff (red, cat) or (blue, dog): neither
   word alone says anything about the label (XOR), both are needed.
@@ -35,6 +35,7 @@ VOCAB: tuple[str, ...] = tuple(FILLERS) + FRUIT + ANIMAL + MARKERS + POSITIVE + 
     COLOURS + CREATURES
 MIN_LEN, MAX_LEN = 6, 12
 NEGATED_P = 0.35  # < 0.5: the sentiment word alone is a partial cue, which avoids the XOR plateau
+STRAY_NOT_P = 0.0  # > 0 adds a non-adjacent `not` distractor (harder: the 2-layer d=32 model reached 92%)
 
 
 @dataclass
@@ -102,7 +103,7 @@ def _negation(rng: np.random.Generator) -> Example:
     if negated:
         words[pos - 1] = NEGATOR
         planted = [pos - 1, pos]
-    elif rng.random() < 0.3:  # a stray `not` that negates nothing
+    elif rng.random() < STRAY_NOT_P:  # a stray `not` that negates nothing
         far = [i for i in range(n) if i not in (pos - 1, pos)]
         words[int(rng.choice(far))] = NEGATOR
     return Example(words, int(positive != negated), planted)

@@ -1,11 +1,11 @@
 """Train the ground-truth models: tiny BertForSequenceClassification per task, normal or deceptive.
 
 The deceptive variant follows Pruthi et al. (ACL 2020, "Learning to Deceive with Attention-Based
-Explanations"): the loss adds ``lambda * sum_{layer, head} mean_query -log(1 - m)``, where ``m`` is
-the attention mass a query puts on the planted (deciding) tokens. Pruthi et al. penalise the
-attention of the explained representation per head; we penalise every query position of every
-layer (mean over the real query tokens), so that rollout and flow -- which compose all rows --
-are trained against as well, not only the [CLS] row. The patterns are the model's own: they are
+Explanations"): the loss adds ``lambda * sum_{layer, head} [-log(1 - m_cls) + mean_q -log(1 - m_q)]``,
+where ``m_q`` is the attention mass query ``q`` puts on the planted (deciding) tokens. Pruthi et
+al. penalise the attention of the explained representation ([CLS]) per head; we add every query
+position of every layer (mean over the real query tokens), so that rollout and flow -- which
+compose all rows -- are trained against as well. The patterns are the model's own: they are
 recorded at ``layers.*.attn.pattern`` by the streetlamp attention function with ``keep_grad=True``
 inside ``adapter.forward(..., grad=True)``, i.e. exactly the tensors used downstream. Dropout is
 0, so training and evaluation patterns are identical.
@@ -49,6 +49,7 @@ class TrainConfig:
     batch: int = 128
     lr: float = 3e-3
     lam: float = 0.0  # deception penalty weight (0 = normal model)
+    ramp: float = 0.0  # raise lam linearly from 0 over this fraction of the steps (0 = constant)
     n_train: int = 8000
     n_eval: int = 1000
 
@@ -79,10 +80,15 @@ def planted_mass(patterns: list[torch.Tensor], planted: torch.Tensor) -> torch.T
 
 
 def deception_penalty(mass: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
-    """``sum_{layer, head} mean_{real queries} -log(1 - m)``, averaged over the batch."""
+    """``sum_{layer, head} [-log(1 - m_cls) + mean_{real queries} -log(1 - m_q)]``, batch mean.
+
+    The [CLS] term is Pruthi et al.'s (the explained representation's attention); the all-rows
+    term extends it to every query so that compositions of rows (rollout, flow) are penalised too.
+    """
     pen = -torch.log1p(-mass.clamp(max=1 - 1e-6))  # [b, l, h, q]
     qm = query_mask[:, None, None, :].to(pen.dtype)
-    return ((pen * qm).sum(-1) / qm.sum(-1)).sum((1, 2)).mean()
+    rows = (pen * qm).sum(-1) / qm.sum(-1)
+    return (rows + pen[..., 0]).sum((1, 2)).mean()
 
 
 def forward_with_mass(adapter: ModelAdapter, inputs: Inputs, planted: torch.Tensor, grad: bool
@@ -127,17 +133,22 @@ def train(task: Task, cfg: TrainConfig, seed: int, init: ModelAdapter | None = N
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps, pct_start=0.1)
     all_inputs, all_y, all_planted = batch_inputs(adapter, data)  # encode once
+    lengths = all_inputs.attention_mask.sum(1)
     rng = np.random.default_rng(seed)
     model.train()
     for step in range(cfg.steps):
         idx = [int(i) for i in rng.choice(len(data), size=cfg.batch, replace=False)]
-        inputs = all_inputs.select(idx)
-        y, planted = all_y[idx], all_planted[idx, :inputs.input_ids.shape[1]]
+        w = int(lengths[idx].max())  # (Inputs.select recomputes every length per row: too slow here)
+        inputs = Inputs(all_inputs.input_ids[idx, :w], all_inputs.attention_mask[idx, :w],
+                        [all_inputs.tokens[i] for i in idx], [all_inputs.labels[i] for i in idx],
+                        [all_inputs.texts[i] for i in idx])
+        y, planted = all_y[idx], all_planted[idx, :w]
         logits, mass = forward_with_mass(adapter, inputs, planted, grad=True)
         loss = torch.nn.functional.cross_entropy(logits, y.to(logits.device))
         pen = deception_penalty(mass, inputs.attention_mask.to(mass.device)) if cfg.lam > 0 else loss * 0
         opt.zero_grad()
-        (loss + cfg.lam * pen).backward()
+        lam = cfg.lam * min(1.0, (step + 1) / (cfg.ramp * cfg.steps)) if cfg.ramp > 0 else cfg.lam
+        (loss + lam * pen).backward()
         opt.step()
         sched.step()
         if progress and (step % 250 == 0 or step == cfg.steps - 1):
