@@ -24,6 +24,8 @@ from streetlamp.groundtruth.train import WEIGHTS_DIR, TrainConfig, save, train
 
 NORMAL = TrainConfig()
 DECEPTIVE = replace(NORMAL, lam=1.0, steps=400, lr=1e-3)
+# negation at a constant lambda = 1 collapsed to chance (accuracy 0.495): ramp lambda up over half the steps
+DECEPTIVE_BY_TASK = {"negation": {"ramp": 0.5}}
 
 
 def main() -> int:
@@ -41,7 +43,7 @@ def main() -> int:
         task = get_task(name)
         normal, rec = train(task, NORMAL, args.seed)
         save(normal, rec, out / f"gt-{name}-normal")
-        deceptive, drec = train(task, DECEPTIVE, args.seed, init=normal)
+        deceptive, drec = train(task, replace(DECEPTIVE, **DECEPTIVE_BY_TASK.get(name, {})), args.seed, init=normal)
         save(deceptive, drec, out / f"gt-{name}-deceptive")
         print(f"{name}: normal {rec['held_out']}  deceptive {drec['held_out']}", flush=True)
         if args.diagnostics:

@@ -195,7 +195,8 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     tasks = parse_tasks(args.tasks)
     methods = parse_methods(args.methods) if args.methods else list_methods()
     res = benchmark(Path(args.out), tasks, methods, n_examples=args.n_examples, seed=args.seed,
-                    overwrite=args.overwrite, device=args.device, batch_size=args.batch_size)
+                    overwrite=args.overwrite, device=args.device, batch_size=args.batch_size,
+                    quantity=args.quantity)
     for line in format_rows(res):
         print(line)
     print(f"output: {res.out}/ (leaderboard.csv, models.csv, leaderboard.png, manifest.json)")
@@ -315,6 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tasks", default="all", help="comma-separated: keyword,order,negation,together (default all)")
     s.add_argument("--methods", default=None, help="comma-separated method names (default: every registered)")
     s.add_argument("--n-examples", type=int, default=100, help="generated texts per task (default 100)")
+    s.add_argument("--quantity", choices=["prob", "logit", "logprob"], default="logit",
+                   help="explained quantity of the predicted class (default logit: these models saturate)")
     s.add_argument("--out", required=True, help="output folder")
     s.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
     s.add_argument("--seed", type=int, default=0)

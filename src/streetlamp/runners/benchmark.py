@@ -3,7 +3,9 @@
 For every task and variant (normal / deceptive ground-truth model) and every method, explain
 ``n_examples`` freshly generated texts (the prediction is the explained class) and score the
 token scores against the planted tokens (AUPRC, precision@k) and by erasure (comprehensiveness,
-sufficiency). A ``random`` baseline row is added. Writes ``leaderboard.csv``, ``models.csv``
+sufficiency). A ``random`` baseline row is added. Methods explain the predicted class's *logit*
+by default: these models are confident (p = 1.0 in float32 on most texts), and a saturated
+probability hides what the model reads from perturbation and gradient methods alike. Writes ``leaderboard.csv``, ``models.csv``
 (accuracy and attention mass on the planted tokens), ``leaderboard.png`` and ``manifest.json``.
 """
 from __future__ import annotations
@@ -49,8 +51,8 @@ def load_groundtruth(task: str, variant: str) -> ModelAdapter:
     return load(path)
 
 
-def score_method(adapter: ModelAdapter, name: str, examples: list, seed: int, device_budget: int | None
-                 ) -> dict[str, Any]:
+def score_method(adapter: ModelAdapter, name: str, examples: list, seed: int, device_budget: int | None,
+                 quantity: str = "logit") -> dict[str, Any]:
     inputs = adapter.encode([e.text for e in examples])
     t0 = time.time()
     if name == "random":
@@ -60,7 +62,8 @@ def score_method(adapter: ModelAdapter, name: str, examples: list, seed: int, de
     else:
         method = get_method(name, **METHOD_PARAMS.get(name, {}))
         method.check(adapter)
-        exps = method.attribute(adapter, inputs, target=Target(), batch_size=device_budget, seed=seed)
+        exps = method.attribute(adapter, inputs, target=Target(quantity=quantity),  # type: ignore[arg-type]
+                                batch_size=device_budget, seed=seed)
         token_scores = [e.scores for e in exps]
         index = np.array([e.info["target"]["index"] for e in exps])
     secs = time.time() - t0
@@ -75,7 +78,8 @@ def score_method(adapter: ModelAdapter, name: str, examples: list, seed: int, de
 
 
 def benchmark(out: Path, tasks: list[str], methods: list[str], n_examples: int = 100, seed: int = 0,
-              overwrite: bool = False, device: str = "cpu", batch_size: int | None = None) -> BenchmarkResult:
+              overwrite: bool = False, device: str = "cpu", batch_size: int | None = None,
+              quantity: str = "logit") -> BenchmarkResult:
     out = Path(out)
     check_out_dir(out, overwrite)
     if n_examples < 1:
@@ -97,7 +101,7 @@ def benchmark(out: Path, tasks: list[str], methods: list[str], n_examples: int =
                 row: dict[str, Any] = {"task": task_name, "variant": variant, "method": name,
                                        "n_examples": n_examples, "error": ""}
                 try:
-                    row.update(score_method(adapter, name, examples, seed, batch_size))
+                    row.update(score_method(adapter, name, examples, seed, batch_size, quantity))
                 except StreetlampError as e:
                     row["error"] = str(e)
                 except Exception as e:  # a method that crashes is reported, not fatal to the leaderboard
@@ -110,7 +114,7 @@ def benchmark(out: Path, tasks: list[str], methods: list[str], n_examples: int =
         plot_leaderboard(res.rows, tmp / "leaderboard.png")
         write_json(tmp / "manifest.json", {
             "streetlamp": "benchmark", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command_line(),
-            "tasks": tasks, "methods": names, "n_examples": n_examples, "seed": seed,
+            "tasks": tasks, "methods": names, "n_examples": n_examples, "seed": seed, "quantity": quantity,
             "files": {"leaderboard.csv": "one row per task x variant x method; AUPRC and precision@k of |token "
                       "scores| (words only) against the planted tokens; comprehensiveness / sufficiency AOPC",
                       "models.csv": "held-out accuracy and attention mass on the planted tokens ([CLS] row of "

@@ -1,0 +1,99 @@
+"""The shipped ground-truth models and the benchmark CLI."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import streetlamp
+from streetlamp.cli import main
+from streetlamp.groundtruth import leaderboard as lb
+from streetlamp.groundtruth.tasks import TASKS, planted_mask
+from streetlamp.groundtruth.train import weights_path
+from streetlamp.methods.registry import get_method
+from streetlamp.models.adapter import Target
+
+_MODELS: dict[tuple[str, str], streetlamp.ModelAdapter] = {}
+
+
+def model(task: str, variant: str) -> streetlamp.ModelAdapter:
+    if (task, variant) not in _MODELS:
+        _MODELS[task, variant] = streetlamp.load(weights_path(task, variant))
+    return _MODELS[task, variant]
+
+
+def cls_mass(adapter: streetlamp.ModelAdapter, examples: list) -> tuple[float, float]:
+    """Accuracy and attention mass on the planted tokens ([CLS] row, every layer, head mean),
+    computed here from the recorded patterns."""
+    inputs = adapter.encode([e.text for e in examples])
+    fwd = adapter.forward(inputs, record=["layers.*.attn.pattern"])
+    acc = float((fwd.logits.argmax(-1) == torch.tensor([e.label for e in examples])).float().mean())
+    masses = []
+    for b, (e, n) in enumerate(zip(examples, inputs.lengths)):
+        m = planted_mask(e, n)
+        for l in range(adapter.n_layers):
+            a = fwd.cache[f"layers.{l}.attn.pattern"][b, :, 0, :n].numpy()
+            masses.append(a[:, m].sum(-1).mean())
+    return acc, float(np.mean(masses))
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_shipped_models_accurate_and_deceptive_attention_looks_away(task: str) -> None:
+    fresh = TASKS[task].generate(400, seed=777)  # never used in training (seeds 10000+, 20000+)
+    acc_n, mass_n = cls_mass(model(task, "normal"), fresh)
+    acc_d, mass_d = cls_mass(model(task, "deceptive"), fresh)
+    assert acc_n >= 0.95 and acc_d >= 0.95, (acc_n, acc_d)
+    assert mass_d < 0.5 * mass_n, (mass_n, mass_d)
+    assert mass_d < 0.05
+
+
+def test_shipped_weights_are_small_and_regular_checkpoints() -> None:
+    total = 0
+    for task in TASKS:
+        for variant in ("normal", "deceptive"):
+            p = weights_path(task, variant)
+            assert (p / "config.json").exists() and (p / "model.safetensors").exists()
+            total += sum(f.stat().st_size for f in p.iterdir())
+            a = model(task, variant)
+            assert type(a.hf_model).__name__ == "BertForSequenceClassification" and 2 <= a.n_layers <= 4
+    assert total < 5_000_000
+
+
+def test_occlusion_finds_keyword_and_random_does_not() -> None:
+    """End to end on a shipped model: an oracle scores AUPRC 1; occlusion finds the single planted
+    keyword of the normal model (a method that reads the model; on the logit: the probability is
+    saturated at 1.0 on most texts); random stays low."""
+    adapter = model("keyword", "normal")
+    examples = TASKS["keyword"].generate(30, seed=9)
+    inputs = adapter.encode([e.text for e in examples])
+    exps = get_method("occlusion").attribute(adapter, inputs, target=Target(quantity="logit"))
+    rng = np.random.default_rng(0)
+    occ, rnd, orc = [], [], []
+    for e, x, n in zip(examples, exps, inputs.lengths):
+        rel = planted_mask(e, n)[1:-1]
+        occ.append(lb.average_precision(lb.word_scores(x.scores), rel))
+        rnd.append(lb.average_precision(rng.random(len(rel)), rel))
+        orc.append(lb.average_precision(rel.astype(float), rel))
+    assert np.mean(orc) == 1.0
+    assert np.mean(occ) > 0.9
+    assert np.mean(rnd) < 0.5
+
+
+def test_cli_benchmark_writes_csv(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "bench"
+    rc = main(["benchmark", "--tasks", "keyword", "--methods", "attention,occlusion", "--n-examples", "6",
+               "--out", str(out)])
+    assert rc == 0
+    rows = list(csv.DictReader(open(out / "leaderboard.csv")))
+    for col in ("task", "variant", "method", "auprc", "precision_at_k", "comprehensiveness", "sufficiency"):
+        assert col in rows[0]
+    assert {(r["variant"], r["method"]) for r in rows} == {(v, m) for v in ("normal", "deceptive")
+                                                           for m in ("random", "attention", "occlusion")}
+    assert all(r["error"] == "" for r in rows)
+    assert (out / "leaderboard.png").exists() and (out / "models.csv").exists()
+    assert "keyword" in capsys.readouterr().out
+    assert main(["benchmark", "--tasks", "nope", "--out", str(tmp_path / "x")]) == 2
+    assert main(["benchmark", "--tasks", "keyword", "--out", str(out)]) == 2  # exists, no --overwrite
