@@ -46,8 +46,7 @@ def test_shipped_models_accurate_and_deceptive_attention_looks_away(task: str) -
     acc_n, mass_n = cls_mass(model(task, "normal"), fresh)
     acc_d, mass_d = cls_mass(model(task, "deceptive"), fresh)
     assert acc_n >= 0.95 and acc_d >= 0.95, (acc_n, acc_d)
-    assert mass_d < 0.5 * mass_n, (mass_n, mass_d)
-    assert mass_d < 0.05
+    assert mass_d < 0.25 * mass_n, (mass_n, mass_d)
 
 
 def test_shipped_weights_are_small_and_regular_checkpoints() -> None:
