@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from streetlamp import load
 from streetlamp.groundtruth import diagnostics as dg
 from streetlamp.groundtruth.tasks import get_task, parse_tasks
 from streetlamp.groundtruth.train import WEIGHTS_DIR, TrainConfig, save, train
@@ -34,6 +35,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(WEIGHTS_DIR))
     p.add_argument("--diagnostics", action="store_true", help="train 2 extra seeds and run W&P diagnostics")
+    p.add_argument("--diagnostics-only", action="store_true",
+                   help="load the models in --out instead of retraining them; train only the extra seeds")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -41,10 +44,17 @@ def main() -> int:
     report = {}
     for name in parse_tasks(args.tasks):
         task = get_task(name)
-        normal, rec = train(task, NORMAL, args.seed)
-        save(normal, rec, out / f"gt-{name}-normal")
-        deceptive, drec = train(task, replace(DECEPTIVE, **DECEPTIVE_BY_TASK.get(name, {})), args.seed, init=normal)
-        save(deceptive, drec, out / f"gt-{name}-deceptive")
+        if args.diagnostics_only:
+            args.diagnostics = True
+            normal, deceptive = (load(out / f"gt-{name}-{v}") for v in ("normal", "deceptive"))
+            rec, drec = (json.loads((out / f"gt-{name}-{v}" / "training.json").read_text())
+                         for v in ("normal", "deceptive"))
+        else:
+            normal, rec = train(task, NORMAL, args.seed)
+            save(normal, rec, out / f"gt-{name}-normal")
+            deceptive, drec = train(task, replace(DECEPTIVE, **DECEPTIVE_BY_TASK.get(name, {})), args.seed,
+                                    init=normal)
+            save(deceptive, drec, out / f"gt-{name}-deceptive")
         print(f"{name}: normal {rec['held_out']}  deceptive {drec['held_out']}", flush=True)
         if args.diagnostics:
             others = [train(task, NORMAL, args.seed + s, progress=False)[0] for s in (1, 2)]

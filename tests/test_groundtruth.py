@@ -139,3 +139,23 @@ def test_penalty_uses_the_patterns_the_model_uses() -> None:
     pen.backward()
     q = adapter.hf_model.bert.encoder.layer[0].attention.self.query.weight
     assert q.grad is not None and q.grad.abs().sum() > 0
+
+
+def test_diagnostics_js_and_seed_variance() -> None:
+    from scipy.spatial.distance import jensenshannon
+
+    from streetlamp.groundtruth import diagnostics as dg
+    rng = np.random.default_rng(0)
+    p, q = rng.dirichlet(np.ones(7), 5), rng.dirichlet(np.ones(7), 5)
+    np.testing.assert_allclose(dg.js_divergence(p, q), jensenshannon(p, q, base=2, axis=-1) ** 2, atol=1e-12)
+    task = TASKS["keyword"]
+    a, b = (build_model(task, TrainConfig(), seed=s) for s in (0, 1))
+    ex = task.generate(20, seed=1)
+    same = dg.seed_variance([a, a], ex)
+    assert same["attention_jsd"] == pytest.approx(0, abs=1e-9) and same["prediction_agreement"] == 1.0
+    diff = dg.seed_variance([a, b], ex)
+    assert diff["attention_jsd"] > 1e-7  # two random inits: near-uniform attention, but not equal
+    att, probs = dg.cls_attention(a, ex)
+    np.testing.assert_allclose(att.sum(1), 1, atol=1e-5)  # a distribution over the real tokens
+    acc = dg.frozen_attention_mlp(a, task.generate(200, seed=2), ex, {"random_model": b}, steps=20)
+    assert set(acc) == {"learned", "uniform", "random_model"} and all(0 <= v <= 1 for v in acc.values())

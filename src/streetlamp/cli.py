@@ -315,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("benchmark", help="ground truth: which methods recover planted tokens (normal vs deceptive)")
     s.add_argument("--tasks", default="all", help="comma-separated: keyword,order,negation,together (default all)")
     s.add_argument("--methods", default=None, help="comma-separated method names (default: every registered)")
-    s.add_argument("--n-examples", type=int, default=100, help="generated texts per task (default 100)")
+    s.add_argument("--n-examples", type=int, default=50, help="generated texts per task (default 50)")
     s.add_argument("--quantity", choices=["prob", "logit", "logprob"], default="logit",
                    help="explained quantity of the predicted class (default logit: these models saturate)")
     s.add_argument("--out", required=True, help="output folder")

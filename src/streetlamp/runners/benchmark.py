@@ -32,7 +32,13 @@ VARIANTS = ("normal", "deceptive")
 COLUMNS = ["task", "variant", "method", "auprc", "precision_at_k", "comprehensiveness", "sufficiency",
            "base_rate", "n_examples", "seconds", "error"]
 # cheap-but-sound settings for the tiny models (defaults are used for everything else)
-METHOD_PARAMS: dict[str, dict[str, Any]] = {}
+# (texts are 6-12 words; recorded in manifest.json)
+METHOD_PARAMS: dict[str, dict[str, Any]] = {
+    "attention_attribution": {"steps": 8},
+    "integrated_gradients": {"steps": 32, "adaptive": False},
+    "shap": {"n_samples": 128},
+    "lime": {"n_samples": 128},
+}
 
 
 @dataclass
@@ -77,7 +83,7 @@ def score_method(adapter: ModelAdapter, name: str, examples: list, seed: int, de
             "base_rate": float(np.mean([m.mean() for m in masks])), "seconds": round(secs, 2)}
 
 
-def benchmark(out: Path, tasks: list[str], methods: list[str], n_examples: int = 100, seed: int = 0,
+def benchmark(out: Path, tasks: list[str], methods: list[str], n_examples: int = 50, seed: int = 0,
               overwrite: bool = False, device: str = "cpu", batch_size: int | None = None,
               quantity: str = "logit") -> BenchmarkResult:
     out = Path(out)
@@ -114,7 +120,7 @@ def benchmark(out: Path, tasks: list[str], methods: list[str], n_examples: int =
         plot_leaderboard(res.rows, tmp / "leaderboard.png")
         write_json(tmp / "manifest.json", {
             "streetlamp": "benchmark", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command_line(),
-            "tasks": tasks, "methods": names, "n_examples": n_examples, "seed": seed, "quantity": quantity,
+            "tasks": tasks, "methods": names, "method_params": {n: METHOD_PARAMS.get(n, {}) for n in names}, "n_examples": n_examples, "seed": seed, "quantity": quantity,
             "files": {"leaderboard.csv": "one row per task x variant x method; AUPRC and precision@k of |token "
                       "scores| (words only) against the planted tokens; comprehensiveness / sufficiency AOPC",
                       "models.csv": "held-out accuracy and attention mass on the planted tokens ([CLS] row of "
