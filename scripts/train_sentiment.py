@@ -273,7 +273,7 @@ class Recipe:
     drug_repeat: int = 4
     tweet_max_len: int = 64
     drug_max_len: int = 160
-    epochs: int = 3
+    epochs: int = 2
     batch_size: int = 32
     lr: float = 1e-4
     head_lr: float = 1e-3
