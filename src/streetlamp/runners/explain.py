@@ -193,7 +193,7 @@ def summarise(adapter: ModelAdapter, res: ExplainResult, k: int = 3) -> list[str
         lines.append("top tokens by attention: " + ", ".join(f"{res.labels[j]!r}@{j} {row[j]:.3f}" for j in order))
         return lines
     delta = occ.scores
-    repl = occ.info.get("replacement", "see manifest")
+    repl = occ.info.get("replacement_token") or occ.info.get("replacement", "see manifest")
     by_att = sorted(words, key=lambda j: -row[j])[:k]
     by_occ = sorted(words, key=lambda j: -abs(delta[j]))[:k]
     quantity = occ.info.get("target", {}).get("explained", "the target")
