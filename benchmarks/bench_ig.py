@@ -21,6 +21,7 @@ import torch  # noqa: E402
 from common import fmt, text_of_length, threads, timeit  # noqa: E402
 
 import streetlamp  # noqa: E402
+from streetlamp.batching import DEFAULT_CPU_BUDGET  # noqa: E402
 from streetlamp.errors import StreetlampError  # noqa: E402
 from streetlamp.methods.gradient import ids_inputs  # noqa: E402
 from streetlamp.methods.ig import IntegratedGradients  # noqa: E402
@@ -108,7 +109,8 @@ def bench_budget(repeat: int, steps: int) -> None:
         tt, times, _ = timeit(lambda: ig.attribute(a, inputs, target=t, batch_size=rows * 512), repeat, warmup=0)
         res[rows] = tt
         print(f"  {rows:>3} rows x 512 tokens per pass (budget {rows * 512}): {tt:.2f}s {fmt(times)}")
-    print(f"  RATIO fixed {steps}-row batch / default budget 4096 (8 rows) = {res[steps] / res[8]:.2f}")
+    print(f"  RATIO fixed {steps}-row batch / 1 row per pass = {res[steps] / res[1]:.2f} "
+          f"(default CPU budget: {DEFAULT_CPU_BUDGET} tokens = {DEFAULT_CPU_BUDGET // 512} rows here)")
 
 
 def main() -> None:
