@@ -65,3 +65,16 @@ def test_patch_and_mediate(ckpts: dict[str, Path], tmp_path: Path, capsys: pytes
     assert "out of range" in capsys.readouterr().err
     # mediation refuses a classifier
     assert main(["mediate", "--model", str(ckpts["bert"]), "--out", str(tmp_path / "m")]) == 2
+
+
+def test_prune_holds_out_both_classes_of_sorted_data(ckpts: dict[str, Path], tmp_path: Path) -> None:
+    """Data sorted by label (as gensim's movie sentences are) must not give a one-class held-out half."""
+    data = tmp_path / "sorted.jsonl"
+    rows = [("i hated it", "neg")] * 10 + [("great acting", "pos")] * 10
+    data.write_text("\n".join(json.dumps({"text": t, "label": l}) for t, l in rows))
+    out = tmp_path / "p"
+    assert main(["prune", "--data", str(data), "--order", "attention", "--seeds", "1", "--step", "4",
+                 "--model", str(ckpts["bert"]), "--out", str(out)]) == 0
+    counts = json.loads((out / "manifest.json").read_text())["parameters"]["heldout_label_counts"]
+    assert set(counts) == {"neg", "pos"} and sum(counts.values()) == 10
+

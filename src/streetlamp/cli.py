@@ -249,8 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="cpu")
     s.set_defaults(func=cmd_heads)
     s = sub.add_parser("prune", help="remove heads one by one in a score order; held-out accuracy curves")
-    s.add_argument("--data", required=True, help="labelled .csv/.jsonl (text, label) or 'movies'; first half "
-                   "scores heads, second half is held out")
+    s.add_argument("--data", required=True, help="labelled .csv/.jsonl (text, label) or 'movies'; half of the "
+                   "examples (shuffled with --seed) scores heads, the other half is held out")
     s.add_argument("--order", default="importance,attribution,attention,random",
                    help="comma-separated: importance, attribution, attention, random")
     s.add_argument("--seeds", type=int, default=3, help="random orders to draw")

@@ -170,11 +170,17 @@ def claim_stats(arrays: dict[str, np.ndarray], q: float = 0.25) -> dict:
 def run_prune(adapter: ModelAdapter, out: Path, *, data: str, orders: list[str], seeds: int = 3,
               step: int = 1, limit: int | None = None, overwrite: bool = False, seed: int = 0,
               progress: bool = True) -> dict:
-    """Score heads on the first half of the data, prune on the held-out second half."""
+    """Score heads on one half of the data, prune on the held-out other half.
+
+    The examples are shuffled with ``seed`` before ``limit`` and the split: data files are often
+    sorted by label (gensim's movie sentences are), and an unshuffled split would hold out one
+    class only."""
     check_out_dir(out, overwrite)
     texts, raw = load_texts(data)
     if not raw:
         raise StreetlampError("pruning needs labels: give a .csv/.jsonl with a 'label' column or a labelled dataset")
+    perm = np.random.default_rng(seed).permutation(len(texts))
+    texts, raw = [texts[i] for i in perm], [raw[i] for i in perm]
     texts, raw = (texts[:limit], raw[:limit]) if limit else (texts, raw)
     labels = label_ids(adapter, raw)
     if len(texts) < 4:
@@ -209,7 +215,7 @@ def run_prune(adapter: ModelAdapter, out: Path, *, data: str, orders: list[str],
     described = {k: {"axes": ["row(0=heads removed,1=accuracy)", "step"], "meaning":
                      "held-out accuracy after zero-ablating the first k heads of the order (least important first)"}
                  for k in arrays if k.startswith("curve.")}
-    described.update({k: {"axes": ["layer", "head"], "meaning": "score used for the order (computed on the first "
+    described.update({k: {"axes": ["layer", "head"], "meaning": "score used for the order (computed on the scoring "
                           "half of the data; heads removed lowest score first)"} for k in arrays if k.startswith("score.")})
     with atomic_dir(out, overwrite) as tmp:
         save_arrays(tmp / "arrays.safetensors", arrays)
@@ -218,7 +224,10 @@ def run_prune(adapter: ModelAdapter, out: Path, *, data: str, orders: list[str],
         write_json(tmp / "manifest.json", _manifest(
             adapter, "prune", arrays, described, figures=["prune.png"], notes=notes,
             parameters={"data": data, "orders": orders, "random_seeds": seeds, "step": step, "limit": limit,
-                        "n_score": half, "n_heldout": len(ev_labels), "removal": "zero ablation at attn.z",
+                        "n_score": half, "n_heldout": len(ev_labels), "split": "seeded shuffle, then halves",
+                        "heldout_label_counts": {adapter.output_label(int(k)): int(v) for k, v in
+                                                 zip(*np.unique(np.asarray(ev_labels), return_counts=True))},
+                        "removal": "zero ablation at attn.z",
                         "importance_normalisation": "none (raw Michel scores)"},
             majority_baseline=majority, seed=seed))
     return {"curves": curves, "majority": majority, "notes": notes}
