@@ -90,7 +90,8 @@ def test_zero_baseline_matches_captum_integrated_gradients() -> None:
     inputs = a.encode(TEXTS[1])
     ids = inputs.input_ids[0]
     t = Target(index=0, quantity="prob")
-    ours = IntegratedGradients(baseline="zero", keep_special=False, steps=12, adaptive=False).attribute(
+    ours = IntegratedGradients(baseline="zero", keep_special=False, steps=12, adaptive=False,
+                               rule="gauss_legendre").attribute(
         a, inputs, target=t)[0]
     e = embed_ids(a, ids)[None]
     ref = CaptumIG(emb_forward(a, ids, 0, t)).attribute(e, torch.zeros_like(e), n_steps=12, method="gausslegendre")
@@ -220,7 +221,8 @@ def test_mask_baseline_fallback_is_recorded() -> None:
 @pytest.mark.slow
 def test_minilm_ig_converges_and_matches_captum(minilm: ModelAdapter) -> None:
     inputs = minilm.encode("the acting was wonderful but the plot was thin")
-    e = IntegratedGradients(baseline="pad", keep_special=False).attribute(minilm, inputs, target=Target())[0]
+    e = IntegratedGradients(baseline="pad", keep_special=False, rule="gauss_legendre").attribute(
+        minilm, inputs, target=Target())[0]
     assert e.info["converged"] and e.info["relative_completeness_error"] <= 1e-3
     idx = e.info["target"]["index"]
     lig = LayerIntegratedGradients(ids_forward(minilm, idx, Target()), minilm.embed_module)
@@ -241,3 +243,30 @@ def test_smollm_shared_sequence(smollm: ModelAdapter) -> None:
     sep = ig.attribute(smollm, ids_inputs(smollm, full[: len(prompt) + 1]),
                        target=Target(cont[1], None, "logprob"))[0]
     np.testing.assert_allclose(exps[1].scores, sep.scores, rtol=2e-3, atol=2e-4 * np.abs(sep.scores).max())
+
+
+def test_clenshaw_curtis_rule_exact_and_nested() -> None:
+    from streetlamp.methods.ig import quadrature
+    for n in (1, 2, 5, 16, 33):
+        x, w = quadrature("clenshaw_curtis", n)
+        assert len(x) == n + 1 and np.all(w > 0)
+        for d in range(n + 1):  # exact for polynomials of degree n
+            assert np.dot(w, x ** d) == pytest.approx(1 / (d + 1), abs=1e-13)
+    coarse, _ = quadrature("clenshaw_curtis", 16)
+    fine, _ = quadrature("clenshaw_curtis", 32)
+    assert set(coarse.tolist()) <= set(fine.tolist())
+
+
+@pytest.mark.slow
+def test_clenshaw_curtis_adaptive_reuses_every_gradient(minilm: ModelAdapter) -> None:
+    inputs = minilm.encode("the acting was wonderful but the plot was thin")
+    e = IntegratedGradients(baseline="pad", keep_special=False, rule="clenshaw_curtis", steps=4).attribute(
+        minilm, inputs, target=Target())[0]
+    assert e.info["converged"] and e.info["relative_completeness_error"] <= 1e-3
+    assert len(e.info["history"]) > 1  # it had to grow
+    assert e.info["gradient_evaluations"] == e.info["steps"] + 1  # nested: nothing computed twice
+    # the same rule without adaptivity at the final step count gives the same attributions
+    fixed = IntegratedGradients(baseline="pad", keep_special=False, rule="clenshaw_curtis",
+                                steps=e.info["steps"], adaptive=False).attribute(minilm, inputs, target=Target())[0]
+    np.testing.assert_allclose(e.scores, fixed.scores, rtol=1e-5, atol=1e-7)
+
