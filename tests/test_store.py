@@ -130,3 +130,16 @@ def test_eraser_plausibility_rows(tmp_path: Path, tiny_dir: Path) -> None:
     from streetlamp.results import load_arrays
     arr = load_arrays(res.out / "arrays" / "d2.safetensors")
     assert arr["rationale"].tolist() == [0, 0, 1, 0, 0, 1, 1, 0]  # [CLS] a boring plot and bad acting [SEP]
+
+
+def test_limit_on_label_sorted_data_warns(tmp_path: Path, tiny_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    data = tmp_path / "sorted.csv"
+    data.write_text("text,label\n" + "".join(f"the movie {i},neg\n" for i in range(3))
+                    + "".join(f"great acting {i},pos\n" for i in range(3)))
+    assert main(["evaluate", "--model", str(tiny_dir), "--data", str(data), "--out", str(tmp_path / "r"),
+                 "--limit", "2", *CHEAP]) == 0
+    err = capsys.readouterr().err
+    assert "--limit 2 takes the first 2 examples, which carry only neg of the labels neg, pos" in err
+    assert main(["evaluate", "--model", str(tiny_dir), "--data", str(data), "--out", str(tmp_path / "r2"),
+                 "--limit", "4", *CHEAP]) == 0
+    assert "warning" not in capsys.readouterr().err

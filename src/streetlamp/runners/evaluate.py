@@ -84,7 +84,12 @@ def evaluate(model: str, data: str, out: Path, settings: EvalSettings, *, limit:
     if limit is not None:
         if limit < 1:
             raise StreetlampError("--limit must be at least 1")
+        all_labels = ds.labels()
         ds.examples = ds.examples[:limit]
+        if len(ds.labels()) < len(all_labels):
+            print(f"streetlamp: warning: --limit {limit} takes the first {limit} examples, which carry only "
+                  f"{', '.join(ds.labels())} of the labels {', '.join(all_labels)} (the file is sorted by label?)",
+                  file=sys.stderr)
     if not ds.examples:
         raise StreetlampError(f"dataset {data!r} has no examples")
     if adapter is None:
