@@ -98,7 +98,7 @@ class AttentionAttribution(Method):
         bar = None
         total_rows = sum(L * (m + 1) for _ in inputs.lengths)
         if tqdm is not None and total_rows * max(inputs.lengths) > 20000:
-            bar = tqdm(total=total_rows, desc="attention_attribution", unit="pass", leave=False)
+            bar = tqdm(total=total_rows, desc="attention_attribution", unit="pass", leave=False, delay=2.0)
         out = []
         try:
             for b, n in enumerate(inputs.lengths):

@@ -112,7 +112,7 @@ class PathCache:
             return
         n = self.e.shape[0]
         parts = list(chunks(len(todo), n, self.batch_size, self.device))
-        for sl in tqdm(parts, desc="IG steps", disable=len(parts) < 8, leave=False):
+        for sl in tqdm(parts, desc="IG steps", disable=len(parts) < 8, leave=False, delay=2.0):
             a = torch.tensor(todo[sl], dtype=self.e.dtype, device=self.device).view(-1, 1, 1)
             g = self.grad_fn(self.eb + a * self.diff)  # [targets, rows, pos, d]
             s = (g.double() * self.diff.double()).sum(-1)  # [targets, rows, pos]

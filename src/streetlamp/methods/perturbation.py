@@ -134,7 +134,7 @@ def _pad(rows: Sequence[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch
 
 
 def _progress(total: int, desc: str) -> tqdm:
-    return tqdm(total=total, desc=desc, file=sys.stderr, leave=False, disable=total < 16)
+    return tqdm(total=total, desc=desc, file=sys.stderr, leave=False, disable=total < 16, delay=2.0)
 
 
 @dataclass
