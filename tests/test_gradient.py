@@ -270,3 +270,17 @@ def test_clenshaw_curtis_adaptive_reuses_every_gradient(minilm: ModelAdapter) ->
                                 steps=e.info["steps"], adaptive=False).attribute(minilm, inputs, target=Target())[0]
     np.testing.assert_allclose(e.scores, fixed.scores, rtol=1e-5, atol=1e-7)
 
+
+
+@pytest.mark.slow
+def test_degenerate_zero_baseline_is_refused_not_nan(smollm: ModelAdapter) -> None:
+    """SmolLM2's gradient at an all-zero embedding is not finite: a clear error, never NaN scores."""
+    inputs = smollm.encode("The capital of France is")
+    with pytest.raises(StreetlampError, match="not finite at alpha=0"):
+        IntegratedGradients(baseline="zero", rule="clenshaw_curtis", steps=4, adaptive=False).attribute(
+            smollm, inputs, target=Target())
+    e = IntegratedGradients(baseline="zero", rule="gauss_legendre", steps=4, adaptive=False).attribute(
+        smollm, inputs, target=Target())[0]
+    assert np.all(np.isfinite(e.scores))
+    e = IntegratedGradients(steps=4, adaptive=False).attribute(smollm, inputs, target=Target())[0]
+    assert np.all(np.isfinite(e.scores)) and e.info["params"]["baseline"] == "pad"

@@ -331,6 +331,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _quiet_transformers()
+    import warnings
+
+    # a warning is one line for the user, not a source excerpt
+    warnings.formatwarning = lambda message, category, filename, lineno, line=None: (
+        f"streetlamp: warning: {message}\n")
     try:
         return int(args.func(args))
     except StreetlampError as e:

@@ -24,7 +24,10 @@ same α: all points of the trapezoid and Riemann left/right rules) and grows 1.5
 Gauss–Legendre (nodes not nested) until the relative error is under
 ``tolerance`` or the next count would exceed ``max_steps`` (then ``converged=False`` and a warning).
 
-Baselines ``e'``: ``zero``, ``pad`` ([PAD] embedding), ``mask`` ([MASK] embedding; tokenizers
+Baselines ``e'``: ``pad`` (default; [PAD] embedding, what Captum's LayerIntegratedGradients uses with
+its default all-zero baseline ids on BERT), ``zero`` (on pre-norm decoders the all-zero embedding
+is a degenerate point: with rules that evaluate alpha = 0 the gradient there is not finite and
+streetlamp stops with a clear error), ``mask`` ([MASK] embedding; tokenizers
 without a mask token fall back to [PAD], recorded in ``info["baseline_used"]``). With
 ``keep_special=True`` (default) special tokens ([CLS], [SEP], BOS, ...) keep their own embedding in
 the baseline, so they get exactly zero attribution. All interpolation rows are batched within the
@@ -116,6 +119,12 @@ class PathCache:
             a = torch.tensor(todo[sl], dtype=self.e.dtype, device=self.device).view(-1, 1, 1)
             g = self.grad_fn(self.eb + a * self.diff)  # [targets, rows, pos, d]
             s = (g.double() * self.diff.double()).sum(-1)  # [targets, rows, pos]
+            if not bool(torch.isfinite(s).all()):
+                bad = [alpha for r, alpha in enumerate(todo[sl]) if not bool(torch.isfinite(s[:, r]).all())]
+                raise StreetlampError(
+                    f"integrated_gradients: the gradient is not finite at alpha={bad[0]:g} on this path (e.g. an "
+                    "all-zero embedding in a pre-norm model); use baseline='pad' or 'mask', or "
+                    "rule='gauss_legendre' (no endpoint nodes)")
             for r, alpha in enumerate(todo[sl]):
                 self.cache[alpha] = s[:, r]
 
@@ -163,7 +172,7 @@ def integrate_adaptive(path: PathCache, fdiff: torch.Tensor, fscale: torch.Tenso
 class IntegratedGradients(Method):
     """Integrated gradients over the token embedding (site ``embed``); see the module docstring."""
 
-    baseline: str = "zero"
+    baseline: str = "pad"
     rule: str = "clenshaw_curtis"
     steps: int = 16
     adaptive: bool = True
