@@ -170,12 +170,22 @@ def test_word_groups_match_captum_feature_mask() -> None:
 
 
 def test_fallback_when_no_mask_token() -> None:
-    a = tiny("gpt2")
+    a = tiny("bert")  # an encoder without [MASK] falls back to [UNK]
     a.tokenizer.mask_token = None
     e = Occlusion().attribute(a, a.encode("i loved it"), target=LOGIT)[0]
     assert e.info["replacement"] == "mask" and e.info["replacement_used"] == "unk"
     assert e.info["replacement_token"] == "[UNK]" and "fell back" in e.info["replacement_note"]
     ref = Occlusion(replacement="unk").attribute(a, a.encode("i loved it"), target=LOGIT)[0]
+    np.testing.assert_array_equal(e.scores, ref.scores)
+
+
+def test_causal_lm_without_mask_deletes() -> None:
+    a = tiny("gpt2")  # a causal LM without [MASK] deletes: its stand-in tokens are document markers
+    a.tokenizer.mask_token = None
+    e = Occlusion().attribute(a, a.encode("i loved it"), target=LOGIT)[0]
+    assert e.info["replacement"] == "mask" and e.info["replacement_used"] == "delete"
+    assert e.info["replacement_token"] is None and "fell back" in e.info["replacement_note"]
+    ref = Occlusion(replacement="delete").attribute(a, a.encode("i loved it"), target=LOGIT)[0]
     np.testing.assert_array_equal(e.scores, ref.scores)
 
 
@@ -373,7 +383,7 @@ def test_embedded_causal_lm(smollm: ModelAdapter) -> None:
     inputs = smollm.encode("The capital of France is")
     kv = Occlusion().attribute(smollm, inputs, target=Target())[0]
     plain = Occlusion(kv_cache=False).attribute(smollm, inputs, target=Target())[0]
-    assert kv.info["replacement_used"] == "unk" and kv.info["replacement_token"] == "<|endoftext|>"
+    assert kv.info["replacement_used"] == "delete" and kv.info["replacement_token"] is None
     np.testing.assert_allclose(kv.scores, plain.scores, atol=1e-4)
     assert kv.info["positions_computed"] < plain.info["positions_computed"]
     s = Shap(n_samples=32).attribute(smollm, inputs, target=Target())[0]

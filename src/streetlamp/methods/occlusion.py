@@ -19,16 +19,17 @@ import numpy as np
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..results import Explanation
 from .base import Method
-from .perturbation import (Scorer, check_replacement, explanation_common, feature_groups, perturbed_row,
-                           replacement_token)
+from .perturbation import (Scorer, check_replacement, explanation_common, feature_groups, occlusion_replacement,
+                           perturbed_row)
 
 
 @dataclass
 class Occlusion(Method):
     """Leave-one-out occlusion of tokens or words.
 
-    ``replacement``: ``mask`` | ``unk`` | ``pad`` | ``delete``; when the tokenizer lacks the token
-    (causal LMs have no [MASK]) the fallback chain mask -> unk -> pad -> eos is used and recorded.
+    ``replacement``: ``mask`` | ``unk`` | ``pad`` | ``delete``; when the tokenizer lacks the token the
+    fallback chain mask -> unk -> pad -> eos is used and recorded, except that a causal LM without
+    [MASK] deletes the token (its stand-ins are document markers that wipe the context).
     ``group``: ``token`` or ``word``. ``kv_cache``: reuse the unperturbed prefix on causal LMs.
     """
 
@@ -44,12 +45,12 @@ class Occlusion(Method):
     def check(self, adapter: ModelAdapter) -> None:
         super().check(adapter)
         check_replacement(self.replacement, self.group)
-        replacement_token(adapter, self.replacement)
+        occlusion_replacement(adapter, self.replacement)
 
     def attribute(self, adapter: ModelAdapter, inputs: Inputs, *, target: Target,
                   batch_size: int | None = None, seed: int = 0) -> list[Explanation]:
         self.check(adapter)
-        used, tid, tok = replacement_token(adapter, self.replacement)
+        used, tid, tok = occlusion_replacement(adapter, self.replacement)
         out = []
         for b, n in enumerate(inputs.lengths):
             ids = inputs.input_ids[b, :n].cpu()

@@ -52,7 +52,8 @@ def replacement_token(adapter: ModelAdapter, replacement: str) -> tuple[str, int
     """``(used, token_id, token_string)``: the replacement actually used after the fallback chain.
 
     ``mask`` falls back to ``unk``, then ``pad``, then ``eos`` (causal LMs usually have no [MASK];
-    SmolLM2's ``unk`` is ``<|endoftext|>``). ``delete`` has no token.
+    SmolLM2's ``unk`` is ``<|endoftext|>``; occlusion deletes instead there, see
+    :func:`occlusion_replacement`). ``delete`` has no token.
     """
     if replacement == "delete":
         return "delete", None, None
@@ -62,6 +63,20 @@ def replacement_token(adapter: ModelAdapter, replacement: str) -> tuple[str, int
         if tid is not None:
             return kind, int(tid), str(getattr(tok, f"{kind}_token"))
     raise StreetlampError(f"the tokenizer has no {replacement}, unk, pad or eos token; use replacement='delete'")
+
+
+def occlusion_replacement(adapter: ModelAdapter, replacement: str) -> tuple[str, int | None, str | None]:
+    """Like :func:`replacement_token`, but a causal LM without a [MASK] token deletes the token.
+
+    Its stand-ins are document markers (SmolLM2's ``unk`` is ``<|endoftext|>``), and one of them in
+    the middle of a prompt wipes the context: every token then looked equally decisive (removing
+    any word of "The capital of France is" dropped p(" Paris") by 0.77). Leave-one-out always keeps
+    the other tokens, so deletion is well defined there (SHAP/LIME, whose coalitions can remove
+    every token, keep the token fallback).
+    """
+    if replacement == "mask" and adapter.tokenizer.mask_token_id is None and adapter.kind == "causal_lm":
+        return "delete", None, None
+    return replacement_token(adapter, replacement)
 
 
 def special_positions(adapter: ModelAdapter, ids: Sequence[int]) -> np.ndarray:

@@ -193,11 +193,12 @@ def summarise(adapter: ModelAdapter, res: ExplainResult, k: int = 3) -> list[str
         lines.append("top tokens by attention: " + ", ".join(f"{res.labels[j]!r}@{j} {row[j]:.3f}" for j in order))
         return lines
     delta = occ.scores
-    repl = occ.info.get("replacement_token") or occ.info.get("replacement", "see manifest")
+    how = ("token deleted" if occ.info.get("replacement_used") == "delete"
+           else f"token replaced by {occ.info.get('replacement_token') or occ.info.get('replacement', '?')}")
     by_att = sorted(words, key=lambda j: -row[j])[:k]
     by_occ = sorted(words, key=lambda j: -abs(delta[j]))[:k]
     quantity = occ.info.get("target", {}).get("explained", "the target")
-    lines.append(f"what removing a token does (occlusion, token replaced by {repl}; change of {quantity}):")
+    lines.append(f"what removing a token does (occlusion, {how}; change of {quantity}):")
     lines.append(f"  {'token':<16}{'attention':>10}{'rank':>6}{'change if removed':>19}{'rank':>6}")
     att_rank = {j: r + 1 for r, j in enumerate(sorted(words, key=lambda j: -row[j]))}
     occ_rank = {j: r + 1 for r, j in enumerate(sorted(words, key=lambda j: -abs(delta[j])))}
