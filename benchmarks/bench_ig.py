@@ -38,10 +38,10 @@ def classifier() -> ModelAdapter:
         return ModelAdapter(*build_minilm_classifier(None), "minilm-base")
 
 
-def bench_classifier(repeat: int) -> None:
+def bench_classifier(repeat: int, device: str = "cpu") -> None:
     from captum.attr import LayerIntegratedGradients
-    a = classifier()
-    print(f"== 1. integrated_gradients vs Captum LayerIntegratedGradients on {a.name} ==")
+    a = classifier().to(device)
+    print(f"== 1. integrated_gradients vs Captum LayerIntegratedGradients on {a.name} ({device}) ==")
     for n in (32, 128):
         inputs = a.encode(text_of_length(a, n))
         idx = int(a.forward(inputs).logits.argmax())
@@ -54,12 +54,12 @@ def bench_classifier(repeat: int) -> None:
         def fwd(ids):
             inp = ids_inputs(a, ids[0])
             inp.input_ids, inp.attention_mask = ids, torch.ones_like(ids)
-            return a.score(a.forward(inp, grad=True).logits, torch.full((ids.shape[0],), idx), t)
+            return a.score(a.forward(inp, grad=True).logits, torch.full((ids.shape[0],), idx, device=ids.device), t)
 
         lig = LayerIntegratedGradients(fwd, a.embed_module)
         best = None
         for ibs in (None, 10, 25):
-            tc, times, (_, d) = timeit(lambda: lig.attribute(inputs.input_ids, internal_batch_size=ibs,
+            tc, times, (_, d) = timeit(lambda: lig.attribute(inputs.input_ids.to(device), internal_batch_size=ibs,
                                                              return_convergence_delta=True), repeat)
             print(f"  {n} tokens  captum LIG 50 GL steps internal_batch_size={ibs}: {tc:.2f}s {fmt(times)}")
             if best is None or tc < best[0]:
@@ -88,14 +88,38 @@ def bench_sequence(repeat: int, k: int, steps: int) -> None:
         return [ig.attribute(a, ids_inputs(a, full[: len(p) + j]), target=Target(cont[j], None, "logprob"))[0]
                 for j in range(k)]
 
+    pad = int(a.tokenizer.pad_token_id)
+
+    def captum_separate():
+        """The peer: Captum's LayerIntegratedGradients once per target over the prefix (what inseq
+        does), the plain model forward, the same [PAD] baseline and the same number of steps."""
+        from captum.attr import LayerIntegratedGradients
+        out = []
+        for j in range(k):
+            ids = full[: len(p) + j][None]
+
+            def fwd(x: torch.Tensor, j: int = j) -> torch.Tensor:
+                logits = a.hf_model(input_ids=x, attention_mask=torch.ones_like(x)).logits[:, -1]
+                return torch.log_softmax(logits.float(), -1)[:, cont[j]]
+
+            lig = LayerIntegratedGradients(fwd, a.embed_module)
+            out.append(lig.attribute(ids, baselines=torch.full_like(ids, pad), n_steps=steps + 1,
+                                     internal_batch_size=steps + 1))
+        return out
+
+    tc, t0, _ = timeit(captum_separate, repeat, warmup=0)
     ts, t1, _ = timeit(separate, repeat, warmup=0)
     tl, t2, _ = timeit(lambda: ig.attribute_sequence(a, prompt, cont, target=Target(quantity="logprob")), repeat)
     tb, t3, _ = timeit(lambda: ig.attribute_sequence(a, prompt, cont, target=Target(quantity="logprob"),
                                                      batched_grads=True), repeat)
-    print(f"  separate IG per target: {ts:.2f}s {fmt(t1)}")
+    print(f"  peer: Captum LayerIntegratedGradients per target ({steps + 1} GL steps, as inseq runs it): {tc:.2f}s {fmt(t0)}")
+    print(f"  streetlamp IG per target ({steps} intervals = {steps + 1} points): {ts:.2f}s {fmt(t1)}")
     print(f"  shared path, one backward per target: {tl:.2f}s {fmt(t2)}  RATIO separate/shared = {ts / tl:.2f}x")
     print(f"  shared path, vmapped backward: {tb:.2f}s {fmt(t3)}  RATIO separate/shared = {ts / tb:.2f}x  "
           "(target >= 3x)")
+    best = min(tl, tb)
+    print(f"  RATIO captum-per-target / streetlamp shared = {tc / best:.2f}x (target >= 3x); "
+          f"streetlamp-per-target / shared = {ts / best:.2f}x")
 
 
 def bench_budget(repeat: int, steps: int) -> None:
@@ -118,12 +142,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="1 repeat, fewer tokens (a smoke run)")
     ap.add_argument("--only", default="classifier,sequence,budget")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default="cpu", help="classifier part only: cpu, cuda ... (timings synchronise)")
     args = ap.parse_args()
     print(f"torch threads: {threads(args.threads)}")
     repeat = 1 if args.quick else 3
     parts = args.only.split(",")
     if "classifier" in parts:
-        bench_classifier(repeat)
+        bench_classifier(repeat, args.device)
     if "sequence" in parts:
         bench_sequence(repeat, k=4 if args.quick else 8, steps=8 if args.quick else 16)
     if "budget" in parts:

@@ -26,9 +26,12 @@ def timeit(fn: Callable[[], Any], repeat: int = 3, warmup: int = 1) -> tuple[flo
     for _ in range(warmup):
         out = fn()
     times = []
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     for _ in range(repeat):
+        sync()
         t0 = time.perf_counter()
         out = fn()
+        sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times), times, out
 

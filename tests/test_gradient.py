@@ -284,3 +284,18 @@ def test_degenerate_zero_baseline_is_refused_not_nan(smollm: ModelAdapter) -> No
     assert np.all(np.isfinite(e.scores))
     e = IntegratedGradients(steps=4, adaptive=False).attribute(smollm, inputs, target=Target())[0]
     assert np.all(np.isfinite(e.scores)) and e.info["params"]["baseline"] == "pad"
+
+
+def test_ig_records_token_change_against_half_the_steps(tiny) -> None:
+    """Nested rules: the record holds max_i |IG_i(n) - IG_i(n/2)| / |dF|, equal to two fixed-step runs."""
+    from streetlamp.methods.ig import IntegratedGradients
+    from streetlamp.models.adapter import Target
+    inputs = tiny.encode("the movie was not good")
+    full = IntegratedGradients(steps=8, adaptive=False).attribute(tiny, inputs, target=Target())[0]
+    half = IntegratedGradients(steps=4, adaptive=False).attribute(tiny, inputs, target=Target())[0]
+    df = abs(full.info["F_input"] - full.info["F_baseline"])
+    expect = float(np.abs(full.scores - half.scores).max()) / df
+    assert full.info["token_change_vs_half_steps"] == pytest.approx(expect, rel=1e-4, abs=1e-6)
+    assert full.info["history"][-1]["token_change_vs_half_steps"] == full.info["token_change_vs_half_steps"]
+    gl = IntegratedGradients(steps=8, adaptive=False, rule="gauss_legendre").attribute(tiny, inputs, target=Target())[0]
+    assert gl.info["token_change_vs_half_steps"] is None  # not nested: it would cost new gradients

@@ -153,7 +153,8 @@ class ModelAdapter:
         return {"name": self.name, "source": self.source, "kind": self.kind, "family": self.family.name,
                 "architecture": type(self.hf_model).__name__, "layers": self.n_layers, "heads": self.n_heads,
                 "kv_heads": self.n_kv_heads, "d_model": self.d_model, "max_positions": self.max_positions,
-                "labels": ({str(k): v for k, v in cfg.id2label.items()} if self.kind == "classifier" else None)}
+                "labels": ({str(k): v for k, v in cfg.id2label.items()} if self.kind == "classifier" else None),
+                "device": str(self.device), "dtype": str(next(self.hf_model.parameters()).dtype).replace("torch.", "")}
 
     # -- inputs --------------------------------------------------------------------------------
     def encode(self, texts: str | Iterable[str], truncate: bool = False) -> Inputs:

@@ -1,0 +1,71 @@
+"""How many gradient evaluations IG needs on the default classifier, by quadrature rule.
+
+    .venv/bin/python benchmarks/bench_ig_nodes.py [--texts 10]
+
+Why the speed target "IG at relative completeness error <= 1e-3 in at most 0.5x the time of
+Captum's 50-step LayerIntegratedGradients" is a question of evaluations: one gradient evaluation
+costs the same on both sides (the matrix products run near this CPU's float32 peak), so 0.5x
+allows at most 25 evaluations. This prints, for Clenshaw–Curtis (n intervals = n+1 points) and
+Gauss–Legendre (n points) at fixed n, the relative completeness error and the largest token error
+against a 256-point Gauss–Legendre reference, over the benchmark's 32- and 128-token texts and
+``--texts`` movie sentences (seeded sample). Same baseline as the benchmark: [PAD] everywhere.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import numpy as np  # noqa: E402
+from common import text_of_length, threads  # noqa: E402
+
+from streetlamp.data.loaders import load_dataset  # noqa: E402
+from streetlamp.methods.ig import IntegratedGradients  # noqa: E402
+from streetlamp.models.adapter import Target  # noqa: E402
+
+from bench_ig import classifier  # noqa: E402
+
+GRID = [("clenshaw_curtis", n) for n in (16, 24, 32, 48)] + [("gauss_legendre", n) for n in (16, 24, 32, 48, 50)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--texts", type=int, default=10, help="movie sentences besides the two benchmark texts")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    threads()
+    a = classifier()
+    texts = [text_of_length(a, 32), text_of_length(a, 128)]
+    try:
+        movies = [e.text for e in load_dataset("movies").examples]
+        texts += random.Random(args.seed).sample(movies, args.texts)
+    except Exception as e:  # noqa: BLE001 - the data package is optional here
+        print(f"(movie sentences unavailable: {e})")
+    rel = {g: [] for g in GRID}
+    tok = {g: [] for g in GRID}
+    for text in texts:
+        inputs = a.encode(text)
+        t = Target(index=int(a.forward(inputs).logits.argmax()))
+        ref = IntegratedGradients(rule="gauss_legendre", steps=256, adaptive=False, keep_special=False)
+        r = ref.attribute(a, inputs, target=t)[0]
+        df = abs(r.info["F_input"] - r.info["F_baseline"])
+        for rule, n in GRID:
+            e = IntegratedGradients(rule=rule, steps=n, adaptive=False, keep_special=False).attribute(a, inputs, target=t)[0]
+            rel[(rule, n)].append(e.info["relative_completeness_error"])
+            tok[(rule, n)].append(float(np.abs(e.scores - r.scores).max()) / df)
+        print(f"  {len(inputs.tokens[0]):>3} tokens: reference rel. completeness error "
+              f"{r.info['relative_completeness_error']:.1e}", flush=True)
+    print(f"\n{len(texts)} texts; errors relative to |F(x) - F(baseline)|")
+    print(f"{'rule':<16} {'n':>3} {'evals':>5}  {'completeness: median':>21} {'max':>8} {'<=1e-3':>7}  "
+          f"{'token error: median':>20} {'max':>8}")
+    for rule, n in GRID:
+        ev = n + 1 if rule == "clenshaw_curtis" else n
+        c, k = np.array(rel[(rule, n)]), np.array(tok[(rule, n)])
+        print(f"{rule:<16} {n:>3} {ev:>5}  {np.median(c):>21.1e} {c.max():>8.1e} {np.mean(c <= 1e-3):>7.0%}  "
+              f"{np.median(k):>20.1e} {k.max():>8.1e}")
+
+
+if __name__ == "__main__":
+    main()

