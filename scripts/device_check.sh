@@ -27,7 +27,7 @@ printf '#!/bin/sh\nexec %s -c "from streetlamp.cli import main; main()" "$@"\n' 
 {
   nvidia-smi -L; $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no cuda')"
   echo "== tests/test_device.py on $DEV"
-  STREETLAMP_TEST_DEVICE=$DEV timeout 200 $PY -m pytest -q -p no:cacheprovider tests/test_device.py 2>&1 | tail -25
+  STREETLAMP_TEST_DEVICE=$DEV timeout 200 $PY -m pytest -q -p no:cacheprovider tests/test_device.py > "$OUT/pytest_device.log" 2>&1; tail -15 "$OUT/pytest_device.log"
   echo "== explain on $DEV, float32 and bfloat16, every method"
   T="The movie was not good, but the acting was great."
   timeout 120 /tmp/sl explain "$T" --device $DEV --methods all --out /tmp/x32 --overwrite 2>&1 | tail -20

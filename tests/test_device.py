@@ -67,8 +67,13 @@ def test_float32_on_device_equals_cpu(name: str, family: str) -> None:
     for a, b in zip(run(name, cpu), run(name, dev)):
         assert a.info["target"] == b.info["target"]
         for k in a.arrays:
-            assert b.arrays[k].dtype == a.arrays[k].dtype, f"{name}.{k}: dtype differs on {DEVICE}"
-            np.testing.assert_allclose(b.arrays[k], a.arrays[k], atol=2e-4, rtol=2e-3,
+            x, y = a.arrays[k], b.arrays[k]
+            assert y.dtype == x.dtype, f"{name}.{k}: dtype differs on {DEVICE}"
+            if k == "completeness" and abs(x[2] - x[3]) < 1e-3:
+                # [delta, delta/|dF|, F(e), F(e'), sum]: on tiny random models dF ~ 1e-6, so the ratio is
+                # float noise over float noise (measured on an H200: it differed); compare the rest
+                x, y = np.delete(x, 1), np.delete(y, 1)
+            np.testing.assert_allclose(y, x, atol=2e-4, rtol=2e-3,
                                        err_msg=f"{name}.{k} differs on {DEVICE} vs cpu ({family})")
 
 

@@ -44,7 +44,7 @@ def _row_edit(pos: torch.Tensor, new_rows: torch.Tensor):
     def fn(p: torch.Tensor) -> torch.Tensor:
         w = p.shape[-1]
         onehot = torch.nn.functional.one_hot(pos.to(p.device), p.shape[-2]).to(p.dtype)[:, None, :, None]
-        return p * (1 - onehot) + onehot * new_rows[..., :w].to(p.dtype)[:, :, None, :]
+        return p * (1 - onehot) + onehot * new_rows[..., :w].to(p.device, p.dtype)[:, :, None, :]
 
     return fn
 

@@ -20,6 +20,8 @@ positions >= i (about half the work of a full recompute for leave-one-out).
 """
 from __future__ import annotations
 
+import inspect
+
 import string
 import sys
 from dataclasses import dataclass
@@ -263,12 +265,16 @@ def prefix_forward(adapter: ModelAdapter, ids: torch.Tensor, mask: torch.Tensor,
         past = DynamicCache(ddp_cache_data=[(k[:, :, :start].expand(rows, -1, -1, -1),
                                              v[:, :, :start].expand(rows, -1, -1, -1)) for k, v in cache])
         full_mask = torch.cat([torch.ones(rows, start, dtype=mask.dtype), mask], 1)
-    out = adapter.hf_model.base_model(input_ids=ids.to(dev), attention_mask=full_mask.to(dev),
-                                      cache=past, use_cache=keep_cache or past is not None)
+    base = adapter.hf_model.base_model
+    # transformers renamed past_key_values -> cache (argument and output) within 5.x; an unknown
+    # keyword would be swallowed by **kwargs and the prefix silently ignored, so ask the signature
+    name = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    out = base(input_ids=ids.to(dev), attention_mask=full_mask.to(dev), use_cache=keep_cache or past is not None,
+               **{name: past})
     last = mask.sum(1).to(dev) - 1
     hidden = out.last_hidden_state[torch.arange(rows, device=dev), last]
     logits = adapter.hf_model.get_output_embeddings()(hidden)
-    new_cache = [(layer.keys, layer.values) for layer in out.cache.layers] if keep_cache else []
+    new_cache = [(layer.keys, layer.values) for layer in getattr(out, name).layers] if keep_cache else []
     return logits, new_cache
 
 
