@@ -38,6 +38,14 @@ def test_heads_text_and_data(ckpts: dict[str, Path], tmp_path: Path, capsys: pyt
     assert {"ablation", "importance", "attention_mass"} <= set(a)
     m = json.loads((out2 / "manifest.json").read_text())
     assert "attention_mass" in m["claim"]["spearman_vs_effect"]
+    out4 = tmp_path / "h4"  # --sample: N texts drawn with --seed, recorded
+    assert main(["heads", "--data", str(data), "--sample", "4", "--seed", "3", "--no-attribution", "--model",
+                 str(ckpts["bert"]), "--out", str(out4)]) == 0
+    m4 = json.loads((out4 / "manifest.json").read_text())
+    assert m4["parameters"]["sample"] == 4 and m4["parameters"]["n_texts"] == 4
+    assert load_arrays(out4 / "arrays.safetensors")["ablation_per_text"].shape[0] == 4
+    assert main(["heads", "--data", str(data), "--sample", "4", "--limit", "2", "--model", str(ckpts["bert"]),
+                 "--out", str(tmp_path / "h5")]) == 2
     out3 = tmp_path / "p"
     assert main(["prune", "--data", str(data), "--order", "importance,attention,random", "--seeds", "2",
                  "--model", str(ckpts["bert"]), "--out", str(out3)]) == 0

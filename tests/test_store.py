@@ -143,3 +143,32 @@ def test_limit_on_label_sorted_data_warns(tmp_path: Path, tiny_dir: Path, capsys
     assert main(["evaluate", "--model", str(tiny_dir), "--data", str(data), "--out", str(tmp_path / "r2"),
                  "--limit", "4", *CHEAP]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_sample_draws_both_labels_repeatably(tmp_path: Path, tiny_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    """--sample N draws N examples with --seed (file order kept), recorded; --limit with it is refused."""
+    from streetlamp.data import sample_indices
+    data = tmp_path / "sorted.csv"
+    data.write_text("text,label\n" + "".join(f"the movie {i},neg\n" for i in range(10))
+                    + "".join(f"great acting {i},pos\n" for i in range(10)))
+    idx = sample_indices(20, 6, seed=0)
+    assert idx == sorted(idx) and len(set(idx)) == 6 and idx == sample_indices(20, 6, seed=0)
+    assert idx != sample_indices(20, 6, seed=1) and sample_indices(5, 9, seed=0) == list(range(5))
+    assert any(i < 10 for i in idx) and any(i >= 10 for i in idx)  # both labels (checked for this seed)
+    out = tmp_path / "r"
+    assert main(["evaluate", "--model", str(tiny_dir), "--data", str(data), "--out", str(out), "--sample", "6",
+                 *CHEAP]) == 0
+    assert "warning" not in capsys.readouterr().err
+    df = read_metrics(out)
+    assert sorted(set(df.example_id)) == [f"sorted-{i:06d}" for i in idx]
+    import json
+    assert json.loads((out / "manifest.json").read_text())["settings"]["sample"] == 6
+    # the same command resumes (same draw); both options at once are refused before anything runs
+    assert main(["evaluate", "--model", str(tiny_dir), "--data", str(data), "--out", str(out), "--sample", "6",
+                 *CHEAP]) == 0
+    assert len(read_metrics(out)) == len(df)
+    assert main(["evaluate", "--model", str(tiny_dir), "--data", str(data), "--out", str(tmp_path / "r2"),
+                 "--sample", "6", "--limit", "3", *CHEAP]) == 2
+    assert "not both" in capsys.readouterr().err and not (tmp_path / "r2").exists()
+    assert main(["evaluate", "--model", str(tiny_dir), "--data", str(data), "--out", str(tmp_path / "r3"),
+                 "--sample", "0", *CHEAP]) == 2

@@ -94,7 +94,8 @@ def cmd_heads(args: argparse.Namespace) -> int:
     adapter = _heads_adapter(args)
     target = Target(parse_target(adapter, args.target), None, "prob")
     res = run_heads(adapter, out, text=args.text, data=args.data, ablation=args.ablation, target=target,
-                    seed=args.seed, limit=args.limit, overwrite=args.overwrite, attribution=not args.no_attribution)
+                    seed=args.seed, limit=args.limit, overwrite=args.overwrite, attribution=not args.no_attribution,
+                    sample=args.sample)
     print("heads whose ablation changes the target most (layer.head: ΔF):")
     print("  " + ", ".join(f"{r['layer']}.{r['head']}: {r['effect']:+.4f}" for r in res["ranked"][:8]))
     for k, v in res["claim"].get("spearman_vs_effect", {}).items():
@@ -176,7 +177,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     settings = EvalSettings(methods=parse_methods(args.methods), method_params=mparams, seed=args.seed,
                             batch_size=args.batch_size, replacement=args.replacement, flip_layers=args.flip_layers,
                             cf_layers=args.cf_layers, counterfactual=cf.__dict__.copy(), truncate=args.truncate)
-    res = evaluate(args.model, args.data, Path(args.out), settings, limit=args.limit, chunk_size=args.chunk_size,
+    res = evaluate(args.model, args.data, Path(args.out), settings, limit=args.limit, sample=args.sample,
+                   chunk_size=args.chunk_size,
                    engine=args.engine, ray_address=args.ray_address, workers=args.workers, device=args.device,
                    text_column=args.text_column, label_column=args.label_column)
     for line in res.lines:
@@ -241,6 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mean/resample use the --data texts, or with a single TEXT a built-in set of 12 sentences")
     s.add_argument("--target", default=None, help="class/token whose probability is F (default: prediction)")
     s.add_argument("--limit", type=int, default=None, help="use only the first N texts of --data")
+    s.add_argument("--sample", type=int, default=None, help="use N texts of --data drawn with --seed (files sorted "
+                   "by label make --limit one-sided)")
     s.add_argument("--no-attribution", action="store_true", help="skip the (slow) Hao attribution column")
     s.add_argument("--model", default=DEFAULT_MODEL)
     s.add_argument("--out", default=None)
@@ -295,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--method-params", default=None, help='JSON, e.g. {"integrated_gradients": {"steps": 16}}')
     s.add_argument("--out", required=True, help="run folder; the same command resumes it")
     s.add_argument("--limit", type=int, default=None, help="first N examples only")
+    s.add_argument("--sample", type=int, default=None, help="N examples drawn with --seed (kept in file order)")
     s.add_argument("--text-column", default=None)
     s.add_argument("--label-column", default=None)
     s.add_argument("--truncate", action="store_true", help="cut texts longer than the model's positions (default: skip)")

@@ -227,3 +227,19 @@ def load_dataset(spec: str, *, text_column: str | None = None, label_column: str
     if path.suffix.lower() not in (".csv", ".tsv", ".jsonl"):
         raise StreetlampError(f"{path}: unsupported data file type {path.suffix!r}; use .csv, .tsv or .jsonl")
     return _table(path, text_column, label_column)
+
+
+def sample_indices(n: int, k: int, seed: int) -> list[int]:
+    """``k`` of ``range(n)`` drawn without replacement with ``seed``, in file order (all if k >= n).
+
+    ``--limit`` takes the first N, which on a label-sorted file (gensim's movie sentences) is one
+    class; ``--sample`` draws N with the run's seed instead, so the draw is recorded and repeatable.
+    """
+    from ..errors import StreetlampError
+    if k < 1:
+        raise StreetlampError(f"--sample must be at least 1 (got {k})")
+    if k >= n:
+        return list(range(n))
+    import numpy as np
+    return sorted(int(i) for i in np.random.default_rng(seed).choice(n, size=k, replace=False))
+

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..data import Dataset, load_dataset
+from ..data import Dataset, load_dataset, sample_indices
 from ..errors import StreetlampError
 from ..evaluation.erasure import replacement_id
 from ..evaluation.pipeline import ChunkExample, EvalSettings, evaluate_chunk
@@ -75,12 +75,17 @@ def _progress(total: int, done: int):
 
 
 def evaluate(model: str, data: str, out: Path, settings: EvalSettings, *, limit: int | None = None,
+             sample: int | None = None,
              chunk_size: int = 16, engine: str = "local", ray_address: str | None = None,
              workers: int | None = None, device: str = "cpu", adapter: ModelAdapter | None = None,
              text_column: str | None = None, label_column: str | None = None) -> EvalResult:
     from ..models.loading import load
 
     ds = load_dataset(data, text_column=text_column, label_column=label_column)
+    if sample is not None:
+        if limit is not None:
+            raise StreetlampError("give --limit (the first N) or --sample (N drawn with --seed), not both")
+        ds.examples = [ds.examples[i] for i in sample_indices(len(ds.examples), sample, settings.seed)]
     if limit is not None:
         if limit < 1:
             raise StreetlampError("--limit must be at least 1")
@@ -108,7 +113,7 @@ def evaluate(model: str, data: str, out: Path, settings: EvalSettings, *, limit:
                                 for n in settings.methods}}
     run_settings = {"model": {"name": adapter.name, "source": adapter.source}, "data": {
         "name": ds.name, "source": ds.source, "sha256": ds.hash(), "n_examples": len(ds.examples)},
-        "limit": limit, **params}
+        "limit": limit, **({"sample": sample} if sample is not None else {}), **params}
     store = RunStore.open(Path(out), run_settings, {
         "model_info": adapter.describe(), "versions": versions(), "command": command_line(),
         "skipped_too_long": skipped, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),

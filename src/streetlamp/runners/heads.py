@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import spearmanr
 
+from ..data import sample_indices
 from ..errors import StreetlampError
 from ..interventions import heads as H
 from ..models.adapter import ModelAdapter, Target
@@ -70,7 +71,8 @@ def _manifest(adapter: ModelAdapter, kind: str, arrays: dict[str, np.ndarray], d
 
 def run_heads(adapter: ModelAdapter, out: Path, *, text: str | None = None, data: str | None = None,
               ablation: str = "zero", target: Target = Target(), seed: int = 0, limit: int | None = None,
-              overwrite: bool = False, progress: bool = True, attribution: bool = True) -> dict:
+              overwrite: bool = False, progress: bool = True, attribution: bool = True,
+              sample: int | None = None) -> dict:
     """Ablate every head; with ``data`` also Michel importance, Hao attribution, attention mass."""
     check_out_dir(out, overwrite)
     if (text is None) == (data is None):
@@ -78,6 +80,11 @@ def run_heads(adapter: ModelAdapter, out: Path, *, text: str | None = None, data
     labels = None
     if data is not None:
         texts, raw = load_texts(data)
+        if sample is not None:
+            if limit is not None:
+                raise StreetlampError("give --limit (the first N) or --sample (N drawn with --seed), not both")
+            keep = sample_indices(len(texts), sample, seed)
+            texts, raw = [texts[i] for i in keep], ([raw[i] for i in keep] if raw else raw)
         texts = texts[:limit] if limit else texts
         labels = label_ids(adapter, raw[: len(texts)]) if raw and adapter.kind == "classifier" else None
     else:
@@ -133,7 +140,7 @@ def run_heads(adapter: ModelAdapter, out: Path, *, text: str | None = None, data
             adapter, "heads", arrays, described, figures=figures, notes=notes, claim=stats,
             parameters={"ablation": ablation, "reference": ref_note, "data": data, "n_texts": len(texts),
                         "text": text, "target": {"index": target.index, "quantity": target.quantity},
-                        "limit": limit, "labels": bool(labels)},
+                        "limit": limit, "sample": sample, "labels": bool(labels)},
             ranked=rank(a), seed=seed))
     return {"arrays": arrays, "ranked": rank(a), "claim": stats, "notes": notes}
 
