@@ -76,7 +76,7 @@ def bench_classifier(repeat: int, device: str = "cpu") -> None:
 def bench_sequence(repeat: int, k: int, steps: int) -> None:
     a = streetlamp.load("smollm2-135m")
     prompt = "When Mary and John went to the store, John gave a drink to"
-    print(f"== 2. shared multi-target IG on {a.name}: {k} generated tokens, {steps} GL steps each ==")
+    print(f"== 2. shared multi-target IG on {a.name}: {k} generated tokens, {steps} steps each ({ig.rule}) ==")
     ig = IntegratedGradients(baseline="pad", steps=steps, adaptive=False)
     shared = ig.attribute_sequence(a, prompt, k, target=Target(quantity="logprob"))
     cont = [e.info["target"]["index"] for e in shared]
