@@ -236,3 +236,82 @@ def test_no_leaked_hooks() -> None:
     patching.path_patching(adapter, pair)
     for m in adapter.hf_model.modules():
         assert not m._forward_hooks and not m._forward_pre_hooks
+
+
+def composed_gpt2() -> ModelAdapter:
+    """Tiny GPT-2 where the sender (0, 1) reaches the output three ways: directly, through head
+    (1, 2) and through head (1, 0) (plus live MLPs). Freezing the non-receiver heads is then what
+    separates one path from the total effect."""
+    model, tok = tiny_model("gpt2", seed=5)
+    dh = model.config.n_embd // model.config.n_head
+    live = {(0, 1), (1, 0), (1, 2)}
+    with torch.no_grad():
+        for l, block in enumerate(model.transformer.h):
+            for h in range(model.config.n_head):
+                block.attn.c_proj.weight[h * dh:(h + 1) * dh] *= 8.0 if (l, h) in live else 0.0
+            block.attn.c_attn.weight[:, :2 * model.config.n_embd] *= 6.0
+    return ModelAdapter(model, tok, "tiny-gpt2-composed")
+
+
+def manual_z_run(adapter: ModelAdapter, ids: torch.Tensor, replace: dict[tuple[int, int], torch.Tensor],
+                 record: list[tuple[int, int]]) -> tuple[torch.Tensor, dict]:
+    """Hugging Face GPT-2 with pre-hooks on each block's c_proj (its input is the heads' z side by
+    side): head slices in ``replace`` are overwritten, those in ``record`` read. No streetlamp code."""
+    model = adapter.hf_model
+    dh = model.config.n_embd // model.config.n_head
+    seen: dict = {}
+    hooks = []
+    for l, block in enumerate(model.transformer.h):
+        def pre(mod, args, l=l):
+            z = args[0].clone()
+            for (ll, h), v in replace.items():
+                if ll == l:
+                    z[..., h * dh:(h + 1) * dh] = v
+            for (ll, h) in record:
+                if ll == l:
+                    seen[(ll, h)] = z[..., h * dh:(h + 1) * dh].clone()
+            return (z,)
+        hooks.append(block.attn.c_proj.register_forward_pre_hook(pre))
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[:, -1]
+    finally:
+        for hk in hooks:
+            hk.remove()
+    return logits, seen
+
+
+def test_path_patching_equals_a_hand_made_path_patch() -> None:
+    """Wang et al. 2022's three steps, re-done with plain hooks on the Hugging Face model: sender
+    (0, 1) from the corrupted run, every other head frozen at its clean output (receivers
+    recomputed), MLPs recomputed; then the receivers' new outputs patched into a clean run."""
+    adapter = composed_gpt2()
+    pair = patching.make_pair(adapter, CLEAN, CORRUPT, *ids(adapter, "mary", "john"))
+    L, H = adapter.n_layers, adapter.n_heads
+    everything = [(l, h) for l in range(L) for h in range(H)]
+    c_ids, k_ids = pair.clean.input_ids, pair.corrupt.input_ids
+    _, clean_z = manual_z_run(adapter, c_ids, {}, everything)
+    _, corrupt_z = manual_z_run(adapter, k_ids, {}, everything)
+
+    def norm(logits: torch.Tensor) -> float:
+        return float(pair.normalise(patching.logit_diff(logits, pair.answer, pair.wrong))[0])
+
+    def by_hand(sender: tuple[int, int], receivers: list[tuple[int, int]]) -> float:
+        frozen = {lh: clean_z[lh] for lh in everything if lh not in receivers and lh != sender}
+        logits, seen = manual_z_run(adapter, c_ids, {**frozen, sender: corrupt_z[sender]}, receivers)
+        if not receivers:
+            return norm(logits)
+        return norm(manual_z_run(adapter, c_ids, {r: seen[r] for r in receivers}, [])[0])
+
+    via_12 = patching.path_patching(adapter, pair, receivers=[(1, 2)])
+    direct = patching.path_patching(adapter, pair)
+    for h in range(H):
+        assert via_12[0, h] == pytest.approx(by_hand((0, h), [(1, 2)]), abs=1e-5)
+        assert direct[0, h] == pytest.approx(by_hand((0, h), []), abs=1e-5)
+    # the three numbers differ for the live sender, so freezing is exercised, not a no-op
+    effect = lambda v: abs(1.0 - v)  # noqa: E731  (1 = clean, 0 = fully corrupted)
+    assert effect(via_12[0, 1]) > 0.02 and effect(direct[0, 1]) > 0.02
+    assert abs(via_12[0, 1] - direct[0, 1]) > 0.02
+    # and the sender's total (noising) effect is none of its single paths
+    noised = by_hand((0, 1), [(1, 0), (1, 1), (1, 2), (1, 3)])  # every downstream head recomputed
+    assert abs(noised - via_12[0, 1]) > 0.02 and abs(noised - direct[0, 1]) > 0.02
