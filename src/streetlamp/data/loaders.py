@@ -23,6 +23,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import StreetlampError
 from ..models.minilm import MissingPackageError, package_dir
 
@@ -235,11 +237,8 @@ def sample_indices(n: int, k: int, seed: int) -> list[int]:
     ``--limit`` takes the first N, which on a label-sorted file (gensim's movie sentences) is one
     class; ``--sample`` draws N with the run's seed instead, so the draw is recorded and repeatable.
     """
-    from ..errors import StreetlampError
     if k < 1:
         raise StreetlampError(f"--sample must be at least 1 (got {k})")
     if k >= n:
         return list(range(n))
-    import numpy as np
     return sorted(int(i) for i in np.random.default_rng(seed).choice(n, size=k, replace=False))
-

@@ -21,7 +21,6 @@ positions >= i (about half the work of a full recompute for leave-one-out).
 from __future__ import annotations
 
 import inspect
-
 import string
 import sys
 from dataclasses import dataclass
