@@ -76,8 +76,8 @@ def bench_classifier(repeat: int, device: str = "cpu") -> None:
 def bench_sequence(repeat: int, k: int, steps: int) -> None:
     a = streetlamp.load("smollm2-135m")
     prompt = "When Mary and John went to the store, John gave a drink to"
-    print(f"== 2. shared multi-target IG on {a.name}: {k} generated tokens, {steps} steps each ({ig.rule}) ==")
     ig = IntegratedGradients(baseline="pad", steps=steps, adaptive=False)
+    print(f"== 2. shared multi-target IG on {a.name}: {k} generated tokens, {steps} steps each ({ig.rule}) ==")
     shared = ig.attribute_sequence(a, prompt, k, target=Target(quantity="logprob"))
     cont = [e.info["target"]["index"] for e in shared]
     p = a.encode(prompt).input_ids[0]
@@ -91,8 +91,8 @@ def bench_sequence(repeat: int, k: int, steps: int) -> None:
     pad = int(a.tokenizer.pad_token_id)
 
     def captum_separate():
-        """The peer: Captum's LayerIntegratedGradients once per target over the prefix (what inseq
-        does), the plain model forward, the same [PAD] baseline and the same number of steps."""
+        """The peer: Captum's LayerIntegratedGradients once per target over its prefix (inseq's
+        scheme), the plain model forward, the same [PAD] baseline and the same number of steps."""
         from captum.attr import LayerIntegratedGradients
         out = []
         for j in range(k):
@@ -112,7 +112,8 @@ def bench_sequence(repeat: int, k: int, steps: int) -> None:
     tl, t2, _ = timeit(lambda: ig.attribute_sequence(a, prompt, cont, target=Target(quantity="logprob")), repeat)
     tb, t3, _ = timeit(lambda: ig.attribute_sequence(a, prompt, cont, target=Target(quantity="logprob"),
                                                      batched_grads=True), repeat)
-    print(f"  peer: Captum LayerIntegratedGradients per target ({steps + 1} GL steps, as inseq runs it): {tc:.2f}s {fmt(t0)}")
+    print(f"  peer: Captum LayerIntegratedGradients per target ({steps + 1} GL steps, one attribution per "
+          f"target: inseq's scheme): {tc:.2f}s {fmt(t0)}")
     print(f"  streetlamp IG per target ({steps} intervals = {steps + 1} points): {ts:.2f}s {fmt(t1)}")
     print(f"  shared path, one backward per target: {tl:.2f}s {fmt(t2)}  RATIO separate/shared = {ts / tl:.2f}x")
     print(f"  shared path, vmapped backward: {tb:.2f}s {fmt(t3)}  RATIO separate/shared = {ts / tb:.2f}x  "

@@ -52,7 +52,8 @@ def main() -> None:
         r = ref.attribute(a, inputs, target=t)[0]
         df = abs(r.info["F_input"] - r.info["F_baseline"])
         for rule, n in GRID:
-            e = IntegratedGradients(rule=rule, steps=n, adaptive=False, keep_special=False).attribute(a, inputs, target=t)[0]
+            ig = IntegratedGradients(rule=rule, steps=n, adaptive=False, keep_special=False)
+            e = ig.attribute(a, inputs, target=t)[0]
             rel[(rule, n)].append(e.info["relative_completeness_error"])
             tok[(rule, n)].append(float(np.abs(e.scores - r.scores).max()) / df)
         print(f"  {len(inputs.tokens[0]):>3} tokens: reference rel. completeness error "

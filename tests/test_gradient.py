@@ -3,7 +3,6 @@ IntegratedGradients, LayerIntegratedGradients), an analytic toy with closed-form
 orders of the quadrature rules, the shared multi-target path against separate runs, bad input."""
 from __future__ import annotations
 
-import warnings
 
 import numpy as np
 import pytest

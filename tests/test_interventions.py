@@ -10,7 +10,7 @@ import torch
 from streetlamp.errors import StreetlampError
 from streetlamp.interventions import engine, heads, mediation, patching
 from streetlamp.interventions.engine import Intervention
-from streetlamp.models.adapter import ModelAdapter, Target
+from streetlamp.models.adapter import ModelAdapter
 from streetlamp.models.tiny import tiny_model
 
 CLEAN = "when mary and john went to the store john gave a drink to"

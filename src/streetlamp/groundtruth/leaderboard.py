@@ -13,7 +13,6 @@ text are ranked: ``[CLS]`` and ``[SEP]`` can never be planted and are left out.
 """
 from __future__ import annotations
 
-from typing import Sequence
 
 import numpy as np
 from ..models.adapter import ModelAdapter
