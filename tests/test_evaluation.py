@@ -205,3 +205,81 @@ def test_adversarial_attention_respects_eps(sharp: ModelAdapter) -> None:
     assert all(x <= y + 1e-9 for x, y in zip(strict[0], js)) or max(strict[0]) <= max(js)
     perm = cf.permutations(sharp, rows, probs, 1, list(range(len(rows))), None)
     assert all(x >= 0 for x in perm) and max(perm) > 0
+
+
+def test_evaluate_causal_lm_next_token(tmp_path) -> None:
+    """A causal LM is evaluated on its next-token prediction: labels are expected next tokens;
+    erasure metrics equal F recomputed by hand on the reduced prompts (delete), and a prompt
+    erased completely reads the BOS token."""
+    import json
+    import math
+
+    import torch
+
+    from streetlamp.cli import main
+    from streetlamp.evaluation.common import rank_desc
+    from streetlamp.models.loading import load
+    from streetlamp.models.tiny import save_tiny
+    from streetlamp.results import load_arrays
+    from streetlamp.store import read_metrics
+
+    ckpt = save_tiny("gpt2", tmp_path / "tiny-gpt2", seed=2)
+    data = tmp_path / "prompts.csv"
+    data.write_text("text,label\nthe movie was very,good\nthe acting was not,bad\nthe plot is really,terrible\n")
+    out = tmp_path / "run"
+    assert main(["evaluate", "--model", str(ckpt), "--data", str(data), "--out", str(out),
+                 "--methods", "attention,occlusion", "--adv-steps", "2", "--permutations", "2"]) == 0
+    df = read_metrics(out)
+    assert {"model", "attention", "occlusion", "attention_items", "random", "counterfactual_attention",
+            "uniform_attention", "attention|occlusion"} <= set(df.method)
+    adapter = load(str(ckpt))
+    tok = adapter.tokenizer
+    good = tok(" good", add_special_tokens=False)["input_ids"]
+    gold = good[0] if len(good) == 1 else tok("good", add_special_tokens=False)["input_ids"][0]
+
+    def p_next(ids: list[int]) -> torch.Tensor:
+        ids = ids or [tok.bos_token_id]
+        with torch.no_grad():
+            return torch.softmax(adapter.hf_model(input_ids=torch.tensor([ids])).logits[0, -1].double(), -1)
+
+    eid = "prompts-000000"
+    a = load_arrays(out / "arrays" / f"{eid}.safetensors")
+    ids = a["input_ids"].tolist()
+    probs = p_next(ids)
+    pred = int(probs.argmax())
+    row = df[(df.example_id == eid) & (df.method == "model")].set_index("metric").value
+    assert row["prob"] == pytest.approx(float(probs[pred]), abs=1e-6)
+    assert row["correct"] == float(pred == gold)
+    special = np.array([i in set(tok.all_special_ids) for i in ids])
+    order = rank_desc(a["occlusion.tokens"].astype(np.float64), ~special)
+    m = len(order)
+    top = set(order[: max(1, math.ceil(0.5 * m))].tolist())
+    by_hand = float(probs[pred] - p_next([t for i, t in enumerate(ids) if i not in top])[pred])
+    occ = df[(df.example_id == eid) & (df.method == "occlusion")].set_index("metric").value
+    assert occ["comprehensiveness@50"] == pytest.approx(by_hand, abs=1e-5)
+    # insertion at f = 0 keeps no rankable token: with no special token left, BOS is read
+    kept = [t for i, t in enumerate(ids) if special[i]]
+    assert a["occlusion.insertion_curve"][0] == pytest.approx(float(p_next(kept)[pred]), abs=1e-5)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["model_info"]["kind"] == "causal_lm"
+
+
+def test_evaluate_causal_lm_refuses_multi_token_labels(tmp_path, capsys) -> None:
+    from streetlamp.cli import main
+    from streetlamp.models.tiny import save_tiny
+    ckpt = save_tiny("gpt2", tmp_path / "tiny-gpt2", seed=2)
+    data = tmp_path / "p.csv"
+    data.write_text("text,label\nthe movie was,good bad\n")
+    assert main(["evaluate", "--model", str(ckpt), "--data", str(data), "--out", str(tmp_path / "r")]) == 2
+    assert "not one token" in capsys.readouterr().err and not (tmp_path / "r").exists()
+
+
+def test_large_distributions_are_stored_as_top_k() -> None:
+    from streetlamp.evaluation.pipeline import TOP_K, distribution
+    small = np.array([0.2, 0.8])
+    assert set(distribution("probs", small)) == {"probs"}
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet(np.ones(5000))
+    d = distribution("probs", p)
+    assert d["probs.top_ids"].tolist() == np.argsort(-p)[:TOP_K].tolist()
+    np.testing.assert_allclose(d["probs.top"], p[d["probs.top_ids"]], rtol=1e-6)

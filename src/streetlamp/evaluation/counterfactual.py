@@ -28,7 +28,7 @@ import torch
 
 from ..methods.base import explained_position
 from ..models.adapter import ModelAdapter
-from .common import inputs_from_rows, output_probs, tvd
+from .common import inputs_from_rows, output_map, output_probs
 
 
 def _js_bits(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -81,8 +81,9 @@ class Counterfactual:
                 nr[r, :, : new_rows[i][1].shape[1]] = new_rows[i][1]
             return {f"layers.{layer}.attn.pattern": _row_edit(pos, nr)}
 
-        p = output_probs(adapter, plan, budget, build)
-        d = tvd(p, probs[np.array(where)])
+        ref = torch.as_tensor(np.asarray(probs, np.float64)[np.array(where)])
+        d = output_map(adapter, plan, budget, lambda group, p: 0.5 * (p - ref[group].to(p.device)).abs().sum(-1),
+                       1, build)[:, 0]
         return [float(np.median(d[np.array(where) == b])) for b in range(len(rows))]
 
     def adversarial(self, adapter: ModelAdapter, rows: Sequence[list[int]], probs: np.ndarray, layer: int,

@@ -27,7 +27,7 @@ import torch
 
 from ..models.adapter import ModelAdapter
 from ..methods.base import explained_position
-from .common import inputs_from_rows, js_divergence, output_probs
+from .common import inputs_from_rows, js_divergence_t, output_map
 
 INTERNAL_RANKINGS = ("attention", "gradient", "attention_x_gradient", "random")
 
@@ -117,13 +117,21 @@ def decision_flip(adapter: ModelAdapter, rows: Sequence[list[int]], probs: np.nd
         {name: {"flip_fraction": float("nan"), "flipped": 0.0} for name in rankings[b]} for b in range(len(rows))]
     if not plan_rows:
         return out
-    p = output_probs(adapter, plan_rows, budget, _zero_edit(keeps, layers))
+    owner = np.array([b for b, _, _ in where])
+    ref = torch.as_tensor(np.asarray(probs, np.float64))
+
+    def reduce(group: list[int], p: torch.Tensor) -> torch.Tensor:
+        # per row: the argmax and the JS divergence from the unedited output (a causal LM's
+        # vocabulary makes keeping every row's distribution too large)
+        return torch.stack([p.argmax(-1).double(), js_divergence_t(p, ref[owner[group]].to(p.device))], 1)
+
+    res = output_map(adapter, plan_rows, budget, reduce, 2, _zero_edit(keeps, layers))
     for r, (b, name, k) in enumerate(where):
         if name in ("js_top", "js_random"):
-            out[b]["attention"][name] = float(js_divergence(p[r], probs[b]))
+            out[b]["attention"][name] = float(res[r, 1])
             continue
         d = out[b][name]
-        if not d["flipped"] and int(np.argmax(p[r])) != int(np.argmax(probs[b])):
+        if not d["flipped"] and int(res[r, 0]) != int(np.argmax(probs[b])):
             d["flipped"] = 1.0
             d["flip_fraction"] = k / len(rows[b])
     return out

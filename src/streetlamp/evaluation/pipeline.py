@@ -15,7 +15,7 @@ import numpy as np
 from ..methods.registry import get_method
 from ..models.adapter import ModelAdapter, Target
 from .agreement import pairwise_taus
-from .common import output_probs, special_mask, tvd
+from .common import output_prob_of, output_probs, special_mask, tvd
 from .counterfactual import Counterfactual
 from .erasure import ErasurePlan, replacement_id
 from .flip import attention_item_scores, decision_flip, flip_layers
@@ -53,6 +53,15 @@ class ChunkExample:
 
 
 Rows = list[tuple[str, str, str, float]]
+TOP_K = 20
+
+
+def distribution(name: str, p: np.ndarray) -> dict[str, np.ndarray]:
+    """A class distribution is stored whole; a vocabulary (causal LM) as its top 20 ids and probs."""
+    if p.shape[-1] <= 1000:
+        return {name: p.astype(np.float32)}
+    top = np.argsort(-p, kind="stable")[:TOP_K]
+    return {f"{name}.top_ids": top.astype(np.int64), f"{name}.top": p[top].astype(np.float32)}
 
 
 def evaluate_chunk(adapter: ModelAdapter, examples: list[ChunkExample], s: EvalSettings
@@ -74,7 +83,7 @@ def evaluate_chunk(adapter: ModelAdapter, examples: list[ChunkExample], s: EvalS
         add(e.id, "model", "n_tokens", len(e.ids))
         add(e.id, "model", "truncated", e.truncated)
         arrays[e.id]["input_ids"] = np.asarray(e.ids, np.int64)
-        arrays[e.id]["probs"] = probs[b].astype(np.float32)
+        arrays[e.id].update(distribution("probs", probs[b]))
 
     # -- explanations (the prediction is explained), then erasure metrics -------------------------
     inputs = adapter.encode([e.text for e in examples], truncate=s.truncate)
@@ -93,7 +102,7 @@ def evaluate_chunk(adapter: ModelAdapter, examples: list[ChunkExample], s: EvalS
     f_rows = np.zeros(0)
     if all_rows:  # F of every planned row = probability of the original prediction of its example
         owner = np.repeat([pp[1] for pp in plans], [len(pp[2].rows) for pp in plans]).astype(int)
-        f_rows = output_probs(adapter, all_rows, budget)[np.arange(len(all_rows)), pred[owner]]
+        f_rows = output_prob_of(adapter, all_rows, budget, pred[owner])
     for name, b, p, start in plans:
         e = examples[b]
         met, arr = p.metrics(float(probs[b, pred[b]]), f_rows[start:start + len(p.rows)])
@@ -143,5 +152,5 @@ def evaluate_chunk(adapter: ModelAdapter, examples: list[ChunkExample], s: EvalS
         add(e.id, "uniform_attention", "tvd", d[b])
         add(e.id, "uniform_attention", "flip", uni[b].argmax() != pred[b])
         add(e.id, "uniform_attention", "correct", uni[b].argmax() == e.gold)
-        arrays[e.id]["uniform_probs"] = uni[b].astype(np.float32)
+        arrays[e.id].update(distribution("uniform_probs", uni[b]))
     return rows, arrays

@@ -35,7 +35,12 @@ class EvalResult:
 
 
 def label_indices(adapter: ModelAdapter, ds: Dataset) -> dict[str, int]:
-    """Map the data's labels to the model's class ids (by name, case-insensitive, or by number)."""
+    """Map the data's labels to the model's class ids (by name, case-insensitive, or by number).
+
+    For a causal LM a label is the expected next token: ``" " + label`` if that is one token of the
+    vocabulary (the usual form after a prompt), else ``label`` itself; anything else is refused."""
+    if adapter.kind == "causal_lm":
+        return next_token_labels(adapter, ds.labels())
     names = {str(v).lower(): int(k) for k, v in adapter.hf_model.config.id2label.items()}
     out, bad = {}, []
     for lab in ds.labels():
@@ -48,6 +53,23 @@ def label_indices(adapter: ModelAdapter, ds: Dataset) -> dict[str, int]:
     if bad:
         raise StreetlampError(f"labels {', '.join(map(repr, bad[:5]))} are not classes of the model "
                               f"(classes: {', '.join(names)})")
+    return out
+
+
+def next_token_labels(adapter: ModelAdapter, labels: list[str]) -> dict[str, int]:
+    out, bad = {}, []
+    for lab in labels:
+        for form in (" " + lab, lab):
+            ids = adapter.tokenizer(form, add_special_tokens=False)["input_ids"]
+            if len(ids) == 1:
+                out[lab] = int(ids[0])
+                break
+        else:
+            bad.append(lab)
+    if bad:
+        raise StreetlampError(f"labels {', '.join(map(repr, bad[:5]))} are not one token of {adapter.name}'s "
+                              "vocabulary (tried with and without a leading space); for a causal LM the label "
+                              "is the expected next token")
     return out
 
 
@@ -100,8 +122,6 @@ def evaluate(model: str, data: str, out: Path, settings: EvalSettings, *, limit:
         adapter = load(model)
         if device != "cpu":
             adapter.hf_model.to(device)
-    if adapter.kind != "classifier":
-        raise StreetlampError(f"evaluate needs a classifier; {adapter.name} is a {adapter.kind}")
     for name in settings.methods:
         get_method(name, **settings.method_params.get(name, {})).check(adapter)
     if settings.replacement not in ("delete", "mask"):
