@@ -9,6 +9,8 @@ set -u
 OUT=${OUT:-/tmp/devout}; mkdir -p "$OUT"
 export DEV=${DEV:-cuda}   # DEV=cpu PY=.venv/bin/python scripts/device_check.sh rehearses it here
 PY=${PY:-python3}
+PARTS=${PARTS:-tests,explain,compare,bench}   # a shorter rerun: PARTS=tests,compare
+has() { [[ ",$PARTS," == *",$1,"* ]]; }
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 STREETLAMP_CACHE=/tmp/slcache
 $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .devcarry/whl/*.whl || exit 1
 $PY - <<'EOF' || exit 1
@@ -26,8 +28,11 @@ export PYTHONPATH=$PWD/src:/tmp/site
 printf '#!/bin/sh\nexec %s -c "from streetlamp.cli import main; main()" "$@"\n' "$PY" > /tmp/sl; chmod +x /tmp/sl
 {
   nvidia-smi -L; $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no cuda')"
+  if has tests; then
   echo "== tests/test_device.py on $DEV"
   STREETLAMP_TEST_DEVICE=$DEV timeout 200 $PY -m pytest -q -p no:cacheprovider tests/test_device.py > "$OUT/pytest_device.log" 2>&1; tail -15 "$OUT/pytest_device.log"
+  fi
+  if has explain; then
   echo "== explain on $DEV, float32 and bfloat16, every method"
   T="The movie was not good, but the acting was great."
   timeout 120 /tmp/sl explain "$T" --device $DEV --methods all --out /tmp/x32 --overwrite 2>&1 | tail -20
@@ -46,10 +51,18 @@ for k in sorted(x):
     if k.endswith("tokens") and k in y and np.ptp(x[k]) > 0:
         print(f"  bf16 vs fp32 {k}: spearman {spearmanr(x[k].ravel(), y[k].ravel()).statistic:.3f}")
 EOF
+  fi
+  if has compare; then
   echo "== heads and evaluate on $DEV vs cpu (same machine, same weights)"
   for dev in $DEV cpu; do
     timeout 150 /tmp/sl heads --model minilm-sentiment --data .devcarry/movies40.csv --limit 12 --no-attribution --device $dev --out /tmp/heads-$dev --overwrite 2>&1 | tail -4
     rm -rf /tmp/eval-$dev; timeout 150 /tmp/sl evaluate --model minilm-sentiment --data .devcarry/movies40.csv --limit 10 --methods attention,integrated_gradients,occlusion --device $dev --out /tmp/eval-$dev 2>&1 | tail -4
+  done
+  # a causal LM through evaluate (tiny GPT-2 made here; SmolLM2's GGUF does not travel)
+  $PY -c "from streetlamp.models.tiny import save_tiny; save_tiny('gpt2', '/tmp/tiny-gpt2', seed=2)" > /dev/null 2>&1
+  printf 'text,label\nthe movie was very,good\nthe acting was not,bad\nthe plot is really,terrible\n' > /tmp/prompts.csv
+  for dev in $DEV cpu; do
+    rm -rf /tmp/evlm-$dev; timeout 150 /tmp/sl evaluate --model /tmp/tiny-gpt2 --data /tmp/prompts.csv --methods attention,integrated_gradients,occlusion --adv-steps 5 --device $dev --out /tmp/evlm-$dev 2>&1 | tail -1
   done
   $PY - <<'EOF'
 import os, pathlib
@@ -61,15 +74,19 @@ x, y = load_file(f"/tmp/heads-{dev}/arrays.safetensors"), load_file("/tmp/heads-
 for k in sorted(x):
     if k in y and np.issubdtype(x[k].dtype, np.floating):
         print(f"  heads {k}: max |{dev} - cpu| = {np.abs(x[k] - y[k]).max():.2e} (scale {np.abs(y[k]).max():.2e})")
-a = pd.concat([pd.read_parquet(f) for f in sorted(pathlib.Path(f"/tmp/eval-{dev}").glob("**/*.parquet"))])
-b = pd.concat([pd.read_parquet(f) for f in sorted(pathlib.Path("/tmp/eval-cpu").glob("**/*.parquet"))])
-m = a.merge(b, on=["example_id", "method", "metric"], suffixes=("_dev", "_cpu"))
-m["d"] = (m.value_dev - m.value_cpu).abs()
-print(f"  evaluate: {len(m)} of {len(b)} rows matched; largest |{dev} - cpu| per method/metric:")
-print(m.groupby(["method", "metric"]).d.max().sort_values(ascending=False).head(12).to_string())
+for run in ("eval", "evlm"):
+    a = pd.concat([pd.read_parquet(f) for f in sorted(pathlib.Path(f"/tmp/{run}-{dev}").glob("**/*.parquet"))])
+    b = pd.concat([pd.read_parquet(f) for f in sorted(pathlib.Path(f"/tmp/{run}-cpu").glob("**/*.parquet"))])
+    m = a.merge(b, on=["example_id", "method", "metric"], suffixes=("_dev", "_cpu"))
+    m["d"] = (m.value_dev - m.value_cpu).abs()
+    print(f"  {run}: {len(m)} of {len(b)} rows matched; largest |{dev} - cpu| per method/metric:")
+    print(m.groupby(["method", "metric"]).d.max().sort_values(ascending=False).head(8).to_string())
 EOF
+  fi
+  if has bench; then
   echo "== IG vs Captum LayerIntegratedGradients on $DEV"
   timeout 150 $PY benchmarks/bench_ig.py --only classifier --device $DEV 2>&1 | tail -12
+  fi
 } 2>&1 | tee "$OUT/device_check.log"
-tar czf "$OUT/runs.tgz" -C /tmp x32 xbf xdef heads-$DEV heads-cpu eval-$DEV eval-cpu 2>/dev/null
+(cd /tmp && tar czf "$OUT/runs.tgz" $(ls -d x32 xbf xdef heads-$DEV heads-cpu eval-$DEV eval-cpu 2>/dev/null))
 exit 0
