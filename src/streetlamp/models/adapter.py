@@ -207,11 +207,22 @@ class ModelAdapter:
                 keep_grad: bool = False, grad: bool = False) -> Forward:
         """Run the model; return the explained logits ``[batch, n_outputs]`` and recorded sites."""
         dev = self.device
+        kw = {}
+        if self.kind == "causal_lm":
+            # the LM head only at the explained positions (each row's last real token), not at every
+            # position: on SmolLM2 it would add ~20% to a forward pass and hold [rows, length, vocab]
+            last = inputs.attention_mask.sum(1) - 1
+            keep = torch.unique(last)
+            kw["logits_to_keep"] = keep.to(dev)
         with torch.set_grad_enabled(grad or keep_grad), self.session(record, edit, keep_grad) as s:
-            out = self.hf_model(input_ids=inputs.input_ids.to(dev), attention_mask=inputs.attention_mask.to(dev))
-        return Forward(self.select_logits(out.logits, inputs), s.cache)
+            out = self.hf_model(input_ids=inputs.input_ids.to(dev), attention_mask=inputs.attention_mask.to(dev), **kw)
+        if self.kind == "classifier":
+            return Forward(out.logits, s.cache)
+        col = torch.searchsorted(keep, last).to(out.logits.device)
+        return Forward(out.logits[torch.arange(out.logits.shape[0], device=out.logits.device), col], s.cache)
 
     def select_logits(self, logits: torch.Tensor, inputs: Inputs) -> torch.Tensor:
+        """The explained logits from a model's full output ``[batch, (pos,) n]`` (e.g. an independent copy)."""
         if self.kind == "classifier":
             return logits
         last = inputs.attention_mask.sum(1).to(logits.device) - 1
