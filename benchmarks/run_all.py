@@ -11,6 +11,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BENCHES = [
     ("bench_ig.py", ["--quick"]),
+    ("bench_ig_nodes.py", ["--texts", "2"]),
     ("bench_occlusion.py", ["--repeat", "1"]),
     ("bench_flow.py", []),
     ("bench_decomposition.py", []),
