@@ -168,10 +168,11 @@ def test_completeness_and_adaptive_on_every_family(family: str) -> None:
         assert np.all(e.scores[special] == 0)  # special tokens kept: zero path, zero attribution
 
 
+@pytest.mark.parametrize("rule,steps", [("clenshaw_curtis", 6), ("panels", 8)])
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_shared_sequence_equals_separate_runs(family: str) -> None:
+def test_shared_sequence_equals_separate_runs(family: str, rule: str, steps: int) -> None:
     a = adapter_of(family)
-    ig = IntegratedGradients(baseline="pad", steps=6, adaptive=False)
+    ig = IntegratedGradients(baseline="pad", steps=steps, adaptive=False, rule=rule)
     t = Target(quantity="logprob")
     cont = [5, 9, 11]
     for batched in (False, True):
@@ -298,3 +299,70 @@ def test_ig_records_token_change_against_half_the_steps(tiny) -> None:
     assert full.info["history"][-1]["token_change_vs_half_steps"] == full.info["token_change_vs_half_steps"]
     gl = IntegratedGradients(steps=8, adaptive=False, rule="gauss_legendre").attribute(tiny, inputs, target=Target())[0]
     assert gl.info["token_change_vs_half_steps"] is None  # not nested: it would cost new gradients
+
+
+def spike_path(x: torch.Tensor, w: torch.Tensor, k: float, c: torch.Tensor, with_f: bool = True) -> PathCache:
+    """Separable toy F(e) = Σ_i atan(k (w·e_i − c_i)); from a zero baseline IG_i = atan(k(s_i − c_i)) −
+    atan(−k c_i) exactly (s_i = w·x_i). Large k puts a narrow spike in the integrand at α = c_i / s_i."""
+    def grad_fn(emb: torch.Tensor):
+        u = k * ((emb * w).sum(-1) - c)  # [rows, pos]
+        g = (k / (1 + u ** 2))[..., None] * w  # [rows, pos, d]
+        f = torch.atan(u).sum(-1)
+        return (f[None], g[None]) if with_f else g[None]
+    return PathCache(x, torch.zeros_like(x), grad_fn, None, torch.device("cpu"))
+
+
+def test_panels_fixed_steps_are_composite_boole_and_exact_for_quintics() -> None:
+    a, w = quadrature("panels", 8)
+    assert w.sum() == pytest.approx(1.0) and len(a) == 9
+    boole = np.array([7, 32, 12, 32, 7]) / 90 * 0.5  # two panels of width 1/2; the middle node is shared
+    np.testing.assert_allclose(w, np.r_[boole[:4], 2 * boole[4], boole[1:]], rtol=1e-14)
+    for deg in range(6):  # Boole is exact up to degree 5 on each panel
+        assert float((w * a ** deg).sum()) == pytest.approx(1 / (deg + 1), rel=1e-12)
+    assert float((w * a ** 7).sum()) != pytest.approx(1 / 8, rel=1e-9)
+    with pytest.raises(StreetlampError, match="divisible by 4"):
+        quadrature("panels", 6)
+
+
+def test_panels_resolve_a_narrow_spike_where_global_rules_need_far_more() -> None:
+    """Analytic toy with narrow spikes: adaptive panels meet the tolerance with exact per-token IG
+    (closed form) in fewer gradient evaluations than adaptive Clenshaw–Curtis."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(4, 3, generator=g, dtype=torch.float64) + 0.5
+    w = torch.ones(3, dtype=torch.float64)
+    s = (x * w).sum(-1)
+    c = s * torch.tensor([0.23, 0.41, 0.62, 0.87], dtype=torch.float64)  # spikes at these alphas
+    k = 400.0
+    exact = (torch.atan(k * (s - c)) - torch.atan(-k * c)).numpy()
+    fd = torch.tensor([exact.sum()])
+    ig, rec = integrate_adaptive(spike_path(x, w, k, c), fd, fd.abs(), "panels", 16, True, 1e-4, 1024, [4])
+    np.testing.assert_allclose(ig[0].numpy(), exact, atol=1e-3 * abs(exact).max())
+    assert rec["converged"] and rec["delta"][0] <= 1e-4 * abs(exact.sum())
+    assert rec["smallest_panel"] < 1 / 64  # it refined around the spikes
+    with pytest.warns(UserWarning, match="rule='panels' is for"):  # the global rule runs out of steps
+        _, cc = integrate_adaptive(spike_path(x, w, k, c), fd, fd.abs(), "clenshaw_curtis", 16, True, 1e-4, 1024, [4])
+    assert not cc["converged"] and rec["gradient_evaluations"] < cc["gradient_evaluations"]
+
+
+def test_panels_without_f_values_and_on_real_models(tiny: ModelAdapter) -> None:
+    """Without F from grad_fn the panel error is the Boole–Simpson sum difference (still converges);
+    on every tiny family panels agree with 256-point Gauss–Legendre."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.rand(3, 2, generator=g, dtype=torch.float64) + 0.5
+    w = torch.ones(2, dtype=torch.float64)
+    s = (x * w).sum(-1)
+    c = s * torch.tensor([0.3, 0.5, 0.7], dtype=torch.float64)
+    exact = (torch.atan(50 * (s - c)) - torch.atan(-50 * c)).numpy()
+    fd = torch.tensor([exact.sum()])
+    ig, rec = integrate_adaptive(spike_path(x, w, 50.0, c, with_f=False), fd, fd.abs(), "panels", 8, True, 1e-5,
+                                 2048, [3])
+    assert rec["converged"]
+    np.testing.assert_allclose(ig[0].numpy(), exact, atol=1e-4 * abs(exact).max())
+    inputs = tiny.encode(TEXTS[0])
+    p = IntegratedGradients(rule="panels", tolerance=1e-4, max_steps=1024).attribute(tiny, inputs, target=Target())[0]
+    ref = IntegratedGradients(rule="gauss_legendre", steps=256, adaptive=False).attribute(tiny, inputs, target=Target())[0]
+    df = abs(ref.info["F_input"] - ref.info["F_baseline"])
+    assert p.info["converged"]
+    assert np.abs(p.scores - ref.scores).max() <= 1e-3 * df + 1e-9
+    with pytest.raises(StreetlampError, match="divisible by 4"):
+        IntegratedGradients(rule="panels", steps=6).attribute(tiny, inputs, target=Target())

@@ -12,6 +12,9 @@ with the integral replaced by a quadrature rule ``Σ_k w_k g(α_k)`` on [0, 1]:
   (they sum to 1; error O(1/n²)). Captum 0.9's ``riemann_trapezoid`` uses n points with weights
   summing to (n−1)/n, so its completeness error is ~1/n; we do not copy it.
 * ``gauss_legendre``: n Gauss–Legendre nodes mapped to [0, 1] (exact for polynomials of degree 2n−1).
+* ``panels``: locally adaptive 5-point Boole panels on a dyadic grid (see :func:`integrate_panels`);
+  for integrands with narrow spikes, as pre-norm decoders give (SmolLM2: converged on 11 of 12
+  factual prompts with 1,104 gradient evaluations where Clenshaw–Curtis converged on 10 with 1,548).
 * ``clenshaw_curtis`` (default): n intervals, the n+1 Chebyshev extreme points; nested under
   doubling, so adaptive mode reuses every gradient. On minilm-sentiment it reached the 1e-3
   tolerance with 33 or 65 gradient evaluations where adaptive Gauss–Legendre (16, 24, 36, 54
@@ -55,7 +58,8 @@ from .base import Method
 from .gradient import embed_ids, ids_inputs, resolve_one, scores_at, text_batches
 
 RULES = ("riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "gauss_legendre",
-         "clenshaw_curtis")
+         "clenshaw_curtis", "panels")
+BOOLE = np.array([7.0, 32.0, 12.0, 32.0, 7.0]) / 90.0  # 5-point closed Newton–Cotes on a panel of width 1
 
 
 def clenshaw_curtis(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -80,7 +84,9 @@ def clenshaw_curtis(n: int) -> tuple[np.ndarray, np.ndarray]:
     return nodes, w / 2.0
 BASELINES = ("zero", "pad", "mask")
 NOISE_FLOOR = 1e-6
-GradFn = Callable[[torch.Tensor], torch.Tensor]  # emb [rows, pos, d] -> grads [targets, rows, pos, d]
+# emb [rows, pos, d] -> grads [targets, rows, pos, d], or (F [targets, rows], grads): with F the
+# "panels" rule knows each panel's exact share F(b) - F(a) of the completeness sum
+GradFn = Callable[[torch.Tensor], "torch.Tensor | tuple[torch.Tensor, torch.Tensor]"]
 
 
 def quadrature(rule: str, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -101,6 +107,13 @@ def quadrature(rule: str, n: int) -> tuple[np.ndarray, np.ndarray]:
         return (x + 1) / 2, w / 2
     if rule == "clenshaw_curtis":
         return clenshaw_curtis(n)
+    if rule == "panels":
+        if n % 4:
+            raise StreetlampError(f"rule 'panels' needs steps divisible by 4 (got {n}): 5-point Boole panels")
+        w = np.zeros(n + 1)
+        for k in range(0, n, 4):
+            w[k:k + 5] += BOOLE * 4 / n
+        return np.arange(n + 1, dtype=np.float64) / n, w
     raise StreetlampError(f"unknown IG rule {rule!r}; choose one of {', '.join(RULES)}")
 
 
@@ -112,6 +125,7 @@ class PathCache:
         self.e, self.eb, self.diff = e, eb, (e - eb)
         self.grad_fn, self.batch_size, self.device = grad_fn, batch_size, device
         self.cache: dict[float, torch.Tensor] = {}
+        self.fvals: dict[float, torch.Tensor] = {}  # F per target at alpha, when grad_fn returns it
 
     def evaluate(self, alphas: np.ndarray) -> None:
         todo = sorted({float(a) for a in alphas} - set(self.cache))
@@ -121,7 +135,8 @@ class PathCache:
         parts = list(chunks(len(todo), n, self.batch_size, self.device))
         for sl in tqdm(parts, desc="IG steps", disable=len(parts) < 8, leave=False, delay=2.0):
             a = torch.tensor(todo[sl], dtype=self.e.dtype, device=self.device).view(-1, 1, 1)
-            g = self.grad_fn(self.eb + a * self.diff)  # [targets, rows, pos, d]
+            out = self.grad_fn(self.eb + a * self.diff)  # grads [targets, rows, pos, d], or (F [targets, rows], grads)
+            f, g = out if isinstance(out, tuple) else (None, out)
             s = (g.double() * self.diff.double()).sum(-1)  # [targets, rows, pos]
             if not bool(torch.isfinite(s).all()):
                 bad = [alpha for r, alpha in enumerate(todo[sl]) if not bool(torch.isfinite(s[:, r]).all())]
@@ -131,6 +146,8 @@ class PathCache:
                     "rule='gauss_legendre' (no endpoint nodes)")
             for r, alpha in enumerate(todo[sl]):
                 self.cache[alpha] = s[:, r]
+                if f is not None:
+                    self.fvals[alpha] = f[:, r].detach().double()
 
     def integrate(self, rule: str, n: int) -> torch.Tensor:
         alphas, w = quadrature(rule, n)
@@ -152,6 +169,8 @@ def integrate_adaptive(path: PathCache, fdiff: torch.Tensor, fscale: torch.Tenso
     Converged when every target has ``δ/|ΔF| <= tolerance`` or ``δ <= NOISE_FLOOR · max(|F(e)|, |F(e')|)``
     (``fscale``): below that float32 noise, e.g. when F(e) ≈ F(e'), the relative error means nothing.
     """
+    if rule == "panels":
+        return integrate_panels(path, fdiff, fscale, steps, adaptive, tolerance, max_steps, lengths)
     n, history = steps, []
     # float32 forward passes cannot resolve F better than ~1e-6 of its size: a smaller delta is noise
     noise = NOISE_FLOOR * fscale.double().abs().clamp_min(1e-30)
@@ -176,13 +195,90 @@ def integrate_adaptive(path: PathCache, fdiff: torch.Tensor, fscale: torch.Tenso
         # are not nested, so it grows by 1.5x to overshoot less
         nxt = -(-3 * n // 2) if rule == "gauss_legendre" else 2 * n
         if nxt > max_steps:
+            hint = ("" if rule == "panels"
+                    else "; a narrow spike in the integrand (pre-norm decoders) is what rule='panels' is for")
             warnings.warn(f"integrated_gradients: relative completeness error {float(rel.max()):.3g} > tolerance "
-                          f"{tolerance:g} after {n} steps ({rule}); max_steps={max_steps} reached", stacklevel=3)
+                          f"{tolerance:g} after {n} steps ({rule}); max_steps={max_steps} reached{hint}", stacklevel=3)
             break
         n = nxt
     info = {"steps": n, "gradient_evaluations": len(path.cache), "converged": ok,
             "token_change_vs_half_steps": history[-1]["token_change_vs_half_steps"],
             "converged_by_noise_floor": bool(ok and rel.max() > tolerance),
+            "tolerance": tolerance, "history": history, "delta": delta.tolist(),
+            "relative_error": rel.tolist(), "sum_attributions": total.tolist()}
+    return ig, info
+
+
+def integrate_panels(path: PathCache, fdiff: torch.Tensor, fscale: torch.Tensor, steps: int, adaptive: bool,
+                     tolerance: float, max_steps: int, lengths: Sequence[int]) -> tuple[torch.Tensor, dict]:
+    """Locally adaptive IG: 5-point Boole panels, bisected where the error is.
+
+    Start from ``steps / 4`` equal panels. Each panel [a, b] knows two errors: its exact share of the
+    completeness error, ``|Σ_i Q_i − (F(b) − F(a))|`` (every gradient evaluation's forward pass gives
+    F(α)), and a per-token estimate, ``max_i |Boole_i − Simpson_i|`` (Simpson uses every other node of
+    the same panel). While the relative completeness error exceeds ``tolerance``, the panels whose
+    larger error is at least a quarter of the worst are bisected; a child reuses 3 of its 5 nodes,
+    so a split costs 4 new gradients. Suited to integrands with narrow spikes (pre-norm decoders,
+    where global rules need hundreds of points); on smooth ones Clenshaw–Curtis needs fewer.
+    """
+    if steps % 4:
+        raise StreetlampError(f"rule 'panels' needs steps divisible by 4 (got {steps}): 5-point Boole panels")
+    n0 = steps // 4
+    panels = [(k / n0, (k + 1) / n0) for k in range(n0)]
+    fd = fdiff.double()
+    scale = fd.abs().clamp_min(1e-12)
+    noise = NOISE_FLOOR * fscale.double().abs().clamp_min(1e-30)
+    history: list[dict] = []
+    while True:
+        nodes = np.array([a + (b - a) * t for a, b in panels for t in (0.0, 0.25, 0.5, 0.75, 1.0)])
+        path.evaluate(nodes)
+        ig = half = None
+        ind = []
+        for a, b in panels:
+            h = b - a
+            g = [path.cache[float(a + h * t)] for t in (0.0, 0.25, 0.5, 0.75, 1.0)]
+            qb = h * sum(float(w) * gk for w, gk in zip(BOOLE, g))
+            qs = h * (g[0] + 4 * g[2] + g[4]) / 6
+            ig = qb if ig is None else ig + qb
+            half = qs if half is None else half + qs
+            tok = torch.stack([(qb[j, :L] - qs[j, :L]).abs().max() for j, L in enumerate(lengths)])
+            if float(a) in path.fvals and float(b) in path.fvals:
+                share = path.fvals[float(b)] - path.fvals[float(a)]
+                err = torch.stack([(qb[j, :L].sum() - share[j]).abs() for j, L in enumerate(lengths)])
+            else:  # no F from grad_fn: the panel's sum difference between the two rules
+                err = torch.stack([(qb[j, :L] - qs[j, :L]).sum().abs() for j, L in enumerate(lengths)])
+            ind.append(float((torch.maximum(err, tok) / scale).max()))
+        assert ig is not None and half is not None
+        total = torch.stack([ig[j, :L].sum() for j, L in enumerate(lengths)])
+        delta = (total - fd).abs()
+        rel = delta / scale
+        tok_change = float(max(((ig[j, :L] - half[j, :L]).abs().max() / scale[j]) for j, L in enumerate(lengths)))
+        history.append({"steps": 4 * len(panels), "panels": len(panels), "max_relative_error": float(rel.max()),
+                        "token_change_vs_half_steps": tok_change})
+        ok = bool(((rel <= tolerance) | (delta <= noise)).all())
+        if ok or not adaptive:
+            break
+        worst = max(ind)
+        split = [i for i, v in enumerate(ind) if v >= 0.25 * worst]
+        room = (max_steps + 1 - len(path.cache)) // 4
+        if room < 1:
+            warnings.warn(f"integrated_gradients: relative completeness error {float(rel.max()):.3g} > tolerance "
+                          f"{tolerance:g} after {len(path.cache)} gradient evaluations (panels); max_steps={max_steps} "
+                          "reached", stacklevel=3)
+            break
+        split = sorted(split, key=lambda i: -ind[i])[:room]
+        new = []
+        for i, (a, b) in enumerate(panels):
+            if i in split:
+                c = (a + b) / 2
+                new += [(a, c), (c, b)]
+            else:
+                new.append((a, b))
+        panels = new
+    info = {"steps": 4 * len(panels), "gradient_evaluations": len(path.cache), "converged": ok,
+            "token_change_vs_half_steps": history[-1]["token_change_vs_half_steps"],
+            "converged_by_noise_floor": bool(ok and rel.max() > tolerance), "panels": len(panels),
+            "smallest_panel": min(b - a for a, b in panels),
             "tolerance": tolerance, "history": history, "delta": delta.tolist(),
             "relative_error": rel.tolist(), "sum_attributions": total.tolist()}
     return ig, info
@@ -218,6 +314,8 @@ class IntegratedGradients(Method):
                                   f"max_steps={self.max_steps})")
         if not self.tolerance > 0:
             raise StreetlampError(f"IG tolerance must be > 0 (got {self.tolerance})")
+        if self.rule == "panels" and self.steps % 4:
+            raise StreetlampError(f"rule 'panels' needs steps divisible by 4 (got {self.steps}): 5-point Boole panels")
 
     # -- baselines ---------------------------------------------------------------------------
     def baseline_embedding(self, adapter: ModelAdapter, ids: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, str]:
@@ -252,8 +350,10 @@ class IntegratedGradients(Method):
             index = resolve_one(adapter, ids, target, ends.logits[0])
             f = adapter.score(ends.logits, torch.full((2,), index, device=ends.logits.device), target)
 
-            def grad_fn(emb: torch.Tensor, index: int = index, ids: torch.Tensor = ids) -> torch.Tensor:
-                return scores_at(adapter, ids, emb, index, target, grad=True)[1][None]  # type: ignore[index]
+            def grad_fn(emb: torch.Tensor, index: int = index, ids: torch.Tensor = ids
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+                f, g = scores_at(adapter, ids, emb, index, target, grad=True)
+                return f[None], g[None]  # type: ignore[index]
 
             path = PathCache(e, eb, grad_fn, batch_size, adapter.device)
             ig, rec = integrate_adaptive(path, (f[0] - f[1]).view(1), f.abs().max().view(1), self.rule, self.steps, self.adaptive,
@@ -318,13 +418,15 @@ class IntegratedGradients(Method):
             f = adapter.score(logits.reshape(rows * k, -1), index.repeat(rows), target).view(rows, k)
             return x, f
 
-        def grad_fn(emb: torch.Tensor) -> torch.Tensor:
+        def grad_fn(emb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             x, f = scores(emb, True)
             per_target = f.sum(0)  # [k]
             if batched_grads:
                 eye = torch.eye(k, dtype=per_target.dtype, device=per_target.device)
-                return torch.autograd.grad(per_target, x, eye, is_grads_batched=True)[0]
-            return torch.stack([torch.autograd.grad(per_target[j], x, retain_graph=j < k - 1)[0] for j in range(k)])
+                g = torch.autograd.grad(per_target, x, eye, is_grads_batched=True)[0]
+            else:
+                g = torch.stack([torch.autograd.grad(per_target[j], x, retain_graph=j < k - 1)[0] for j in range(k)])
+            return f.detach().T, g  # F [targets, rows]
 
         _, fends = scores(torch.stack([e, eb]), False)
         path = PathCache(e, eb, grad_fn, batch_size, adapter.device)
