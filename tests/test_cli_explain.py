@@ -58,6 +58,15 @@ def test_models_lists_embedded(capsys: pytest.CaptureFixture) -> None:
     assert rc == 0 and "minilm-sentiment" in out and "smollm2-135m" in out
 
 
+def test_methods_lists_every_method_with_its_parameters(capsys: pytest.CaptureFixture) -> None:
+    from streetlamp.methods.registry import REGISTRY
+    rc, out, _ = run(capsys, "methods")
+    assert rc == 0
+    for name in REGISTRY:
+        assert name in out
+    assert "rule='clenshaw_curtis'" in out and "replacement='mask'" in out and "--method-params" in out
+
+
 BAD = [
     (["explain", "   "], "empty text"),
     (["explain", "hi", "--model", "no-such-model"], "minilm-sentiment"),
@@ -109,3 +118,28 @@ def test_unsupported_checkpoints(tmp_path: Path, capsys: pytest.CaptureFixture) 
     empty.mkdir()
     rc, _, err = run(capsys, "explain", "hi", "--model", str(empty), "--out", str(tmp_path / "o"))
     assert rc == 2 and "config.json" in err
+
+
+def test_method_params_reach_the_methods_and_the_manifest(ckpts: dict[str, Path], tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "mp"
+    params = {"occlusion": {"replacement": "unk"}, "integrated_gradients": {"rule": "panels", "baseline": "mask"}}
+    code, stdout, _ = run(capsys, "explain", "the movie was not good", "--model", str(ckpts["bert"]),
+                          "--methods", "occlusion,integrated_gradients", "--method-params", json.dumps(params),
+                          "--out", str(out))
+    assert code == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["parameters"]["methods"]["occlusion"]["replacement"] == "unk"
+    assert m["methods"]["occlusion"]["replacement_token"] == "[UNK]"
+    assert m["parameters"]["methods"]["integrated_gradients"]["rule"] == "panels"
+    assert "[MASK]" in m["methods"]["integrated_gradients"]["baseline_used"]
+    # the default run (no --methods) takes them too, and the summary names the replacement
+    code, stdout, _ = run(capsys, "explain", "the movie was not good", "--model", str(ckpts["bert"]),
+                          "--method-params", '{"occlusion": {"replacement": "unk"}}', "--out", str(tmp_path / "d"))
+    assert code == 0 and "[UNK]" in stdout
+    for bad, msg in [("{not json", "not JSON"), ('{"occlusion": 3}', "object of objects"),
+                     ('{"shap": {}}', "not among the methods"), ('{"occlusion": {"nope": 1}}', "bad parameters"),
+                     ('{"occlusion": {"replacement": "foo"}}', "unknown replacement")]:
+        code, _, err = run(capsys, "explain", "the movie", "--model", str(ckpts["bert"]), "--methods", "occlusion",
+                           "--method-params", bad, "--out", str(tmp_path / "bad"))
+        assert code == 2 and msg in err and not (tmp_path / "bad").exists(), (bad, err)

@@ -36,7 +36,33 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
     for name, cls in REGISTRY.items():
         print(f"{name:<22} {cls.family:<14} {cls.description}")
+        params = cls().params()
+        if params:
+            print(f"{'':<37} parameters: " + ", ".join(f"{k}={v!r}" for k, v in params.items()))
+    print("\nset parameters with --method-params '{\"METHOD\": {\"PARAM\": VALUE}}' (explain, evaluate)")
     return 0
+
+
+def parse_method_params(spec: str | None, methods: list[str]) -> dict[str, dict]:
+    """``--method-params`` JSON: ``{"method": {"param": value}}`` for methods of this run; every
+    parameter is checked by building the method, before any work."""
+    import json
+
+    from .methods.registry import get_method
+    try:
+        mparams = json.loads(spec) if spec else {}
+    except json.JSONDecodeError as e:
+        raise StreetlampError(f"--method-params is not JSON ({e.msg})") from None
+    if not isinstance(mparams, dict) or not all(isinstance(v, dict) for v in mparams.values()):
+        raise StreetlampError('--method-params must be a JSON object of objects, e.g. '
+                              '{"integrated_gradients": {"rule": "panels"}}')
+    stray = [k for k in mparams if k not in methods]
+    if stray:
+        raise StreetlampError(f"--method-params names {', '.join(map(repr, stray))}, not among the methods of this "
+                              f"run ({', '.join(methods)})")
+    for name, params in mparams.items():
+        get_method(name, **params)  # unknown parameter names: a clear error now
+    return mparams
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -53,12 +79,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from .runners.explain import default_methods
 
     methods = parse_methods(args.methods) if args.methods else default_methods()
+    mparams = parse_method_params(args.method_params, methods)
     adapter = load(args.model)
     adapter.to(args.device, args.dtype)
     target = Target(parse_target(adapter, args.target),
                     parse_target(adapter, args.contrast) if args.contrast else None, args.quantity)
     res = explain(adapter, args.text, out, target=target, layer=args.layer, head=args.head, methods=methods,
-                  overwrite=args.overwrite, truncate=args.truncate, seed=args.seed, batch_size=args.batch_size)
+                  overwrite=args.overwrite, truncate=args.truncate, seed=args.seed, batch_size=args.batch_size,
+                  method_params=mparams)
     print(f"model: {adapter.name} ({adapter.kind}, {adapter.n_layers} layers x {adapter.n_heads} heads)")
     for line in res.summary:
         print(line)
@@ -160,21 +188,16 @@ def cmd_mediate(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    import json
 
     from .evaluation.counterfactual import Counterfactual
     from .evaluation.pipeline import EvalSettings
     from .methods.registry import parse_methods
     from .runners.evaluate import evaluate
 
-    try:
-        mparams = json.loads(args.method_params) if args.method_params else {}
-    except json.JSONDecodeError as e:
-        raise StreetlampError(f"--method-params is not JSON ({e.msg})") from None
-    if not isinstance(mparams, dict):
-        raise StreetlampError('--method-params must be a JSON object, e.g. {"integrated_gradients": {"steps": 16}}')
+    methods = parse_methods(args.methods)
+    mparams = parse_method_params(args.method_params, methods)
     cf = Counterfactual(eps=args.eps, n_permutations=args.permutations, steps=args.adv_steps)
-    settings = EvalSettings(methods=parse_methods(args.methods), method_params=mparams, seed=args.seed,
+    settings = EvalSettings(methods=methods, method_params=mparams, seed=args.seed,
                             batch_size=args.batch_size, replacement=args.replacement, flip_layers=args.flip_layers,
                             cf_layers=args.cf_layers, counterfactual=cf.__dict__.copy(), truncate=args.truncate)
     res = evaluate(args.model, args.data, Path(args.out), settings, limit=args.limit, sample=args.sample,
@@ -233,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="cpu", help="cpu, cuda, cuda:0 ...")
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="model weights' dtype (bfloat16 for GPUs; scores are returned as float32)")
+    s.add_argument("--method-params", default=None,
+                   help='JSON per method, e.g. \'{"occlusion": {"replacement": "unk", "group": "word"}, '
+                        '"integrated_gradients": {"baseline": "mask", "rule": "panels"}}\'')
     s.set_defaults(func=cmd_explain)
     s = sub.add_parser("heads", help="ablate every head (zero/mean/resample); with --data also importance, "
                        "attention attribution and attention mass")
@@ -349,6 +375,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("streetlamp: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `streetlamp methods | head`: the reader left; no traceback
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":
