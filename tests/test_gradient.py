@@ -339,6 +339,9 @@ def test_panels_resolve_a_narrow_spike_where_global_rules_need_far_more() -> Non
     np.testing.assert_allclose(ig[0].numpy(), exact, atol=1e-3 * abs(exact).max())
     assert rec["converged"] and rec["delta"][0] <= 1e-4 * abs(exact.sum())
     assert rec["smallest_panel"] < 1 / 64  # it refined around the spikes
+    assert rec["gradient_evaluations"] == 4 * rec["panels"] + 1  # every shared node computed once
+    _, r3 = integrate_adaptive(spike_path(x, w, k, c), fd, fd.abs(), "panels", 12, True, 1e-4, 1024, [4])
+    assert r3["converged"] and r3["gradient_evaluations"] == 4 * r3["panels"] + 1  # thirds: not dyadic
     with pytest.warns(UserWarning, match="rule='panels' is for"):  # the global rule runs out of steps
         _, cc = integrate_adaptive(spike_path(x, w, k, c), fd, fd.abs(), "clenshaw_curtis", 16, True, 1e-4, 1024, [4])
     assert not cc["converged"] and rec["gradient_evaluations"] < cc["gradient_evaluations"]

@@ -224,26 +224,32 @@ def integrate_panels(path: PathCache, fdiff: torch.Tensor, fscale: torch.Tensor,
     if steps % 4:
         raise StreetlampError(f"rule 'panels' needs steps divisible by 4 (got {steps}): 5-point Boole panels")
     n0 = steps // 4
-    panels = [(k / n0, (k + 1) / n0) for k in range(n0)]
+    # panels are integer intervals [lo, hi] of a grid of D points, so a node shared by two panels (or
+    # a parent and its children) is one cache key even when n0 is not a power of two; 40 bisections
+    # deep, far below float32's resolution of the path
+    width = 4 << 40
+    grid = n0 * width
+    node = lambda lo, hi, q: float(lo + (hi - lo) * q // 4) / grid  # noqa: E731  (q = 0..4)
+    panels = [(k * width, (k + 1) * width) for k in range(n0)]
     fd = fdiff.double()
     scale = fd.abs().clamp_min(1e-12)
     noise = NOISE_FLOOR * fscale.double().abs().clamp_min(1e-30)
     history: list[dict] = []
     while True:
-        nodes = np.array([a + (b - a) * t for a, b in panels for t in (0.0, 0.25, 0.5, 0.75, 1.0)])
+        nodes = np.array([node(lo, hi, q) for lo, hi in panels for q in range(5)])
         path.evaluate(nodes)
         ig = half = None
         ind = []
-        for a, b in panels:
-            h = b - a
-            g = [path.cache[float(a + h * t)] for t in (0.0, 0.25, 0.5, 0.75, 1.0)]
+        for lo, hi in panels:
+            h = (hi - lo) / grid
+            g = [path.cache[node(lo, hi, q)] for q in range(5)]
             qb = h * sum(float(w) * gk for w, gk in zip(BOOLE, g))
             qs = h * (g[0] + 4 * g[2] + g[4]) / 6
             ig = qb if ig is None else ig + qb
             half = qs if half is None else half + qs
             tok = torch.stack([(qb[j, :L] - qs[j, :L]).abs().max() for j, L in enumerate(lengths)])
-            if float(a) in path.fvals and float(b) in path.fvals:
-                share = path.fvals[float(b)] - path.fvals[float(a)]
+            if node(lo, hi, 0) in path.fvals and node(lo, hi, 4) in path.fvals:
+                share = path.fvals[node(lo, hi, 4)] - path.fvals[node(lo, hi, 0)]
                 err = torch.stack([(qb[j, :L].sum() - share[j]).abs() for j, L in enumerate(lengths)])
             else:  # no F from grad_fn: the panel's sum difference between the two rules
                 err = torch.stack([(qb[j, :L] - qs[j, :L]).sum().abs() for j, L in enumerate(lengths)])
@@ -266,19 +272,22 @@ def integrate_panels(path: PathCache, fdiff: torch.Tensor, fscale: torch.Tensor,
                           f"{tolerance:g} after {len(path.cache)} gradient evaluations (panels); max_steps={max_steps} "
                           "reached", stacklevel=3)
             break
-        split = sorted(split, key=lambda i: -ind[i])[:room]
+        split = set(sorted(split, key=lambda i: -ind[i])[:room])
+        if any(hi - lo < 8 for i, (lo, hi) in enumerate(panels) if i in split):
+            warnings.warn("integrated_gradients: panels reached the finest grid; stopping", stacklevel=3)
+            break
         new = []
-        for i, (a, b) in enumerate(panels):
+        for i, (lo, hi) in enumerate(panels):
             if i in split:
-                c = (a + b) / 2
-                new += [(a, c), (c, b)]
+                c = (lo + hi) // 2
+                new += [(lo, c), (c, hi)]
             else:
-                new.append((a, b))
+                new.append((lo, hi))
         panels = new
     info = {"steps": 4 * len(panels), "gradient_evaluations": len(path.cache), "converged": ok,
             "token_change_vs_half_steps": history[-1]["token_change_vs_half_steps"],
             "converged_by_noise_floor": bool(ok and rel.max() > tolerance), "panels": len(panels),
-            "smallest_panel": min(b - a for a, b in panels),
+            "smallest_panel": min(hi - lo for lo, hi in panels) / grid,
             "tolerance": tolerance, "history": history, "delta": delta.tolist(),
             "relative_error": rel.tolist(), "sum_attributions": total.tolist()}
     return ig, info
