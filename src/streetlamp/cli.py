@@ -95,6 +95,28 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_explain_generation(args: argparse.Namespace) -> int:
+    from .models.loading import load
+    from .runners.generation import explain_generation
+
+    if not args.prompt.strip():
+        raise StreetlampError("empty prompt")
+    out = Path(args.out) if args.out else Path("runs") / f"generation-{__import__('time').strftime('%Y%m%d-%H%M%S')}"
+    from .results import check_out_dir
+    check_out_dir(out, args.overwrite)
+    ig_params = parse_method_params(args.ig_params and f'{{"integrated_gradients": {args.ig_params}}}',
+                                    ["integrated_gradients"]).get("integrated_gradients", {})
+    adapter = load(args.model)
+    adapter.to(args.device, args.dtype)
+    res = explain_generation(adapter, args.prompt, out, new_tokens=args.new_tokens, quantity=args.quantity,
+                             overwrite=args.overwrite, batch_size=args.batch_size, seed=args.seed,
+                             ig_params=ig_params)
+    for line in res.lines:
+        print(line)
+    print(f"output: {res.out}/ (manifest.json, arrays.safetensors, generation.png)")
+    return 0
+
+
 def _heads_adapter(args: argparse.Namespace):
     from .models.loading import load
 
@@ -260,6 +282,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help='JSON per method, e.g. \'{"occlusion": {"replacement": "unk", "group": "word"}, '
                         '"integrated_gradients": {"baseline": "mask", "rule": "panels"}}\'')
     s.set_defaults(func=cmd_explain)
+    s = sub.add_parser("explain-generation", help="causal LM: integrated gradients of every generated token over "
+                       "the prompt and earlier tokens, one shared path")
+    s.add_argument("prompt")
+    s.add_argument("--model", default="smollm2-135m", help="a causal LM: embedded name or checkpoint folder")
+    s.add_argument("--new-tokens", type=int, default=8, help="greedy tokens to generate and explain (1..64)")
+    s.add_argument("--quantity", choices=["prob", "logit", "logprob"], default="logprob")
+    s.add_argument("--ig-params", default=None, help='JSON, e.g. \'{"rule": "panels", "steps": 16}\'')
+    s.add_argument("--out", default=None, help="output folder (default runs/generation-<time>)")
+    s.add_argument("--overwrite", action="store_true")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--batch-size", type=int, default=None, help="token budget per forward pass")
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    s.set_defaults(func=cmd_explain_generation)
     s = sub.add_parser("heads", help="ablate every head (zero/mean/resample); with --data also importance, "
                        "attention attribution and attention mass")
     s.add_argument("text", nargs="?", default=None)
