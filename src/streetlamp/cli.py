@@ -43,7 +43,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_method_params(spec: str | None, methods: list[str]) -> dict[str, dict]:
+def parse_method_params(spec: str | None, methods: list[str], flag: str = "--method-params") -> dict[str, dict]:
     """``--method-params`` JSON: ``{"method": {"param": value}}`` for methods of this run; every
     parameter is checked by building the method, before any work."""
     import json
@@ -52,13 +52,13 @@ def parse_method_params(spec: str | None, methods: list[str]) -> dict[str, dict]
     try:
         mparams = json.loads(spec) if spec else {}
     except json.JSONDecodeError as e:
-        raise StreetlampError(f"--method-params is not JSON ({e.msg})") from None
+        raise StreetlampError(f"{flag} is not JSON ({e.msg})") from None
     if not isinstance(mparams, dict) or not all(isinstance(v, dict) for v in mparams.values()):
-        raise StreetlampError('--method-params must be a JSON object of objects, e.g. '
-                              '{"integrated_gradients": {"rule": "panels"}}')
+        raise StreetlampError(f"{flag} must be a JSON object" + (" of objects, e.g. "
+                              '{"integrated_gradients": {"rule": "panels"}}' if flag == "--method-params" else ""))
     stray = [k for k in mparams if k not in methods]
     if stray:
-        raise StreetlampError(f"--method-params names {', '.join(map(repr, stray))}, not among the methods of this "
+        raise StreetlampError(f"{flag} names {', '.join(map(repr, stray))}, not among the methods of this "
                               f"run ({', '.join(methods)})")
     for name, params in mparams.items():
         get_method(name, **params)  # unknown parameter names: a clear error now
@@ -105,7 +105,7 @@ def cmd_explain_generation(args: argparse.Namespace) -> int:
     from .results import check_out_dir
     check_out_dir(out, args.overwrite)
     ig_params = parse_method_params(args.ig_params and f'{{"integrated_gradients": {args.ig_params}}}',
-                                    ["integrated_gradients"]).get("integrated_gradients", {})
+                                    ["integrated_gradients"], "--ig-params").get("integrated_gradients", {})
     adapter = load(args.model)
     adapter.to(args.device, args.dtype)
     res = explain_generation(adapter, args.prompt, out, new_tokens=args.new_tokens, quantity=args.quantity,
