@@ -369,3 +369,10 @@ def test_panels_without_f_values_and_on_real_models(tiny: ModelAdapter) -> None:
     assert np.abs(p.scores - ref.scores).max() <= 1e-3 * df + 1e-9
     with pytest.raises(StreetlampError, match="divisible by 4"):
         IntegratedGradients(rule="panels", steps=6).attribute(tiny, inputs, target=Target())
+
+
+def test_embed_ids_is_the_recorded_embed_site(tiny: ModelAdapter) -> None:
+    """embed_ids reads the embedding lookup directly; it must equal what a forward records at ``embed``."""
+    ids = tiny.encode(TEXTS[0]).input_ids[0]
+    recorded = tiny.forward(ids_inputs(tiny, ids), record=["embed"]).cache["embed"][0]
+    assert torch.equal(embed_ids(tiny, ids), recorded)

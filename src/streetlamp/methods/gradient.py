@@ -39,8 +39,11 @@ def ids_inputs(adapter: ModelAdapter, ids: torch.Tensor, rows: int = 1) -> Input
 
 @torch.no_grad()
 def embed_ids(adapter: ModelAdapter, ids: torch.Tensor) -> torch.Tensor:
-    """The ``embed`` site for token ids ``[pos]`` -> ``[pos, d_model]`` (one cheap forward)."""
-    return adapter.forward(ids_inputs(adapter, ids), record=["embed"]).cache["embed"][0]
+    """The ``embed`` site for token ids ``[pos]`` -> ``[pos, d_model]``.
+
+    The site is the output of the token-embedding module (``Session`` hooks exactly that module), so
+    the lookup alone gives it; running the whole model to record it cost one forward pass per call."""
+    return adapter.embed_module(ids.view(1, -1).to(adapter.device))[0]
 
 
 def scores_at(adapter: ModelAdapter, ids: torch.Tensor, emb: torch.Tensor, index: int, target: Target,
