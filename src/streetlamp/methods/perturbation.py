@@ -20,6 +20,7 @@ positions >= i (about half the work of a full recompute for leave-one-out).
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import string
 import sys
@@ -236,6 +237,14 @@ class Scorer:
         return blocks
 
 
+@functools.lru_cache(maxsize=None)
+def cache_keyword(model_class: type) -> str:
+    """The KV-cache argument (and output field) of a base model's forward: transformers renamed
+    ``past_key_values`` to ``cache`` within 5.x, and ``**kwargs`` would swallow the wrong one (the
+    prefix silently ignored), so ask the signature, once per class."""
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+
+
 @torch.no_grad()
 def prefix_forward(adapter: ModelAdapter, ids: torch.Tensor, mask: torch.Tensor, cache: list | None = None,
                    start: int = 0, keep_cache: bool = False) -> tuple[torch.Tensor, list]:
@@ -265,9 +274,7 @@ def prefix_forward(adapter: ModelAdapter, ids: torch.Tensor, mask: torch.Tensor,
                                              v[:, :, :start].expand(rows, -1, -1, -1)) for k, v in cache])
         full_mask = torch.cat([torch.ones(rows, start, dtype=mask.dtype), mask], 1)
     base = adapter.hf_model.base_model
-    # transformers renamed past_key_values -> cache (argument and output) within 5.x; an unknown
-    # keyword would be swallowed by **kwargs and the prefix silently ignored, so ask the signature
-    name = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    name = cache_keyword(type(base))
     out = base(input_ids=ids.to(dev), attention_mask=full_mask.to(dev), use_cache=keep_cache or past is not None,
                **{name: past})
     last = mask.sum(1).to(dev) - 1
