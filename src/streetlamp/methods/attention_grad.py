@@ -15,12 +15,12 @@ from typing import Literal
 import numpy as np
 import torch
 
-from ..batching import chunks, group_by_budget
+from ..batching import chunks
 from ..errors import StreetlampError
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..results import Explanation
 from .base import Method, explained_position
-from .rollout import attention_and_gradient
+from .rollout import attention_gradient_texts
 
 try:
     from tqdm.auto import tqdm
@@ -45,22 +45,18 @@ class AttentionXGradient(Method):
                   batch_size: int | None = None, seed: int = 0) -> list[Explanation]:
         self.check(adapter)
         out: list[Explanation | None] = [None] * len(inputs)
-        for group in group_by_budget(inputs.lengths, batch_size, adapter.device):
-            sub = inputs.select(group)
-            att, grad, index = attention_and_gradient(adapter, sub, target)
-            for k, b in enumerate(group):
-                n = inputs.lengths[b]
-                axg = (att[k, :, :, :n, :n].double() * grad[k, :, :, :n, :n].double()).cpu().numpy()
-                pos = explained_position(adapter, n)
-                out[b] = self.explanation(
-                    adapter, sub, k, int(index[k]), target,
-                    arrays={"tokens": axg[-1, :, pos].sum(0).astype(np.float32),
-                            "attention_x_gradient": axg.astype(np.float32)},
-                    axes={"tokens": ["token"], "attention_x_gradient": ["layer", "head", "query", "key"]},
-                    meaning={"tokens": TOKENS_MEANING.format(pos=pos, label=inputs.labels[b][pos])
-                             + " of A ⊙ dF/dA",
-                             "attention_x_gradient": "A ⊙ dF/dA (post-softmax attention times its gradient)"},
-                    position=pos)
+        for b, sub, k, a, g, index in attention_gradient_texts(adapter, inputs, target, batch_size):
+            axg = a * g
+            pos = explained_position(adapter, a.shape[-1])
+            out[b] = self.explanation(
+                adapter, sub, k, index, target,
+                arrays={"tokens": axg[-1, :, pos].sum(0).astype(np.float32),
+                        "attention_x_gradient": axg.astype(np.float32)},
+                axes={"tokens": ["token"], "attention_x_gradient": ["layer", "head", "query", "key"]},
+                meaning={"tokens": TOKENS_MEANING.format(pos=pos, label=inputs.labels[b][pos])
+                         + " of A ⊙ dF/dA",
+                         "attention_x_gradient": "A ⊙ dF/dA (post-softmax attention times its gradient)"},
+                position=pos)
         return [e for e in out if e is not None]
 
 

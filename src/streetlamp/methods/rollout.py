@@ -9,7 +9,7 @@ classifiers, the last token otherwise).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Iterator, Literal
 
 import numpy as np
 import torch
@@ -163,27 +163,36 @@ class GradientRollout(Method):
                   batch_size: int | None = None, seed: int = 0) -> list[Explanation]:
         self.check(adapter)
         out: list[Explanation | None] = [None] * len(inputs)
-        for group in group_by_budget(inputs.lengths, batch_size, adapter.device):
-            sub = inputs.select(group)
-            att, grad, index = attention_and_gradient(adapter, sub, target)
-            for k, b in enumerate(group):
-                n = inputs.lengths[b]
-                a = att[k, :, :, :n, :n].double().cpu().numpy()
-                g = grad[k, :, :, :n, :n].double().cpu().numpy()
-                a_bar = np.clip(g * a, 0, None).mean(1)  # [L, n, n]
-                r = np.eye(n)
-                for layer in a_bar:
-                    r = r + layer @ r
-                pos = explained_position(adapter, n)
-                out[b] = self.explanation(
-                    adapter, sub, k, int(index[k]), target,
-                    arrays={"tokens": r[pos].astype(np.float32), "matrix": r.astype(np.float32)},
-                    axes={"tokens": ["token"], "matrix": ["output_position", "token"]},
-                    meaning={"tokens": f"row {pos} ({inputs.labels[b][pos]}) of R = (I+Ā_L)…(I+Ā_1), "
-                                       "Ā_l = mean_h (dF/dA_l ⊙ A_l)^+",
-                             "matrix": "R = (I+Ā_L)…(I+Ā_1), Ā_l = mean_h (dF/dA_l ⊙ A_l)^+"},
-                    position=pos)
+        for b, sub, k, a, g, index in attention_gradient_texts(adapter, inputs, target, batch_size):
+            n = a.shape[-1]
+            a_bar = np.clip(g * a, 0, None).mean(1)  # [L, n, n]
+            r = np.eye(n)
+            for layer in a_bar:
+                r = r + layer @ r
+            pos = explained_position(adapter, n)
+            out[b] = self.explanation(
+                adapter, sub, k, index, target,
+                arrays={"tokens": r[pos].astype(np.float32), "matrix": r.astype(np.float32)},
+                axes={"tokens": ["token"], "matrix": ["output_position", "token"]},
+                meaning={"tokens": f"row {pos} ({inputs.labels[b][pos]}) of R = (I+Ā_L)…(I+Ā_1), "
+                                   "Ā_l = mean_h (dF/dA_l ⊙ A_l)^+",
+                         "matrix": "R = (I+Ā_L)…(I+Ā_1), Ā_l = mean_h (dF/dA_l ⊙ A_l)^+"},
+                position=pos)
         return [e for e in out if e is not None]
+
+
+def attention_gradient_texts(adapter: ModelAdapter, inputs: Inputs, target: Target, batch_size: int | None
+                             ) -> Iterator[tuple[int, Inputs, int, np.ndarray, np.ndarray, int]]:
+    """``(b, sub, k, A, dF/dA, index)`` for every text ``b``, batched within the token budget:
+    ``sub`` is its batch and ``k`` its row there; ``A`` and ``dF/dA`` are float64 ``[layer, head,
+    n, n]`` cropped to the text's length (one forward + backward per batch)."""
+    for group in group_by_budget(inputs.lengths, batch_size, adapter.device):
+        sub = inputs.select(group)
+        att, grad, index = attention_and_gradient(adapter, sub, target)
+        for k, b in enumerate(group):
+            n = inputs.lengths[b]
+            yield (b, sub, k, att[k, :, :, :n, :n].double().cpu().numpy(),
+                   grad[k, :, :, :n, :n].double().cpu().numpy(), int(index[k]))
 
 
 def attention_and_gradient(adapter: ModelAdapter, inputs: Inputs, target: Target
