@@ -62,6 +62,10 @@ def test_patch_and_mediate(ckpts: dict[str, Path], tmp_path: Path, capsys: pytes
                  "--wrong", "john", "--approx", "--paths", "--out", str(out)]) == 0
     a = load_arrays(out / "arrays.safetensors")
     assert a["patch.resid_pre"].shape == (2, 13) and a["approx.heads"].shape == (2, 4) and a["paths"].shape == (2, 4)
+    printed = capsys.readouterr().out.split("paths sender -> logits")[1].splitlines()[0]
+    lost = 1 - a["paths"]  # the printed paths are the largest |1 - value|, the array's own numbers
+    top = np.unravel_index(np.argmax(np.abs(lost)), lost.shape)
+    assert f"{top[0]}.{top[1]}: {lost[top]:+.3f}" in printed.split(": ", 1)[1].split(", ")[0]
     assert main(["patch", "--model", str(ckpts["gpt2"]), "--clean", clean, "--corrupt", "mary gave a drink to",
                  "--out", str(tmp_path / "x")]) == 2
     assert "same token length" in capsys.readouterr().err

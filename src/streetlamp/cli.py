@@ -190,6 +190,14 @@ def cmd_patch(args: argparse.Namespace) -> int:
         f"{h['layer']}.{h['head']}: {h['restored']:.3f}" for h in res["summary"]["top_heads"]))
     for k, v in res["summary"].get("attribution_vs_patching", {}).items():
         print(f"attribution vs real patching, {k}: pearson {v['pearson']:.3f}")
+    if "paths" in res["arrays"]:
+        import numpy as np
+
+        lost = 1.0 - res["arrays"]["paths"]  # 1 = the path does not matter; 1 - value: share of LD lost
+        order = np.argsort(-np.abs(np.nan_to_num(lost, nan=0.0)), axis=None)[:6]
+        print(f"paths sender -> {args.receiver} (share of the logit difference lost when only that path is "
+              "corrupted): " + ", ".join(f"{i // lost.shape[1]}.{i % lost.shape[1]}: {lost.flat[i]:+.3f}"
+                                         for i in order))
     print(f"output: {out}/")
     return 0
 
