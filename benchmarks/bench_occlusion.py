@@ -2,6 +2,7 @@
 KV-cache occlusion vs a plain full recompute on smollm2-135m. Ratios are measured in one process.
 
     nice .venv/bin/python benchmarks/bench_occlusion.py [--lengths 32 128] [--lm-length 64] [--repeat 3]
+    .venv/bin/python benchmarks/bench_occlusion.py --budgets --lengths 128 32 --lm-length 0 --repeat 5
 """
 from __future__ import annotations
 
@@ -56,6 +57,41 @@ def bench_classifier(a: ModelAdapter, n: int, repeat: int, ppes: list[int]) -> N
     print(f"  => streetlamp / best captum = {t_ours / best:.2f}x the time ({best / t_ours:.2f}x faster)")
 
 
+def bench_budgets(a: ModelAdapter, n: int, repeat: int) -> None:
+    """Token budgets for our occlusion beside Captum at the same tokens per pass, interleaved run by
+    run so that drift of this shared machine hits every setting alike (medians)."""
+    import statistics
+    import time
+
+    from captum.attr import FeatureAblation
+
+    inputs = a.encode(text_of_length(a, n))
+    ids = inputs.input_ids
+    with torch.no_grad():
+        pred = int(a.hf_model(input_ids=ids).logits.argmax(-1))
+
+    def F(x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(a.hf_model(input_ids=x).logits, -1)[:, pred]
+
+    t = Target(index=pred)
+    runs = {f"streetlamp budget {b}": (lambda b=b: Occlusion(occlude_special=True).attribute(a, inputs, target=t,
+                                                                                           batch_size=b))
+            for b in (512, 1024, 2048)}
+    runs.update({f"captum {b} tokens/pass": (lambda b=b: FeatureAblation(F).attribute(
+        ids, baselines=a.tokenizer.mask_token_id, perturbations_per_eval=max(1, b // n))) for b in (512, 1024)})
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    with torch.no_grad():
+        for f in runs.values():
+            f()
+        for _ in range(repeat):
+            for k, f in runs.items():
+                t0 = time.perf_counter()
+                f()
+                times[k].append(time.perf_counter() - t0)
+    print(f"classifier {n} tokens, interleaved medians of {repeat}: "
+          + ", ".join(f"{k} {statistics.median(v):.3f} s" for k, v in times.items()))
+
+
 def bench_lm(n: int, repeat: int) -> None:
     a = streetlamp.load("smollm2-135m")
     inputs = a.encode(text_of_length(a, n))
@@ -76,11 +112,15 @@ def main() -> None:
     p.add_argument("--ppe", type=int, nargs="*", default=[8, 32, 128])
     p.add_argument("--lm-length", type=int, default=64, help="0 skips the causal-LM part")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--budgets", action="store_true", help="instead: token budgets vs Captum, interleaved")
     args = p.parse_args()
     print(f"torch threads: {threads()}")
     a = classifier()
     for n in args.lengths:
-        bench_classifier(a, n, args.repeat, args.ppe)
+        if args.budgets:
+            bench_budgets(a, n, args.repeat)
+        else:
+            bench_classifier(a, n, args.repeat, args.ppe)
     if args.lm_length:
         bench_lm(args.lm_length, args.repeat)
 

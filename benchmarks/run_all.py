@@ -12,6 +12,7 @@ HERE = Path(__file__).resolve().parent
 BENCHES = [
     ("bench_ig.py", ["--quick"]),
     ("bench_ig_nodes.py", ["--texts", "2"]),
+    ("bench_ig_rules.py", ["--model", "minilm-sentiment"]),
     ("bench_occlusion.py", ["--repeat", "1"]),
     ("bench_flow.py", []),
     ("bench_decomposition.py", []),

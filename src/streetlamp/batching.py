@@ -12,8 +12,9 @@ import torch
 
 # Measured here on 2 cores: 16 IG steps at 512 tokens (benchmarks/bench_ig.py --only budget):
 # 1 row/pass 3.22 s, 4 rows 3.47 s, 8 rows 4.42 s, 16 rows 4.62 s; occlusion at 128 tokens,
-# interleaved runs: budget 1024 1.62 s, 2048 1.93 s, 512 1.71 s (Captum's best, 8 rows, 1.62 s);
-# at 32 tokens 1024 and 2048 tie. Past ~1k tokens a pass gets slower per token on this CPU.
+# interleaved (benchmarks/bench_occlusion.py --budgets): budget 512 1.68 s, 1024 1.59 s, 2048
+# 1.85 s (Captum at 1024 tokens per pass 1.56 s); at 32 tokens they tie. Past ~1k tokens a pass
+# gets slower per token on this CPU.
 DEFAULT_CPU_BUDGET = 1024
 DEFAULT_GPU_BUDGET = 65536
 
