@@ -138,6 +138,7 @@ def write_outputs(adapter: ModelAdapter, res: ExplainResult, tmp: Path, target: 
         "text": res.text,
         "tokens": res.tokens,
         "token_labels": res.labels,
+        "special_positions": [j for j, t in enumerate(res.tokens) if t in set(adapter.tokenizer.all_special_tokens)],
         "truncated": truncated,
         "explained_position": {"index": res.position, "token": res.labels[res.position],
                                "why": "[CLS] feeds the classifier" if res.position == 0 and adapter.kind ==
