@@ -258,6 +258,18 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report.viewer import write_report
+
+    path = write_report(Path(args.dir))
+    print(path)
+    if args.open:
+        import webbrowser
+
+        webbrowser.open(path.resolve().as_uri())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .models.loading import DEFAULT_MODEL
 
@@ -399,6 +411,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batch-size", type=int, default=None, help="token budget knob for batched methods")
     s.add_argument("--device", default="cpu", help="cpu, cuda, cuda:0 ...")
     s.set_defaults(func=cmd_benchmark)
+    s = sub.add_parser("report", help="(re)build DIR/report.html from a run folder's manifest and arrays alone")
+    s.add_argument("dir", help="a run folder written by any streetlamp command")
+    s.add_argument("--open", action="store_true", help="open the report in the default browser")
+    s.set_defaults(func=cmd_report)
     return p
 
 

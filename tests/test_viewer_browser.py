@@ -1,0 +1,235 @@
+"""The report in a real browser (Chromium from file://): the numbers it shows are the stored arrays,
+nothing reaches the network, run text stays text, state survives in the URL fragment."""
+from __future__ import annotations
+
+import itertools
+import re
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+from .browser import Page, browser_fixture, require_browser
+
+require_browser()
+
+from scipy.spatial.distance import jensenshannon  # noqa: E402
+from scipy.stats import kendalltau  # noqa: E402
+
+from streetlamp.cli import main  # noqa: E402
+from streetlamp.models.tiny import save_tiny  # noqa: E402
+from streetlamp.report.viewer import write_report  # noqa: E402
+from streetlamp.report.viewer.palettes import palettes  # noqa: E402
+from streetlamp.results import load_arrays  # noqa: E402
+
+HOSTILE = "</script><img src=x onerror=alert(1)>"
+TEXT = "the movie was not good , but the acting was great ."
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    yield from browser_fixture()
+
+
+@pytest.fixture()
+def page(browser: Any) -> Iterator[Page]:
+    ctx = browser.new_context(viewport={"width": 1300, "height": 900}, accept_downloads=True)
+    pg = Page(ctx.new_page())
+    yield pg
+    ctx.close()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("runs")
+    ck = {f: save_tiny(f, root / "ckpt" / f, seed=1) for f in ("bert", "gpt2")}
+    out = {"bert": root / "bert", "gpt2": root / "gpt2"}
+    assert main(["explain", f"{TEXT} {HOSTILE}", "--model", str(ck["bert"]), "--out", str(out["bert"])]) == 0
+    assert main(["explain", TEXT, "--model", str(ck["gpt2"]), "--methods", "attention,occlusion",
+                 "--out", str(out["gpt2"])]) == 0
+    # a tokenizer may yield any string as a token: plant the hostile one among the labels
+    m = json.loads((out["bert"] / "manifest.json").read_text())
+    m["token_labels"][3] = HOSTILE
+    (out["bert"] / "manifest.json").write_text(json.dumps(m))
+    for o in out.values():
+        write_report(o)
+    return out
+
+
+def shown(page: Page, selector: str) -> list[float]:
+    return [float(v) for v in page.page.eval_on_selector_all(selector, "es => es.map(e => e.dataset.value)")]
+
+
+def text_number(page: Page, selector: str) -> float:
+    return float(page.page.text_content(selector))
+
+
+def test_explain_numbers_are_the_stored_arrays(runs: dict[str, Path], page: Page) -> None:
+    folder = runs["bert"]
+    a = load_arrays(folder / "arrays.safetensors")
+    att = a["attention"].astype(np.float64)
+    L, H, n, _ = att.shape
+    m = json.loads((folder / "manifest.json").read_text())
+    page.open(folder / "report.html", "#l=1&h=2&mode=row")
+    p = page.page
+    assert p.input_value("#layer") == "1" and p.input_value("#head") == "2"
+    err = 0.5 / 65535 + 1e-6  # 16-bit fixed point, see pack.py
+    for t in (0, 2, 5):
+        p.hover(f"#tokens .tok[data-i='{t}']")
+        vals = shown(page, "#raw tbody td.val")
+        np.testing.assert_allclose(vals, att[1, 2, t], atol=err)
+        texts = p.eval_on_selector_all("#raw tbody td.val", "es => es.map(e => e.textContent)")
+        np.testing.assert_allclose([float(x) for x in texts], att[1, 2, t], atol=5e-5 + err)  # 4 decimals shown
+    p.click("#mode-col")
+    vals = shown(page, "#raw tbody td.val")
+    np.testing.assert_allclose(vals, att[1, 2, :, 5], atol=err)  # still token 5: its key column
+    p.click("#mode-row")
+    p.select_option("#head", "-1")  # head mean
+    p.hover("#tokens .tok[data-i='4']")
+    np.testing.assert_allclose(shown(page, "#raw tbody td.val"), att[1, :, 4].mean(0), atol=err + 1e-6)
+    # the head-mean disagreement: mean pairwise JSD (bits) between the heads' rows of query 4
+    jsd = np.mean([jensenshannon(att[1, x, 4], att[1, y, 4], base=2) ** 2
+                   for x, y in itertools.combinations(range(H), 2)])
+    assert abs(float(p.get_attribute("#jsd", "data-value")) - jsd) < 1e-4
+    assert (p.locator("#jsd-warning").count() == 1) == (jsd >= 0.1)
+    # the full matrix: the value under the pointer
+    p.click(f"canvas.thumb[data-l='0'][data-h='3']")
+    assert p.text_content("#matrix-title").startswith("layer 0, head 3")
+    box = p.locator("#matrix").bounding_box()
+    cs, m0 = min(16, 640 // n), 96
+    for i, j in ((1, 2), (n - 1, 0), (3, 3)):
+        p.mouse.move(box["x"] + m0 + (j + 0.5) * cs, box["y"] + m0 + (i + 0.5) * cs)
+        assert p.get_attribute("#cellvalue", "data-i") == str(i) and p.get_attribute("#cellvalue", "data-j") == str(j)
+        assert abs(float(p.get_attribute("#cellvalue", "data-value")) - att[0, 3, i, j]) <= err
+        assert "Query row" in p.text_content("#cellvalue") and "Key column" in p.text_content("#cellvalue")
+    # light versus use: attention row of the explained position, the methods, Kendall tau
+    pos = m["explained_position"]["index"]
+    special = set(m["special_positions"])
+    keep = [j for j in range(n) if j not in special]
+    p.uncheck("#hide-special")
+    p.check("#hide-special")
+    taus = {e["m"]: float(e["v"]) for e in p.eval_on_selector_all(
+        "#taus .tau", "es => es.map(e => ({m: e.dataset.method, v: e.dataset.value}))")}
+    assert set(taus) == {"attention", "rollout", "integrated_gradients", "occlusion"}
+    row = att[0, 3, pos]
+    for name, tau in taus.items():
+        ref = kendalltau(row[keep], np.abs(a[f"{name}.tokens"][keep].astype(np.float64))).statistic
+        assert abs(tau - ref) < 1e-6 or (np.isnan(ref) and np.isnan(tau)), name
+    top = max(keep, key=lambda j: row[j])
+    sentence = p.text_content("#sentence")
+    occ = a["occlusion.tokens"].astype(np.float64)
+    labels = json.loads((folder / "manifest.json").read_text())["token_labels"]
+    assert f"points at {json.dumps(labels[top])}" in sentence
+    assert f"changes {m['target']['explained']} by " in sentence
+    said = float(sentence.split(" by ")[-1].rstrip("."))
+    assert abs(said + occ[top]) <= 5e-5 + 0.01 * abs(occ[top])  # 4 decimals, or 3 significant digits
+    page.clean()
+
+
+def test_hostile_token_stays_text(runs: dict[str, Path], page: Page) -> None:
+    html = (runs["bert"] / "report.html").read_text()
+    assert HOSTILE not in html  # escaped in the data, never raw markup
+    page.open(runs["bert"] / "report.html")
+    p = page.page
+    assert p.text_content("#tokens .tok[data-i='3']") == HOSTILE
+    assert HOSTILE in p.text_content("#text")
+    assert p.locator("img").count() == 0  # the explain view has no images: none was injected
+    # the data could not open or close an element: the page has exactly the script elements written
+    assert p.evaluate("document.querySelectorAll('script').length") == len(re.findall(r"^<script", html, re.M))
+    page.clean()
+
+
+def test_keyboard_lock_fragment_and_special_toggle(runs: dict[str, Path], page: Page) -> None:
+    page.open(runs["bert"] / "report.html")
+    p = page.page
+    p.click("#tokens .tok[data-i='2']")  # lock
+    p.hover("#tokens .tok[data-i='6']")  # locked: hovering elsewhere does not move the selection
+    assert "lock" in p.get_attribute("#tokens .tok[data-i='2']", "class")
+    p.focus("#tokens")
+    p.keyboard.press("ArrowRight")
+    assert "lock" in p.get_attribute("#tokens .tok[data-i='3']", "class")
+    p.select_option("#layer", "0")
+    p.select_option("#head", "1")
+    p.click("#mode-col")
+    url = p.url
+    assert "t=3" in url and "l=0" in url and "h=1" in url and "mode=col" in url
+    assert p.is_hidden("#tokens .tok[data-i='0']") is False  # the explained position stays visible
+    last = len(json.loads((runs["bert"] / "manifest.json").read_text())["tokens"]) - 1
+    assert p.is_hidden(f"#tokens .tok[data-i='{last}']")  # [SEP] hidden by default
+    p.uncheck("#hide-special")
+    assert p.is_visible(f"#tokens .tok[data-i='{last}']")
+    page2 = Page(p.context.new_page()).open(runs["bert"] / "report.html", "#" + url.split("#", 1)[1])
+    q = page2.page
+    assert q.input_value("#layer") == "0" and q.input_value("#head") == "1"
+    assert q.get_attribute("#mode-col", "aria-pressed") == "true"
+    assert "lock" in q.get_attribute("#tokens .tok[data-i='3']", "class")
+    page.clean()
+    page2.clean()
+
+
+def test_fixed_scale_and_mask_hatching(runs: dict[str, Path], page: Page) -> None:
+    """Thumbnails use one fixed 0..1 viridis scale; a causal mask's cells are grey, never a low colour."""
+    folder = runs["gpt2"]
+    att = load_arrays(folder / "arrays.safetensors")["attention"].astype(np.float64)
+    allowed = load_arrays(folder / "arrays.safetensors")["allowed"].astype(bool)
+    n = att.shape[-1]
+    page.open(folder / "report.html")
+    p = page.page
+    p.wait_for_selector("canvas.thumb[data-l='0'][data-h='1'][data-drawn='1']")
+    size = p.evaluate("document.querySelector(\"canvas.thumb[data-l='0'][data-h='1']\").width")
+    cell = size // n
+    hexes = palettes()["sequential"]["hex"]
+    lut = [tuple(int(hexes[6 * k + c * 2: 6 * k + c * 2 + 2], 16) for c in range(3)) for k in range(256)]
+    for i, j in ((n - 1, 0), (4, 2), (2, 2)):
+        rgb = p.evaluate("([x, y]) => Array.from(document.querySelector(\"canvas.thumb[data-l='0'][data-h='1']\")"
+                         ".getContext('2d').getImageData(x, y, 1, 1).data.slice(0, 3))",
+                         [j * cell + cell // 2, i * cell + cell // 2])
+        assert allowed[i, j]
+        assert tuple(rgb) == lut[int(round(att[0, 1, i, j] * 255))]
+    # a forbidden cell (key after the query): grey or hatch ink, never a palette colour
+    rgb = p.evaluate("([x, y]) => Array.from(document.querySelector(\"canvas.thumb[data-l='0'][data-h='1']\")"
+                     ".getContext('2d').getImageData(x, y, 1, 1).data.slice(0, 3))", [(n - 1) * cell + 1, 1])
+    assert not allowed[0, n - 1] and tuple(rgb) not in lut and abs(rgb[0] - rgb[1]) < 8 and abs(rgb[1] - rgb[2]) < 8
+    assert "forbidden by the mask" in p.text_content("#matrix-legend")
+    p.check("#rescale")
+    assert "rescaled" in p.text_content("#scale-note")
+    page.clean()
+
+
+def test_export_png_and_svg(runs: dict[str, Path], page: Page, tmp_path: Path) -> None:
+    page.open(runs["bert"] / "report.html")
+    p = page.page
+    panel = p.locator("#matrix").locator("xpath=ancestor::div[contains(@class,'panel')]")
+    with p.expect_download() as d:
+        panel.get_by_role("button", name="PNG").click()
+    png = tmp_path / "m.png"
+    d.value.save_as(png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with p.expect_download() as d:
+        panel.get_by_role("button", name="SVG").click()
+    d.value.save_as(tmp_path / "m.svg")
+    svg = (tmp_path / "m.svg").read_text()
+    assert svg.startswith("<svg") and "data:image/png;base64," in svg and "layer" in svg
+    page.clean()
+
+
+def test_rebuilt_report_from_a_copy_shows_the_same_numbers(runs: dict[str, Path], page: Page,
+                                                             tmp_path: Path) -> None:
+    copy = tmp_path / "elsewhere"
+    shutil.copytree(runs["gpt2"], copy)
+    (copy / "report.html").unlink()
+    assert main(["report", str(copy)]) == 0
+    att = load_arrays(copy / "arrays.safetensors")["attention"].astype(np.float64)
+    values = []
+    for folder in (runs["gpt2"], copy):
+        page.open(folder / "report.html", "#l=1&h=0")
+        page.page.hover("#tokens .tok[data-i='5']")
+        values.append(page.page.eval_on_selector_all("#raw tbody td.val", "es => es.map(e => e.textContent)"))
+    assert values[0] == values[1]
+    shown_row = [float(v) for v in values[1][:6]]  # positions 0..5 are a causal row's allowed keys
+    np.testing.assert_allclose(shown_row, att[1, 0, 5, :6], atol=5e-5 + 0.5 / 65535)
+    assert values[1][6:] == ["masked"] * (att.shape[-1] - 6)
+    page.clean()
