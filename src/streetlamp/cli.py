@@ -270,6 +270,19 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .models.loading import DEFAULT_MODEL, load
+    from .serve import check_address, serve
+
+    check_address(args.host, args.port, args.allow_remote)  # before loading any model
+    adapters = {}
+    for name in args.model or [DEFAULT_MODEL]:
+        a = load(name)
+        adapters[a.name] = a.to(args.device)
+    serve(adapters, args.host, args.port, args.allow_remote, args.runs, args.timeout, args.queue)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .models.loading import DEFAULT_MODEL
 
@@ -415,6 +428,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("dir", help="a run folder written by any streetlamp command")
     s.add_argument("--open", action="store_true", help="open the report in the default browser")
     s.set_defaults(func=cmd_report)
+    s = sub.add_parser("serve", help="a local web app on the report's front end: remove a token, ablate a head, live")
+    s.add_argument("--model", action="append", help=f"embedded name or checkpoint folder; repeat for several "
+                   f"(default {DEFAULT_MODEL})")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --allow-remote)")
+    s.add_argument("--port", type=int, default=8765)
+    s.add_argument("--allow-remote", action="store_true", help="allow a --host other than 127.0.0.1/localhost")
+    s.add_argument("--runs", default="runs/serve", help="where 'save as run folder' writes (default runs/serve)")
+    s.add_argument("--timeout", type=float, default=300.0, help="seconds one request may take (default 300)")
+    s.add_argument("--queue", type=int, default=8, help="requests that may wait per model (default 8)")
+    s.add_argument("--device", default="cpu", help="cpu, cuda, cuda:0 ...")
+    s.set_defaults(func=cmd_serve)
     return p
 
 

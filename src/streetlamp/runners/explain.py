@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -13,7 +13,7 @@ from ..errors import StreetlampError
 from ..methods.attention import record_attention
 from ..methods.base import explained_position
 from ..methods.registry import get_method
-from ..models.adapter import ModelAdapter, Target
+from ..models.adapter import Inputs, ModelAdapter, Target
 from ..report import heatmaps
 from ..results import Explanation, atomic_dir, check_out_dir, command_line, save_arrays, versions, write_json
 
@@ -64,8 +64,24 @@ def explain(adapter: ModelAdapter, text: str, out: Path, *, target: Target = Tar
         raise StreetlampError(f"head {head} out of range: the model has heads 0..{adapter.n_heads - 1}")
     if head is not None and layer is None:
         raise StreetlampError("--head needs --layer")
-    torch.manual_seed(seed)
     inputs = adapter.encode(text, truncate=truncate)
+    res = compute(adapter, inputs, out, target=target, methods=methods, seed=seed, batch_size=batch_size,
+                  method_params=method_params)
+    with atomic_dir(out, overwrite) as tmp:
+        write_outputs(adapter, res, tmp, target, layer, head, seed, truncate, inputs.truncated[0], batch_size)
+    res.summary = summarise(adapter, res)
+    return res
+
+
+def compute(adapter: ModelAdapter, inputs: Inputs, out: Path, *, target: Target = Target(),
+            methods: list[str] | None = None, seed: int = 0, batch_size: int | None = None,
+            method_params: dict[str, dict[str, Any]] | None = None,
+            stage: Callable[[str], None] | None = None) -> ExplainResult:
+    """The explain computation for the first text of ``inputs`` (nothing written); ``stage(name)`` is
+    called before each step (``streetlamp serve`` shows it as progress)."""
+    torch.manual_seed(seed)
+    if stage:
+        stage("recording attention")
     logits, att_t, allowed_t = record_attention(adapter, inputs)
     index = int(adapter.resolve(inputs, target, logits)[0])
     probs = torch.softmax(logits[0].float(), -1).cpu().numpy()
@@ -76,19 +92,20 @@ def explain(adapter: ModelAdapter, text: str, out: Path, *, target: Target = Tar
     res = ExplainResult(out, inputs.texts[0], inputs.tokens[0], inputs.labels[0], index, int(probs.argmax()), probs, att, allowed, pos)
     run_target = Target(index, target.contrast, target.quantity)
     for name in methods or []:
+        if stage:
+            stage(name)
         params = dict((method_params or {}).get(name, {}))
         m = get_method(name, **params)
         m.check(adapter)
         res.explanations[name] = m.attribute(adapter, inputs, target=run_target, batch_size=batch_size,
                                              seed=seed)[0]
-    with atomic_dir(out, overwrite) as tmp:
-        write_outputs(adapter, res, tmp, target, layer, head, seed, truncate, inputs.truncated[0], batch_size)
-    res.summary = summarise(adapter, res)
     return res
 
 
 def write_outputs(adapter: ModelAdapter, res: ExplainResult, tmp: Path, target: Target, layer: int | None,
-                  head: int | None, seed: int, truncate: bool, truncated: bool, batch_size: int | None) -> None:
+                  head: int | None, seed: int, truncate: bool, truncated: bool, batch_size: int | None,
+                  figures: bool = True) -> dict[str, Any]:
+    """Write arrays.safetensors, the figures (unless ``figures=False``) and manifest.json; returns the manifest."""
     arrays: dict[str, np.ndarray] = {"attention": res.attention.astype(np.float32),
                                      "allowed": res.allowed.astype(np.uint8),
                                      "probs": res.probs.astype(np.float32)}
@@ -108,28 +125,10 @@ def write_outputs(adapter: ModelAdapter, res: ExplainResult, tmp: Path, target: 
     save_arrays(tmp / "arrays.safetensors", arrays)
     for k, v in described.items():
         v.update(file="arrays.safetensors", key=k, shape=list(arrays[k].shape), dtype=str(arrays[k].dtype))
-    figures = []
-    L, H = res.attention.shape[:2]
-    sel_l = layer if layer is not None else L - 1
-    if head is not None:
-        hm, title = res.attention[sel_l, head], f"layer {sel_l}, head {head}"
+    if figures:
+        figure_list = write_figures(adapter, res, tmp, layer, head)
     else:
-        hm, title = res.attention[sel_l].mean(0), f"layer {sel_l}, mean over {H} heads"
-    name = f"attention_L{sel_l}_H{head}.png" if head is not None else f"attention_L{sel_l}_mean.png"
-    heatmaps.plot_head(hm, res.allowed, res.labels, f"{adapter.name}: attention, {title}", tmp / name)
-    figures.append({"file": name, "shows": f"attention {title}", "array": "attention",
-                    "rows": "query", "columns": "key"})
-    heatmaps.plot_grid(res.attention, res.allowed, res.labels, f"{adapter.name}: every layer x head",
-                       tmp / "attention_grid.png")
-    figures.append({"file": "attention_grid.png", "shows": "layer x head grid", "array": "attention",
-                    "rows": "query", "columns": "key"})
-    heatmaps.plot_layer_means(res.attention, res.allowed, res.labels, f"{adapter.name}: head mean per layer",
-                              tmp / "attention_head_mean.png")
-    figures.append({"file": "attention_head_mean.png", "shows": "mean over heads, each layer",
-                    "array": "attention", "rows": "query", "columns": "key"})
-    if res.explanations:
-        from ..report.compare import write_comparison
-        figures.extend(write_comparison(res, tmp))
+        figure_list = []
     manifest = {
         "streetlamp": "explain",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -153,7 +152,7 @@ def write_outputs(adapter: ModelAdapter, res: ExplainResult, tmp: Path, target: 
         "masks": {"allowed": "arrays.safetensors:allowed", "kind": "causal + padding" if adapter.kind ==
                   "causal_lm" else "padding (bidirectional)"},
         "colour_scales": {"attention": heatmaps.ATTENTION_SCALE},
-        "figures": figures,
+        "figures": figure_list,
         "parameters": {"layer": layer, "head": head, "truncate": truncate, "seed": seed, "batch_size": batch_size,
                        "methods": {k: e.info.get("params", {}) for k, e in res.explanations.items()}},
         "methods": {k: {kk: vv for kk, vv in e.info.items() if kk != "params"} for k, e in res.explanations.items()},
@@ -161,6 +160,34 @@ def write_outputs(adapter: ModelAdapter, res: ExplainResult, tmp: Path, target: 
         "versions": versions(),
     }
     write_json(tmp / "manifest.json", manifest)
+    return manifest
+
+
+def write_figures(adapter: ModelAdapter, res: ExplainResult, tmp: Path, layer: int | None,
+                  head: int | None) -> list[dict]:
+    figures: list[dict] = []
+    L, H = res.attention.shape[:2]
+    sel_l = layer if layer is not None else L - 1
+    if head is not None:
+        hm, title = res.attention[sel_l, head], f"layer {sel_l}, head {head}"
+    else:
+        hm, title = res.attention[sel_l].mean(0), f"layer {sel_l}, mean over {H} heads"
+    name = f"attention_L{sel_l}_H{head}.png" if head is not None else f"attention_L{sel_l}_mean.png"
+    heatmaps.plot_head(hm, res.allowed, res.labels, f"{adapter.name}: attention, {title}", tmp / name)
+    figures.append({"file": name, "shows": f"attention {title}", "array": "attention",
+                    "rows": "query", "columns": "key"})
+    heatmaps.plot_grid(res.attention, res.allowed, res.labels, f"{adapter.name}: every layer x head",
+                       tmp / "attention_grid.png")
+    figures.append({"file": "attention_grid.png", "shows": "layer x head grid", "array": "attention",
+                    "rows": "query", "columns": "key"})
+    heatmaps.plot_layer_means(res.attention, res.allowed, res.labels, f"{adapter.name}: head mean per layer",
+                              tmp / "attention_head_mean.png")
+    figures.append({"file": "attention_head_mean.png", "shows": "mean over heads, each layer",
+                    "array": "attention", "rows": "query", "columns": "key"})
+    if res.explanations:
+        from ..report.compare import write_comparison
+        figures.extend(write_comparison(res, tmp))
+    return figures
 
 
 DEFAULT_METHODS = ["attention", "rollout", "integrated_gradients", "occlusion"]

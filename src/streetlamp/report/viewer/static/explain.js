@@ -1,12 +1,13 @@
 /* streetlamp report viewer: the explain view (seed 003, made interactive). */
 (function () {
   "use strict";
-  const S = window.streetlamp, L = S.lib, el = L.el, fmt = L.fmt, q = L.q, MAN = L.MAN, state = L.state;
+  const S = window.streetlamp, L = S.lib, el = L.el, fmt = L.fmt, q = L.q, state = L.state;
   const JSD_WARN = 0.1; // bits: the head mean is flagged when heads' rows differ by this much on average
   const SINK = 0.3; // a key receiving at least this share of the attention (mean over queries) is marked a sink
   const SPECIAL_RE = /^(\[(CLS|SEP|PAD|MASK|UNK|BOS|EOS)\]|<\/?s>|<pad>|<unk>|<mask>|<\|[^|]*\|>)$/i;
 
   S.views.explain = async function (root) {
+    const MAN = L.MAN;
     const labels = MAN.token_labels || MAN.tokens, toks = MAN.tokens || labels, n = labels.length;
     const ainfo = L.info("attention"), [NL, NH] = ainfo.shape, err = ainfo.max_error;
     const allowed = (await L.arr("allowed")).data;

@@ -5,8 +5,8 @@
  * byte-shuffled, deflate-compressed chunks, decoded here only when a view needs them). */
 (function () {
   "use strict";
-  const MODEL = JSON.parse(document.getElementById("sl-model").textContent);
-  const MAN = MODEL.manifest;
+  let MODEL = JSON.parse(document.getElementById("sl-model").textContent);
+  let MAN = MODEL.manifest, BLOBS = null; // BLOBS: chunks handed to SL.render by a host page, else the sl-blob-N elements
   const SL = (window.streetlamp = { ready: false, errors: [] });
 
   // ---------- DOM helpers (text only) ----------
@@ -44,7 +44,7 @@
   const LRU = [];
   const CACHE_BYTES = 256 * 1024 * 1024;
   function b64bytes(id) {
-    const s = $("sl-blob-" + id).textContent;
+    const s = BLOBS ? BLOBS[id] : $("sl-blob-" + id).textContent;
     const bin = atob(s);
     const u = new Uint8Array(bin.length);
     for (let i = 0; i < bin.length; i++) u[i] = bin.charCodeAt(i);
@@ -377,8 +377,8 @@
     root.appendChild(el("div", { cls: "panel" }, el("h2", { text: "Manifest" }), kv(summary, 1)));
   };
 
-  async function main() {
-    const root = $("app"); root.textContent = ""; document.body.appendChild(tip);
+  async function main(root) {
+    root = root || $("app"); root.textContent = ""; document.body.appendChild(tip);
     readHash();
     const view = VIEWS[MODEL.view] || VIEWS.generic;
     try { await view(root); }
@@ -386,6 +386,12 @@
     SL.ready = true; document.body.setAttribute("data-ready", "1");
   }
   SL.start = main;
+  // for a host page (streetlamp serve): render another model (same shape as sl-model) and its chunks into root
+  SL.render = async function (model, blobs, root) {
+    MODEL = model; MAN = model.manifest; BLOBS = blobs; chunkCache.clear(); LRU.length = 0;
+    SL.lib.MODEL = MODEL; SL.lib.MAN = MAN; SL.ready = false;
+    await main(root);
+  };
   // view modules below register themselves in VIEWS before this runs
   window.addEventListener("DOMContentLoaded", () => main());
 })();
