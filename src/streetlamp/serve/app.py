@@ -61,6 +61,10 @@ class Cancelled(Exception):
     pass
 
 
+class TooLarge(StreetlampError):
+    pass
+
+
 def _err(status: int, msg: str) -> JSONResponse:
     return JSONResponse({"error": msg}, status_code=status, headers=SECURITY_HEADERS)
 
@@ -142,12 +146,12 @@ class State:
 async def read_json(request: Request, limits: Limits) -> dict:
     n = request.headers.get("content-length")
     if n is not None and (not n.isdigit() or int(n) > limits.max_body):
-        raise StreetlampError(f"request too large: at most {limits.max_body // 1024} KiB")
+        raise TooLarge(f"request too large: at most {limits.max_body // 1024} KiB")
     body = b""
     async for chunk in request.stream():
         body += chunk
         if len(body) > limits.max_body:
-            raise StreetlampError(f"request too large: at most {limits.max_body // 1024} KiB")
+            raise TooLarge(f"request too large: at most {limits.max_body // 1024} KiB")
     try:
         data = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
@@ -266,6 +270,8 @@ def create_app(adapters: dict[str, ModelAdapter], token: str, host: str = "127.0
                                 headers=SECURITY_HEADERS)
         except Busy as e:
             return _err(503, str(e))
+        except TooLarge as e:
+            return _err(413, str(e))
         except StreetlampError as e:
             return _err(400, str(e))
         except Exception as e:  # noqa: BLE001 - the server keeps running; the page gets one sentence
@@ -321,6 +327,8 @@ def create_app(adapters: dict[str, ModelAdapter], token: str, host: str = "127.0
             await asyncio.get_running_loop().run_in_executor(None, live.save, folder)
             return JSONResponse({"folder": str(folder.resolve()), "report": str((folder / "report.html").resolve())},
                                 headers=SECURITY_HEADERS)
+        except TooLarge as e:
+            return _err(413, str(e))
         except StreetlampError as e:
             return _err(400, str(e))
         except Exception as e:  # noqa: BLE001

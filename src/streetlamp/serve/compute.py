@@ -8,7 +8,7 @@ writes the result as a run folder that ``streetlamp report`` opens like any othe
 * :func:`edit_token`: remove or replace one token; the prediction, the explained output's
   probability and every layer's attention for the edited input, and per layer the cosine distance
   ``1 - cos(h, h')`` of the edited token's and the explained position's hidden states
-  (``embed`` and ``layers.{l}.resid_post``), beside the attention the explained position paid the token.
+  (``layers.0.resid_pre``, then ``layers.{l}.resid_post``), beside the attention the explained position paid the token.
 * :func:`ablate_heads`: zero or mean ablation of one or several heads at ``layers.{l}.attn.z`` with the
   intervention engine, exactly as ``streetlamp heads`` does per head (same strategies, same reference
   texts for the mean), beside each head's attention mass.
@@ -204,11 +204,11 @@ def cosine_distance(a: torch.Tensor, b: torch.Tensor) -> float:
     return float("nan") if den == 0 else 1.0 - float(a @ b) / den
 
 
-HIDDEN = ["embed", "layers.*.resid_post"]
+HIDDEN = ["layers.0.resid_pre", "layers.*.resid_post"]  # the input of layer 0, then every layer's output
 
 
 def _hidden(adapter: ModelAdapter, fwd) -> list[torch.Tensor]:
-    return [fwd.cache["embed"][0]] + [fwd.cache[f"layers.{l}.resid_post"][0] for l in range(adapter.n_layers)]
+    return [fwd.cache["layers.0.resid_pre"][0]] + [fwd.cache[f"layers.{l}.resid_post"][0] for l in range(adapter.n_layers)]
 
 
 def edit_token(adapter: ModelAdapter, text: Any, position: Any, op: Any, replacement: Any = None, *,
@@ -247,7 +247,7 @@ def edit_token(adapter: ModelAdapter, text: Any, position: Any, op: Any, replace
     rows = []
     for k in range(adapter.n_layers + 1):
         a = att0[k - 1, :, pos0, position] if k > 0 else None
-        rows.append({"layer": "embed" if k == 0 else k - 1,
+        rows.append({"layer": "input" if k == 0 else k - 1,
                      "attention_mean": None if a is None else float(a.mean()),
                      "attention_max": None if a is None else float(a.max()),
                      "attention_max_head": None if a is None else int(a.argmax()),
@@ -261,7 +261,7 @@ def edit_token(adapter: ModelAdapter, text: Any, position: Any, op: Any, replace
             "original_text": inputs.texts[0], "edited_ids": new, "explained_position": [pos0, pos1],
             "before": _prediction(adapter, p0, index), "after": _prediction(adapter, p1, index),
             "change": float(p1[index] - p0[index]), "layers": rows,
-            "distance": "1 - cos(h, h') of the hidden state (embed, then each layer's resid_post), float64",
+            "distance": "1 - cos(h, h') of the hidden state (layer 0's input, then each layer's output), float64",
             "attention": f"attention of the explained position ({pos0}) on token {position} in the original, "
                          "mean and max over heads"}
     stage("packing the view")
