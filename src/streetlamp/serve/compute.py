@@ -73,11 +73,10 @@ def encode(adapter: ModelAdapter, text: Any, truncate: bool = False, what: str =
     if n > adapter.max_positions and not truncate:
         raise StreetlampError(f"{what} has {n} tokens but {adapter.name} takes at most {adapter.max_positions}: "
                               "shorten it or tick 'truncate'")
-    inputs = adapter.encode(text, truncate=truncate)
-    if not any(int(t) not in set(adapter.tokenizer.all_special_ids) for t in inputs.input_ids[0]):
-        raise StreetlampError(f"{what} has no token besides the model's special tokens (only control characters "
-                              "or spaces?)")
-    return inputs
+    if not adapter.tokenizer(text, add_special_tokens=False)["input_ids"]:
+        raise StreetlampError(f"{what} gives no token at all for {adapter.name}'s tokenizer (only control "
+                              "characters?)")
+    return adapter.encode(text, truncate=truncate)
 
 
 def check_methods(methods: Any) -> list[str]:
