@@ -233,3 +233,143 @@ def test_rebuilt_report_from_a_copy_shows_the_same_numbers(runs: dict[str, Path]
     np.testing.assert_allclose(shown_row, att[1, 0, 5, :6], atol=5e-5 + 0.5 / 65535)
     assert values[1][6:] == ["masked"] * (att.shape[-1] - 6)
     page.clean()
+
+
+@pytest.fixture(scope="module")
+def command_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A run folder of every other command, on tiny checkpoints, each with its report."""
+    root = tmp_path_factory.mktemp("cmds")
+    ck = {f: save_tiny(f, root / "ckpt" / f, seed=1) for f in ("bert", "gpt2")}
+    data = root / "d.jsonl"
+    data.write_text("\n".join(json.dumps({"text": t, "label": lab}) for t, lab in [
+        ("the movie was good", "pos"), ("i hated it", "neg"), ("boring plot", "neg"), ("great acting", "pos")]))
+    clean, corrupt = "when mary and john went to the store john gave a drink to", \
+        "when mary and john went to the store mary gave a drink to"
+    argvs = {
+        "heads": ["heads", "--data", str(data), "--no-attribution", "--model", str(ck["bert"])],
+        "prune": ["prune", "--data", str(data), "--order", "attention,random", "--seeds", "1", "--model", str(ck["bert"])],
+        "patch": ["patch", "--model", str(ck["gpt2"]), "--clean", clean, "--corrupt", corrupt, "--answer", "mary",
+                  "--wrong", "john", "--approx"],
+        "mediate": ["mediate", "--model", str(ck["gpt2"]), "--prompts", "2"],
+        "explain-generation": ["explain-generation", "the movie was not", "--model", str(ck["gpt2"]), "--new-tokens", "3"],
+        "evaluate": ["evaluate", "--model", str(ck["bert"]), "--data", str(data), "--methods", "attention,occlusion",
+                     "--adv-steps", "2", "--permutations", "2", "--chunk-size", "2"],
+        "benchmark": ["benchmark", "--tasks", "keyword", "--methods", "attention,occlusion", "--n-examples", "4"],
+    }
+    out = {}
+    for name, argv in argvs.items():
+        out[name] = root / name
+        assert main(argv + ["--out", str(out[name])]) == 0, name
+        write_report(out[name])
+    return out
+
+
+def hover_cell(page: Page, canvas: str, i: int, j: int) -> float:
+    p = page.page
+    rows, cols = (int(p.get_attribute(canvas, a)) for a in ("data-rows", "data-cols"))
+    p.locator(canvas).scroll_into_view_if_needed()
+    box = p.locator(canvas).bounding_box()
+    p.mouse.move(box["x"] + (j + 0.5) * box["width"] / cols, box["y"] + (i + 0.5) * box["height"] / rows)
+    return float(p.get_attribute(canvas + "-value", "data-value"))
+
+
+@pytest.mark.parametrize("kind, canvas, array", [
+    ("heads", "#grid-ablation", "ablation"), ("heads", "#grid-attention_mass", "attention_mass"),
+    ("patch", "#grid-patch_resid_pre", "patch.resid_pre"), ("patch", "#grid-patch_heads", "patch.heads"),
+    ("mediate", "#grid-head_nie", "head_nie"), ("prune", "#grid-score_attention", "score.attention"),
+    ("explain-generation", "#gen-matrix", "integrated_gradients.matrix"),
+])
+def test_grids_show_the_stored_values(command_runs: dict[str, Path], page: Page, kind: str, canvas: str,
+                                      array: str) -> None:
+    folder = command_runs[kind]
+    a = load_arrays(folder / "arrays.safetensors")[array]
+    page.open(folder / "report.html")
+    allowed = load_arrays(folder / "arrays.safetensors").get("allowed") if kind == "explain-generation" else None
+    for i, j in {(0, 0), (a.shape[0] - 1, a.shape[1] - 1), (a.shape[0] // 2, a.shape[1] // 2)}:
+        if allowed is not None and not allowed[i, j]:
+            continue
+        assert hover_cell(page, canvas, i, j) == pytest.approx(float(a[i, j]), rel=1e-6, abs=1e-12)
+    page.clean()
+
+
+def test_heads_scatter_and_ranking(command_runs: dict[str, Path], page: Page) -> None:
+    folder = command_runs["heads"]
+    a = load_arrays(folder / "arrays.safetensors")
+    page.open(folder / "report.html")
+    p = page.page
+    assert p.locator("#mass-vs-effect").count() == 1
+    first = p.eval_on_selector("#heads-rank tbody tr", "tr => Array.from(tr.children).map(td => td.textContent)")
+    l, h = (int(x) for x in first[0].split("."))
+    assert abs(a["ablation"][l, h]) == np.abs(a["ablation"]).max()  # sorted by |ΔF|, largest first
+    page.clean()
+
+
+def test_prune_curves_table(command_runs: dict[str, Path], page: Page) -> None:
+    folder = command_runs["prune"]
+    a = load_arrays(folder / "arrays.safetensors")
+    page.open(folder / "report.html")
+    rows = page.page.eval_on_selector_all("#prune-table tbody tr", "trs => trs.map(tr => Array.from(tr.children)"
+                                          ".map(td => td.dataset.value || td.textContent))")
+    for r in rows:
+        np.testing.assert_allclose([float(x) for x in r[1:]], a[f"curve.{r[0]}"][1], rtol=1e-6)
+    page.clean()
+
+
+def test_evaluate_summary_and_example(command_runs: dict[str, Path], page: Page) -> None:
+    from streetlamp.store import read_metrics
+
+    folder = command_runs["evaluate"]
+    df = read_metrics(folder)
+    page.open(folder / "report.html")
+    p = page.page
+    for tr in p.eval_on_selector_all("#summary tbody tr", "trs => trs.map(tr => Array.from(tr.children)"
+                                     ".map(td => td.dataset.value || td.textContent))"):
+        want = df[(df.method == tr[0]) & (df.metric == "aopc_comprehensiveness")].value.mean()
+        if not np.isnan(want):
+            assert float(tr[1]) == pytest.approx(want, rel=1e-6, abs=1e-12)
+    for fig in ("#aopc-comprehensiveness", "#deletion_curve", "#flip-bars", "#tau-strip"):
+        assert p.locator(fig).count() == 1, fig
+    p.click("#examples tbody tr[data-key='d-000001']")
+    assert p.text_content("#example-title") == "Example d-000001"
+    arr = load_arrays(folder / "arrays" / "d-000001.safetensors")
+    assert hover_cell(page, "#example-scores", 1, 2) == pytest.approx(float(arr["occlusion.tokens"][2]), rel=1e-6,
+                                                                      abs=1e-12)
+    assert "ex=d-000001" in p.url
+    page.clean()
+
+
+def test_benchmark_leaderboard_sorts(command_runs: dict[str, Path], page: Page) -> None:
+    import csv
+
+    folder = command_runs["benchmark"]
+    rows = list(csv.DictReader(open(folder / "leaderboard.csv")))
+    page.open(folder / "report.html")
+    p = page.page
+    col = list(rows[0]).index("auprc")
+    p.click(f"#leaderboard th[data-col='{col}']")  # numbers sort descending first
+    top = p.eval_on_selector("#leaderboard tbody tr", f"tr => tr.children[{col}].dataset.value")
+    assert float(top) == max(float(r["auprc"]) for r in rows)
+    page.clean()
+
+
+def test_generic_view_renders_tables_and_figures(tmp_path: Path, page: Page) -> None:
+    import base64
+
+    folder = tmp_path / "cot"
+    folder.mkdir()
+    png = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
+    (folder / "one.png").write_bytes(png)
+    (folder / "manifest.json").write_text(json.dumps({
+        "streetlamp": "cot", "question": HOSTILE,
+        "tables": [{"title": "faithfulness", "columns": ["step", "text", "effect"],
+                    "rows": [[0, HOSTILE, 0.25], [1, "b", 0.75], [2, "c", -0.5]], "note": "a note"}],
+        "figures": [{"file": "one.png", "shows": "one pixel"}]}))
+    write_report(folder)
+    page.open(folder / "report.html")
+    p = page.page
+    assert p.text_content("#table-0 tbody tr:first-child td:nth-child(2)") == HOSTILE
+    p.click("#table-0 th[data-col='2']")
+    assert p.eval_on_selector("#table-0 tbody tr", "tr => tr.children[2].dataset.value") == "0.75"
+    assert p.locator("img").count() == 1 and p.get_attribute("img", "src").startswith("data:image/png;base64,")
+    assert HOSTILE in p.text_content(".kv")
+    page.clean()

@@ -112,6 +112,40 @@ def figure_uris(folder: Path, manifest: dict) -> list[dict]:
     return out
 
 
+def _number(s: str) -> Any:
+    try:
+        v = float(s)
+    except ValueError:
+        return s
+    return v if math.isfinite(v) else None
+
+
+def csv_tables(folder: Path, manifest: dict, max_rows: int = 5000) -> list[dict]:
+    """CSV tables of stored numbers the manifest lists (``files`` or ``figures``), e.g. a leaderboard."""
+    import csv
+
+    listed: dict[str, str] = {}
+    files = manifest.get("files")
+    if isinstance(files, dict):
+        listed.update({k: str(v) for k, v in files.items() if isinstance(k, str)})
+    for fig in manifest.get("figures") or []:
+        if isinstance(fig, dict) and isinstance(fig.get("file"), str):
+            listed.setdefault(fig["file"], str(fig.get("shows", "")))
+    out = []
+    for name, shows in listed.items():
+        if not name.lower().endswith(".csv") or ".." in Path(name).parts or not (folder / name).is_file():
+            continue
+        try:
+            with open(folder / name, newline="", encoding="utf-8") as f:
+                rows = list(csv.reader(f))
+        except (OSError, UnicodeDecodeError, csv.Error) as e:
+            raise StreetlampError(f"{folder}: {name} cannot be read as CSV ({e})") from None
+        if rows:
+            out.append({"file": name, "shows": shows, "columns": rows[0],
+                        "rows": [[_number(c) for c in r] for r in rows[1:max_rows + 1]]})
+    return out
+
+
 def _clean(x: Any) -> Any:
     """JSON without NaN/Infinity (JSON.parse refuses them): they become null."""
     if isinstance(x, float) and not math.isfinite(x):
@@ -167,6 +201,7 @@ def load_folder(folder: Path) -> tuple[dict, Packed]:
                                   "manifest.json names")
     if kind not in VIEWS_WITHOUT_FIGURES:
         extra["figures"] = figure_uris(folder, manifest)
+        extra["csv_tables"] = csv_tables(folder, manifest)
     model = {"view": kind, "manifest": _clean(manifest), "arrays": packed.index, **_clean(extra)}
     return model, packed
 
