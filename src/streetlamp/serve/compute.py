@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -28,16 +27,14 @@ import numpy as np
 import torch
 
 from ..errors import StreetlampError
-from ..evaluation.common import inputs_from_rows
 from ..interventions import engine
 from ..interventions.heads import attention_mass, reference_strategies
 from ..methods.attention import record_attention
-from ..methods.base import explained_position
 from ..methods.perturbation import occlusion_replacement
 from ..methods.registry import REGISTRY
 from ..models.adapter import Inputs, ModelAdapter, Target
-from ..results import atomic_dir, command_line, save_arrays, versions, write_json
 from ..runners import explain as ex
+from ..store.run_folder import RunFolder, RunWriter
 
 Stage = Callable[[str], None]
 DEFAULT_METHODS = ("occlusion",)
@@ -121,23 +118,11 @@ def replacement_id(adapter: ModelAdapter, spec: Any) -> int:
     return int(ids[0])
 
 
-def _relabel(adapter: ModelAdapter, inputs: Inputs, note: str) -> Inputs:
-    """Token-id inputs with readable labels and a text (the decoded ids) for the manifest."""
-    toks = inputs.tokens[0]
-    inputs.labels = [[adapter.token_label(t) for t in toks]]
-    ids = inputs.input_ids[0, : inputs.lengths[0]].tolist()
-    inputs.texts = [adapter.tokenizer.decode(ids, skip_special_tokens=True) + note]
-    inputs.truncated = [False]
-    return inputs
-
-
 # -- the explain view -----------------------------------------------------------------------------
-def _write_explain(adapter: ModelAdapter, res: ex.ExplainResult, folder: Path, target: Target, truncated: bool,
+def _write_explain(adapter: ModelAdapter, res: ex.ExplainResult, w: RunWriter, target: Target, truncated: bool,
                    live: dict, figures: bool) -> None:
-    manifest = ex.write_outputs(adapter, res, folder, target, None, None, 0, truncated, truncated, None,
-                                figures=figures)
-    manifest["live"] = live
-    write_json(folder / "manifest.json", manifest)
+    ex.write_outputs(adapter, res, w, target, None, None, 0, truncated, truncated, None, figures=figures,
+                     extra={"live": live})
 
 
 def view_payload(adapter: ModelAdapter, res: ex.ExplainResult, target: Target, truncated: bool,
@@ -149,22 +134,20 @@ def view_payload(adapter: ModelAdapter, res: ex.ExplainResult, target: Target, t
     from ..report.viewer.palettes import palettes
 
     with tempfile.TemporaryDirectory(prefix="streetlamp-serve-") as d:
-        _write_explain(adapter, res, Path(d), target, truncated, live, figures=False)
+        _write_explain(adapter, res, RunWriter(Path(d), "explain"), target, truncated, live, figures=False)
         model, packed = load_folder(Path(d))
     model["palettes"] = palettes()
     model["built_by"] = "streetlamp serve"
     return {"model": model, "blobs": packed.blobs}
 
 
-def save_run(folder: Path, write: Callable[[Path], None]) -> None:
-    """Write a run folder atomically (never half-written) with its report.html.
-
-    TODO(ring-plumbing): replace by ``streetlamp.store.run_folder.RunFolder`` once main has it."""
+def save_run(folder: Path, command: str, write: Callable[[RunWriter], None]) -> None:
+    """Write a run folder with the one run writer (atomic: never half-written), and its report.html."""
     from ..report.viewer import write_report
 
-    with atomic_dir(Path(folder), False) as tmp:
-        write(tmp)
-        write_report(tmp)
+    with RunFolder(folder, command).staging() as w:
+        write(w)
+        write_report(w.path)
 
 
 def _prediction(adapter: ModelAdapter, probs: np.ndarray, index: int) -> dict:
@@ -182,7 +165,7 @@ def _explain_live(adapter: ModelAdapter, res: ex.ExplainResult, target: Target, 
     def save(folder: Path) -> None:
         # no PNGs: the report draws the explain view from the arrays, and matplotlib's grid alone takes
         # seconds to tens of seconds (`streetlamp explain` still writes them)
-        save_run(folder, lambda tmp: _write_explain(adapter, res, tmp, target, truncated, live, figures=False))
+        save_run(folder, "explain", lambda w: _write_explain(adapter, res, w, target, truncated, live, figures=False))
     return Live(live["kind"], payload, save)
 
 
@@ -218,7 +201,7 @@ def edit_token(adapter: ModelAdapter, text: Any, position: Any, op: Any, replace
     ids = inputs.input_ids[0, :n].tolist()
     if not isinstance(position, int) or isinstance(position, bool) or not 0 <= position < n:
         raise StreetlampError(f"position must be a token index 0..{n - 1}")
-    if ids[position] in set(adapter.tokenizer.all_special_ids):
+    if ids[position] in adapter.special_ids:
         raise StreetlampError(f"position {position} holds the special token {inputs.tokens[0][position]!r}; "
                               "edit a token of the text")
     if op == "remove":
@@ -234,14 +217,14 @@ def edit_token(adapter: ModelAdapter, text: Any, position: Any, op: Any, replace
     index = int(f0.logits[0].argmax())
     p0 = torch.softmax(f0.logits[0].double(), -1).cpu().numpy()
     att0 = torch.stack([f0.cache[f"layers.{l}.attn.pattern"][0] for l in range(adapter.n_layers)]).double()
-    pos0 = explained_position(adapter, n)
+    pos0 = adapter.explained_position(n)
     what = (f"token {position} {inputs.labels[0][position]!r} removed" if op == "remove" else
             f"token {position} {inputs.labels[0][position]!r} replaced by "
             f"{adapter.tokenizer.convert_ids_to_tokens([rid])[0]!r}")
-    edited = _relabel(adapter, inputs_from_rows(adapter, [new]), "")
+    edited = Inputs.from_ids(adapter, [new], texts=[adapter.tokenizer.decode(new, skip_special_tokens=True)])
     with torch.no_grad():
         f1 = adapter.forward(edited, record=HIDDEN)
-    pos1 = explained_position(adapter, len(new))
+    pos1 = adapter.explained_position(len(new))
     h0, h1 = _hidden(adapter, f0), _hidden(adapter, f1)
     rows = []
     for k in range(adapter.n_layers + 1):
@@ -337,7 +320,7 @@ def ablate_heads(adapter: ModelAdapter, text: Any, heads: Any, ablation: Any = "
                      "(as `streetlamp heads`)",
            "attention_mass": "attention of the explained position on content tokens (as `streetlamp heads`)"}
 
-    def save(folder: Path) -> None:
+    def save(w: RunWriter) -> None:
         L, H = adapter.n_layers, adapter.n_heads
         grid = np.full((L, H), np.nan, np.float32)
         for r in rows:
@@ -355,17 +338,13 @@ def ablate_heads(adapter: ModelAdapter, text: Any, heads: Any, ablation: Any = "
                  "columns": ["layer", "head", "attention mass", "attention max", "p ablated", "change"],
                  "rows": [[r["layer"], r["head"], r["attention_mass"], r["attention_max"], r["prob"], r["effect"]]
                           for r in rows] + [["all", len(rows), None, None, joint["prob"], joint["effect"]]]}
-        _write_plain(adapter, folder, "serve-ablate", arrays, described, {"live": out, "tables": [table]})
-    return Live("ablate", out, lambda folder: save_run(folder, lambda tmp: save(tmp)))
+        _write_plain(adapter, w, arrays, described, {"live": out, "tables": [table]})
+    return Live("ablate", out, lambda folder: save_run(folder, "serve-ablate", save))
 
 
-def _write_plain(adapter: ModelAdapter, folder: Path, kind: str, arrays: dict, described: dict, extra: dict) -> None:
-    save_arrays(folder / "arrays.safetensors", arrays)
-    for k, v in described.items():
-        v.update(file="arrays.safetensors", key=k, shape=list(arrays[k].shape), dtype=str(arrays[k].dtype))
-    write_json(folder / "manifest.json", {"streetlamp": kind, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                          "command": command_line(), "model": adapter.describe(), "arrays": described,
-                                          **json.loads(json.dumps(extra, default=float)), "versions": versions()})
+def _write_plain(adapter: ModelAdapter, w: RunWriter, arrays: dict, described: dict, extra: dict) -> None:
+    w.add_arrays(arrays, described)
+    w.write_manifest({"model": adapter.describe(), **json.loads(json.dumps(extra, default=float))})
 
 
 # -- minimal pairs --------------------------------------------------------------------------------
@@ -389,7 +368,7 @@ def minimal_pair(adapter: ModelAdapter, text_a: Any, text_b: Any, *, truncate: b
     described = {"probs_a": {"axes": ["output"], "meaning": "output distribution of text A"},
                  "probs_b": {"axes": ["output"], "meaning": "output distribution of text B"}}
     if na == nb:
-        pos = explained_position(adapter, na)
+        pos = adapter.explained_position(na)
         diff = ab - aa
         tv = 0.5 * np.abs(diff[:, :, pos, :]).sum(-1)
         out.update(differing=[j for j in range(na) if int(ia.input_ids[0, j]) != int(ib.input_ids[0, j])],
@@ -405,7 +384,6 @@ def minimal_pair(adapter: ModelAdapter, text_a: Any, text_b: Any, *, truncate: b
         out["note"] = (f"text A has {na} tokens and text B {nb}: attention is compared position by position only "
                        "when both have the same number of tokens")
 
-    def save(folder: Path) -> None:
-        _write_plain(adapter, folder, "serve-pair", arrays, described, {"live": {k: v for k, v in out.items()
-                                                                               if k != "row_diff"}})
-    return Live("pair", out, lambda folder: save_run(folder, save))
+    def save(w: RunWriter) -> None:
+        _write_plain(adapter, w, arrays, described, {"live": {k: v for k, v in out.items() if k != "row_diff"}})
+    return Live("pair", out, lambda folder: save_run(folder, "serve-pair", save))
