@@ -6,6 +6,7 @@ computations are plain library calls in :mod:`streetlamp.serve.compute`. See doc
 """
 from __future__ import annotations
 
+import os
 import socket
 import sys
 from pathlib import Path
@@ -41,6 +42,7 @@ def serve(adapters: dict, host: str = "127.0.0.1", port: int = 8765, allow_remot
     from .app import Limits, create_app, new_token
 
     check_address(host, port, allow_remote)
+    os.environ.setdefault("TQDM_DISABLE", "1")  # the page shows progress; no method progress bars on the console
     if host not in LOCAL_HOSTS:
         print(f"streetlamp: warning: serving on {host}:{port}: anyone who can reach this address and has the token "
               "can run the models; the connection is plain HTTP (not encrypted)", file=sys.stderr)
