@@ -83,7 +83,7 @@ def main() -> None:
     ap.add_argument("--model", default="minilm-sentiment")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--duration", type=float, default=60.0, help="seconds per concurrency level (issue: 60)")
-    ap.add_argument("--clients", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--clients", type=int, nargs="*", default=[1, 8], help="concurrency levels (none: memory only)")
     ap.add_argument("--requests", type=int, default=1000, help="requests before the second memory reading")
     args = ap.parse_args()
     from streetlamp.models.loading import load as load_model
@@ -92,7 +92,7 @@ def main() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc, token = start(args.model, port, queue=max(args.clients))
+    proc, token = start(args.model, port, queue=max(args.clients or [1]))
     base = f"http://127.0.0.1:{port}"
     rss = psutil.Process(proc.pid)
     try:
