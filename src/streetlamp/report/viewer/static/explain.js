@@ -25,6 +25,7 @@
     const headName = (h) => (h < 0 ? `mean over ${NH} heads` : `head ${h}`);
     const errNote = err > 0 ? ` (stored at ${err < 1e-4 ? 16 : 8}-bit precision in this page: ±${fmt(err, 4)}; exact values in arrays.safetensors)` : "";
     const ok = (i, j) => allowed[i * n + j] > 0;
+    const dec = err > 5e-5 ? 3 : 4, fv = (v) => fmt(v, dec); // no digits beyond the stored precision
 
     // layers decoded on demand; head means cached
     const means = new Map();
@@ -193,7 +194,7 @@
       const j = Math.floor((ev.clientX - r.left - M0) / cs), i = Math.floor((ev.clientY - r.top - M0) / cs);
       if (i < 0 || j < 0 || i >= n || j >= n) return;
       const v = cur[i * n + j];
-      cellOut.textContent = `Query row ${i} ${q(labels[i])} → Key column ${j} ${q(labels[j])}: ` + (ok(i, j) ? fmt(v) : "forbidden by the mask");
+      cellOut.textContent = `Query row ${i} ${q(labels[i])} → Key column ${j} ${q(labels[j])}: ` + (ok(i, j) ? fv(v) : "forbidden by the mask");
       cellOut.dataset.i = i; cellOut.dataset.j = j; cellOut.dataset.value = ok(i, j) ? String(v) : "";
     });
     $m.addEventListener("click", (ev) => { const r = $m.getBoundingClientRect(); const i = Math.floor((ev.clientY - r.top - M0) / cs), j = Math.floor((ev.clientX - r.left - M0) / cs);
@@ -221,7 +222,7 @@
       const what = st.mode === "row" ? `Query row ${t} ${q(labels[t])}: what it reads` : `Key column ${t} ${q(labels[t])}: who reads it`;
       selLine.textContent = `${what} in layer ${st.l}, ${headName(st.h)}${st.lock ? " (locked; click again or Escape to unlock)" : ""}`;
       rawTitle.textContent = st.mode === "row" ? `Row ${t} ${q(labels[t])}: attention to each key` : `Column ${t} ${q(labels[t])}: attention from each query`;
-      rawRows.forEach((r, j) => { r.v.textContent = okv(j) ? fmt(vals[j]) : "masked"; r.v.dataset.value = okv(j) ? String(vals[j]) : ""; r.tr.classList.toggle("hl", j === t); r.tr.style.display = st.hide && hidden(j) ? "none" : ""; });
+      rawRows.forEach((r, j) => { r.v.textContent = okv(j) ? fv(vals[j]) : "masked"; r.v.dataset.value = okv(j) ? String(vals[j]) : ""; r.tr.classList.toggle("hl", j === t); r.tr.style.display = st.hide && hidden(j) ? "none" : ""; });
       tokLegend.textContent = ""; tokLegend.appendChild(L.legend("seq", 0, 1, L.hatchLegend()));
       disagreement(); drawOverlay(); save();
     }
@@ -254,7 +255,7 @@
       const scores = {}; for (const m of methods) scores[m] = (await L.arr(m + ".tokens")).data;
       const attR = L.rankDesc(keep.map((j) => row[j])), ranks = {};
       for (const m of methods) ranks[m] = L.rankDesc(keep.map((j) => Math.abs(scores[m][j])));
-      const cols = [{ title: "pos" }, { title: "token", text: true }, { title: `attention (L${st.l}, ${st.h < 0 ? "head mean" : "H" + st.h}, from pos ${pos})` }, { title: "rank" }];
+      const cols = [{ title: "pos" }, { title: "token", text: true }, { title: `attention (L${st.l}, ${st.h < 0 ? "head mean" : "H" + st.h}, from pos ${pos})`, fmt: fv }, { title: "rank" }];
       for (const m of methods) cols.push({ title: m }, { title: "rank by |score|" });
       const rows = keep.map((j, k) => { const r = [j, labels[j], row[j], attR[k]]; for (const m of methods) r.push(scores[m][j], ranks[m][k]); return r; });
       cmpBox.textContent = "";
@@ -265,8 +266,8 @@
       if (top === undefined) sentence = "no tokens left to compare (every token is hidden)";
       else if (occ) {
         const o = mi.occlusion || {}, repl = o.replacement_used === "delete" ? "deleted" : `replaced by ${q(o.replacement_token || o.replacement || "?")}`;
-        sentence = `Attention (${where}) points at ${q(labels[top])} (position ${top}, weight ${fmt(row[top])}); removing ${q(labels[top])} (${repl}) changes ${tgt.explained || "the output"} by ${fmt(-scores[occ][top])}.`;
-      } else sentence = `Attention (${where}) points at ${q(labels[top])} (position ${top}, weight ${fmt(row[top])}); this run has no occlusion, so what removing it does is unknown (run explain with --methods occlusion).`;
+        sentence = `Attention (${where}) points at ${q(labels[top])} (position ${top}, weight ${fv(row[top])}); removing ${q(labels[top])} (${repl}) changes ${tgt.explained || "the output"} by ${fmt(-scores[occ][top])}.`;
+      } else sentence = `Attention (${where}) points at ${q(labels[top])} (position ${top}, weight ${fv(row[top])}); this run has no occlusion, so what removing it does is unknown (run explain with --methods occlusion).`;
       cmpBox.appendChild(el("p", { cls: "sentence", id: "sentence", text: sentence }));
       const taus = methods.map((m) => [m, L.kendallTauB(keep.map((j) => row[j]), keep.map((j) => Math.abs(scores[m][j])))]);
       cmpBox.appendChild(el("div", { id: "taus" }, `Kendall τ-b between this attention row and each method's |score| over ${keep.length} tokens (${st.hide ? "special tokens and sinks excluded" : "all tokens"}): `,
