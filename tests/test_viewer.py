@@ -179,3 +179,23 @@ def test_minilm_128_token_report_under_2mb(tmp_path: Path) -> None:
     assert path.stat().st_size < 2_000_000, path.stat().st_size
     m = json.loads(re.search(r'id="sl-model">(.*?)</script>', path.read_text(), re.S).group(1))
     assert m["arrays"]["attention"]["codec"] == "u12" and m["arrays"]["attention"]["max_error"] < 1.3e-4
+
+
+def test_fixed_point_attention_keeps_exact_explained_rows(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the full tensor travels in 12 bits, the explained position's rows travel exactly (ranks and
+    Kendall tau must not see quantisation ties)."""
+    from streetlamp.report.viewer import folder as fmod, pack
+
+    monkeypatch.setattr(pack, "SMALL", 0)
+    monkeypatch.setattr(fmod, "SMALL", 0)
+    monkeypatch.setattr(pack, "U16_BUDGET", 0)
+    html = build_html(run)
+    m = json.loads(re.search(r'id="sl-model">(.*?)</script>', html, re.S).group(1))
+    blobs = dict(re.findall(r'id="sl-blob-(\d+)">([^<]*)</script>', html))
+    blobs_l = [blobs[str(i)] for i in range(len(blobs))]
+    assert m["arrays"]["attention"]["codec"] == "u12"
+    att = load_arrays(run / "arrays.safetensors")["attention"]
+    pos = m["manifest"]["explained_position"]["index"]
+    rows = unpack(m["arrays"]["attention@explained"], blobs_l)
+    np.testing.assert_array_equal(rows, att[:, :, pos, :])
+    assert np.abs(unpack(m["arrays"]["attention"], blobs_l) - att).max() <= 0.5 / 4095 + 1e-7
