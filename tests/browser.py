@@ -63,10 +63,13 @@ class Page:
         self.page.wait_for_selector("body[data-ready='1']", timeout=60_000)
         return self
 
-    def clean(self) -> None:
+    def clean_events(self) -> None:
         assert self.errors == [], self.errors
         assert self.requests == [], self.requests
         assert self.dialogs == [], self.dialogs
+
+    def clean(self) -> None:
+        self.clean_events()
         assert self.page.evaluate("window.streetlamp.errors") == []
 
 

@@ -40,7 +40,7 @@ def copy(run: Path, tmp_path: Path) -> Path:
 def test_packing_round_trip() -> None:
     rng = np.random.default_rng(0)
     small = rng.normal(size=(5, 7)).astype(np.float32)
-    big01 = rng.dirichlet(np.ones(300), size=(2, 3, 300)).astype(np.float32)  # 540k values in [0, 1]
+    big01 = rng.dirichlet(np.ones(200), size=(2, 3, 200)).astype(np.float32)  # 240k values in [0, 1]
     signed = rng.normal(size=(3, 200, 200)).astype(np.float64)
     p = Packed()
     p.add("small", small)
@@ -54,9 +54,15 @@ def test_packing_round_trip() -> None:
     np.testing.assert_array_equal(unpack(p.index["mask"], p.blobs), np.tri(4))
     got = unpack(p.index["big01"], p.blobs)
     assert np.abs(got - big01).max() <= p.index["big01"]["max_error"] + 1e-7  # 0.5 / 65535
-    q8 = Packed()
-    q8.add("a", big01, codec="u8")
-    assert np.abs(unpack(q8.index["a"], q8.blobs) - big01).max() <= 0.5 / 255 + 1e-7
+    for codec, scale in (("u12", 4095), ("u8", 255)):
+        qp = Packed()
+        qp.add("a", big01, codec=codec)
+        assert qp.index["a"]["max_error"] == 0.5 / scale
+        assert np.abs(unpack(qp.index["a"], qp.blobs) - big01).max() <= 0.5 / scale + 1e-7
+    twice = Packed()  # an identical array travels once
+    twice.add("a", big01)
+    twice.add("b", big01.copy())
+    assert twice.index["a"]["chunks"] == twice.index["b"]["chunks"] and len(twice.blobs) == 2
     assert all(re.fullmatch(r"[A-Za-z0-9+/=]*", b) for b in p.blobs)  # base64: no '<', cannot close a script
 
 
@@ -151,3 +157,45 @@ def test_generic_view_for_any_command(tmp_path: Path) -> None:
     html = build_html(folder)
     assert "data:image/png;base64," + base64.b64encode(png).decode() in html
     assert "outside.png" in html and html.count("data:image/png;base64,") == 1  # listed, never read
+
+
+@pytest.mark.slow
+def test_minilm_128_token_report_under_2mb(tmp_path: Path) -> None:
+    """The issue's budget: the explain report of a 128-token text on minilm-sentiment with the default
+    methods stays under 2 MB."""
+    import sys
+
+    import streetlamp
+    from streetlamp.runners.explain import default_methods, explain
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from common import text_of_length
+
+    adapter = streetlamp.load("minilm-sentiment")
+    text = text_of_length(adapter, 128)
+    assert len(adapter.encode(text).tokens[0]) == 128
+    res = explain(adapter, text, tmp_path / "e", methods=default_methods())
+    path = write_report(res.out)
+    assert path.stat().st_size < 2_000_000, path.stat().st_size
+    m = json.loads(re.search(r'id="sl-model">(.*?)</script>', path.read_text(), re.S).group(1))
+    assert m["arrays"]["attention"]["codec"] == "u12" and m["arrays"]["attention"]["max_error"] < 1.3e-4
+
+
+def test_fixed_point_attention_keeps_exact_explained_rows(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the full tensor travels in 12 bits, the explained position's rows travel exactly (ranks and
+    Kendall tau must not see quantisation ties)."""
+    from streetlamp.report.viewer import folder as fmod, pack
+
+    monkeypatch.setattr(pack, "SMALL", 0)
+    monkeypatch.setattr(fmod, "SMALL", 0)
+    monkeypatch.setattr(pack, "U16_BUDGET", 0)
+    html = build_html(run)
+    m = json.loads(re.search(r'id="sl-model">(.*?)</script>', html, re.S).group(1))
+    blobs = dict(re.findall(r'id="sl-blob-(\d+)">([^<]*)</script>', html))
+    blobs_l = [blobs[str(i)] for i in range(len(blobs))]
+    assert m["arrays"]["attention"]["codec"] == "u12"
+    att = load_arrays(run / "arrays.safetensors")["attention"]
+    pos = m["manifest"]["explained_position"]["index"]
+    rows = unpack(m["arrays"]["attention@explained"], blobs_l)
+    np.testing.assert_array_equal(rows, att[:, :, pos, :])
+    assert np.abs(unpack(m["arrays"]["attention"], blobs_l) - att).max() <= 0.5 / 4095 + 1e-7

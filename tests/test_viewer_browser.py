@@ -373,3 +373,22 @@ def test_generic_view_renders_tables_and_figures(tmp_path: Path, page: Page) -> 
     assert p.locator("img").count() == 1 and p.get_attribute("img", "src").startswith("data:image/png;base64,")
     assert HOSTILE in p.text_content(".kv")
     page.clean()
+
+
+def test_notebook_iframe_runs_its_scripts(runs: dict[str, Path], page: Page, tmp_path: Path) -> None:
+    """What _repr_html_ returns: the whole report in an iframe srcdoc (scripts run there in JupyterLab,
+    VS Code and classic Jupyter, which do not run scripts of plain HTML output)."""
+    from types import SimpleNamespace
+
+    from streetlamp.runners.explain import ExplainResult
+
+    snippet = ExplainResult._repr_html_(SimpleNamespace(out=runs["bert"]))  # type: ignore[arg-type]
+    assert snippet.startswith("<iframe srcdoc=\"") and "<script" not in snippet  # all of it escaped
+    host = tmp_path / "notebook.html"
+    host.write_text(f"<!DOCTYPE html><html><body><h1>cell output</h1>{snippet}</body></html>")
+    page.page.goto(host.resolve().as_uri())
+    frame = page.page.frame_locator("iframe")
+    frame.locator("body[data-ready='1']").wait_for(timeout=60_000)
+    assert frame.locator("#tokens .tok[data-i='3']").text_content() == HOSTILE
+    assert frame.locator("#raw tbody td.val").count() > 0
+    page.clean_events()

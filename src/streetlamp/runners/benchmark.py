@@ -47,6 +47,11 @@ class BenchmarkResult:
     rows: list[dict[str, Any]] = field(default_factory=list)
     models: list[dict[str, Any]] = field(default_factory=list)
 
+    def _repr_html_(self) -> str:  # a notebook shows the run's report inline
+        from ..report.viewer import iframe_html
+
+        return iframe_html(self.out)
+
 
 def load_groundtruth(task: str, variant: str) -> ModelAdapter:
     from ..models.loading import load

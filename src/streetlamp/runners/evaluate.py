@@ -30,6 +30,11 @@ class EvalResult:
     summary: pd.DataFrame
     lines: list[str] = field(default_factory=list)
 
+    def _repr_html_(self) -> str:  # a notebook shows the run's report inline
+        from ..report.viewer import iframe_html
+
+        return iframe_html(self.out)
+
 
 def label_indices(adapter: ModelAdapter, ds: Dataset) -> dict[str, int]:
     """Map the data's labels to the model's class ids (by name, case-insensitive, or by number).

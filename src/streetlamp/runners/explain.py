@@ -32,6 +32,11 @@ class ExplainResult:
     explanations: dict[str, Explanation] = field(default_factory=dict)
     summary: list[str] = field(default_factory=list)
 
+    def _repr_html_(self) -> str:  # a notebook shows the run's report inline
+        from ..report.viewer import iframe_html
+
+        return iframe_html(self.out)
+
 
 def parse_target(adapter: ModelAdapter, spec: str | None) -> int | None:
     """A class name or id (classifier), or a token string (causal LM); None = the prediction."""

@@ -38,6 +38,11 @@ class GenerationResult:
     allowed: np.ndarray
     lines: list[str] = field(default_factory=list)
 
+    def _repr_html_(self) -> str:  # a notebook shows the run's report inline
+        from ..report.viewer import iframe_html
+
+        return iframe_html(self.out)
+
 
 def explain_generation(adapter: ModelAdapter, prompt: str, out: RunFolder | Path, *, new_tokens: int = 8,
                        continuation: list[int] | None = None, quantity: str = "logprob", overwrite: bool = False,

@@ -182,6 +182,20 @@ def evaluate_extra(folder: Path, manifest: dict, packed: Packed) -> dict:
             "stored_limit": MAX_EXAMPLES if len(examples) > MAX_EXAMPLES else None}
 
 
+def explained_rows(packed: Packed, folder: Path, manifest: dict) -> None:
+    """The explained position's attention rows, exact (float32): ranks and Kendall tau in the
+    "light versus use" panel must not see ties that fixed-point storage of the full tensor makes."""
+    pos = (manifest.get("explained_position") or {}).get("index")
+    shape = packed.index["attention"]["shape"]
+    if not isinstance(pos, int) or not 0 <= pos < shape[2]:
+        return
+    path = folder / "arrays.safetensors"
+    with _open(path, folder) as f:
+        sl = f.get_slice("attention")
+        rows = np.stack([_slice(sl, i, "attention", path)[:, pos, :] for i in range(shape[0])])
+    packed.add("attention@explained", rows, codec="f32")
+
+
 def load_folder(folder: Path) -> tuple[dict, Packed]:
     """Everything the page needs from a run folder, every check done before anything is written."""
     folder = Path(folder)
@@ -199,6 +213,8 @@ def load_folder(folder: Path) -> tuple[dict, Packed]:
         if missing:
             raise StreetlampError(f"{folder}: arrays.safetensors lacks the array(s) {', '.join(missing)} that "
                                   "manifest.json names")
+    if kind == "explain" and packed.index.get("attention", {}).get("codec", "f32") != "f32":
+        explained_rows(packed, folder, manifest)
     if kind not in VIEWS_WITHOUT_FIGURES:
         extra["figures"] = figure_uris(folder, manifest)
         extra["csv_tables"] = csv_tables(folder, manifest)

@@ -24,8 +24,9 @@
     };
     const save = () => { Object.assign(state, { view: "explain", l: st.l, h: st.h < 0 ? "mean" : st.h, t: st.t, mode: st.mode, lock: st.lock ? 1 : 0, hide: st.hide ? 1 : 0, rescale: st.rescale ? 1 : 0 }); L.writeHash(); };
     const headName = (h) => (h < 0 ? `mean over ${NH} heads` : `head ${h}`);
-    const errNote = err > 0 ? ` (stored at ${err < 1e-4 ? 16 : 8}-bit precision in this page: ±${fmt(err, 4)}; exact values in arrays.safetensors)` : "";
+    const errNote = err > 0 ? ` (stored at ${{ u16: 16, u12: 12, u8: 8 }[ainfo.codec]}-bit precision in this page: ±${fmt(err, 4)}; exact values in arrays.safetensors)` : "";
     const ok = (i, j) => allowed[i * n + j] > 0;
+    const dec = err > 5e-5 ? 3 : 4, fv = (v) => (Number.isFinite(v) ? v.toFixed(dec) : fmt(v)); // no digits beyond the stored precision
 
     // layers decoded on demand; head means cached
     const means = new Map();
@@ -194,7 +195,7 @@
       const j = Math.floor((ev.clientX - r.left - M0) / cs), i = Math.floor((ev.clientY - r.top - M0) / cs);
       if (i < 0 || j < 0 || i >= n || j >= n) return;
       const v = cur[i * n + j];
-      cellOut.textContent = `Query row ${i} ${q(labels[i])} → Key column ${j} ${q(labels[j])}: ` + (ok(i, j) ? fmt(v) : "forbidden by the mask");
+      cellOut.textContent = `Query row ${i} ${q(labels[i])} → Key column ${j} ${q(labels[j])}: ` + (ok(i, j) ? fv(v) : "forbidden by the mask");
       cellOut.dataset.i = i; cellOut.dataset.j = j; cellOut.dataset.value = ok(i, j) ? String(v) : "";
     });
     $m.addEventListener("click", (ev) => { const r = $m.getBoundingClientRect(); const i = Math.floor((ev.clientY - r.top - M0) / cs), j = Math.floor((ev.clientX - r.left - M0) / cs);
@@ -222,7 +223,7 @@
       const what = st.mode === "row" ? `Query row ${t} ${q(labels[t])}: what it reads` : `Key column ${t} ${q(labels[t])}: who reads it`;
       selLine.textContent = `${what} in layer ${st.l}, ${headName(st.h)}${st.lock ? " (locked; click again or Escape to unlock)" : ""}`;
       rawTitle.textContent = st.mode === "row" ? `Row ${t} ${q(labels[t])}: attention to each key` : `Column ${t} ${q(labels[t])}: attention from each query`;
-      rawRows.forEach((r, j) => { r.v.textContent = okv(j) ? fmt(vals[j]) : "masked"; r.v.dataset.value = okv(j) ? String(vals[j]) : ""; r.tr.classList.toggle("hl", j === t); r.tr.style.display = st.hide && hidden(j) ? "none" : ""; });
+      rawRows.forEach((r, j) => { r.v.textContent = okv(j) ? fv(vals[j]) : "masked"; r.v.dataset.value = okv(j) ? String(vals[j]) : ""; r.tr.classList.toggle("hl", j === t); r.tr.style.display = st.hide && hidden(j) ? "none" : ""; });
       tokLegend.textContent = ""; tokLegend.appendChild(L.legend("seq", 0, 1, L.hatchLegend()));
       disagreement(); drawOverlay(); save();
     }
@@ -243,31 +244,36 @@
       else jsdBox.appendChild(el("div", { cls: "ok", text: `The heads mostly agree here (mean JSD < ${JSD_WARN} bits): the head mean is a fair summary for this query.` }));
       const trows = order.map((h) => { let best = keys[0], bv = -1; keys.forEach((j, k) => { if (rows[h][k] > bv) { bv = rows[h][k]; best = j; } });
         return [h, labels[best], best, bv, per[h]]; });
-      jsdBox.appendChild(L.table([{ title: "head" }, { title: "reads most", text: true }, { title: "pos" }, { title: "weight" }, { title: "mean JSD to the other heads (bits)" }],
+      jsdBox.appendChild(L.table([{ title: "head" }, { title: "reads most", text: true }, { title: "pos" }, { title: "weight", fmt: fv }, { title: "mean JSD to the other heads (bits)" }],
         trows, { id: "heads-table", onclick: (i) => { st.h = trows[i][0]; headSel.value = st.h; redraw(); } }));
     }
 
     function compareRowHighlight() { document.querySelectorAll("#compare-table tbody tr").forEach((tr) => tr.classList.toggle("hl", +tr.dataset.key === st.t)); }
 
     async function compare() {
-      const row = new Float32Array(n); for (let j = 0; j < n; j++) row[j] = cur[pos * n + j];
+      const mi = MAN.methods || {};
+      let row = new Float32Array(n); for (let j = 0; j < n; j++) row[j] = cur[pos * n + j];
+      if (L.has("attention@explained")) { // exact float32 rows of the explained position (the full tensor is fixed point)
+        const ex = (await L.arr("attention@explained")).data, at = (h) => ex.subarray((st.l * NH + h) * n, (st.l * NH + h + 1) * n);
+        if (st.h >= 0) row = at(st.h); else { row = new Float32Array(n); for (let h = 0; h < NH; h++) { const r = at(h); for (let j = 0; j < n; j++) row[j] += r[j] / NH; } }
+      }
       const keep = []; for (let j = 0; j < n; j++) if (ok(pos, j) && !(st.hide && (hidden(j) || special.has(j)))) keep.push(j);
       const scores = {}; for (const m of methods) scores[m] = (await L.arr(m + ".tokens")).data;
       const attR = L.rankDesc(keep.map((j) => row[j])), ranks = {};
       for (const m of methods) ranks[m] = L.rankDesc(keep.map((j) => Math.abs(scores[m][j])));
-      const cols = [{ title: "pos" }, { title: "token", text: true }, { title: `attention (L${st.l}, ${st.h < 0 ? "head mean" : "H" + st.h}, from pos ${pos})` }, { title: "rank" }];
-      for (const m of methods) cols.push({ title: m }, { title: "rank by |score|" });
+      const cols = [{ title: "pos" }, { title: "token", text: true }, { title: `attention (L${st.l}, ${st.h < 0 ? "head mean" : "H" + st.h}, from pos ${pos})`, fmt: L.has("attention@explained") ? (v) => v.toFixed(4) : fv }, { title: "rank" }];
+      for (const m of methods) cols.push({ title: m + ((mi[m] || {}).view ? ` (${mi[m].view})` : "") }, { title: "rank by |score|" });
       const rows = keep.map((j, k) => { const r = [j, labels[j], row[j], attR[k]]; for (const m of methods) r.push(scores[m][j], ranks[m][k]); return r; });
       cmpBox.textContent = "";
-      const occ = methods.find((m) => m === "occlusion"), mi = MAN.methods || {};
+      const occ = methods.find((m) => m === "occlusion");
       const top = keep.slice().sort((x, y) => row[y] - row[x])[0];
       const where = `layer ${st.l}, ${headName(st.h)}, from ${q(labels[pos])} at position ${pos}`;
       let sentence;
       if (top === undefined) sentence = "no tokens left to compare (every token is hidden)";
       else if (occ) {
         const o = mi.occlusion || {}, repl = o.replacement_used === "delete" ? "deleted" : `replaced by ${q(o.replacement_token || o.replacement || "?")}`;
-        sentence = `Attention (${where}) points at ${q(labels[top])} (position ${top}, weight ${fmt(row[top])}); removing ${q(labels[top])} (${repl}) changes ${tgt.explained || "the output"} by ${fmt(-scores[occ][top])}.`;
-      } else sentence = `Attention (${where}) points at ${q(labels[top])} (position ${top}, weight ${fmt(row[top])}); this run has no occlusion, so what removing it does is unknown (run explain with --methods occlusion).`;
+        sentence = `Attention (${where}) points at ${q(labels[top])} (position ${top}, weight ${fmt(row[top], 4)}); removing ${q(labels[top])} (${repl}) changes ${tgt.explained || "the output"} by ${fmt(-scores[occ][top])}.`;
+      } else sentence = `Attention (${where}) points at ${q(labels[top])} (position ${top}, weight ${fmt(row[top], 4)}); this run has no occlusion, so what removing it does is unknown (run explain with --methods occlusion).`;
       cmpBox.appendChild(el("p", { cls: "sentence", id: "sentence", text: sentence }));
       const taus = methods.map((m) => [m, L.kendallTauB(keep.map((j) => row[j]), keep.map((j) => Math.abs(scores[m][j])))]);
       cmpBox.appendChild(el("div", { id: "taus" }, `Kendall τ-b between this attention row and each method's |score| over ${keep.length} tokens (${st.hide ? "special tokens and sinks excluded" : "all tokens"}): `,

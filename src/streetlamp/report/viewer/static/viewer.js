@@ -39,7 +39,8 @@
   const q = (s) => JSON.stringify(String(s)); // a token shown quoted, as text
 
   // ---------- arrays ----------
-  const ITEM = { f32: 4, u16: 2, u8: 1 };
+  const ITEM = { f32: 4, u16: 2, u12: 2, u8: 1 };
+  const SCALE = { u16: 65535, u12: 4095, u8: 255 };
   const chunkCache = new Map(); // blob id -> Promise<Float32Array>
   const LRU = [];
   const CACHE_BYTES = 256 * 1024 * 1024;
@@ -63,8 +64,8 @@
     }
     if (codec === "f32") return new Float32Array(bytes.buffer);
     const out = new Float32Array(n);
-    if (codec === "u16") { const qv = new Uint16Array(bytes.buffer); for (let i = 0; i < n; i++) out[i] = qv[i] / 65535; }
-    else for (let i = 0; i < n; i++) out[i] = bytes[i] / 255;
+    const qv = k === 2 ? new Uint16Array(bytes.buffer) : bytes, sc = SCALE[codec];
+    for (let i = 0; i < n; i++) out[i] = qv[i] / sc;
     return out;
   }
   function chunk(id, codec) {
