@@ -27,17 +27,14 @@ import torch
 
 from ..models.adapter import ModelAdapter
 from ..methods.base import explained_position
+from ..settings import layers_of
 from .common import inputs_from_rows, js_divergence_t, output_map
 
 INTERNAL_RANKINGS = ("attention", "gradient", "attention_x_gradient", "random")
 
 
 def flip_layers(adapter: ModelAdapter, spec: str) -> list[int]:
-    if spec == "all":
-        return list(range(adapter.n_layers))
-    if spec == "last":
-        return [adapter.n_layers - 1]
-    return [int(spec) % adapter.n_layers]
+    return layers_of(adapter, spec)  # last, all or a layer number in range (no wrapping)
 
 
 def attention_item_scores(adapter: ModelAdapter, rows: Sequence[Sequence[int]], pred: Sequence[int],
