@@ -22,7 +22,6 @@ import numpy as np
 import torch
 
 from ..errors import StreetlampError
-from ..methods.base import explained_position
 from ..models.adapter import Inputs, ModelAdapter, Target
 from . import engine
 from .engine import Intervention
@@ -118,7 +117,7 @@ def attention_mass(adapter: ModelAdapter, inputs: Inputs, texts_per_batch: int =
         att = torch.stack([fwd.cache[f"layers.{l}.attn.pattern"] for l in range(L)], 1).float().cpu()
         for i, b in enumerate(rows):
             n = sub.lengths[i]
-            pos = explained_position(adapter, n)
+            pos = adapter.explained_position(n)
             row = att[i, :, :, pos, :n]  # [L, H, key]
             content = torch.tensor([int(t) not in special for t in sub.input_ids[i, :n]])
             mass[b] = row[..., content].sum(-1).numpy()

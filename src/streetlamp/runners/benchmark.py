@@ -29,7 +29,7 @@ from ..models.adapter import ModelAdapter, Target
 from ..store.run_folder import RunFolder
 
 VARIANTS = ("normal", "deceptive")
-COLUMNS = ["task", "variant", "method", "auprc", "precision_at_k", "comprehensiveness", "sufficiency",
+COLUMNS = ["task", "variant", "method", "average_precision", "auprc", "precision_at_k", "comprehensiveness", "sufficiency",
            "base_rate", "n_examples", "seconds", "error"]
 # cheap-but-sound settings for the tiny models (defaults are used for everything else)
 # (texts are 6-12 words; recorded in manifest.json)
@@ -54,13 +54,14 @@ class BenchmarkResult:
                          f"[CLS] last layer {m['mass_cls_last']:.3f}, all rows {m['mass_all']:.3f}")
         for task in dict.fromkeys(r["task"] for r in self.rows):
             lines.append(f"\n== {task} ==")
-            lines.append(f"{'variant':<10}{'method':<24}{'AUPRC':>7}{'P@k':>7}{'comp':>8}{'suff':>8}")
+            lines.append(f"{'variant':<10}{'method':<24}{'AP':>7}{'AUPRC':>7}{'P@k':>7}{'comp':>8}{'suff':>8}")
             rows = [r for r in self.rows if r["task"] == task]
             for r in sorted(rows, key=lambda r: (r["variant"] != "normal", -r.get("auprc", -1))):
                 if r["error"]:
                     lines.append(f"{r['variant']:<10}{r['method']:<24} error: {r['error']}")
                 else:
-                    lines.append(f"{r['variant']:<10}{r['method']:<24}{r['auprc']:>7.3f}{r['precision_at_k']:>7.3f}"
+                    lines.append(f"{r['variant']:<10}{r['method']:<24}{r['average_precision']:>7.3f}"
+                                 f"{r['auprc']:>7.3f}{r['precision_at_k']:>7.3f}"
                                  f"{r['comprehensiveness']:>8.3f}{r['sufficiency']:>8.3f}")
         return lines + [f"output: {self.out}/ (leaderboard.csv, models.csv, leaderboard.png, manifest.json)"]
 
@@ -92,9 +93,9 @@ def score_method(adapter: ModelAdapter, name: str, examples: list, seed: int, de
     secs = time.time() - t0
     words = [lb.word_scores(s) for s in token_scores]
     masks = [planted_mask(e, n)[1:-1] for e, n in zip(examples, inputs.lengths)]
-    ids = [inputs.input_ids[b, :n].tolist() for b, n in enumerate(inputs.lengths)]
-    comp, suff = lb.erasure_metrics(adapter, ids, [np.asarray(s) for s in token_scores], index, device_budget)
-    return {"auprc": float(np.mean([lb.average_precision(w, m) for w, m in zip(words, masks)])),
+    comp, suff = lb.erasure_metrics(adapter, inputs, [np.asarray(s) for s in token_scores], index, device_budget)
+    return {"average_precision": float(np.mean([lb.average_precision(w, m) for w, m in zip(words, masks)])),
+            "auprc": float(np.mean([lb.auprc(w, m) for w, m in zip(words, masks)])),
             "precision_at_k": float(np.mean([lb.precision_at_k(w, m) for w, m in zip(words, masks)])),
             "comprehensiveness": float(comp.mean()), "sufficiency": float(suff.mean()),
             "base_rate": float(np.mean([m.mean() for m in masks])), "seconds": round(secs, 2)}
@@ -137,7 +138,8 @@ def benchmark(out: RunFolder | Path, tasks: list[str], methods: list[str], n_exa
         w.write_manifest({
             "tasks": tasks, "methods": names, "method_params": {n: METHOD_PARAMS.get(n, {}) for n in names},
             "n_examples": n_examples, "seed": seed, "quantity": quantity,
-            "files": {"leaderboard.csv": "one row per task x variant x method; AUPRC and precision@k of |token "
+            "files": {"leaderboard.csv": "one row per task x variant x method; average precision, AUPRC and "
+                      "precision@k of |token "
                       "scores| (words only) against the planted tokens; comprehensiveness / sufficiency AOPC",
                       "models.csv": "held-out accuracy and attention mass on the planted tokens ([CLS] row of "
                       "the last layer, head mean; and mean over all layers, heads and queries)",

@@ -12,7 +12,6 @@ import pandas as pd
 
 from ..data import Dataset, load_dataset, sample_indices
 from ..errors import StreetlampError
-from ..evaluation.erasure import replacement_id
 from ..evaluation.pipeline import ChunkExample, EvalSettings, evaluate_chunk
 from ..methods.registry import get_method
 from ..models.adapter import ModelAdapter
@@ -142,7 +141,7 @@ def evaluate(model: str, data: str, out: Path, settings: EvalSettings, *, limit:
     store = RunStore.open(Path(out), run_settings, {
         "model_info": adapter.describe(), "skipped_too_long": skipped,
         "replacement_token": settings.replacement if settings.replacement == "delete"
-        else adapter.tokenizer.convert_ids_to_tokens([replacement_id(adapter, "mask")])[0]})
+        else adapter.replacement_token("mask")[2]})
     chunks = [examples[i:i + chunk_size] for i in range(0, len(examples), chunk_size)]
     done = store.done_chunks()
     todo = [c for c in range(len(chunks)) if c not in done]

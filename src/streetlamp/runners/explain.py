@@ -10,7 +10,6 @@ import torch
 
 from ..errors import StreetlampError
 from ..methods.attention import record_attention
-from ..methods.base import explained_position
 from ..methods.registry import get_method
 from ..models.adapter import ModelAdapter, Target
 from ..report import heatmaps
@@ -76,7 +75,7 @@ def explain(adapter: ModelAdapter, text: str, out: RunFolder | Path, *, target: 
     n = inputs.lengths[0]
     att = att_t[0, :, :, :n, :n].float().cpu().numpy()
     allowed = allowed_t[0, :n, :n].cpu().numpy().astype(bool)
-    pos = explained_position(adapter, n)
+    pos = adapter.explained_position(n)
     res = ExplainResult(rf.out, inputs.texts[0], inputs.tokens[0], inputs.labels[0], index, int(probs.argmax()), probs, att, allowed, pos)
     run_target = Target(index, target.contrast, target.quantity)
     for name in methods or []:
