@@ -11,8 +11,6 @@ from .errors import StreetlampError
 from .settings import (BenchmarkSettings, EvaluateSettings, ExplainSettings, GenerationSettings, HeadsSettings,
                        MediateSettings, PatchSettings, PruneSettings, Settings)
 
-MAIN_TEXT = "The movie was not good, but the acting was great."
-
 
 def _quiet_transformers() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
