@@ -130,6 +130,8 @@ def plot(path: Path, rows: list[dict], amnesic: list[dict], sweep: list[dict], s
         ax.plot(v, [r["control_accuracy"] for r in sweep], "--o", ms=3, label="control")
         ax.plot(v, [r["selectivity"] for r in sweep], ":s", ms=3, label="selectivity")
         ax.set_xscale("log")
+        ax.set_xticks(v, [f"{x:g}" for x in v])
+        ax.minorticks_off()
         ax.set_xlabel(f"{sweep[0]['kind']} ({sweep[0]['site']})")
         ax.set_title("capacity sweep", fontsize=10)
         ax.legend(fontsize=7)
