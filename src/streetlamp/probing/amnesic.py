@@ -16,7 +16,8 @@ measure how much the output changes, against removing random directions of the s
   ``x - (x - mu) U U^T``, ``U`` ``[d, rank]`` drawn from a Gaussian and orthonormalised (seeded).
 * Where: token-level properties are erased at the labelled words' sub-tokens (where the
   eraser's guarantee holds: it was fitted on them), or with ``erase_at="all"`` at every position
-  (as Elazar et al., whose part-of-speech labels cover every token); sentence-level ones at the pooled position (``first``/``last``; ``mean`` pooling: every
+  (as Elazar et al., whose part-of-speech labels cover every token); sentence-level ones at the
+  pooled position (``first``/``last``; ``mean`` pooling: every
   position, which erases the mean exactly because the eraser is affine).
 * Output change over the held-out texts: mean KL(p_original || p_edited) of the explained output
   distribution (class probabilities; next-token for a causal LM), the share of top-1 outputs that

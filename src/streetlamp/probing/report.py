@@ -3,56 +3,13 @@
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
-from ..results import atomic_dir, check_out_dir, command_line, save_arrays, versions, write_json
+from ..store.run_folder import RunFolder
 from .probes import ProbeSpec
-
-
-class _Writer:
-    """Stand-in for ``streetlamp.store.run_folder.RunWriter`` (same calls) until that lands on main."""
-
-    def __init__(self, path: Path, command: str) -> None:
-        self.path, self.command = path, command
-        self.arrays: dict[str, np.ndarray] = {}
-        self.described: dict[str, dict[str, Any]] = {}
-        self.figures: list[dict[str, Any]] = []
-
-    def add_array(self, name: str, array: Any, *, axes: list[str], meaning: str) -> None:
-        a = np.ascontiguousarray(array)
-        if len(axes) != a.ndim:
-            raise ValueError(f"array {name!r} of shape {a.shape} needs one axis name per dimension")
-        self.arrays[name] = a
-        self.described[name] = {"axes": axes, "meaning": meaning, "file": "arrays.safetensors", "key": name,
-                                "shape": list(a.shape), "dtype": str(a.dtype)}
-
-    def add_figure(self, *, file: str, shows: str) -> None:
-        self.figures.append({"file": file, "shows": shows})
-
-    def write_manifest(self, body: dict[str, Any]) -> None:
-        save_arrays(self.path / "arrays.safetensors", self.arrays)
-        import time
-        write_json(self.path / "manifest.json", {
-            "streetlamp": self.command, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "command": command_line(), **body, "arrays": self.described, "figures": self.figures,
-            "versions": versions()})
-
-
-class RunFolder:
-    """Stand-in for ``streetlamp.store.run_folder.RunFolder``: checks ``out`` now, writes atomically later."""
-
-    def __init__(self, out: Path | str, command: str, overwrite: bool = False) -> None:
-        self.out, self.command, self.overwrite = Path(out), command, overwrite
-        check_out_dir(self.out, overwrite)
-
-    @contextmanager
-    def staging(self) -> Iterator[_Writer]:
-        with atomic_dir(self.out, self.overwrite) as tmp:
-            yield _Writer(tmp, self.command)
 
 
 def _fmt(v: Any) -> Any:
@@ -98,7 +55,8 @@ def plot(path: Path, rows: list[dict], amnesic: list[dict], sweep: list[dict], s
     labels = ["emb" if s == "embed" else s.split(".")[1] for s in sites]
     ax = axes[0]
     for j, p in enumerate(probes):
-        get = lambda key: [next(r[key] for r in rows if r["site"] == s and r["probe"] == p) for s in sites]  # noqa: E731
+        get = lambda key: [next(r[key] for r in rows  # noqa: E731
+                                if r["site"] == s and r["probe"] == p) for s in sites]
         c = f"C{j}"
         ax.plot(x, get("task_accuracy"), "-o", color=c, ms=3, label=f"{p}: task")
         ax.plot(x, get("control_accuracy"), "--", color=c, label=f"{p}: control")
@@ -148,7 +106,8 @@ def summary_lines(info: dict, rows: list[dict], amnesic: list[dict], sweep: list
              f"majority baseline {info['baselines']['majority_test_accuracy']:.3f}"]
     am = {r["site"]: r for r in amnesic}
     lines.append(f"{'site':<22}{'probe':<14}{'task':>7}{'control':>9}{'select.':>9}"
-                 + (f"{'MDL comp.':>11}" if mdl else "") + (f"{'KL leace':>10}{'KL rand':>9}{'recover':>9}" if am else ""))
+                 + (f"{'MDL comp.':>11}" if mdl else "")
+                 + (f"{'KL leace':>10}{'KL rand':>9}{'recover':>9}" if am else ""))
     for r in rows:
         line = (f"{r['site']:<22}{r['probe']:<14}{r['task_accuracy']:>7.3f}{r['control_accuracy']:>9.3f}"
                 f"{r['selectivity']:>9.3f}")
@@ -168,7 +127,7 @@ def summary_lines(info: dict, rows: list[dict], amnesic: list[dict], sweep: list
     return lines
 
 
-def write_run(rf: Any, res: Any, info: dict, mdl: dict, sites: list[str], specs: list[ProbeSpec]) -> None:
+def write_run(rf: RunFolder, res: Any, info: dict, mdl: dict, sites: list[str], specs: list[ProbeSpec]) -> None:
     probes = [p.name for p in specs]
     res.lines = summary_lines(info, res.rows, res.amnesic, res.sweep, mdl)
     get = lambda key: np.array([[next(r[key] for r in res.rows if r["site"] == s and r["probe"] == p)  # noqa: E731

@@ -147,7 +147,8 @@ def _where(path: Path, row: int) -> str:
     return f"{path}:{row}"
 
 
-def _token_item_rows(path: Path, row: int, text: str | None, words: list, labels: list, t: int) -> tuple[str, list[Item]]:
+def _token_item_rows(path: Path, row: int, text: str | None, words: list, labels: list,
+                     t: int) -> tuple[str, list[Item]]:
     if not isinstance(words, list) or not all(isinstance(w, str) and w.strip() for w in words):
         raise StreetlampError(f"{_where(path, row)}: 'words' must be a list of non-empty strings")
     if not isinstance(labels, list) or len(labels) != len(words):

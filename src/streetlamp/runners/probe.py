@@ -26,6 +26,7 @@ from ..probing.control import control_labels, selectivity
 from ..probing.mdl import online_codelength
 from ..probing.probes import ProbeSpec, fit_probe, parse_probes
 from ..probing.tasks import ProbeTask, align, load_task_file, planted_task, pos_task, sentence_task
+from ..store.run_folder import RunFolder
 
 MIN_TRAIN, MIN_TEST = 10, 5
 SWEEP_KINDS = ("hidden", "rank", "weight_decay", "dropout")
@@ -211,13 +212,13 @@ def collect(adapter: ModelAdapter, inputs: Inputs, sites: list[str], item_text: 
 
 
 # -- the run ----------------------------------------------------------------------------------------------
-def probe(model: str, settings: ProbeSettings, out: Path, overwrite: bool = False, device: str = "cpu",
-          progress: bool = True) -> ProbeResult:
-    from ..probing.report import RunFolder, write_run
+def probe(model: str, settings: ProbeSettings, out: Path | RunFolder, overwrite: bool = False,
+          device: str = "cpu", progress: bool = True) -> ProbeResult:
+    from ..probing.report import write_run
 
     s = settings
     check_settings(s)
-    rf = RunFolder(out, command="probe", overwrite=overwrite)
+    rf = RunFolder.of(out, command="probe", overwrite=overwrite)
     log = (lambda m: print(f"probe: {m}", file=sys.stderr)) if progress else (lambda m: None)
     t_start = time.time()
     adapter = load_model(model, device)
@@ -264,7 +265,7 @@ def probe(model: str, settings: ProbeSettings, out: Path, overwrite: bool = Fals
     log(f"{len(task.texts)} texts, {len(y)} items, {K} classes; recording {len(sites)} sites")
     feats, logits = collect(adapter, inputs, sites, item_text, item_pos, pool, s.batch_size)
 
-    res = ProbeResult(Path(out))
+    res = ProbeResult(rf.out)
     mdl: dict[str, tuple[Any, Any]] = {}
     lin = ProbeSpec("linear", weight_decay=s.weight_decay, seed=s.seed, tol=1e-5)
     for site in sites:
