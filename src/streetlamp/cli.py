@@ -217,7 +217,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
                              amnesic=not args.no_amnesic, random_seeds=args.random_seeds, erase_at=args.erase_at,
                              sweep=args.sweep,
                              sweep_layer=args.sweep_layer, batch_size=args.batch_size, truncate=args.truncate)
-    res = probe(args.model, settings, _heads_out(args, "probe"), overwrite=args.overwrite, device=args.device)
+    res = probe(args.model, settings, _run_folder(args, "probe"), overwrite=args.overwrite, device=args.device)
     for line in res.lines:
         print(line)
     print(f"output: {res.out}/ (manifest.json, arrays.safetensors, probe.png, summary.md)")
