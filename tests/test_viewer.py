@@ -15,7 +15,7 @@ from streetlamp.errors import StreetlampError
 from streetlamp.models.tiny import save_tiny
 from streetlamp.report.viewer import FORMAT_VERSION, build_html, script_json, write_report
 from streetlamp.report.viewer.pack import Packed, unpack
-from streetlamp.results import load_arrays
+from streetlamp.store.files import load_arrays
 
 HOSTILE = "</script><img src=x onerror=alert(1)>"
 

@@ -23,7 +23,7 @@ from streetlamp.cli import main  # noqa: E402
 from streetlamp.models.tiny import save_tiny  # noqa: E402
 from streetlamp.report.viewer import write_report  # noqa: E402
 from streetlamp.report.viewer.palettes import palettes  # noqa: E402
-from streetlamp.results import load_arrays  # noqa: E402
+from streetlamp.store.files import load_arrays  # noqa: E402
 
 HOSTILE = "</script><img src=x onerror=alert(1)>"
 TEXT = "the movie was not good , but the acting was great ."
