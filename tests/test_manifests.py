@@ -15,7 +15,8 @@ from streetlamp.models.tiny import WORDS, save_tiny
 HEADER = {"streetlamp", "format_version", "created", "command", "versions"}
 KEYS = {
     "explain": HEADER | {"arrays", "colour_scales", "explained_position", "figures", "masks", "methods", "model",
-                         "parameters", "prediction", "seed", "target", "text", "token_labels", "tokens", "truncated"},
+                         "parameters", "prediction", "seed", "special_positions", "target", "text", "token_labels",
+                         "tokens", "truncated"},
     "explain-generation": HEADER | {"arrays", "continuation", "figures", "generated", "generated_ids",
                                     "gradient_evaluations", "model", "parameters", "per_token", "prompt",
                                     "prompt_tokens", "seconds", "seed", "token_labels", "tokens"},

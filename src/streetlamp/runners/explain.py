@@ -133,6 +133,8 @@ def write_outputs(adapter: ModelAdapter, res: ExplainResult, w: RunWriter, targe
         "text": res.text,
         "tokens": res.tokens,
         "token_labels": res.labels,
+        "special_positions": np.flatnonzero(adapter.special_mask(
+            adapter.tokenizer.convert_tokens_to_ids(res.tokens))).tolist(),
         "truncated": truncated,
         "explained_position": {"index": res.position, "token": res.labels[res.position],
                                "why": "[CLS] feeds the classifier" if res.position == 0 and adapter.kind ==

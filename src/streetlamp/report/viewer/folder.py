@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from ...errors import StreetlampError
+from ...store.run_folder import FORMAT_VERSION  # the newest run-folder format this viewer reads
 from .pack import SMALL, Packed, choose_codec
 
-FORMAT_VERSION = 1  # the newest run-folder format this viewer reads (a manifest without one is 1)
 MAX_EXAMPLES = 500  # evaluate: per-example explanations embedded for at most this many examples
 
 

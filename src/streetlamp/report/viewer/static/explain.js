@@ -93,7 +93,7 @@
       ev.preventDefault(); if (t >= 0 && t < n) { st.t = t; st.lock = true; refresh(); spans[t].scrollIntoView({ block: "nearest" }); }
     });
     const selLine = el("div", { cls: "readout", id: "selection" });
-    const tokLegend = el("div", {});
+    const tokLegend = el("div", {}, L.legend("seq", 0, 1, L.hatchLegend()));
     root.appendChild(el("div", { cls: "panel" }, el("h2", { text: "Tokens" }),
       el("div", { cls: "note", text: "hover a token to see its query row (what it reads) or key column (who reads it) in the selected layer and head; click to lock; arrow keys move; dashed border: special token; dotted underline: attention sink (receives ≥ 30% of the attention on average in this layer/head)" }),
       strip, selLine, tokLegend));
@@ -224,7 +224,6 @@
       selLine.textContent = `${what} in layer ${st.l}, ${headName(st.h)}${st.lock ? " (locked; click again or Escape to unlock)" : ""}`;
       rawTitle.textContent = st.mode === "row" ? `Row ${t} ${q(labels[t])}: attention to each key` : `Column ${t} ${q(labels[t])}: attention from each query`;
       rawRows.forEach((r, j) => { r.v.textContent = okv(j) ? fv(vals[j]) : "masked"; r.v.dataset.value = okv(j) ? String(vals[j]) : ""; r.tr.classList.toggle("hl", j === t); r.tr.style.display = st.hide && hidden(j) ? "none" : ""; });
-      tokLegend.textContent = ""; tokLegend.appendChild(L.legend("seq", 0, 1, L.hatchLegend()));
       disagreement(); drawOverlay(); save();
     }
 
