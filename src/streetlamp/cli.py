@@ -202,6 +202,23 @@ def cmd_patch(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lens(args: argparse.Namespace) -> int:
+    from .runners.explain import parse_target
+    from .runners.lens import run_lens
+
+    out = _heads_out(args, "lens")
+    adapter = _heads_adapter(args)
+    res = run_lens(adapter, out, text=args.text, index=parse_target(adapter, args.target), head=args.head,
+                   query=args.query, types_length=args.types_length, types_seqs=args.types_seqs, seed=args.seed,
+                   overwrite=args.overwrite)
+    for t in res["tables"]:
+        print(f"\n{t['title']}\n  " + " | ".join(t["columns"]))
+        for row in t["rows"]:
+            print("  " + " | ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row))
+    print(f"\noutput: {out}/")
+    return 0
+
+
 def cmd_mediate(args: argparse.Namespace) -> int:
     from .runners.patch import run_mediate
 
@@ -353,6 +370,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--overwrite", action="store_true")
     s.add_argument("--device", default="cpu")
     s.set_defaults(func=cmd_patch)
+    s = sub.add_parser("lens", help="causal LM: logit lens, direct logit attribution, head types; with --head "
+                       "also why that head attends where it does (QK attribution, ablation)")
+    s.add_argument("text")
+    s.add_argument("--target", default=None, help="token whose logit is explained; default: the prediction")
+    s.add_argument("--head", default=None, help="LAYER.HEAD for the QK attribution table, e.g. 9.6")
+    s.add_argument("--query", type=int, default=None, help="query position for --head (default: last)")
+    s.add_argument("--types-length", type=int, default=20, help="random tokens per head-type sequence (repeated)")
+    s.add_argument("--types-seqs", type=int, default=4, help="random sequences for the head types")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--model", default="smollm2-135m", help="a pre-norm causal LM (default smollm2-135m)")
+    s.add_argument("--out", default=None)
+    s.add_argument("--overwrite", action="store_true")
+    s.add_argument("--device", default="cpu")
+    s.set_defaults(func=cmd_lens)
     s = sub.add_parser("mediate", help="causal mediation (Vig et al. 2020): TE, NIE, NDE per head and layer")
     s.add_argument("--prompts", type=int, default=8, help="number of template x profession prompts")
     s.add_argument("--component", choices=["attn.pattern", "attn.z"], default="attn.pattern",
