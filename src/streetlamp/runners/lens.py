@@ -85,7 +85,7 @@ def run_lens(adapter: ModelAdapter, out: Path, *, text: str, index: int | None =
     tables = [
         {"title": f"logit lens: top token at the last position ({labels[-1]!r}) per layer",
          "columns": ["layer", "top token", "p(top)", f"p({target!r})", f"rank of {target!r}"],
-         "rows": [["embed" if r == 0 else r - 1, adapter.output_label(int(lens["top_ids"][r, -1, 0])),
+         "rows": [["embed" if r == 0 else r - 1, repr(adapter.output_label(int(lens["top_ids"][r, -1, 0]))),
                    float(lens["top_prob"][r, -1, 0]), float(lens["prob"][r, -1]), int(lens["rank"][r, -1])]
                   for r in range(L + 1)]},
         {"title": f"direct logit attribution to {target!r} (logit {dla.logit:.3f}): largest parts",
