@@ -107,3 +107,33 @@ def test_rules_leave_forward_values_unchanged(tiny: ModelAdapter) -> None:
     with tiny.relevance_rules():
         ruled = tiny.forward(inputs).logits
     assert torch.equal(plain, ruled)
+
+
+SMOL_PROMPTS = ["When Mary and John went to the store, John gave a drink to", "The capital of France is",
+                "The animal didn't cross the street because it was too tired. In that sentence, it refers to the",
+                "I loved the movie, the acting was", "Berlin is the capital of",
+                "The doctor said that she would call the nurse because"]
+
+
+@pytest.mark.slow
+def test_smollm2_equals_lxt_and_skews_to_the_last_token(smollm: ModelAdapter) -> None:
+    """On SmolLM2 (float32) our relevance equals lxt's (measured: bit-identical; asserted to 1e-5 of the
+    largest, float32 rounding of a 30-layer pass); and AttnLRP's known skew towards the explained
+    position: the last token's share of Σ|R| is above the uniform 1/n on every prompt (measured
+    1.8x to 4.7x; asserted > 1.5x each and > 2.5x on average). The first token is NOT consistently
+    favoured on SmolLM2 (no BOS; shares 0.007 to 0.145), so nothing is asserted for it."""
+    pytest.importorskip("lxt")
+    import copy
+
+    from .lxt_peer import lxt_relevance
+
+    ids = smollm.encode(SMOL_PROMPTS[0]).input_ids[0]
+    mary = smollm.token_id(" Mary")
+    ours, f, _ = attnlrp_relevance(smollm, ids, mary, Target(quantity="logit"))
+    theirs, _ = lxt_relevance(copy.deepcopy(smollm.hf_model), "llama", ids, mary)
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), atol=1e-5 * float(theirs.abs().max()), rtol=0)
+    ratios = []
+    for e in AttnLRP().attribute(smollm, smollm.encode(SMOL_PROMPTS), target=Target(quantity="logit")):
+        s = np.abs(e.scores.astype(np.float64))
+        ratios.append(s[-1] / s.sum() * len(s))
+    assert min(ratios) > 1.5 and np.mean(ratios) > 2.5, ratios
