@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,11 +12,9 @@ import pandas as pd
 
 from ..data import Dataset, load_dataset, sample_indices
 from ..errors import StreetlampError
-from ..evaluation.erasure import replacement_id
 from ..evaluation.pipeline import ChunkExample, EvalSettings, evaluate_chunk
 from ..methods.registry import get_method
 from ..models.adapter import ModelAdapter
-from ..results import command_line, versions
 from ..store import RunStore
 
 KEY_METRICS = ["aopc_comprehensiveness", "aopc_sufficiency", "deletion_area", "insertion_area",
@@ -134,10 +131,9 @@ def evaluate(model: str, data: str, out: Path, settings: EvalSettings, *, limit:
         "name": ds.name, "source": ds.source, "sha256": ds.hash(), "n_examples": len(ds.examples)},
         "limit": limit, **({"sample": sample} if sample is not None else {}), **params}
     store = RunStore.open(Path(out), run_settings, {
-        "model_info": adapter.describe(), "versions": versions(), "command": command_line(),
-        "skipped_too_long": skipped, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "model_info": adapter.describe(), "skipped_too_long": skipped,
         "replacement_token": settings.replacement if settings.replacement == "delete"
-        else adapter.tokenizer.convert_ids_to_tokens([replacement_id(adapter, "mask")])[0]})
+        else adapter.replacement_token("mask")[2]})
     chunks = [examples[i:i + chunk_size] for i in range(0, len(examples), chunk_size)]
     done = store.done_chunks()
     todo = [c for c in range(len(chunks)) if c not in done]
