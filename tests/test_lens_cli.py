@@ -10,7 +10,7 @@ import pytest
 
 from streetlamp.cli import main
 from streetlamp.models.tiny import save_tiny
-from streetlamp.results import load_arrays
+from streetlamp.store.files import load_arrays
 
 TEXT = "when mary and john went to the store , john gave a drink to"
 

@@ -17,8 +17,7 @@ from ..interventions.qk import head_table
 from ..models.adapter import ModelAdapter
 from ..models.readout import check_lens
 from ..report import heads as fig
-from ..results import atomic_dir, check_out_dir, save_arrays, write_json
-from .heads import _manifest
+from ..store.run_folder import RunFolder
 
 
 def parse_head(adapter: ModelAdapter, spec: str) -> tuple[int, int]:
@@ -37,10 +36,10 @@ def _top(values: np.ndarray, names: list[str], k: int) -> list[list]:
     return [[names[i], float(values[i])] for i in order]
 
 
-def run_lens(adapter: ModelAdapter, out: Path, *, text: str, index: int | None = None, head: str | None = None,
+def run_lens(adapter: ModelAdapter, out: RunFolder | Path, *, text: str, index: int | None = None, head: str | None = None,
              query: int | None = None, types_length: int = 20, types_seqs: int = 4, seed: int = 0,
              top: int = 10, overwrite: bool = False) -> dict:
-    check_out_dir(out, overwrite)
+    rf = RunFolder.of(out, "lens", overwrite)
     check_lens(adapter)
     inputs = adapter.encode(text)
     ids = inputs.input_ids[0]
@@ -112,20 +111,24 @@ def run_lens(adapter: ModelAdapter, out: Path, *, text: str, index: int | None =
         described["qk.pattern_row"] = {"axes": ["key"], "meaning": f"attention of head L{lh[0]}H{lh[1]} from query {q}"}
         summary["head"] = {"layer": lh[0], "head": lh[1], "query": q, "key": qk.key, "score": qk.score,
                            "ablation_effect": ht["ablation_effect"], "dla": ht["dla"]}
-    with atomic_dir(out, overwrite) as tmp:
-        save_arrays(tmp / "arrays.safetensors", {k: np.ascontiguousarray(v, np.float32) for k, v in arrays.items()})
+    with rf.staging() as w:
+        w.add_arrays({k: np.asarray(v, np.float32) for k, v in arrays.items()}, described)
         fig.layer_pos({f"p({target!r})": lens["prob"]}, labels, f"{adapter.name}: logit lens, p({target!r}) "
-                      "(row 0 = embedding)", tmp / "lens.png")
+                      "(row 0 = embedding)", w.path / "lens.png")
+        w.add_figure(file="lens.png", shows=f"logit lens: probability of {target!r} per layer and position",
+                     array="lens.prob")
         fig.layer_head(dla.heads, f"{adapter.name}: direct logit attribution to {target!r} per head",
-                       "logit", tmp / "dla_heads.png")
-        figures = ["lens.png", "dla_heads.png"]
+                       "logit", w.path / "dla_heads.png")
+        w.add_figure(file="dla_heads.png", shows="direct logit attribution per head", array="dla.heads")
         for k in TYPES:
             fig.layer_head(types[k], f"{adapter.name}: {k.replace('_', '-')} score", "score",
-                           tmp / f"head_types_{k}.png", diverging=False)
-            figures.append(f"head_types_{k}.png")
-        write_json(tmp / "manifest.json", _manifest(
-            adapter, "lens", arrays, described, figures=figures, tables=tables, summary=summary,
-            parameters={"text": text, "tokens": labels, "target": {"index": index, "label": target}, "head": head,
-                        "query": q if lh is not None else None, "qk_parts": qk.parts if qk is not None else None,
-                        "types_length": types_length, "types_seqs": types_seqs}, seed=seed))
+                           w.path / f"head_types_{k}.png", diverging=False)
+            w.add_figure(file=f"head_types_{k}.png", shows=f"{k.replace('_', '-')} score per head",
+                         array=f"head_types.{k}")
+        w.write_manifest({
+            "model": adapter.describe(), "tables": tables, "summary": summary,
+            "parameters": {"text": text, "tokens": labels, "target": {"index": index, "label": target}, "head": head,
+                           "query": q if lh is not None else None, "qk_parts": qk.parts if qk is not None else None,
+                           "types_length": types_length, "types_seqs": types_seqs},
+            "seed": seed})
     return {"lens": lens, "dla": dla, "types": types, "tables": tables, "summary": summary}
