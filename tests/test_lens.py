@@ -6,7 +6,11 @@ import pytest
 import torch
 
 from streetlamp.errors import StreetlampError
-from streetlamp.interventions.head_types import detect_head_types, target_cells, type_scores
+from streetlamp.interventions.head_types import (
+    detect_head_types,
+    target_cells,
+    type_scores,
+)
 from streetlamp.interventions.lens import direct_logit_attribution, logit_lens
 from streetlamp.interventions.qk import head_table, qk_attribution
 from streetlamp.models.adapter import ModelAdapter

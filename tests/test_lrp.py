@@ -35,7 +35,8 @@ def ledger(a: ModelAdapter, index: int) -> dict[str, float]:
     bias = sum(float((p * g).detach().sum()) for p, g in zip(params, gs[len(pats):]) if g is not None)
     flow = sum(float((p.detach().double() * g.double()).abs().sum()) for p, g in zip(pats, gs[:len(pats)]))
     f = f.detach()
-    return {"F": float(f), "tokens": float(r.sum()), "softmax": float(sum(s.detach().sum() for s in soft)), "bias": bias,
+    return {"F": float(f), "tokens": float(r.sum()), "softmax": float(sum(s.detach().sum() for s in soft)),
+            "bias": bias,
             "scale": abs(float(f)) + float(r.abs().sum()) + abs(bias) + flow}
 
 
@@ -129,7 +130,7 @@ def test_smollm2_equals_lxt_and_skews_to_the_last_token(smollm: ModelAdapter) ->
 
     ids = smollm.encode(SMOL_PROMPTS[0]).input_ids[0]
     mary = smollm.token_id(" Mary")
-    ours, f, _ = attnlrp_relevance(smollm, ids, mary, Target(quantity="logit"))
+    ours, _, _ = attnlrp_relevance(smollm, ids, mary, Target(quantity="logit"))
     theirs, _ = lxt_relevance(copy.deepcopy(smollm.hf_model), "llama", ids, mary)
     np.testing.assert_allclose(ours.numpy(), theirs.numpy(), atol=1e-5 * float(theirs.abs().max()), rtol=0)
     ratios = []

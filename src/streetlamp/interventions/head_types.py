@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..models.adapter import ModelAdapter
 from ..methods.gradient import ids_inputs
+from ..models.adapter import ModelAdapter
 
 TYPES = ("previous_token", "duplicate_token", "induction", "attention_sink")
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..methods.gradient import ids_inputs
 from ..models.adapter import ModelAdapter
 from ..models.decompose import output_weights
 from ..models.readout import check_lens, final_norm, unembed, unembedding
-from ..methods.gradient import ids_inputs
 
 
 def _ids(adapter: ModelAdapter, ids: torch.Tensor) -> torch.Tensor:

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 
 from ..errors import StreetlampError
+from ..methods.gradient import ids_inputs
 from ..models.adapter import ModelAdapter, Target
 from ..models.decompose import output_weights
 from ..models.readout import attention_scaling, check_lens, pre_attn_norm, query_key
-from ..methods.gradient import ids_inputs
 from .engine import Intervention, check_layer_head, run, zero
 from .lens import direct_logit_attribution
 

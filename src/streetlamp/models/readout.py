@@ -46,7 +46,7 @@ class Norm:
     @classmethod
     def of(cls, m: nn.Module) -> "Norm":
         kind = "layernorm" if isinstance(m, nn.LayerNorm) else "rmsnorm"
-        eps = float(getattr(m, "eps", None) or getattr(m, "variance_epsilon"))
+        eps = float(getattr(m, "eps", None) or m.variance_epsilon)
         b = getattr(m, "bias", None)
         return cls(kind, m.weight.detach().double(), b.detach().double() if b is not None else None, eps)
 
@@ -109,7 +109,8 @@ def attention_scaling(adapter: "ModelAdapter", layer: int) -> float:
     return float(s) if s is not None else float(m.head_dim) ** -0.5
 
 
-def query_key(adapter: "ModelAdapter", layer: int, z: torch.Tensor, bias: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def query_key(adapter: "ModelAdapter", layer: int, z: torch.Tensor,
+              bias: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Queries and keys ``[pos, head, d_head]`` (keys repeated per query head) of layer ``layer``
     for a normalised input ``z`` ``[pos, d]`` at positions ``0..pos-1``, float64; ``bias=False``
     leaves out b_Q and b_K (the linear part only). Rotary embeddings are applied (linear)."""

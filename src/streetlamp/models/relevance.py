@@ -98,7 +98,7 @@ def _norm_hook(kind: str) -> Callable:
             if m.bias is not None:
                 s = s + m.bias
         else:
-            eps = float(getattr(m, "variance_epsilon", None) or getattr(m, "eps"))
+            eps = float(getattr(m, "variance_epsilon", None) or m.eps)
             s = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps).detach() * m.weight
         return _swap_grad(out, s.to(out.dtype))
     return hook

@@ -36,7 +36,8 @@ def _top(values: np.ndarray, names: list[str], k: int) -> list[list]:
     return [[names[i], float(values[i])] for i in order]
 
 
-def run_lens(adapter: ModelAdapter, out: RunFolder | Path, *, text: str, index: int | None = None, head: str | None = None,
+def run_lens(adapter: ModelAdapter, out: RunFolder | Path, *, text: str, index: int | None = None,
+             head: str | None = None,
              query: int | None = None, types_length: int = 20, types_seqs: int = 4, seed: int = 0,
              top: int = 10, overwrite: bool = False) -> dict:
     rf = RunFolder.of(out, "lens", overwrite)
