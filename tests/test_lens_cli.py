@@ -36,7 +36,8 @@ def test_lens_writes_tables_and_arrays(ckpts: dict[str, Path], tmp_path: Path,
     assert s["dla_total"] == pytest.approx(s["logit"], abs=1e-4)
     assert np.isclose(a["qk.table"].sum(), s["head"]["score"], atol=1e-4)
     assert (out / "lens.png").exists() and (out / "head_types_induction.png").exists()
-    assert "direct logit attribution" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "direct logit attribution" in printed and f"output: {out}/" in printed
 
 
 @pytest.mark.parametrize("extra, message", [

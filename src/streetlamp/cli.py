@@ -211,7 +211,7 @@ def cmd_lens(args: argparse.Namespace) -> int:
         print(f"\n{t['title']}\n  " + " | ".join(t["columns"]))
         for row in t["rows"]:
             print("  " + " | ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row))
-    print(f"\noutput: {out}/")
+    print(f"\noutput: {out.out}/")
     return 0
 
 
