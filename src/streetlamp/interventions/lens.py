@@ -9,6 +9,8 @@
   each part's direct effect on the logit of token ``y`` is ``lin(c) · W_U[y]`` and
   ``logit_y = Σ_parts + β · W_U[y] + b_U[y]`` exactly. A head's part further splits over the
   key positions it reads, ``head_l,h = Σ_j A[h, pos, j] · v_j W_O,h`` (v with its bias).
+  ``embed`` is the residual entering layer 0 at the explained position (GPT-2: token + position
+  embedding). MLPs are position-local, so only the explained position's MLP outputs act directly.
 """
 from __future__ import annotations
 
