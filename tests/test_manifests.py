@@ -26,6 +26,7 @@ KEYS = {
     "mediate": HEADER | {"arrays", "figures", "model", "parameters", "seed"},
     "evaluate": HEADER | {"model_info", "replacement_token", "settings", "skipped_too_long"},
     "benchmark": HEADER | {"files", "method_params", "methods", "n_examples", "quantity", "seed", "tasks"},
+    "lens": HEADER | {"arrays", "figures", "model", "parameters", "seed", "summary", "tables"},
 }
 
 
@@ -52,6 +53,8 @@ def argv(command: str, s: dict[str, Path]) -> list[str]:
         "evaluate": ["evaluate", "--model", str(s["bert"]), "--data", str(s["data"]), "--methods", "attention",
                      "--adv-steps", "2", "--permutations", "2", "--limit", "2"],
         "benchmark": ["benchmark", "--tasks", "keyword", "--methods", "attention", "--n-examples", "2"],
+        "lens": ["lens", "when mary and john went", "--model", str(s["llama"]), "--head", "1.0", "--types-length", "4",
+                 "--types-seqs", "1"],
     }[command]
 
 

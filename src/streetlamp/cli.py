@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import StreetlampError
-from .settings import (BenchmarkSettings, EvaluateSettings, ExplainSettings, GenerationSettings, HeadsSettings,
+from .settings import (BenchmarkSettings, Settings, EvaluateSettings, ExplainSettings, GenerationSettings, HeadsSettings,
                        MediateSettings, PatchSettings, PruneSettings, Settings)
 
 
@@ -148,6 +148,24 @@ def cmd_patch(args: argparse.Namespace) -> int:
                             wrong=parse_target(adapter, s.wrong), paths=s.paths, receivers=s.receiver,
                             receiver_pos=s.receiver_pos, approx=s.approx, kinds=tuple(s.sites),
                             batch_size=s.batch_size))
+
+
+def cmd_lens(args: argparse.Namespace) -> int:
+    from .runners.explain import parse_target
+    from .runners.lens import run_lens
+
+    s = Settings.from_args(args)
+    out = _run_folder(args, "lens")
+    adapter = _load(args, s)
+    res = run_lens(adapter, out, text=args.text, index=parse_target(adapter, args.target), head=args.head,
+                   query=args.query, types_length=args.types_length, types_seqs=args.types_seqs, seed=args.seed,
+                   overwrite=args.overwrite)
+    for t in res["tables"]:
+        print(f"\n{t['title']}\n  " + " | ".join(t["columns"]))
+        for row in t["rows"]:
+            print("  " + " | ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row))
+    print(f"\noutput: {out.out}/")
+    return 0
 
 
 def cmd_mediate(args: argparse.Namespace) -> int:
@@ -322,6 +340,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sites", default="resid_pre,attn.out,mlp.out,heads",
                    help="what to patch: comma-separated resid_pre, attn.out, mlp.out (by layer x position), heads")
     s.set_defaults(func=cmd_patch)
+    s = sub.add_parser("lens", help="causal LM: logit lens, direct logit attribution, head types; with --head "
+                       "also why that head attends where it does (QK attribution, ablation)",
+                       parents=[shared_options(model="smollm2-135m", out="output folder (default runs/lens-<time>)")])
+    s.add_argument("text")
+    s.add_argument("--target", default=None, help="token whose logit is explained; default: the prediction")
+    s.add_argument("--head", default=None, help="LAYER.HEAD for the QK attribution table, e.g. 9.6")
+    s.add_argument("--query", type=int, default=None, help="query position for --head (default: last)")
+    s.add_argument("--types-length", type=int, default=20, help="random tokens per head-type sequence (repeated)")
+    s.add_argument("--types-seqs", type=int, default=4, help="random sequences for the head types")
+    s.set_defaults(func=cmd_lens)
     s = sub.add_parser("mediate", help="causal mediation (Vig et al. 2020): TE, NIE, NDE per head and layer",
                        parents=[shared_options(model="smollm2-135m", out="output folder (default runs/mediate-<time>)",
                                                seed=False)])

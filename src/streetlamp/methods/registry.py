@@ -16,6 +16,7 @@ from .sampling import Lime, Shap
 from .decomposition import Alti, Norm, ValueZeroing
 from .gradient import GradientXInput, Saliency
 from .ig import IntegratedGradients
+from .lrp import AttnLRP
 
 REGISTRY: dict[str, type[Method]] = {cls.name: cls for cls in (
     Attention,
@@ -23,6 +24,7 @@ REGISTRY: dict[str, type[Method]] = {cls.name: cls for cls in (
     Occlusion, Shap, Lime,
     Norm, Alti, ValueZeroing,
     Saliency, GradientXInput, IntegratedGradients,
+    AttnLRP,
 )}
 
 

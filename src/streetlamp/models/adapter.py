@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 from dataclasses import dataclass, field
-from typing import Iterable, Literal, Sequence
+from typing import ContextManager, Iterable, Literal, Sequence
 
 import numpy as np
 import torch
@@ -299,6 +299,13 @@ class ModelAdapter:
     def session(self, record: Iterable[str] = (), edit: dict[str, Edit] | None = None,
                 keep_grad: bool = False) -> Session:
         return Session(self, record=record, edit=edit, keep_grad=keep_grad)
+
+    def relevance_rules(self) -> ContextManager[None]:
+        """AttnLRP's modified backward on this model's norms, activations and gated products for a
+        ``with`` block (forward values unchanged); the attention rules are site edits, see
+        :mod:`streetlamp.models.relevance`."""
+        from .relevance import relevance_rules
+        return relevance_rules(self)
 
     def forward(self, inputs: Inputs, record: Iterable[str] = (), edit: dict[str, Edit] | None = None,
                 keep_grad: bool = False, grad: bool = False) -> Forward:
