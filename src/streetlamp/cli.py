@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import StreetlampError
-from .settings import (BenchmarkSettings, Settings, EvaluateSettings, ExplainSettings, GenerationSettings, HeadsSettings,
+from .settings import (BenchmarkSettings, EvaluateSettings, ExplainSettings, GenerationSettings, HeadsSettings,
                        MediateSettings, PatchSettings, PruneSettings, Settings)
 
 
