@@ -78,7 +78,14 @@ def _load(args: argparse.Namespace, settings: Settings):
 def _print(res) -> int:
     for line in res.lines():
         print(line)
+    _print_report(res.out)
     return 0
+
+
+def _print_report(out: Path) -> None:
+    """Every command that writes a run folder says where its report is."""
+    if (Path(out) / "report.html").exists():
+        print(f"report: {Path(out) / 'report.html'}")
 
 
 def _run_folder(args: argparse.Namespace, command: str, kind: str | None = None):
@@ -165,6 +172,7 @@ def cmd_lens(args: argparse.Namespace) -> int:
         for row in t["rows"]:
             print("  " + " | ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row))
     print(f"\noutput: {out.out}/")
+    _print_report(out.out)
     return 0
 
 
@@ -239,6 +247,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     for line in res.lines:
         print(line)
     print(f"output: {res.out}/ (manifest.json, arrays.safetensors, probe.png, summary.md)")
+    _print_report(res.out)
     return 0
 
 

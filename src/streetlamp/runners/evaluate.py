@@ -170,6 +170,9 @@ def evaluate(model: str, data: str, out: Path, settings: EvalSettings, *, limit:
         figures(store.folder, store.metrics())
     except ImportError:  # the report module is optional for the store itself
         pass
+    from ..store.run_folder import write_report_or_warn
+
+    write_report_or_warn(store.folder)
     return EvalResult(store.folder, len(examples), len(skipped), len(todo), summary, lines)
 
 

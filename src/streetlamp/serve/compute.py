@@ -143,11 +143,8 @@ def view_payload(adapter: ModelAdapter, res: ex.ExplainResult, target: Target, t
 
 def save_run(folder: Path, command: str, write: Callable[[RunWriter], None]) -> None:
     """Write a run folder with the one run writer (atomic: never half-written), and its report.html."""
-    from ..report.viewer import write_report
-
-    with RunFolder(folder, command).staging() as w:
+    with RunFolder(folder, command).staging() as w:  # the run writer adds report.html
         write(w)
-        write_report(w.path)
 
 
 def _prediction(adapter: ModelAdapter, probs: np.ndarray, index: int) -> dict:
