@@ -51,7 +51,6 @@ class IntegratedGradients(Method):
     family = "gradient"
     description = "integrated gradients over token embeddings, completeness error recorded, adaptive steps"
     needs_gradients = True
-    needs_baseline = True
     reports_completeness = True
 
     def check(self, adapter: ModelAdapter) -> None:

@@ -1,5 +1,5 @@
-"""Decomposition methods: what each token contributes once the values, W_O, the residual and the
-LayerNorm are counted, not just the attention weight.
+"""Context-mixing methods (decompositions of the attention block): what each token contributes
+once the values, W_O, the residual and the LayerNorm are counted, not just the attention weight.
 
 * ``norm`` -- Kobayashi, Kuribayashi, Yokoi & Inui, EMNLP 2020, "Attention is Not Only a Weight".
 * ``alti`` -- Ferrando, Gállego & Costa-jussà, EMNLP 2022, "Measuring the Mixing of Contextual
@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from ..batching import chunks, group_by_budget
 from ..errors import StreetlampError
 from ..models.adapter import Inputs, ModelAdapter, Target
-from ..models.decompose import output_weights, placement, post_norm
+from ..models.attention_block import output_weights, placement, post_norm
 from ..results import Explanation
 from .base import Method
 

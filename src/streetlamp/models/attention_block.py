@@ -1,4 +1,5 @@
-"""Per-family facts the decomposition methods (norm, ALTI, value zeroing) need beyond the sites.
+"""Per-family facts of the attention block that the context-mixing methods (norm, ALTI, value
+zeroing) need beyond the sites.
 
 The named sites already give the value vectors (``layers.{l}.attn.v``, per query head, *with*
 the value bias b_V and, for pre-LN families, *after* the pre-attention LayerNorm/RMSNorm) and
