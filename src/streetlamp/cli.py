@@ -69,13 +69,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from .methods.registry import parse_methods
     from .models.adapter import Target
     from .models.loading import load
-    from .results import check_out_dir
     from .runners.explain import explain, parse_target
+    from .store.run_folder import RunFolder, default_out
 
     if not args.text.strip():
         raise StreetlampError("empty text: give the sentence to explain")
-    out = Path(args.out) if args.out else Path("runs") / f"explain-{__import__('time').strftime('%Y%m%d-%H%M%S')}"
-    check_out_dir(out, args.overwrite)
+    out = RunFolder(args.out or default_out("explain"), "explain", args.overwrite)
     from .runners.explain import default_methods
 
     methods = parse_methods(args.methods) if args.methods else default_methods()
@@ -101,9 +100,8 @@ def cmd_explain_generation(args: argparse.Namespace) -> int:
 
     if not args.prompt.strip():
         raise StreetlampError("empty prompt")
-    out = Path(args.out) if args.out else Path("runs") / f"generation-{__import__('time').strftime('%Y%m%d-%H%M%S')}"
-    from .results import check_out_dir
-    check_out_dir(out, args.overwrite)
+    from .store.run_folder import RunFolder, default_out
+    out = RunFolder(args.out or default_out("generation"), "explain-generation", args.overwrite)
     ig_params = parse_method_params(args.ig_params and f'{{"integrated_gradients": {args.ig_params}}}',
                                     ["integrated_gradients"], "--ig-params").get("integrated_gradients", {})
     adapter = load(args.model)
@@ -125,12 +123,10 @@ def _heads_adapter(args: argparse.Namespace):
     return adapter
 
 
-def _heads_out(args: argparse.Namespace, kind: str) -> Path:
-    from .results import check_out_dir
+def _heads_out(args: argparse.Namespace, kind: str):
+    from .store.run_folder import RunFolder, default_out
 
-    out = Path(args.out) if args.out else Path("runs") / f"{kind}-{__import__('time').strftime('%Y%m%d-%H%M%S')}"
-    check_out_dir(out, args.overwrite)
-    return out
+    return RunFolder(args.out or default_out(kind), kind, args.overwrite)
 
 
 def cmd_heads(args: argparse.Namespace) -> int:
@@ -152,7 +148,7 @@ def cmd_heads(args: argparse.Namespace) -> int:
         print(f"spearman({k}, |ΔF|) = {v['rho']:+.3f} (p={v['p']:.2g})")
     for note in res["notes"].values():
         print(f"note: {note}")
-    print(f"output: {out}/ (manifest.json, arrays.safetensors, PNG figures)")
+    print(f"output: {out.out}/ (manifest.json, arrays.safetensors, PNG figures)")
     return 0
 
 
@@ -169,7 +165,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         print(f"{name:<14} accuracy: all heads {y[0]:.3f}, {x[half]} removed {y[half]:.3f}, all removed {y[-1]:.3f}")
     for note in res["notes"].values():
         print(f"note: {note}")
-    print(f"output: {out}/")
+    print(f"output: {out.out}/")
     return 0
 
 
@@ -198,7 +194,7 @@ def cmd_patch(args: argparse.Namespace) -> int:
         print(f"paths sender -> {args.receiver} (share of the logit difference lost when only that path is "
               "corrupted): " + ", ".join(f"{i // lost.shape[1]}.{i % lost.shape[1]}: {lost.flat[i]:+.3f}"
                                          for i in order))
-    print(f"output: {out}/")
+    print(f"output: {out.out}/")
     return 0
 
 
@@ -213,7 +209,7 @@ def cmd_mediate(args: argparse.Namespace) -> int:
     print(f"total effect TE = {float(res['te']):.3f} (mean over {len(res['y_null'])} prompts)")
     print("heads with the largest NIE: " + ", ".join(
         f"{i // nie.shape[1]}.{i % nie.shape[1]}: {nie.reshape(-1)[i]:.3f}" for i in top))
-    print(f"output: {out}/")
+    print(f"output: {out.out}/")
     return 0
 
 

@@ -26,7 +26,7 @@ from ..groundtruth.tasks import get_task, planted_mask
 from ..groundtruth.train import evaluate, weights_path
 from ..methods.registry import get_method
 from ..models.adapter import ModelAdapter, Target
-from ..results import atomic_dir, check_out_dir, command_line, versions, write_json
+from ..store.run_folder import RunFolder
 
 VARIANTS = ("normal", "deceptive")
 COLUMNS = ["task", "variant", "method", "average_precision", "auprc", "precision_at_k", "comprehensiveness", "sufficiency",
@@ -83,14 +83,13 @@ def score_method(adapter: ModelAdapter, name: str, examples: list, seed: int, de
             "base_rate": float(np.mean([m.mean() for m in masks])), "seconds": round(secs, 2)}
 
 
-def benchmark(out: Path, tasks: list[str], methods: list[str], n_examples: int = 50, seed: int = 0,
+def benchmark(out: RunFolder | Path, tasks: list[str], methods: list[str], n_examples: int = 50, seed: int = 0,
               overwrite: bool = False, device: str = "cpu", batch_size: int | None = None,
               quantity: str = "logit") -> BenchmarkResult:
-    out = Path(out)
-    check_out_dir(out, overwrite)
+    rf = RunFolder.of(out, "benchmark", overwrite)
     if n_examples < 1:
         raise StreetlampError("--n-examples must be at least 1")
-    res = BenchmarkResult(out)
+    res = BenchmarkResult(rf.out)
     names = list(dict.fromkeys(["random"] + list(methods)))
     for task_name in tasks:
         task = get_task(task_name)
@@ -113,20 +112,20 @@ def benchmark(out: Path, tasks: list[str], methods: list[str], n_examples: int =
                 except Exception as e:  # a method that crashes is reported, not fatal to the leaderboard
                     row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
                 res.rows.append(row)
-    with atomic_dir(out, overwrite) as tmp:
-        write_csv(tmp / "leaderboard.csv", res.rows, COLUMNS)
-        write_csv(tmp / "models.csv", res.models, ["task", "variant", "accuracy", "mass_cls_last", "mass_all"])
+    with rf.staging() as w:
+        write_csv(w.path / "leaderboard.csv", res.rows, COLUMNS)
+        write_csv(w.path / "models.csv", res.models, ["task", "variant", "accuracy", "mass_cls_last", "mass_all"])
         from ..groundtruth.figure import plot_leaderboard
-        plot_leaderboard(res.rows, tmp / "leaderboard.png")
-        write_json(tmp / "manifest.json", {
-            "streetlamp": "benchmark", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command_line(),
-            "tasks": tasks, "methods": names, "method_params": {n: METHOD_PARAMS.get(n, {}) for n in names}, "n_examples": n_examples, "seed": seed, "quantity": quantity,
-            "files": {"leaderboard.csv": "one row per task x variant x method; average precision, AUPRC and precision@k of |token "
+        plot_leaderboard(res.rows, w.path / "leaderboard.png")
+        w.write_manifest({
+            "tasks": tasks, "methods": names, "method_params": {n: METHOD_PARAMS.get(n, {}) for n in names},
+            "n_examples": n_examples, "seed": seed, "quantity": quantity,
+            "files": {"leaderboard.csv": "one row per task x variant x method; average precision, AUPRC and "
+                      "precision@k of |token "
                       "scores| (words only) against the planted tokens; comprehensiveness / sufficiency AOPC",
                       "models.csv": "held-out accuracy and attention mass on the planted tokens ([CLS] row of "
                       "the last layer, head mean; and mean over all layers, heads and queries)",
-                      "leaderboard.png": "AUPRC per method, normal vs deceptive, one panel per task"},
-            "versions": versions()})
+                      "leaderboard.png": "AUPRC per method, normal vs deceptive, one panel per task"}})
     return res
 
 

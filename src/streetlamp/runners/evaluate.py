@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,7 +15,6 @@ from ..errors import StreetlampError
 from ..evaluation.pipeline import ChunkExample, EvalSettings, evaluate_chunk
 from ..methods.registry import get_method
 from ..models.adapter import ModelAdapter
-from ..results import command_line, versions
 from ..store import RunStore
 
 KEY_METRICS = ["aopc_comprehensiveness", "aopc_sufficiency", "deletion_area", "insertion_area",
@@ -133,8 +131,7 @@ def evaluate(model: str, data: str, out: Path, settings: EvalSettings, *, limit:
         "name": ds.name, "source": ds.source, "sha256": ds.hash(), "n_examples": len(ds.examples)},
         "limit": limit, **({"sample": sample} if sample is not None else {}), **params}
     store = RunStore.open(Path(out), run_settings, {
-        "model_info": adapter.describe(), "versions": versions(), "command": command_line(),
-        "skipped_too_long": skipped, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "model_info": adapter.describe(), "skipped_too_long": skipped,
         "replacement_token": settings.replacement if settings.replacement == "delete"
         else adapter.replacement_token("mask")[2]})
     chunks = [examples[i:i + chunk_size] for i in range(0, len(examples), chunk_size)]

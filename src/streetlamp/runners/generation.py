@@ -23,7 +23,7 @@ from ..errors import StreetlampError  # noqa: E402
 from ..methods.ig import IntegratedGradients  # noqa: E402
 from ..models.adapter import ModelAdapter, Target  # noqa: E402
 from ..report.compare import normalise_rows  # noqa: E402
-from ..results import atomic_dir, check_out_dir, command_line, save_arrays, versions, write_json  # noqa: E402
+from ..store.run_folder import RunFolder  # noqa: E402
 
 
 GENERATION_IG: dict[str, Any] = {"rule": "panels", "max_steps": 1024}
@@ -39,13 +39,12 @@ class GenerationResult:
     lines: list[str] = field(default_factory=list)
 
 
-def explain_generation(adapter: ModelAdapter, prompt: str, out: Path, *, new_tokens: int = 8,
+def explain_generation(adapter: ModelAdapter, prompt: str, out: RunFolder | Path, *, new_tokens: int = 8,
                        continuation: list[int] | None = None, quantity: str = "logprob", overwrite: bool = False,
                        batch_size: int | None = None, seed: int = 0,
                        ig_params: dict[str, Any] | None = None) -> GenerationResult:
     """IG of each generated token (greedy, or ``continuation`` ids) over the prompt and earlier tokens."""
-    out = Path(out)
-    check_out_dir(out, overwrite)
+    rf = RunFolder.of(out, "explain-generation", overwrite)
     if adapter.kind != "causal_lm":
         raise StreetlampError(f"explain-generation needs a causal LM; {adapter.name} is a {adapter.kind}")
     if not prompt or not prompt.strip():
@@ -75,35 +74,31 @@ def explain_generation(adapter: ModelAdapter, prompt: str, out: Path, *, new_tok
     tokens = list(exps[-1].tokens)
     labels = [adapter.token_label(t) for t in tokens]
     completeness = np.stack([e.arrays["completeness"] for e in exps]).astype(np.float64)
-    res = GenerationResult(out, tokens, generated, matrix, allowed)
-    with atomic_dir(out, overwrite) as tmp:
-        save_arrays(tmp / "arrays.safetensors", {
-            "integrated_gradients.matrix": matrix, "allowed": allowed, "completeness": completeness,
-            "generated_ids": np.asarray(gen_ids, np.int64)})
-        _figure(matrix, allowed, labels, generated, tmp / "generation.png")
-        write_json(tmp / "manifest.json", {
-            "streetlamp": "explain-generation", "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "command": command_line(), "model": adapter.describe(), "prompt": prompt, "prompt_tokens": prompt_len,
+    res = GenerationResult(rf.out, tokens, generated, matrix, allowed)
+    with rf.staging() as w:
+        w.add_array("integrated_gradients.matrix", matrix, axes=["generated", "token"], meaning=
+                    f"IG of the {quantity} of generated token j (row) over the token embeddings of its inputs "
+                    "(columns: prompt, then earlier generated tokens); one shared path (attribute_sequence)")
+        w.add_array("allowed", allowed, axes=["generated", "token"], meaning="1 where the token is an input of "
+                    "that row's target (earlier positions); 0 cells of the matrix are not inputs")
+        w.add_array("completeness", completeness, axes=["generated", "quantity"], meaning=
+                    "[delta, delta/|dF|, F(e), F(e'), sum IG] per generated token")
+        w.add_array("generated_ids", np.asarray(gen_ids, np.int64), axes=["generated"],
+                    meaning="vocabulary ids of the generated tokens")
+        _figure(matrix, allowed, labels, generated, w.path / "generation.png")
+        w.add_figure(file="generation.png", shows="IG per generated token (rows) over input tokens, each row "
+                     "divided by its max |score|; grey: not an input of that row")
+        w.write_manifest({
+            "model": adapter.describe(), "prompt": prompt, "prompt_tokens": prompt_len,
             "tokens": tokens, "token_labels": labels, "generated": generated, "generated_ids": gen_ids,
             "continuation": "given" if continuation is not None else "greedy",
-            "arrays": {
-                "integrated_gradients.matrix": {"axes": ["generated", "token"], "meaning":
-                    f"IG of the {quantity} of generated token j (row) over the token embeddings of its inputs "
-                    "(columns: prompt, then earlier generated tokens); one shared path (attribute_sequence)"},
-                "allowed": {"axes": ["generated", "token"], "meaning": "1 where the token is an input of that "
-                            "row's target (earlier positions); 0 cells of the matrix are not inputs"},
-                "completeness": {"axes": ["generated", "quantity"], "meaning":
-                                 "[delta, delta/|dF|, F(e), F(e'), sum IG] per generated token"},
-                "generated_ids": {"axes": ["generated"], "meaning": "vocabulary ids of the generated tokens"}},
-            "figures": [{"file": "generation.png", "shows": "IG per generated token (rows) over input tokens, "
-                         "each row divided by its max |score|; grey: not an input of that row"}],
             "parameters": {"quantity": quantity, "new_tokens": k, "batch_size": batch_size, "seed": seed,
                            "integrated_gradients": ig.params()},
             "per_token": [{"generated": g, "converged": e.info["converged"], "steps": e.info["steps"],
                            "relative_completeness_error": e.info["relative_completeness_error"]}
                           for g, e in zip(generated, exps)],
             "gradient_evaluations": exps[0].info["gradient_evaluations"], "seconds": round(secs, 2),
-            "seed": seed, "versions": versions()})
+            "seed": seed})
     res.lines.append(f"prompt: {prompt!r} -> continuation {''.join(generated)!r} ({k} tokens, "
                      f"{'greedy' if continuation is None else 'given'}; IG of the {quantity}, one shared path, "
                      f"{exps[0].info['gradient_evaluations']} gradient evaluations, {secs:.1f} s)")
