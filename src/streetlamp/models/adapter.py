@@ -197,19 +197,22 @@ class ModelAdapter:
             return str(self.hf_model.config.id2label.get(index, index))
         return self.tokenizer.decode([index])
 
-    def parse_label(self, label: str | int) -> int:
-        """An output index from a class id, a class name (any case), or (causal LM) a one-token string."""
-        if isinstance(label, int) or (isinstance(label, str) and label.strip().lstrip("-").isdigit()):
-            index = int(label)
-            if not 0 <= index < self.n_outputs:
-                raise StreetlampError(f"output {index} out of range: the model has {self.n_outputs} outputs")
-            return index
-        if self.kind == "classifier":
-            names = {str(v).lower(): int(k) for k, v in self.hf_model.config.id2label.items()}
-            if label.lower() not in names:
-                raise StreetlampError(f"unknown label {label!r}; this model's labels: {', '.join(names)}")
-            return names[label.lower()]
-        return self.token_id(label)
+    def parse_label(self, label: str) -> int:
+        """An output index from a class name (any case) or id (classifier), or a one-token string
+        (causal LM). The one parser of labels and targets given by a user or a data file."""
+        if self.kind != "classifier":
+            return self.token_id(label)
+        names = {str(v).lower(): int(k) for k, v in self.hf_model.config.id2label.items()}
+        s = str(label).strip()
+        if s.lower() in names:
+            return names[s.lower()]
+        if s.lstrip("-").isdigit():
+            i = int(s)
+            if not 0 <= i < self.n_outputs:
+                raise StreetlampError(f"target {i} out of range: classes are 0..{self.n_outputs - 1} "
+                                      f"({', '.join(names)})")
+            return i
+        raise StreetlampError(f"unknown target {label!r}: not a class of the model; classes: {', '.join(names)}")
 
     def explained_position(self, length: int) -> int:
         """The position whose output is explained: [CLS] (0) for BERT-style classifiers, else the last token."""

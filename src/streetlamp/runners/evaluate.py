@@ -38,18 +38,16 @@ def label_indices(adapter: ModelAdapter, ds: Dataset) -> dict[str, int]:
     vocabulary (the usual form after a prompt), else ``label`` itself; anything else is refused."""
     if adapter.kind == "causal_lm":
         return next_token_labels(adapter, ds.labels())
-    names = {str(v).lower(): int(k) for k, v in adapter.hf_model.config.id2label.items()}
     out, bad = {}, []
     for lab in ds.labels():
-        if lab.lower() in names:
-            out[lab] = names[lab.lower()]
-        elif lab.lstrip("-").isdigit() and 0 <= int(lab) < adapter.n_outputs:
-            out[lab] = int(lab)
-        else:
+        try:
+            out[lab] = adapter.parse_label(lab)
+        except StreetlampError:
             bad.append(lab)
     if bad:
+        classes = ", ".join(adapter.output_label(i).lower() for i in range(adapter.n_outputs))
         raise StreetlampError(f"labels {', '.join(map(repr, bad[:5]))} are not classes of the model "
-                              f"(classes: {', '.join(names)})")
+                              f"(classes: {classes})")
     return out
 
 
@@ -118,7 +116,7 @@ def evaluate(model: str, data: str, out: Path, settings: EvalSettings, *, limit:
     if adapter is None:
         adapter = load(model)
         if device != "cpu":
-            adapter.hf_model.to(device)
+            adapter.to(device)
     for name in settings.methods:
         get_method(name, **settings.method_params.get(name, {})).check(adapter)
     if settings.replacement not in ("delete", "mask"):

@@ -37,18 +37,7 @@ def parse_target(adapter: ModelAdapter, spec: str | None) -> int | None:
     """A class name or id (classifier), or a token string (causal LM); None = the prediction."""
     if spec is None or spec in ("", "predicted", "next"):
         return None
-    if adapter.kind == "classifier":
-        labels = {v.lower(): int(k) for k, v in adapter.hf_model.config.id2label.items()}
-        if spec.lower() in labels:
-            return labels[spec.lower()]
-        if spec.lstrip("-").isdigit():
-            i = int(spec)
-            if not 0 <= i < adapter.n_outputs:
-                raise StreetlampError(f"target {i} out of range: classes are 0..{adapter.n_outputs - 1} "
-                                      f"({', '.join(labels)})")
-            return i
-        raise StreetlampError(f"unknown target {spec!r}; classes: {', '.join(labels)}")
-    return adapter.token_id(spec)
+    return adapter.parse_label(spec)
 
 
 def explain(adapter: ModelAdapter, text: str, out: RunFolder | Path, *, target: Target = Target(),

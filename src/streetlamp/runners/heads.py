@@ -49,17 +49,7 @@ def load_texts(spec: str) -> tuple[list[str], list[str] | None]:
 def label_ids(adapter: ModelAdapter, labels: list[str]) -> list[int]:
     if adapter.kind != "classifier":
         raise StreetlampError("labels and accuracy need a classifier")
-    names = {str(v).lower(): int(k) for k, v in adapter.hf_model.config.id2label.items()}
-    out = []
-    for s in labels:
-        s2 = s.strip().lower()
-        if s2 in names:
-            out.append(names[s2])
-        elif s2.lstrip("-").isdigit() and 0 <= int(s2) < adapter.n_outputs:
-            out.append(int(s2))
-        else:
-            raise StreetlampError(f"label {s!r} is not a class of the model ({', '.join(names)})")
-    return out
+    return [adapter.parse_label(s) for s in labels]
 
 
 def texts_per_batch(inputs: Inputs, batch_size: int | None, repeat: int = 1) -> dict[str, int]:
