@@ -15,6 +15,7 @@ from ..errors import StreetlampError
 from ..evaluation.pipeline import ChunkExample, EvalSettings, evaluate_chunk
 from ..methods.registry import get_method
 from ..models.adapter import ModelAdapter
+from ..settings import layers_of
 from ..store import RunStore
 
 KEY_METRICS = ["aopc_comprehensiveness", "aopc_sufficiency", "deletion_area", "insertion_area",
@@ -28,7 +29,12 @@ class EvalResult:
     n_skipped: int
     n_computed_chunks: int
     summary: pd.DataFrame
-    lines: list[str] = field(default_factory=list)
+    table: list[str] = field(default_factory=list)  # summary.md
+
+    def lines(self) -> list[str]:
+        return [*self.table, f"{self.n_examples} examples ({self.n_skipped} skipped: longer than the model's "
+                f"positions), {self.n_computed_chunks} chunks computed now; run store: {self.out}/ (manifest.json, "
+                "metrics/*.parquet, arrays/, summary.csv, summary.md, figures/)"]
 
 
 def label_indices(adapter: ModelAdapter, ds: Dataset) -> dict[str, int]:
@@ -45,9 +51,9 @@ def label_indices(adapter: ModelAdapter, ds: Dataset) -> dict[str, int]:
         except StreetlampError:
             bad.append(lab)
     if bad:
-        classes = ", ".join(adapter.output_label(i).lower() for i in range(adapter.n_outputs))
+        names = [adapter.output_label(i) for i in range(adapter.n_outputs)]
         raise StreetlampError(f"labels {', '.join(map(repr, bad[:5]))} are not classes of the model "
-                              f"(classes: {classes})")
+                              f"(classes: {', '.join(names)})")
     return out
 
 
@@ -116,11 +122,13 @@ def evaluate(model: str, data: str, out: Path, settings: EvalSettings, *, limit:
     if adapter is None:
         adapter = load(model)
         if device != "cpu":
-            adapter.to(device)
+            adapter.hf_model.to(device)
     for name in settings.methods:
         get_method(name, **settings.method_params.get(name, {})).check(adapter)
     if settings.replacement not in ("delete", "mask"):
         raise StreetlampError("--replacement must be 'delete' or 'mask'")
+    layers_of(adapter, settings.flip_layers, "--flip-layers")  # a bad layer: refused before the store exists
+    layers_of(adapter, settings.cf_layers, "--cf-layers")
     examples, skipped = prepare(adapter, ds, settings.truncate)  # every check before the store is touched
     params = {"settings": settings.to_dict(), "chunk_size": chunk_size,
               "method_params": {n: get_method(n, **settings.method_params.get(n, {})).params()

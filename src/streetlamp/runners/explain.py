@@ -14,6 +14,7 @@ from ..methods.registry import get_method
 from ..models.adapter import ModelAdapter, Target
 from ..report import heatmaps
 from ..results import Explanation
+from ..settings import check_head, check_layer
 from ..store.run_folder import RunFolder, RunWriter
 
 
@@ -31,6 +32,12 @@ class ExplainResult:
     position: int
     explanations: dict[str, Explanation] = field(default_factory=dict)
     summary: list[str] = field(default_factory=list)
+    model: str = ""  # "name (kind, L layers x H heads)"
+
+    def lines(self) -> list[str]:
+        return [f"model: {self.model}", *self.summary,
+                f"output: {self.out}/ (manifest.json, arrays.safetensors, PNG heatmaps"
+                + (", methods_comparison.png, kendall_tau.csv)" if self.explanations else ")")]
 
 
 def parse_target(adapter: ModelAdapter, spec: str | None) -> int | None:
@@ -45,10 +52,8 @@ def explain(adapter: ModelAdapter, text: str, out: RunFolder | Path, *, target: 
             truncate: bool = False, seed: int = 0, batch_size: int | None = None,
             method_params: dict[str, dict[str, Any]] | None = None) -> ExplainResult:
     rf = RunFolder.of(out, "explain", overwrite)  # refuse before any work
-    if layer is not None and not 0 <= layer < adapter.n_layers:
-        raise StreetlampError(f"layer {layer} out of range: the model has layers 0..{adapter.n_layers - 1}")
-    if head is not None and not 0 <= head < adapter.n_heads:
-        raise StreetlampError(f"head {head} out of range: the model has heads 0..{adapter.n_heads - 1}")
+    check_layer(adapter, layer)
+    check_head(adapter, head)
     if head is not None and layer is None:
         raise StreetlampError("--head needs --layer")
     torch.manual_seed(seed)
@@ -71,6 +76,7 @@ def explain(adapter: ModelAdapter, text: str, out: RunFolder | Path, *, target: 
     with rf.staging() as w:
         write_outputs(adapter, res, w, target, layer, head, seed, truncate, inputs.truncated[0], batch_size)
     res.summary = summarise(adapter, res)
+    res.model = f"{adapter.name} ({adapter.kind}, {adapter.n_layers} layers x {adapter.n_heads} heads)"
     return res
 
 
