@@ -12,8 +12,8 @@ from .attention_grad import AttentionAttribution, AttentionXGradient
 from .rollout import Flow, GradientRollout, Rollout
 from .base import Method
 from .occlusion import Occlusion
-from .sampling import Lime, Shap
-from .decomposition import Alti, Norm, ValueZeroing
+from .shap_lime import Lime, Shap
+from .context_mixing import Alti, Norm, ValueZeroing
 from .gradient import GradientXInput, Saliency
 from .ig import IntegratedGradients
 from .lrp import AttnLRP

@@ -120,7 +120,7 @@ def benchmark(out: RunFolder | Path, tasks: list[str], methods: list[str], n_exa
         for variant in VARIANTS:
             adapter = load_groundtruth(task_name, variant)
             if device != "cpu":
-                adapter.hf_model.to(device)
+                adapter.to(device)
             res.models.append({"task": task_name, "variant": variant,
                                **evaluate(adapter, task.generate(max(n_examples, 500), seed=40_000 + seed))})
             for name in names:

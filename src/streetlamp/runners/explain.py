@@ -49,18 +49,7 @@ def parse_target(adapter: ModelAdapter, spec: str | None) -> int | None:
     """A class name or id (classifier), or a token string (causal LM); None = the prediction."""
     if spec is None or spec in ("", "predicted", "next"):
         return None
-    if adapter.kind == "classifier":
-        labels = {v.lower(): int(k) for k, v in adapter.hf_model.config.id2label.items()}
-        if spec.lower() in labels:
-            return labels[spec.lower()]
-        if spec.lstrip("-").isdigit():
-            i = int(spec)
-            if not 0 <= i < adapter.n_outputs:
-                raise StreetlampError(f"target {i} out of range: classes are 0..{adapter.n_outputs - 1} "
-                                      f"({', '.join(labels)})")
-            return i
-        raise StreetlampError(f"unknown target {spec!r}; classes: {', '.join(labels)}")
-    return adapter.token_id(spec)
+    return adapter.parse_label(spec)
 
 
 def explain(adapter: ModelAdapter, text: str, out: RunFolder | Path, *, target: Target = Target(),
@@ -176,7 +165,8 @@ def write_figures(adapter: ModelAdapter, res: ExplainResult, w: RunWriter, layer
     w.add_figure(file="attention_head_mean.png", shows="mean over heads, each layer", **grid)
     if res.explanations:
         from ..report.compare import write_comparison
-        for f in write_comparison({k: e.scores for k, e in res.explanations.items()}, res.labels, w.path):
+        for f in write_comparison({k: e.scores for k, e in res.explanations.items()}, res.labels, w.path,
+                                  adapter.special_mask(adapter.tokenizer.convert_tokens_to_ids(res.tokens))):
             w.add_figure(**f)
 
 
@@ -198,8 +188,8 @@ def summarise(adapter: ModelAdapter, res: ExplainResult, k: int = 3) -> list[str
     att_e = res.explanations.get("attention")
     row = att_e.scores if att_e is not None else res.attention[L - 1, :, res.position].mean(0)
     view = att_e.info.get("view") if att_e is not None else f"layer {L - 1}, mean over {H} heads"
-    special = set(adapter.tokenizer.all_special_tokens)
-    words = [j for j, t in enumerate(res.tokens) if t not in special]
+    special = adapter.special_mask(adapter.tokenizer.convert_tokens_to_ids(res.tokens))
+    words = np.flatnonzero(~special).tolist()
     where = f"attention from {res.labels[res.position]!r} (position {res.position}), {view}"
     lines.append(f"attention here means: {where}")
     if len(words) < len(res.tokens):
@@ -226,9 +216,9 @@ def summarise(adapter: ModelAdapter, res: ExplainResult, k: int = 3) -> list[str
             tok = f"{res.labels[j]!r}@{j}"
             lines.append(f"  {tok:<16}{row[j]:>10.3f}{att_rank[j]:>6}{-delta[j]:>+19.4f}{occ_rank[j]:>6}")
     shared = len(set(by_att) & set(by_occ))
-    from scipy.stats import kendalltau
+    from ..stats import kendall_tau
 
-    tau = kendalltau(row[words], np.abs(delta[words])).statistic if len(words) > 1 else float("nan")
+    tau = kendall_tau(row, np.abs(delta), special)
     lines.append(f"attention's top {k} and occlusion's top {k} share {shared} token(s); Kendall tau(attention, "
                  f"|occlusion|) over the {len(words)} word tokens = {tau:.2f}")
     return lines
