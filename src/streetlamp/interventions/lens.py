@@ -21,7 +21,7 @@ import torch
 
 from ..methods.gradient import ids_inputs
 from ..models.adapter import ModelAdapter
-from ..models.decompose import output_weights
+from ..models.attention_block import output_weights
 from ..models.readout import check_lens, final_norm, unembed, unembedding
 
 

@@ -19,7 +19,7 @@ import torch
 from ..errors import StreetlampError
 from ..methods.gradient import ids_inputs
 from ..models.adapter import ModelAdapter, Target
-from ..models.decompose import output_weights
+from ..models.attention_block import output_weights
 from ..models.readout import attention_scaling, check_lens, pre_attn_norm, query_key
 from .engine import Intervention, check_layer_head, run, zero
 from .lens import direct_logit_attribution

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ..errors import StreetlampError
-from .decompose import placement
+from .attention_block import placement
 
 if TYPE_CHECKING:
     from .adapter import ModelAdapter

@@ -30,7 +30,7 @@ from ..errors import StreetlampError
 from ..interventions import engine
 from ..interventions.heads import attention_mass, reference_strategies
 from ..methods.attention import record_attention
-from ..methods.perturbation import occlusion_replacement
+from ..methods.scorer import occlusion_replacement
 from ..methods.registry import REGISTRY
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..runners import explain as ex
