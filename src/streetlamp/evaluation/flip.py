@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..models.adapter import Inputs, ModelAdapter, at_least_float32
+from ..settings import layers_of
 from ..stats import js_divergence_t
 from .common import output_map
 
@@ -33,11 +34,7 @@ INTERNAL_RANKINGS = ("attention", "gradient", "attention_x_gradient", "random")
 
 
 def flip_layers(adapter: ModelAdapter, spec: str) -> list[int]:
-    if spec == "all":
-        return list(range(adapter.n_layers))
-    if spec == "last":
-        return [adapter.n_layers - 1]
-    return [int(spec) % adapter.n_layers]
+    return layers_of(adapter, spec)  # last, all or a layer number in range (no wrapping)
 
 
 def attention_item_scores(adapter: ModelAdapter, inp: Inputs, pred: Sequence[int],

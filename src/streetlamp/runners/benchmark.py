@@ -47,6 +47,29 @@ class BenchmarkResult:
     rows: list[dict[str, Any]] = field(default_factory=list)
     models: list[dict[str, Any]] = field(default_factory=list)
 
+    def _repr_html_(self) -> str:  # a notebook shows the run's report inline
+        from ..report.viewer import iframe_html
+
+        return iframe_html(self.out)
+
+    def lines(self) -> list[str]:
+        lines = []
+        for m in self.models:
+            lines.append(f"{m['task']:<9} {m['variant']:<9} accuracy {m['accuracy']:.3f}  attention mass on planted: "
+                         f"[CLS] last layer {m['mass_cls_last']:.3f}, all rows {m['mass_all']:.3f}")
+        for task in dict.fromkeys(r["task"] for r in self.rows):
+            lines.append(f"\n== {task} ==")
+            lines.append(f"{'variant':<10}{'method':<24}{'AP':>7}{'AUPRC':>7}{'P@k':>7}{'comp':>8}{'suff':>8}")
+            rows = [r for r in self.rows if r["task"] == task]
+            for r in sorted(rows, key=lambda r: (r["variant"] != "normal", -r.get("auprc", -1))):
+                if r["error"]:
+                    lines.append(f"{r['variant']:<10}{r['method']:<24} error: {r['error']}")
+                else:
+                    lines.append(f"{r['variant']:<10}{r['method']:<24}{r['average_precision']:>7.3f}"
+                                 f"{r['auprc']:>7.3f}{r['precision_at_k']:>7.3f}"
+                                 f"{r['comprehensiveness']:>8.3f}{r['sufficiency']:>8.3f}")
+        return lines + [f"output: {self.out}/ (leaderboard.csv, models.csv, leaderboard.png, manifest.json)"]
+
 
 def load_groundtruth(task: str, variant: str) -> ModelAdapter:
     from ..models.loading import load
@@ -97,7 +120,7 @@ def benchmark(out: RunFolder | Path, tasks: list[str], methods: list[str], n_exa
         for variant in VARIANTS:
             adapter = load_groundtruth(task_name, variant)
             if device != "cpu":
-                adapter.hf_model.to(device)
+                adapter.to(device)
             res.models.append({"task": task_name, "variant": variant,
                                **evaluate(adapter, task.generate(max(n_examples, 500), seed=40_000 + seed))})
             for name in names:
@@ -135,22 +158,3 @@ def write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> Non
         w.writeheader()
         for r in rows:
             w.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
-
-
-def format_rows(res: BenchmarkResult) -> list[str]:
-    lines = []
-    for m in res.models:
-        lines.append(f"{m['task']:<9} {m['variant']:<9} accuracy {m['accuracy']:.3f}  attention mass on planted: "
-                     f"[CLS] last layer {m['mass_cls_last']:.3f}, all rows {m['mass_all']:.3f}")
-    for task in dict.fromkeys(r["task"] for r in res.rows):
-        lines.append(f"\n== {task} ==")
-        lines.append(f"{'variant':<10}{'method':<24}{'AP':>7}{'AUPRC':>7}{'P@k':>7}{'comp':>8}{'suff':>8}")
-        rows = [r for r in res.rows if r["task"] == task]
-        for r in sorted(rows, key=lambda r: (r["variant"] != "normal", -r.get("auprc", -1))):
-            if r["error"]:
-                lines.append(f"{r['variant']:<10}{r['method']:<24} error: {r['error']}")
-            else:
-                lines.append(f"{r['variant']:<10}{r['method']:<24}{r['average_precision']:>7.3f}{r['auprc']:>7.3f}"
-                             f"{r['precision_at_k']:>7.3f}"
-                             f"{r['comprehensiveness']:>8.3f}{r['sufficiency']:>8.3f}")
-    return lines

@@ -15,6 +15,7 @@ from ..errors import StreetlampError
 from ..evaluation.pipeline import ChunkExample, EvalSettings, evaluate_chunk
 from ..methods.registry import get_method
 from ..models.adapter import ModelAdapter
+from ..settings import layers_of
 from ..store import RunStore
 
 KEY_METRICS = ["aopc_comprehensiveness", "aopc_sufficiency", "deletion_area", "insertion_area",
@@ -28,7 +29,17 @@ class EvalResult:
     n_skipped: int
     n_computed_chunks: int
     summary: pd.DataFrame
-    lines: list[str] = field(default_factory=list)
+    table: list[str] = field(default_factory=list)  # summary.md
+
+    def lines(self) -> list[str]:
+        return [*self.table, f"{self.n_examples} examples ({self.n_skipped} skipped: longer than the model's "
+                f"positions), {self.n_computed_chunks} chunks computed now; run store: {self.out}/ (manifest.json, "
+                "metrics/*.parquet, arrays/, summary.csv, summary.md, figures/)"]
+
+    def _repr_html_(self) -> str:  # a notebook shows the run's report inline
+        from ..report.viewer import iframe_html
+
+        return iframe_html(self.out)
 
 
 def label_indices(adapter: ModelAdapter, ds: Dataset) -> dict[str, int]:
@@ -38,16 +49,14 @@ def label_indices(adapter: ModelAdapter, ds: Dataset) -> dict[str, int]:
     vocabulary (the usual form after a prompt), else ``label`` itself; anything else is refused."""
     if adapter.kind == "causal_lm":
         return next_token_labels(adapter, ds.labels())
-    names = {str(v).lower(): int(k) for k, v in adapter.hf_model.config.id2label.items()}
     out, bad = {}, []
     for lab in ds.labels():
-        if lab.lower() in names:
-            out[lab] = names[lab.lower()]
-        elif lab.lstrip("-").isdigit() and 0 <= int(lab) < adapter.n_outputs:
-            out[lab] = int(lab)
-        else:
+        try:
+            out[lab] = adapter.parse_label(lab)
+        except StreetlampError:
             bad.append(lab)
     if bad:
+        names = [adapter.output_label(i) for i in range(adapter.n_outputs)]
         raise StreetlampError(f"labels {', '.join(map(repr, bad[:5]))} are not classes of the model "
                               f"(classes: {', '.join(names)})")
     return out
@@ -123,6 +132,8 @@ def evaluate(model: str, data: str, out: Path, settings: EvalSettings, *, limit:
         get_method(name, **settings.method_params.get(name, {})).check(adapter)
     if settings.replacement not in ("delete", "mask"):
         raise StreetlampError("--replacement must be 'delete' or 'mask'")
+    layers_of(adapter, settings.flip_layers, "--flip-layers")  # a bad layer: refused before the store exists
+    layers_of(adapter, settings.cf_layers, "--cf-layers")
     examples, skipped = prepare(adapter, ds, settings.truncate)  # every check before the store is touched
     params = {"settings": settings.to_dict(), "chunk_size": chunk_size,
               "method_params": {n: get_method(n, **settings.method_params.get(n, {})).params()
@@ -159,6 +170,9 @@ def evaluate(model: str, data: str, out: Path, settings: EvalSettings, *, limit:
         figures(store.folder, store.metrics())
     except ImportError:  # the report module is optional for the store itself
         pass
+    from ..store.run_folder import write_report_or_warn
+
+    write_report_or_warn(store.folder)
     return EvalResult(store.folder, len(examples), len(skipped), len(todo), summary, lines)
 
 

@@ -36,7 +36,15 @@ class GenerationResult:
     generated: list[str]
     matrix: np.ndarray  # [generated, token]
     allowed: np.ndarray
-    lines: list[str] = field(default_factory=list)
+    summary: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        return [*self.summary, f"output: {self.out}/ (manifest.json, arrays.safetensors, generation.png)"]
+
+    def _repr_html_(self) -> str:  # a notebook shows the run's report inline
+        from ..report.viewer import iframe_html
+
+        return iframe_html(self.out)
 
 
 def explain_generation(adapter: ModelAdapter, prompt: str, out: RunFolder | Path, *, new_tokens: int = 8,
@@ -99,13 +107,13 @@ def explain_generation(adapter: ModelAdapter, prompt: str, out: RunFolder | Path
                           for g, e in zip(generated, exps)],
             "gradient_evaluations": exps[0].info["gradient_evaluations"], "seconds": round(secs, 2),
             "seed": seed})
-    res.lines.append(f"prompt: {prompt!r} -> continuation {''.join(generated)!r} ({k} tokens, "
+    res.summary.append(f"prompt: {prompt!r} -> continuation {''.join(generated)!r} ({k} tokens, "
                      f"{'greedy' if continuation is None else 'given'}; IG of the {quantity}, one shared path, "
                      f"{exps[0].info['gradient_evaluations']} gradient evaluations, {secs:.1f} s)")
     for j, g in enumerate(generated):
         row = matrix[j, : int(allowed[j].sum())]
         top = np.argsort(-np.abs(row), kind="stable")[:3]
-        res.lines.append(f"  {g!r:>14} <- " + ", ".join(f"{labels[i]!r}@{i} {row[i]:+.3f}" for i in top)
+        res.summary.append(f"  {g!r:>14} <- " + ", ".join(f"{labels[i]!r}@{i} {row[i]:+.3f}" for i in top)
                          + ("" if exps[j].info["converged"] else "  (IG tolerance not reached)"))
     return res
 

@@ -1,6 +1,7 @@
 """``streetlamp heads`` and ``streetlamp prune``: ablate, score and prune attention heads."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,40 @@ REFERENCE_TEXTS = (
 )
 
 
+@dataclass
+class HeadsResult:
+    out: Path
+    arrays: dict[str, np.ndarray]
+    ranked: list[dict[str, Any]]  # heads by |ablation effect|, largest first
+    claim: dict[str, Any]
+    notes: dict[str, str]
+
+    def lines(self) -> list[str]:
+        lines = ["heads whose ablation changes the target most (layer.head: ΔF):",
+                 "  " + ", ".join(f"{r['layer']}.{r['head']}: {r['effect']:+.4f}" for r in self.ranked[:8])]
+        for k, v in self.claim.get("spearman_vs_effect", {}).items():
+            lines.append(f"spearman({k}, |ΔF|) = {v['rho']:+.3f} (p={v['p']:.2g})")
+        lines += [f"note: {note}" for note in self.notes.values()]
+        return lines + [f"output: {self.out}/ (manifest.json, arrays.safetensors, PNG figures)"]
+
+
+@dataclass
+class PruneResult:
+    out: Path
+    curves: dict[str, tuple[np.ndarray, np.ndarray]]  # order -> (heads removed, held-out accuracy)
+    majority: float
+    notes: dict[str, str]
+
+    def lines(self) -> list[str]:
+        lines = []
+        for name, (x, y) in self.curves.items():
+            half = int(len(x) // 2)
+            lines.append(f"{name:<14} accuracy: all heads {y[0]:.3f}, {x[half]} removed {y[half]:.3f}, "
+                         f"all removed {y[-1]:.3f}")
+        lines += [f"note: {note}" for note in self.notes.values()]
+        return lines + [f"output: {self.out}/"]
+
+
 def load_texts(spec: str) -> tuple[list[str], list[str] | None]:
     """Texts (and labels, if any): a .txt file (one unlabelled text per line), or anything
     :func:`streetlamp.data.load_dataset` reads (``movies``, ``tweets``, ``drugs``, CSV/TSV/JSONL with
@@ -47,19 +82,10 @@ def load_texts(spec: str) -> tuple[list[str], list[str] | None]:
 
 
 def label_ids(adapter: ModelAdapter, labels: list[str]) -> list[int]:
+    """Class ids of ``labels`` (names in any case, or numbers): :meth:`ModelAdapter.parse_label`."""
     if adapter.kind != "classifier":
         raise StreetlampError("labels and accuracy need a classifier")
-    names = {str(v).lower(): int(k) for k, v in adapter.hf_model.config.id2label.items()}
-    out = []
-    for s in labels:
-        s2 = s.strip().lower()
-        if s2 in names:
-            out.append(names[s2])
-        elif s2.lstrip("-").isdigit() and 0 <= int(s2) < adapter.n_outputs:
-            out.append(int(s2))
-        else:
-            raise StreetlampError(f"label {s!r} is not a class of the model ({', '.join(names)})")
-    return out
+    return [adapter.parse_label(s.strip()) for s in labels]
 
 
 def texts_per_batch(inputs: Inputs, batch_size: int | None, repeat: int = 1) -> dict[str, int]:
@@ -73,7 +99,7 @@ def texts_per_batch(inputs: Inputs, batch_size: int | None, repeat: int = 1) -> 
 def run_heads(adapter: ModelAdapter, out: RunFolder | Path, *, text: str | None = None, data: str | None = None,
               ablation: str = "zero", target: Target = Target(), seed: int = 0, limit: int | None = None,
               overwrite: bool = False, progress: bool = True, attribution: bool = True,
-              sample: int | None = None, batch_size: int | None = None) -> dict:
+              sample: int | None = None, batch_size: int | None = None) -> HeadsResult:
     """Ablate every head; with ``data`` also Michel importance, Hao attribution, attention mass."""
     rf = RunFolder.of(out, "heads", overwrite)
     if (text is None) == (data is None):
@@ -147,7 +173,7 @@ def run_heads(adapter: ModelAdapter, out: RunFolder | Path, *, text: str | None 
                            "text": text, "target": {"index": target.index, "quantity": target.quantity},
                            "limit": limit, "sample": sample, "labels": bool(labels), "batch_size": batch_size},
             "ranked": rank(a), "seed": seed})
-    return {"arrays": arrays, "ranked": rank(a), "claim": stats, "notes": notes}
+    return HeadsResult(rf.out, arrays, rank(a), stats, notes)
 
 
 def rank(a: np.ndarray, k: int = 10) -> list[dict]:
@@ -181,7 +207,7 @@ def claim_stats(arrays: dict[str, np.ndarray], q: float = 0.25) -> dict:
 
 def run_prune(adapter: ModelAdapter, out: RunFolder | Path, *, data: str, orders: list[str], seeds: int = 3,
               step: int = 1, limit: int | None = None, overwrite: bool = False, seed: int = 0,
-              progress: bool = True, batch_size: int | None = None) -> dict:
+              progress: bool = True, batch_size: int | None = None) -> PruneResult:
     """Score heads on one half of the data, prune on the held-out other half.
 
     The examples are shuffled with ``seed`` before ``limit`` and the split: data files are often
@@ -248,4 +274,4 @@ def run_prune(adapter: ModelAdapter, out: RunFolder | Path, *, data: str, orders
                            "removal": "zero ablation at attn.z",
                            "importance_normalisation": "none (raw Michel scores)", "batch_size": batch_size},
             "majority_baseline": majority, "seed": seed})
-    return {"curves": curves, "majority": majority, "notes": notes}
+    return PruneResult(rf.out, curves, majority, notes)
