@@ -204,6 +204,26 @@ def shared_options(*, model: str | None, out: str, out_required: bool = False, o
     return p
 
 
+def cmd_probe(args: argparse.Namespace) -> int:
+    from .runners.probe import ProbeSettings, probe
+
+    split = tuple(float(x) for x in args.split.split(",")) if args.split.count(",") == 2 else ()
+    if len(split) != 3:
+        raise StreetlampError("--split is three fractions train,dev,test, e.g. 0.6,0.2,0.2")
+    settings = ProbeSettings(task=args.task, data=args.data, layers=args.layers, site=args.site, probes=args.probes,
+                             hidden=args.hidden, weight_decay=args.weight_decay, dropout=args.dropout,
+                             subtoken=args.subtoken, pool=args.pool, limit=args.limit, n_examples=args.n_examples,
+                             split=split, seed=args.seed, mdl=not args.no_mdl,  # type: ignore[arg-type]
+                             amnesic=not args.no_amnesic, random_seeds=args.random_seeds, erase_at=args.erase_at,
+                             sweep=args.sweep,
+                             sweep_layer=args.sweep_layer, batch_size=args.batch_size, truncate=args.truncate)
+    res = probe(args.model, settings, _run_folder(args, "probe"), overwrite=args.overwrite, device=args.device)
+    for line in res.lines:
+        print(line)
+    print(f"output: {res.out}/ (manifest.json, arrays.safetensors, probe.png, summary.md)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .models.loading import DEFAULT_MODEL
 
@@ -314,6 +334,38 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quantity", choices=["prob", "logit", "logprob"], default="logit",
                    help="explained quantity of the predicted class (default logit: these models saturate)")
     s.set_defaults(func=cmd_benchmark)
+    s = sub.add_parser("probe", help="probes with control tasks (selectivity), MDL, and amnesic probing: is what a "
+                       "layer holds also used?")
+    s.add_argument("--task", required=True, help="pos, upos, sentiment, deciding:TASK, negated, or a .jsonl/.csv file")
+    s.add_argument("--model", default=DEFAULT_MODEL, help="embedded name, checkpoint folder or gt-TASK-VARIANT")
+    s.add_argument("--data", default="movies", help="texts for pos/upos/sentiment: movies, tweets, drugs, a file")
+    s.add_argument("--layers", default="all", help="all (embed + every layer), or e.g. embed,0,3 or 2-5")
+    s.add_argument("--site", default="resid_post", help="resid_post, resid_pre, attn.out or mlp.out")
+    s.add_argument("--probes", default="linear,mlp", help="linear, linear-rankR, mlp (1 hidden layer), mlp2")
+    s.add_argument("--hidden", type=int, default=256, help="MLP hidden size")
+    s.add_argument("--weight-decay", type=float, default=1e-3, help="L2 on probe weights (mean loss + wd/2 |W|^2)")
+    s.add_argument("--dropout", type=float, default=0.0)
+    s.add_argument("--subtoken", choices=["first", "last"], default="first", help="sub-token that represents a word")
+    s.add_argument("--pool", choices=["first", "last", "mean"], default=None,
+                   help="sentence tasks: position read (default: first for classifiers, last for causal LMs)")
+    s.add_argument("--split", default="0.6,0.2,0.2", help="train,dev,test fractions of the texts")
+    s.add_argument("--limit", type=int, default=None, help="first N texts only")
+    s.add_argument("--n-examples", type=int, default=300, help="generated texts for deciding:TASK / negated")
+    s.add_argument("--sweep", default="hidden:4,16,64,256,1024",
+                   help="capacity sweep KIND:v1,v2,.. (hidden, rank, weight_decay, dropout) or none")
+    s.add_argument("--sweep-layer", default=None, help="layer of the sweep (default: the middle layer)")
+    s.add_argument("--random-seeds", type=int, default=5, help="random-direction erasures per layer")
+    s.add_argument("--erase-at", choices=["items", "all"], default="items",
+                   help="token tasks: erase at the labelled sub-tokens (where LEACE was fitted) or at every position")
+    s.add_argument("--no-mdl", action="store_true")
+    s.add_argument("--no-amnesic", action="store_true")
+    s.add_argument("--truncate", action="store_true")
+    s.add_argument("--out", default=None)
+    s.add_argument("--overwrite", action="store_true")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--batch-size", type=int, default=None, help="token budget per forward pass")
+    s.add_argument("--device", default="cpu")
+    s.set_defaults(func=cmd_probe)
     return p
 
 
