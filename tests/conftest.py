@@ -17,10 +17,24 @@ FAMILIES = sorted(FAMILY_KINDS)
 TEXTS = ["the movie was not good , but the acting was great .", "i loved it", "when mary and john went to the store"]
 
 
+# Tolerances. Tiny models run in float64, so two routes to the same number (batched vs alone, streetlamp
+# vs Hugging Face / Captum / numpy) agree to ~1e-13 on any CPU; F64_TOL leaves a wide margin and still
+# sits far below any real difference (the tests assert those are > 1e-3). Embedded models run in
+# float32: eps32 ~ 1.2e-7 per operation, compounded over the layers and the summations of a forward
+# pass, so a comparison of O(1) quantities gets f32_tol(layers).
+F64_TOL = 1e-9
+
+
+def f32_tol(layers: int, scale: float = 1.0) -> float:
+    """Tolerance for comparing two float32 routes through ``layers`` layers: 64 eps32 per layer, times |scale|."""
+    return 64 * float(torch.finfo(torch.float32).eps) * layers * max(1.0, abs(scale))
+
+
 @pytest.fixture(params=FAMILIES)
 def tiny(request: pytest.FixtureRequest) -> ModelAdapter:
+    """A tiny random model of each family, in float64 (see F64_TOL)."""
     model, tok = tiny_model(request.param, seed=1)
-    return ModelAdapter(model, tok, f"tiny-{request.param}")
+    return ModelAdapter(model.double(), tok, f"tiny-{request.param}")
 
 
 def eager_twin(adapter: ModelAdapter) -> torch.nn.Module:

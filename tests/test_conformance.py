@@ -83,3 +83,72 @@ def test_registry_names_are_unique_and_described() -> None:
     for name, cls in REGISTRY.items():
         assert cls.name == name and cls.description and cls.family
     torch.manual_seed(0)
+
+
+# -- the capability flags are claims: each is checked ------------------------------------------------
+def _f(adapter: ModelAdapter, inputs, index: int, target: Target, edit: dict | None = None) -> float:
+    with torch.no_grad():
+        logits = adapter.forward(inputs, edit=edit).logits
+    return float(adapter.score(logits, torch.tensor([index]), target)[0])
+
+
+def check_ig(adapter: ModelAdapter, one, e, target: Target) -> None:
+    """sum IG = F(e) - F(e') up to the recorded error; F(e) from an independent forward pass."""
+    delta, rel, fe, fb, total = e.arrays["completeness"]
+    assert fe == pytest.approx(_f(adapter, one, e.info["target"]["index"], target), rel=1e-6, abs=1e-9)
+    assert total == pytest.approx(float(e.scores.astype(np.float64).sum()), rel=1e-5, abs=1e-7)
+    assert delta == pytest.approx(abs(total - (fe - fb)), rel=1e-5, abs=1e-9)
+    assert e.info["completeness_error"] == pytest.approx(float(delta), rel=1e-5, abs=1e-9)
+
+
+def check_attention_attribution(adapter: ModelAdapter, one, e, target: Target) -> None:
+    """per layer: sum Attr_l - (F(A) - F(0 A_l)) is the recorded gap; both F from forward passes here."""
+    index = e.info["target"]["index"]
+    full = _f(adapter, one, index, target)
+    for l in range(adapter.n_layers):
+        zero = _f(adapter, one, index, target, {f"layers.{l}.attn.pattern": lambda p: p * 0})
+        got = float(e.arrays["attention_attribution"][l].astype(np.float64).sum()) - (full - zero)
+        assert got == pytest.approx(float(e.arrays["completeness_error"][l]), rel=1e-4, abs=1e-6)
+
+
+COMPLETENESS = {"integrated_gradients": check_ig, "attention_attribution": check_attention_attribution}
+
+
+def test_every_completeness_claim_has_a_check() -> None:
+    assert {n for n, c in REGISTRY.items() if c.reports_completeness} == set(COMPLETENESS)
+
+
+@pytest.mark.parametrize("name", sorted(COMPLETENESS))
+def test_reported_completeness_is_true(name: str, tiny: ModelAdapter) -> None:
+    target = Target(quantity="logit")
+    inputs = tiny.encode(TEXTS[:2])
+    exps = make(name).attribute(tiny, inputs, target=target)
+    for b, e in enumerate(exps):
+        COMPLETENESS[name](tiny, inputs.select([b]), e, target)
+
+
+@pytest.mark.parametrize("name", [n for n, c in REGISTRY.items() if not c.needs_gradients])
+def test_methods_without_gradients_run_in_inference_mode(name: str, tiny: ModelAdapter) -> None:
+    method = make(name)
+    if tiny.kind not in method.kinds:
+        pytest.skip(f"{name} does not apply to {tiny.kind}")
+    inputs = tiny.encode(TEXTS[:2])
+    with torch.inference_mode():
+        got = method.attribute(tiny, inputs, target=Target(), seed=1)
+    want = make(name).attribute(tiny, inputs, target=Target(), seed=1)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a.scores, b.scores)
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_seed_matters_only_for_stochastic_methods(name: str, tiny: ModelAdapter) -> None:
+    method = make(name)
+    if tiny.kind not in method.kinds:
+        pytest.skip(f"{name} does not apply to {tiny.kind}")
+    inputs = tiny.encode(TEXTS[:1])
+    a = method.attribute(tiny, inputs, target=Target(), seed=1)[0].scores
+    b = make(name).attribute(tiny, inputs, target=Target(), seed=2)[0].scores
+    if REGISTRY[name].stochastic:
+        assert not np.array_equal(a, b)
+    else:
+        np.testing.assert_array_equal(a, b)

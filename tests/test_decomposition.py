@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from streetlamp.errors import StreetlampError
-from streetlamp.methods.decomposition import Alti, Norm, ValueZeroing, alti_layer, l1_contributions, rollout
+from streetlamp.methods.context_mixing import Alti, Norm, ValueZeroing, alti_layer, l1_contributions, rollout
 from streetlamp.models.adapter import ModelAdapter, Target
-from streetlamp.models.decompose import placement
+from streetlamp.models.attention_block import placement
 from streetlamp.models.tiny import tiny_model
 
 from .conftest import TEXTS, eager_twin

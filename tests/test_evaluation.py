@@ -269,7 +269,7 @@ def test_evaluate_causal_lm_next_token(tmp_path) -> None:
     row = df[(df.example_id == eid) & (df.method == "model")].set_index("metric").value
     assert row["prob"] == pytest.approx(float(probs[pred]), abs=1e-6)
     assert row["correct"] == float(pred == gold)
-    special = np.array([i in set(tok.all_special_ids) for i in ids])
+    special = adapter.special_mask(ids)
     order = rank_desc(a["occlusion.tokens"].astype(np.float64), ~special)
     m = len(order)
     top = set(order[: max(1, math.ceil(0.5 * m))].tolist())

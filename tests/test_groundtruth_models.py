@@ -87,7 +87,8 @@ def test_cli_benchmark_writes_csv(tmp_path: Path, capsys: pytest.CaptureFixture)
                "--out", str(out)])
     assert rc == 0
     rows = list(csv.DictReader(open(out / "leaderboard.csv")))
-    for col in ("task", "variant", "method", "auprc", "precision_at_k", "comprehensiveness", "sufficiency"):
+    for col in ("task", "variant", "method", "average_precision", "auprc", "precision_at_k", "comprehensiveness",
+                "sufficiency"):
         assert col in rows[0]
     assert {(r["variant"], r["method"]) for r in rows} == {(v, m) for v in ("normal", "deceptive")
                                                            for m in ("random", "attention", "occlusion")}

@@ -1,4 +1,7 @@
-"""Heads and circuits on tiny models with a known mechanism, checked against independent computations."""
+"""Heads and circuits on tiny models with a known mechanism, checked against independent computations.
+
+Every tiny model here runs in float64 (conftest.F64_TOL): the streetlamp route and the hand-made one
+agree to ~1e-13 on any CPU; the tolerances below stay far under every effect the tests look for."""
 from __future__ import annotations
 
 import copy
@@ -33,7 +36,7 @@ def gpt2_mechanism(live: list[tuple[int, int]], seed: int = 3, no_ln_f: bool = F
             block.attn.c_attn.weight[:, :2 * model.config.n_embd] *= 10.0  # sharper attention
     if no_ln_f:
         model.transformer.ln_f = torch.nn.Identity()
-    return ModelAdapter(model, tok, "tiny-gpt2-mechanism")
+    return ModelAdapter(model.double(), tok, "tiny-gpt2-mechanism")
 
 
 def ids(adapter: ModelAdapter, a: str, b: str) -> tuple[int, int]:
@@ -44,7 +47,7 @@ def ids(adapter: ModelAdapter, a: str, b: str) -> tuple[int, int]:
 @pytest.mark.parametrize("family", ["gpt2", "llama", "bert"])
 def test_zero_ablation_equals_zeroing_output_weights(family: str) -> None:
     model, tok = tiny_model(family, seed=2)
-    adapter = ModelAdapter(model, tok, "t")
+    adapter = ModelAdapter(model.double(), tok, "t")
     inputs = adapter.encode(["the movie was not good", "i loved it"])
     eff, f0 = heads.ablation_effects(adapter, inputs, ablation="zero")
     dh = adapter.d_model // adapter.n_heads
@@ -74,7 +77,7 @@ def test_zero_ablation_equals_zeroing_output_weights(family: str) -> None:
 
 def test_patch_own_activation_changes_nothing() -> None:
     model, tok = tiny_model("llama", seed=1)
-    adapter = ModelAdapter(model, tok, "t")
+    adapter = ModelAdapter(model.double(), tok, "t")
     x = adapter.encode(CLEAN)
     sites = ["layers.0.resid_pre", "layers.1.attn.z", "layers.1.mlp.out", "layers.0.attn.pattern"]
     rec = adapter.forward(x, record=sites)
@@ -84,7 +87,7 @@ def test_patch_own_activation_changes_nothing() -> None:
 
 def test_mean_and_resample_strategies() -> None:
     model, tok = tiny_model("gpt2", seed=1)
-    adapter = ModelAdapter(model, tok, "t")
+    adapter = ModelAdapter(model.double(), tok, "t")
     ref = adapter.encode(["the movie was good", "i hated it"])
     pool = engine.site_pool(adapter, ref, ["layers.0.attn.z"])["layers.0.attn.z"]
     assert pool.shape[0] == sum(ref.lengths)
@@ -122,20 +125,23 @@ def test_ablation_and_importance_find_the_live_head() -> None:
 
 def test_michel_importance_matches_finite_differences() -> None:
     model, tok = tiny_model("bert", seed=5)
-    adapter = ModelAdapter(model, tok, "t")
+    adapter = ModelAdapter(model.double(), tok, "t")
     x = adapter.encode("the movie was not good")
     imp = heads.head_importance(adapter, x, labels=[2])[0]
-    eps = 1e-3
+    def loss(l: int, h: int, s: float) -> float:
+        xi = torch.ones(2, 4, dtype=torch.float64)
+        xi[l, h] = s
+        logits = adapter.forward(x, edit=heads.head_mask_edits(adapter, xi)).logits
+        return -torch.log_softmax(logits, -1)[0, 2].item()
+
+    # central differences in float64; tolerance from the Richardson estimate |D(h) - D(h/2)| and rounding
+    step = 1e-4
     for l, h in [(0, 0), (1, 2)]:
-        vals = []
-        for s in (1 + eps, 1 - eps):
-            xi = torch.ones(2, 4, dtype=torch.float64)
-            xi[l, h] = s
-            model.double()
-            logits = adapter.forward(x, edit=heads.head_mask_edits(adapter, xi)).logits
-            model.float()
-            vals.append(-torch.log_softmax(logits, -1)[0, 2].item())
-        assert abs(abs((vals[0] - vals[1]) / (2 * eps)) - imp[l, h]) < 1e-4 * max(1.0, imp[l, h])
+        d1 = (loss(l, h, 1 + step) - loss(l, h, 1 - step)) / (2 * step)
+        d2 = (loss(l, h, 1 + step / 2) - loss(l, h, 1 - step / 2)) / step
+        tol = 4 * abs(d1 - d2) + 100 * np.finfo(np.float64).eps * max(1.0, abs(loss(l, h, 1.0))) / step
+        assert abs(abs(d2) - imp[l, h]) <= tol + np.finfo(np.float32).eps * imp[l, h]  # imp is returned as float32
+        assert imp[l, h] > 100 * tol
 
 
 def test_activation_patching_finds_the_head_and_full_patch_restores() -> None:
@@ -250,7 +256,7 @@ def composed_gpt2() -> ModelAdapter:
             for h in range(model.config.n_head):
                 block.attn.c_proj.weight[h * dh:(h + 1) * dh] *= 8.0 if (l, h) in live else 0.0
             block.attn.c_attn.weight[:, :2 * model.config.n_embd] *= 6.0
-    return ModelAdapter(model, tok, "tiny-gpt2-composed")
+    return ModelAdapter(model.double(), tok, "tiny-gpt2-composed")
 
 
 def manual_z_run(adapter: ModelAdapter, ids: torch.Tensor, replace: dict[tuple[int, int], torch.Tensor],

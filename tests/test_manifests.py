@@ -15,7 +15,8 @@ from streetlamp.models.tiny import WORDS, save_tiny
 HEADER = {"streetlamp", "format_version", "created", "command", "versions"}
 KEYS = {
     "explain": HEADER | {"arrays", "colour_scales", "explained_position", "figures", "masks", "methods", "model",
-                         "parameters", "prediction", "seed", "target", "text", "token_labels", "tokens", "truncated"},
+                         "parameters", "prediction", "seed", "special_positions", "target", "text", "token_labels",
+                         "tokens", "truncated"},
     "explain-generation": HEADER | {"arrays", "continuation", "figures", "generated", "generated_ids",
                                     "gradient_evaluations", "model", "parameters", "per_token", "prompt",
                                     "prompt_tokens", "seconds", "seed", "token_labels", "tokens"},
@@ -25,6 +26,7 @@ KEYS = {
     "mediate": HEADER | {"arrays", "figures", "model", "parameters", "seed"},
     "evaluate": HEADER | {"model_info", "replacement_token", "settings", "skipped_too_long"},
     "benchmark": HEADER | {"files", "method_params", "methods", "n_examples", "quantity", "seed", "tasks"},
+    "lens": HEADER | {"arrays", "figures", "model", "parameters", "seed", "summary", "tables"},
 }
 
 
@@ -51,6 +53,8 @@ def argv(command: str, s: dict[str, Path]) -> list[str]:
         "evaluate": ["evaluate", "--model", str(s["bert"]), "--data", str(s["data"]), "--methods", "attention",
                      "--adv-steps", "2", "--permutations", "2", "--limit", "2"],
         "benchmark": ["benchmark", "--tasks", "keyword", "--methods", "attention", "--n-examples", "2"],
+        "lens": ["lens", "when mary and john went", "--model", str(s["llama"]), "--head", "1.0", "--types-length", "4",
+                 "--types-seqs", "1"],
     }[command]
 
 

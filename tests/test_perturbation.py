@@ -12,10 +12,10 @@ from captum.attr import FeatureAblation, KernelShap
 
 from streetlamp.errors import StreetlampError
 from streetlamp.methods.occlusion import Occlusion
-from streetlamp.methods.perturbation import word_starts
+from streetlamp.methods.features import word_starts
 from streetlamp.methods.registry import get_method
-from streetlamp.methods.sampling import (Lime, Shap, kernel_shap_fit, lime_coalitions, lime_fit, lime_weights,
-                                         shap_coalitions)
+from streetlamp.methods.shap_lime import (Lime, Shap, kernel_shap_fit, lime_coalitions, lime_fit, lime_weights,
+                                          shap_coalitions)
 from streetlamp.models.adapter import ModelAdapter, Target
 from streetlamp.models.tiny import tiny_model
 
@@ -24,13 +24,15 @@ LOGIT = Target(index=1, quantity="logit")
 
 
 def tiny(family: str, seed: int = 1) -> ModelAdapter:
-    """A tiny random model with weights scaled up x4 so that tokens matter (differences >> tolerances)."""
+    """A tiny random model with weights scaled up x4 so that tokens matter (differences >> tolerances),
+    in float64: streetlamp, Captum and the direct forwards here then agree to ~1e-12 on any CPU, and the
+    tolerances below (1e-5 and up) only have to absorb the methods' own float32 storage."""
     model, tok = tiny_model(family, seed=seed)
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
                 p.mul_(4.0)
-    return ModelAdapter(model, tok, f"tiny-{family}")
+    return ModelAdapter(model.double(), tok, f"tiny-{family}")
 
 
 def hf_F(adapter: ModelAdapter, ids: torch.Tensor, target: Target = LOGIT) -> torch.Tensor:
@@ -43,7 +45,10 @@ def hf_F(adapter: ModelAdapter, ids: torch.Tensor, target: Target = LOGIT) -> to
 
 
 def specials(adapter: ModelAdapter, ids: torch.Tensor) -> np.ndarray:
-    return np.isin(ids.numpy(), adapter.tokenizer.all_special_ids)
+    """The structural special tokens ([CLS], [SEP], BOS, ...), independently of the adapter's mask."""
+    tok = adapter.tokenizer
+    return np.isin(ids.numpy(), [t for t in (tok.cls_token_id, tok.sep_token_id, tok.bos_token_id,
+                                             tok.eos_token_id, tok.pad_token_id) if t is not None])
 
 
 # ---- occlusion ----------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ def check_against_eager(adapter: ModelAdapter, texts: list[str]) -> None:
             torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
             ok = allowed[b, :n, :n]
             assert torch.all(ours[:, ~ok] == 0), "forbidden cells must be exactly 0"
-            torch.testing.assert_close(ours.sum(-1), torch.ones(adapter.n_heads, n), atol=1e-5, rtol=0)
+            torch.testing.assert_close(ours.sum(-1), torch.ones_like(ours.sum(-1)), atol=1e-5, rtol=0)
             if adapter.kind == "causal_lm":
                 assert torch.equal(ok, torch.ones(n, n, dtype=torch.bool).tril())
             else:

@@ -78,7 +78,14 @@ def _load(args: argparse.Namespace, settings: Settings):
 def _print(res) -> int:
     for line in res.lines():
         print(line)
+    _print_report(res.out)
     return 0
+
+
+def _print_report(out: Path) -> None:
+    """Every command that writes a run folder says where its report is."""
+    if (Path(out) / "report.html").exists():
+        print(f"report: {Path(out) / 'report.html'}")
 
 
 def _run_folder(args: argparse.Namespace, command: str, kind: str | None = None):
@@ -148,6 +155,25 @@ def cmd_patch(args: argparse.Namespace) -> int:
                             wrong=parse_target(adapter, s.wrong), paths=s.paths, receivers=s.receiver,
                             receiver_pos=s.receiver_pos, approx=s.approx, kinds=tuple(s.sites),
                             batch_size=s.batch_size))
+
+
+def cmd_lens(args: argparse.Namespace) -> int:
+    from .runners.explain import parse_target
+    from .runners.lens import run_lens
+
+    s = Settings.from_args(args)
+    out = _run_folder(args, "lens")
+    adapter = _load(args, s)
+    res = run_lens(adapter, out, text=args.text, index=parse_target(adapter, args.target), head=args.head,
+                   query=args.query, types_length=args.types_length, types_seqs=args.types_seqs, seed=args.seed,
+                   overwrite=args.overwrite)
+    for t in res["tables"]:
+        print(f"\n{t['title']}\n  " + " | ".join(t["columns"]))
+        for row in t["rows"]:
+            print("  " + " | ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row))
+    print(f"\noutput: {out.out}/")
+    _print_report(out.out)
+    return 0
 
 
 def cmd_mediate(args: argparse.Namespace) -> int:
@@ -221,6 +247,32 @@ def cmd_probe(args: argparse.Namespace) -> int:
     for line in res.lines:
         print(line)
     print(f"output: {res.out}/ (manifest.json, arrays.safetensors, probe.png, summary.md)")
+    _print_report(res.out)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report.viewer import write_report
+
+    path = write_report(Path(args.dir))
+    print(path)
+    if args.open:
+        import webbrowser
+
+        webbrowser.open(path.resolve().as_uri())
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .models.loading import DEFAULT_MODEL, load
+    from .serve import check_address, serve
+
+    check_address(args.host, args.port, args.allow_remote)  # before loading any model
+    adapters = {}
+    for name in args.model or [DEFAULT_MODEL]:
+        a = load(name)
+        adapters[a.name] = a.to(args.device)
+    serve(adapters, args.host, args.port, args.allow_remote, args.runs, args.timeout, args.queue)
     return 0
 
 
@@ -297,6 +349,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sites", default="resid_pre,attn.out,mlp.out,heads",
                    help="what to patch: comma-separated resid_pre, attn.out, mlp.out (by layer x position), heads")
     s.set_defaults(func=cmd_patch)
+    s = sub.add_parser("lens", help="causal LM: logit lens, direct logit attribution, head types; with --head "
+                       "also why that head attends where it does (QK attribution, ablation)",
+                       parents=[shared_options(model="smollm2-135m", out="output folder (default runs/lens-<time>)")])
+    s.add_argument("text")
+    s.add_argument("--target", default=None, help="token whose logit is explained; default: the prediction")
+    s.add_argument("--head", default=None, help="LAYER.HEAD for the QK attribution table, e.g. 9.6")
+    s.add_argument("--query", type=int, default=None, help="query position for --head (default: last)")
+    s.add_argument("--types-length", type=int, default=20, help="random tokens per head-type sequence (repeated)")
+    s.add_argument("--types-seqs", type=int, default=4, help="random sequences for the head types")
+    s.set_defaults(func=cmd_lens)
     s = sub.add_parser("mediate", help="causal mediation (Vig et al. 2020): TE, NIE, NDE per head and layer",
                        parents=[shared_options(model="smollm2-135m", out="output folder (default runs/mediate-<time>)",
                                                seed=False)])
@@ -334,6 +396,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quantity", choices=["prob", "logit", "logprob"], default="logit",
                    help="explained quantity of the predicted class (default logit: these models saturate)")
     s.set_defaults(func=cmd_benchmark)
+    s = sub.add_parser("report", help="(re)build DIR/report.html from a run folder's manifest and arrays alone")
+    s.add_argument("dir", help="a run folder written by any streetlamp command")
+    s.add_argument("--open", action="store_true", help="open the report in the default browser")
+    s.set_defaults(func=cmd_report)
+    s = sub.add_parser("serve", help="a local web app on the report's front end: remove a token, ablate a head, live")
+    s.add_argument("--model", action="append", help=f"embedded name or checkpoint folder; repeat for several "
+                   f"(default {DEFAULT_MODEL})")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --allow-remote)")
+    s.add_argument("--port", type=int, default=8765)
+    s.add_argument("--allow-remote", action="store_true", help="allow a --host other than 127.0.0.1/localhost")
+    s.add_argument("--runs", default="runs/serve", help="where 'save as run folder' writes (default runs/serve)")
+    s.add_argument("--timeout", type=float, default=300.0, help="seconds one request may take (default 300)")
+    s.add_argument("--queue", type=int, default=8, help="requests that may wait per model (default 8)")
+    s.add_argument("--device", default="cpu", help="cpu, cuda, cuda:0 ...")
+    s.set_defaults(func=cmd_serve)
     s = sub.add_parser("probe", help="probes with control tasks (selectivity), MDL, and amnesic probing: is what a "
                        "layer holds also used?")
     s.add_argument("--task", required=True, help="pos, upos, sentiment, deciding:TASK, negated, or a .jsonl/.csv file")

@@ -25,7 +25,7 @@ def output_map(adapter: ModelAdapter, rows: Sequence[Sequence[int]], budget: int
     makes ``[rows, vocab]`` large, so callers reduce each group to what they need."""
     out = np.zeros((len(rows), width), dtype=np.float64)
     for group in group_by_budget([len(r) for r in rows], budget, adapter.device):
-        inp = Inputs.from_ids(adapter, [rows[i] for i in group])
+        inp = Inputs.from_ids(adapter, [rows[i] for i in group], strings=False)
         e = edit(group, inp.input_ids.shape[1]) if edit is not None else None
         logits = adapter.forward(inp, edit=e or None).logits
         out[group] = fn(group, torch.softmax(logits.double(), -1)).reshape(len(group), width).cpu().numpy()

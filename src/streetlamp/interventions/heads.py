@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..errors import StreetlampError
-from ..models.adapter import Inputs, ModelAdapter, Target
+from ..models.adapter import Inputs, ModelAdapter, Target, at_least_float32
 from . import engine
 from .engine import Intervention
 
@@ -56,7 +56,7 @@ def ablation_effects(adapter: ModelAdapter, inputs: Inputs, *, ablation: str = "
     clean = adapter.forward(inputs).logits
     index = adapter.resolve(inputs, target, clean)
     f_clean = adapter.score(clean, index, target).cpu()
-    out = torch.zeros(len(inputs), L, H)
+    out = torch.zeros(len(inputs), L, H, dtype=f_clean.dtype)
     it = [(l, rows) for rows in _chunks(len(inputs), texts_per_batch) for l in range(L)]
     if progress:
         from tqdm import tqdm
@@ -93,7 +93,7 @@ def head_importance(adapter: ModelAdapter, inputs: Inputs, *, labels: Sequence[i
         sub = inputs.select(rows)
         xi = torch.ones(len(rows), L, H, device=adapter.device, requires_grad=True)
         fwd = adapter.forward(sub, edit=head_mask_edits(adapter, xi), grad=True)
-        logp = torch.log_softmax(fwd.logits.float(), -1)
+        logp = torch.log_softmax(at_least_float32(fwd.logits), -1)
         if labels is not None:
             idx = torch.tensor([labels[r] for r in rows], device=logp.device)
         else:
@@ -106,8 +106,7 @@ def head_importance(adapter: ModelAdapter, inputs: Inputs, *, labels: Sequence[i
 
 def attention_mass(adapter: ModelAdapter, inputs: Inputs, texts_per_batch: int = 16) -> tuple[np.ndarray, np.ndarray]:
     """``(mass, max)`` per text, ``[text, layer, head]``: attention of the explained position on
-    content (non-special) tokens, and its largest single weight."""
-    special = set(adapter.tokenizer.all_special_ids)
+    content tokens (all but the model's structural special tokens), and its largest single weight."""
     L, H = adapter.n_layers, adapter.n_heads
     mass = np.zeros((len(inputs), L, H), np.float32)
     peak = np.zeros_like(mass)
@@ -119,7 +118,7 @@ def attention_mass(adapter: ModelAdapter, inputs: Inputs, texts_per_batch: int =
             n = sub.lengths[i]
             pos = adapter.explained_position(n)
             row = att[i, :, :, pos, :n]  # [L, H, key]
-            content = torch.tensor([int(t) not in special for t in sub.input_ids[i, :n]])
+            content = torch.from_numpy(~adapter.special_mask(sub.input_ids[i, :n]))
             mass[b] = row[..., content].sum(-1).numpy()
             peak[b] = row.max(-1).values.numpy()
     return mass, peak

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..errors import StreetlampError
-from ..models.adapter import ModelAdapter
+from ..models.adapter import ModelAdapter, at_least_float32
 from . import engine
 from .engine import Intervention
 
@@ -69,7 +69,7 @@ def default_prompts(adapter: ModelAdapter, n: int | None = None) -> list[Prompt]
 
 
 def _y(adapter: ModelAdapter, logits: torch.Tensor, stereo: int, anti: int) -> torch.Tensor:
-    p = torch.softmax(logits.float(), -1)
+    p = torch.softmax(at_least_float32(logits), -1)
     return p[:, anti] / p[:, stereo]
 
 

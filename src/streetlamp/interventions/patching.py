@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..errors import StreetlampError
-from ..models.adapter import Inputs, ModelAdapter
+from ..models.adapter import Inputs, ModelAdapter, at_least_float32
 from . import engine
 from .engine import Intervention
 
@@ -48,7 +48,7 @@ class Pair:
 
 
 def logit_diff(logits: torch.Tensor, answer: int, wrong: int) -> torch.Tensor:
-    return logits[:, answer].float() - logits[:, wrong].float()
+    return at_least_float32(logits[:, answer]) - at_least_float32(logits[:, wrong])
 
 
 def make_pair(adapter: ModelAdapter, clean_text: str, corrupt_text: str, answer: int | None = None,
@@ -156,7 +156,7 @@ def attribution_patching(adapter: ModelAdapter, pair: Pair) -> dict[str, np.ndar
     for s in sites:
         l, k = int(s.split(".")[1]), s.split(".", 2)[2]
         gr = g[s] if g[s] is not None else torch.zeros_like(fwd.cache[s])
-        prod = ((clean[s] - fwd.cache[s].detach()) * gr).float()[0]
+        prod = at_least_float32((clean[s] - fwd.cache[s].detach()) * gr)[0]
         if k == "attn.z":
             out["heads"][l] = (prod.sum((0, 2)) / scale).cpu().numpy()
         else:

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ..errors import StreetlampError
-from ..models.adapter import Inputs, ModelAdapter, Target
+from ..models.adapter import Inputs, ModelAdapter, Target, at_least_float32
 from ..results import Explanation
 from .base import Method
 
@@ -57,7 +57,7 @@ class Attention(Method):
         index = adapter.resolve(inputs, target, logits)
         out = []
         for b, n in enumerate(inputs.lengths):
-            a = att[b, :, :, :n, :n].float().cpu().numpy()
+            a = at_least_float32(att[b, :, :, :n, :n]).cpu().numpy()
             l = self.layer % adapter.n_layers
             view = {"head_mean": a[l].mean(0), "head": a[l, self.head or 0], "head_max": a[l].max(0),
                     "layer_mean": a.mean((0, 1))}[self.view]

@@ -139,8 +139,7 @@ class AttentionAttribution(Method):
             alpha = torch.ones(rows, L, dtype=torch.float64)
             for r, (l, k) in enumerate(part):
                 alpha[r, l] = k / m
-            batch = Inputs(one.input_ids.expand(rows, -1), one.attention_mask.expand(rows, -1),
-                           one.tokens * rows, one.labels * rows, one.texts * rows)
+            batch = one.repeat(rows)
             edits = {s: _scale(alpha[:, l]) for l, s in enumerate(sites)}
             fwd = adapter.forward(batch, record=sites, edit=edits, keep_grad=True, grad=True)
             idx = torch.full((rows,), index, dtype=torch.long, device=fwd.logits.device)

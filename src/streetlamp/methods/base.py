@@ -8,6 +8,12 @@ records and a report prints) and whose class attributes declare its capabilities
 One :class:`~streetlamp.results.Explanation` per text of ``inputs``, each with at least the
 array ``tokens`` ``[token]`` (one score per real token of the text) and whatever raw arrays
 the method has (e.g. ``matrix`` ``[query, key]``, ``attention`` ``[layer, head, query, key]``).
+
+The capability flags are checked for every method by ``tests/test_conformance.py``:
+``needs_gradients=False`` means the method runs under ``torch.inference_mode()``; ``stochastic=False``
+means the seed does not change the result; ``reports_completeness=True`` means the explanation
+records how far its scores are from the completeness axiom, and that record is verified against an
+independent forward pass; ``kinds`` lists the model kinds it applies to.
 """
 from __future__ import annotations
 
@@ -25,7 +31,6 @@ class Method(ABC):
     family: ClassVar[str]
     description: ClassVar[str] = ""
     needs_gradients: ClassVar[bool] = False
-    needs_baseline: ClassVar[bool] = False
     reports_completeness: ClassVar[bool] = False
     stochastic: ClassVar[bool] = False
     kinds: ClassVar[tuple[str, ...]] = ("classifier", "causal_lm")

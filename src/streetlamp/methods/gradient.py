@@ -24,11 +24,6 @@ from ..results import Explanation
 from .base import Method
 
 
-def row_inputs(inputs: Inputs, b: int) -> Inputs:
-    """Text ``b`` of ``inputs`` alone, cropped to its real length."""
-    return inputs.select([b])
-
-
 def ids_inputs(adapter: ModelAdapter, ids: torch.Tensor, rows: int = 1) -> Inputs:
     """An unpadded :class:`Inputs` of ``rows`` copies of the token ids ``ids`` ``[pos]``."""
     return Inputs.from_ids(adapter, [ids.view(-1).cpu()]).repeat(rows)

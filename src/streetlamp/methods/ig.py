@@ -51,7 +51,6 @@ class IntegratedGradients(Method):
     family = "gradient"
     description = "integrated gradients over token embeddings, completeness error recorded, adaptive steps"
     needs_gradients = True
-    needs_baseline = True
     reports_completeness = True
 
     def check(self, adapter: ModelAdapter) -> None:
@@ -78,7 +77,7 @@ class IntegratedGradients(Method):
             if tid is None:
                 if self.baseline == "mask":
                     used = "no mask token in this tokenizer: fell back to "
-                tid = tok.pad_token_id
+                tid = adapter.pad_token_id
                 used += f"pad token {tok.convert_ids_to_tokens(int(tid))!r} embedding"
             eb = embed_ids(adapter, torch.full_like(ids, int(tid)))
         if self.keep_special:

@@ -4,11 +4,12 @@
 images, Li, Monroe & Jurafsky 2016 "Understanding neural networks through representation
 erasure" for text). A feature is one token, or with ``group="word"`` one word (its subword
 tokens together); a word's score is given to each of its tokens. Absent tokens are replaced by
-[MASK] (default), [UNK] or [PAD], or deleted. Special tokens ([CLS], [SEP], ...) are not occluded
-unless ``occlude_special`` (their score is 0 and ``groups`` is -1 there).
+[MASK] (default), [UNK] or [PAD], or deleted. The model's structural special tokens ([CLS], [SEP],
+...) are not occluded unless ``occlude_special`` (their score is 0 and ``groups`` is -1 there); an
+[UNK] in the text is a real token and is occluded like any other.
 
 On a causal LM with ``kv_cache`` the unperturbed prefix is reused: occluding token i recomputes
-only positions >= i (see :func:`~streetlamp.methods.perturbation.prefix_forward`).
+only positions >= i (see :meth:`~streetlamp.models.adapter.ModelAdapter.prefix_forward`).
 """
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ import numpy as np
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..results import Explanation
 from .base import Method
-from .perturbation import (Scorer, check_replacement, explanation_common, feature_groups, occlusion_replacement,
-                           perturbed_row)
+from .features import feature_groups
+from .scorer import Scorer, check_replacement, explanation_common, occlusion_replacement, perturbed_row
 
 
 @dataclass

@@ -12,10 +12,11 @@ from .attention_grad import AttentionAttribution, AttentionXGradient
 from .rollout import Flow, GradientRollout, Rollout
 from .base import Method
 from .occlusion import Occlusion
-from .sampling import Lime, Shap
-from .decomposition import Alti, Norm, ValueZeroing
+from .shap_lime import Lime, Shap
+from .context_mixing import Alti, Norm, ValueZeroing
 from .gradient import GradientXInput, Saliency
 from .ig import IntegratedGradients
+from .lrp import AttnLRP
 
 REGISTRY: dict[str, type[Method]] = {cls.name: cls for cls in (
     Attention,
@@ -23,6 +24,7 @@ REGISTRY: dict[str, type[Method]] = {cls.name: cls for cls in (
     Occlusion, Shap, Lime,
     Norm, Alti, ValueZeroing,
     Saliency, GradientXInput, IntegratedGradients,
+    AttnLRP,
 )}
 
 

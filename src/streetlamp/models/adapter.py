@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 from dataclasses import dataclass, field
-from typing import Iterable, Literal, Sequence
+from typing import ContextManager, Iterable, Literal, Sequence
 
 import numpy as np
 import torch
@@ -64,10 +64,12 @@ class Inputs:
 
     @classmethod
     def from_ids(cls, adapter: "ModelAdapter", rows: Sequence[Sequence[int]] | torch.Tensor,
-                 texts: Sequence[str] | None = None, truncated: Sequence[bool] | None = None) -> "Inputs":
+                 texts: Sequence[str] | None = None, truncated: Sequence[bool] | None = None,
+                 strings: bool = True) -> "Inputs":
         """The one constructor from token ids (special tokens included as given): right-padded with the
         tokenizer's pad id. An empty row (erasure removed every token of a causal LM's prompt) becomes
-        :meth:`ModelAdapter.empty_context_token`."""
+        :meth:`ModelAdapter.empty_context_token`. ``strings=False`` leaves ``tokens``/``labels`` empty
+        (for the many perturbed rows that only go through the model)."""
         rows = [r.tolist() if isinstance(r, torch.Tensor) else [int(t) for t in r] for r in rows]
         if not rows:
             raise StreetlampError("no token rows given")
@@ -78,7 +80,7 @@ class Inputs:
         for i, r in enumerate(rows):
             ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
             mask[i, : len(r)] = 1
-        tokens = [adapter.tokenizer.convert_ids_to_tokens(r) for r in rows]
+        tokens = [adapter.tokenizer.convert_ids_to_tokens(r) if strings else [] for r in rows]
         labels = [[adapter.token_label(t) for t in toks] for toks in tokens]
         return cls(ids, mask, tokens, labels, list(texts) if texts is not None else [""] * len(rows),
                    list(truncated) if truncated is not None else [False] * len(rows))
@@ -195,19 +197,22 @@ class ModelAdapter:
             return str(self.hf_model.config.id2label.get(index, index))
         return self.tokenizer.decode([index])
 
-    def parse_label(self, label: str | int) -> int:
-        """An output index from a class id, a class name (any case), or (causal LM) a one-token string."""
-        if isinstance(label, int) or (isinstance(label, str) and label.strip().lstrip("-").isdigit()):
-            index = int(label)
-            if not 0 <= index < self.n_outputs:
-                raise StreetlampError(f"output {index} out of range: the model has {self.n_outputs} outputs")
-            return index
-        if self.kind == "classifier":
-            names = {str(v).lower(): int(k) for k, v in self.hf_model.config.id2label.items()}
-            if label.lower() not in names:
-                raise StreetlampError(f"unknown label {label!r}; this model's labels: {', '.join(names)}")
-            return names[label.lower()]
-        return self.token_id(label)
+    def parse_label(self, label: str) -> int:
+        """An output index from a class name (any case) or id (classifier), or a one-token string
+        (causal LM). The one parser of labels and targets given by a user or a data file."""
+        if self.kind != "classifier":
+            return self.token_id(label)
+        names = {str(v).lower(): int(k) for k, v in self.hf_model.config.id2label.items()}
+        s = str(label).strip()
+        if s.lower() in names:
+            return names[s.lower()]
+        if s.lstrip("-").isdigit():
+            i = int(s)
+            if not 0 <= i < self.n_outputs:
+                raise StreetlampError(f"target {i} out of range: classes are 0..{self.n_outputs - 1} "
+                                      f"({', '.join(names)})")
+            return i
+        raise StreetlampError(f"unknown target {label!r}: not a class of the model; classes: {', '.join(names)}")
 
     def explained_position(self, length: int) -> int:
         """The position whose output is explained: [CLS] (0) for BERT-style classifiers, else the last token."""
@@ -300,6 +305,13 @@ class ModelAdapter:
                 keep_grad: bool = False) -> Session:
         return Session(self, record=record, edit=edit, keep_grad=keep_grad)
 
+    def relevance_rules(self) -> ContextManager[None]:
+        """AttnLRP's modified backward on this model's norms, activations and gated products for a
+        ``with`` block (forward values unchanged); the attention rules are site edits, see
+        :mod:`streetlamp.models.relevance`."""
+        from .relevance import relevance_rules
+        return relevance_rules(self)
+
     def forward(self, inputs: Inputs, record: Iterable[str] = (), edit: dict[str, Edit] | None = None,
                 keep_grad: bool = False, grad: bool = False) -> Forward:
         """Run the model; return the explained logits ``[batch, n_outputs]`` and recorded sites."""
@@ -374,15 +386,15 @@ class ModelAdapter:
         return out
 
     @torch.no_grad()
-    def prefix_forward(self, ids: torch.Tensor, mask: torch.Tensor, cache: list | None = None,
-                       start: int = 0, keep_cache: bool = False) -> tuple[torch.Tensor, list]:
+    def prefix_forward(self, inputs: Inputs, cache: list | None = None, start: int = 0,
+                       keep_cache: bool = False) -> tuple[torch.Tensor, list]:
         """Causal LM only: next-token logits after each row's last real token, reusing a cached prefix.
 
-        ``ids``/``mask`` ``[rows, width]`` are right-padded *suffixes* that start at position ``start``;
-        ``cache`` is the per-layer ``(keys, values)`` list returned by an earlier call on the full
-        original text (``start == 0``), cropped here to its first ``start`` positions and shared by every
-        row (expanded, not recomputed). Positions follow from the cache length, so RoPE / learned
-        positions are those of the full text. The registered streetlamp attention function handles
+        ``inputs`` holds right-padded *suffixes* that start at position ``start``; ``cache`` is the
+        per-layer ``(keys, values)`` list returned by an earlier call on the full original text
+        (``start == 0``), cropped here to its first ``start`` positions and shared by every row
+        (expanded, not recomputed). Positions follow from the cache length, so RoPE / learned positions
+        are those of the full text. The registered streetlamp attention function handles
         ``q_len < k_len`` (the causal mask is offset by the cache). Only the hidden state of each row's
         last real token goes through the LM head (not ``[rows, width, vocab]`` logits).
 
@@ -394,6 +406,7 @@ class ModelAdapter:
         if self.kind != "causal_lm":
             raise StreetlampError("prefix_forward needs a causal LM")
         dev = self.device
+        ids, mask = inputs.input_ids, inputs.attention_mask
         rows = ids.shape[0]
         past = None
         full_mask = mask

@@ -10,7 +10,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from scipy.stats import kendalltau  # noqa: E402
+
+from ..stats import kendall_tau  # noqa: E402
 
 COMPARISON_SCALE = {"cmap": "RdBu_r", "vmin": -1.0, "vmax": 1.0, "norm": "linear",
                     "label": "score / max |score| of that method (signed; red pushes the target up)"}
@@ -21,19 +22,16 @@ def normalise_rows(m: np.ndarray) -> np.ndarray:
     return np.divide(m, scale, out=np.zeros_like(m), where=scale > 0)
 
 
-def kendall_matrix(scores: dict[str, np.ndarray]) -> tuple[list[str], np.ndarray]:
-    """Kendall tau-b between every pair of methods' token scores (NaN where a method is constant)."""
+def kendall_matrix(scores: dict[str, np.ndarray], exclude: np.ndarray | None = None) -> tuple[list[str], np.ndarray]:
+    """Kendall tau-b between every pair of methods' token scores, the ``exclude`` (special) tokens left
+    out as everywhere in streetlamp (:func:`streetlamp.stats.kendall_tau`); NaN where a method is constant."""
     names = list(scores)
-    tau = np.full((len(names), len(names)), np.nan)
-    for a, na in enumerate(names):
-        for b, nb in enumerate(names):
-            x, y = scores[na], scores[nb]
-            if np.ptp(x) > 0 and np.ptp(y) > 0:
-                tau[a, b] = kendalltau(x, y).statistic
+    tau = np.array([[kendall_tau(scores[na], scores[nb], exclude) for nb in names] for na in names])
     return names, tau
 
 
-def write_comparison(method_scores: dict[str, np.ndarray], labels: list[str], out: Path) -> list[dict[str, Any]]:
+def write_comparison(method_scores: dict[str, np.ndarray], labels: list[str], out: Path,
+                     exclude: np.ndarray | None = None) -> list[dict[str, Any]]:
     """Write ``methods_comparison.png`` and ``kendall_tau.csv`` into ``out``; their manifest records."""
     scores = {k: np.asarray(v, dtype=np.float64) for k, v in method_scores.items()}
     names = list(scores)
@@ -54,7 +52,7 @@ def write_comparison(method_scores: dict[str, np.ndarray], labels: list[str], ou
     ax.set_title("Token scores by method (each row divided by its max |score|)", fontsize=9)
     fig.savefig(out / "methods_comparison.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
-    names, tau = kendall_matrix(scores)
+    names, tau = kendall_matrix(scores, exclude)
     with open(out / "kendall_tau.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["method"] + names)
@@ -62,4 +60,5 @@ def write_comparison(method_scores: dict[str, np.ndarray], labels: list[str], ou
             w.writerow([na] + ["" if np.isnan(t) else f"{t:.4f}" for t in tau[i]])
     return [{"file": "methods_comparison.png", "shows": "token scores by method, rows normalised",
              "arrays": [f"{k}.tokens" for k in names], "colour_scale": COMPARISON_SCALE},
-            {"file": "kendall_tau.csv", "shows": "Kendall tau-b between every pair of methods' token scores"}]
+            {"file": "kendall_tau.csv",
+             "shows": "Kendall tau-b between every pair of methods' token scores (special tokens excluded)"}]

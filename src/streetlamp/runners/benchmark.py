@@ -47,6 +47,11 @@ class BenchmarkResult:
     rows: list[dict[str, Any]] = field(default_factory=list)
     models: list[dict[str, Any]] = field(default_factory=list)
 
+    def _repr_html_(self) -> str:  # a notebook shows the run's report inline
+        from ..report.viewer import iframe_html
+
+        return iframe_html(self.out)
+
     def lines(self) -> list[str]:
         lines = []
         for m in self.models:
@@ -115,7 +120,7 @@ def benchmark(out: RunFolder | Path, tasks: list[str], methods: list[str], n_exa
         for variant in VARIANTS:
             adapter = load_groundtruth(task_name, variant)
             if device != "cpu":
-                adapter.hf_model.to(device)
+                adapter.to(device)
             res.models.append({"task": task_name, "variant": variant,
                                **evaluate(adapter, task.generate(max(n_examples, 500), seed=40_000 + seed))})
             for name in names:

@@ -36,6 +36,11 @@ class EvalResult:
                 f"positions), {self.n_computed_chunks} chunks computed now; run store: {self.out}/ (manifest.json, "
                 "metrics/*.parquet, arrays/, summary.csv, summary.md, figures/)"]
 
+    def _repr_html_(self) -> str:  # a notebook shows the run's report inline
+        from ..report.viewer import iframe_html
+
+        return iframe_html(self.out)
+
 
 def label_indices(adapter: ModelAdapter, ds: Dataset) -> dict[str, int]:
     """Map the data's labels to the model's class ids (by name, case-insensitive, or by number).
@@ -165,6 +170,9 @@ def evaluate(model: str, data: str, out: Path, settings: EvalSettings, *, limit:
         figures(store.folder, store.metrics())
     except ImportError:  # the report module is optional for the store itself
         pass
+    from ..store.run_folder import write_report_or_warn
+
+    write_report_or_warn(store.folder)
     return EvalResult(store.folder, len(examples), len(skipped), len(todo), summary, lines)
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -11,7 +11,7 @@ import torch
 from ..errors import StreetlampError
 from ..methods.attention import record_attention
 from ..methods.registry import get_method
-from ..models.adapter import ModelAdapter, Target
+from ..models.adapter import Inputs, ModelAdapter, Target
 from ..report import heatmaps
 from ..results import Explanation
 from ..settings import check_head, check_layer
@@ -39,23 +39,17 @@ class ExplainResult:
                 f"output: {self.out}/ (manifest.json, arrays.safetensors, PNG heatmaps"
                 + (", methods_comparison.png, kendall_tau.csv)" if self.explanations else ")")]
 
+    def _repr_html_(self) -> str:  # a notebook shows the run's report inline
+        from ..report.viewer import iframe_html
+
+        return iframe_html(self.out)
+
 
 def parse_target(adapter: ModelAdapter, spec: str | None) -> int | None:
     """A class name or id (classifier), or a token string (causal LM); None = the prediction."""
     if spec is None or spec in ("", "predicted", "next"):
         return None
-    if adapter.kind == "classifier":
-        labels = {v.lower(): int(k) for k, v in adapter.hf_model.config.id2label.items()}
-        if spec.lower() in labels:
-            return labels[spec.lower()]
-        if spec.lstrip("-").isdigit():
-            i = int(spec)
-            if not 0 <= i < adapter.n_outputs:
-                raise StreetlampError(f"target {i} out of range: classes are 0..{adapter.n_outputs - 1} "
-                                      f"({', '.join(labels)})")
-            return i
-        raise StreetlampError(f"unknown target {spec!r}; classes: {', '.join(labels)}")
-    return adapter.token_id(spec)
+    return adapter.parse_label(spec)
 
 
 def explain(adapter: ModelAdapter, text: str, out: RunFolder | Path, *, target: Target = Target(),
@@ -67,23 +61,9 @@ def explain(adapter: ModelAdapter, text: str, out: RunFolder | Path, *, target: 
     check_head(adapter, head)
     if head is not None and layer is None:
         raise StreetlampError("--head needs --layer")
-    torch.manual_seed(seed)
     inputs = adapter.encode(text, truncate=truncate)
-    logits, att_t, allowed_t = record_attention(adapter, inputs)
-    index = int(adapter.resolve(inputs, target, logits)[0])
-    probs = torch.softmax(logits[0].float(), -1).cpu().numpy()
-    n = inputs.lengths[0]
-    att = att_t[0, :, :, :n, :n].float().cpu().numpy()
-    allowed = allowed_t[0, :n, :n].cpu().numpy().astype(bool)
-    pos = adapter.explained_position(n)
-    res = ExplainResult(rf.out, inputs.texts[0], inputs.tokens[0], inputs.labels[0], index, int(probs.argmax()), probs, att, allowed, pos)
-    run_target = Target(index, target.contrast, target.quantity)
-    for name in methods or []:
-        params = dict((method_params or {}).get(name, {}))
-        m = get_method(name, **params)
-        m.check(adapter)
-        res.explanations[name] = m.attribute(adapter, inputs, target=run_target, batch_size=batch_size,
-                                             seed=seed)[0]
+    res = compute(adapter, inputs, rf.out, target=target, methods=methods, seed=seed, batch_size=batch_size,
+                  method_params=method_params)
     with rf.staging() as w:
         write_outputs(adapter, res, w, target, layer, head, seed, truncate, inputs.truncated[0], batch_size)
     res.summary = summarise(adapter, res)
@@ -91,8 +71,39 @@ def explain(adapter: ModelAdapter, text: str, out: RunFolder | Path, *, target: 
     return res
 
 
+def compute(adapter: ModelAdapter, inputs: Inputs, out: Path, *, target: Target = Target(),
+            methods: list[str] | None = None, seed: int = 0, batch_size: int | None = None,
+            method_params: dict[str, dict[str, Any]] | None = None,
+            stage: Callable[[str], None] | None = None) -> ExplainResult:
+    """The explain computation for the first text of ``inputs`` (nothing written); ``stage(name)`` is
+    called before each step (``streetlamp serve`` shows it as progress)."""
+    torch.manual_seed(seed)
+    if stage:
+        stage("recording attention")
+    logits, att_t, allowed_t = record_attention(adapter, inputs)
+    index = int(adapter.resolve(inputs, target, logits)[0])
+    probs = torch.softmax(logits[0].float(), -1).cpu().numpy()
+    n = inputs.lengths[0]
+    att = att_t[0, :, :, :n, :n].float().cpu().numpy()
+    allowed = allowed_t[0, :n, :n].cpu().numpy().astype(bool)
+    pos = adapter.explained_position(n)
+    res = ExplainResult(Path(out), inputs.texts[0], inputs.tokens[0], inputs.labels[0], index, int(probs.argmax()), probs, att, allowed, pos)
+    run_target = Target(index, target.contrast, target.quantity)
+    for name in methods or []:
+        if stage:
+            stage(name)
+        params = dict((method_params or {}).get(name, {}))
+        m = get_method(name, **params)
+        m.check(adapter)
+        res.explanations[name] = m.attribute(adapter, inputs, target=run_target, batch_size=batch_size,
+                                             seed=seed)[0]
+    return res
+
+
 def write_outputs(adapter: ModelAdapter, res: ExplainResult, w: RunWriter, target: Target, layer: int | None,
-                  head: int | None, seed: int, truncate: bool, truncated: bool, batch_size: int | None) -> None:
+                  head: int | None, seed: int, truncate: bool, truncated: bool, batch_size: int | None,
+                  figures: bool = True, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Arrays, figures (unless ``figures=False``) and the manifest (plus ``extra`` keys) into ``w``."""
     w.add_array("attention", res.attention.astype(np.float32), axes=["layer", "head", "query", "key"], meaning=
                 "post-softmax attention probabilities A[l,h,i,j]: query token i (row) attends to key "
                 "token j (column), eval mode; per query head for grouped-query attention")
@@ -104,6 +115,38 @@ def write_outputs(adapter: ModelAdapter, res: ExplainResult, w: RunWriter, targe
     for name, e in res.explanations.items():
         for k, v in e.arrays.items():
             w.add_array(f"{name}.{k}", np.asarray(v), axes=e.axes[k], meaning=e.meaning.get(k, ""))
+    if figures:
+        write_figures(adapter, res, w, layer, head)
+    return w.write_manifest({
+        "model": adapter.describe(),
+        "text": res.text,
+        "tokens": res.tokens,
+        "token_labels": res.labels,
+        "special_positions": np.flatnonzero(adapter.special_mask(
+            adapter.tokenizer.convert_tokens_to_ids(res.tokens))).tolist(),
+        "truncated": truncated,
+        "explained_position": {"index": res.position, "token": res.labels[res.position],
+                               "why": "[CLS] feeds the classifier" if res.position == 0 and adapter.kind ==
+                               "classifier" else "the last token predicts the next one"},
+        "target": {"index": res.target_index, "label": adapter.output_label(res.target_index),
+                   "contrast": target.contrast, "quantity": target.quantity,
+                   "explained": target.describe(adapter, res.target_index),
+                   "chosen": "given" if target.index is not None else "predicted"},
+        "prediction": {"index": res.prediction, "label": adapter.output_label(res.prediction),
+                       "prob": float(res.probs[res.prediction])},
+        "masks": {"allowed": "arrays.safetensors:allowed", "kind": "causal + padding" if adapter.kind ==
+                  "causal_lm" else "padding (bidirectional)"},
+        "colour_scales": {"attention": heatmaps.ATTENTION_SCALE},
+        "parameters": {"layer": layer, "head": head, "truncate": truncate, "seed": seed, "batch_size": batch_size,
+                       "methods": {k: e.info.get("params", {}) for k, e in res.explanations.items()}},
+        "methods": {k: {kk: vv for kk, vv in e.info.items() if kk != "params"} for k, e in res.explanations.items()},
+        "seed": seed,
+        **(extra or {}),
+    })
+
+
+def write_figures(adapter: ModelAdapter, res: ExplainResult, w: RunWriter, layer: int | None,
+                  head: int | None) -> None:
     L, H = res.attention.shape[:2]
     sel_l = layer if layer is not None else L - 1
     if head is not None:
@@ -122,31 +165,9 @@ def write_outputs(adapter: ModelAdapter, res: ExplainResult, w: RunWriter, targe
     w.add_figure(file="attention_head_mean.png", shows="mean over heads, each layer", **grid)
     if res.explanations:
         from ..report.compare import write_comparison
-        for f in write_comparison({k: e.scores for k, e in res.explanations.items()}, res.labels, w.path):
+        for f in write_comparison({k: e.scores for k, e in res.explanations.items()}, res.labels, w.path,
+                                  adapter.special_mask(adapter.tokenizer.convert_tokens_to_ids(res.tokens))):
             w.add_figure(**f)
-    w.write_manifest({
-        "model": adapter.describe(),
-        "text": res.text,
-        "tokens": res.tokens,
-        "token_labels": res.labels,
-        "truncated": truncated,
-        "explained_position": {"index": res.position, "token": res.labels[res.position],
-                               "why": "[CLS] feeds the classifier" if res.position == 0 and adapter.kind ==
-                               "classifier" else "the last token predicts the next one"},
-        "target": {"index": res.target_index, "label": adapter.output_label(res.target_index),
-                   "contrast": target.contrast, "quantity": target.quantity,
-                   "explained": target.describe(adapter, res.target_index),
-                   "chosen": "given" if target.index is not None else "predicted"},
-        "prediction": {"index": res.prediction, "label": adapter.output_label(res.prediction),
-                       "prob": float(res.probs[res.prediction])},
-        "masks": {"allowed": "arrays.safetensors:allowed", "kind": "causal + padding" if adapter.kind ==
-                  "causal_lm" else "padding (bidirectional)"},
-        "colour_scales": {"attention": heatmaps.ATTENTION_SCALE},
-        "parameters": {"layer": layer, "head": head, "truncate": truncate, "seed": seed, "batch_size": batch_size,
-                       "methods": {k: e.info.get("params", {}) for k, e in res.explanations.items()}},
-        "methods": {k: {kk: vv for kk, vv in e.info.items() if kk != "params"} for k, e in res.explanations.items()},
-        "seed": seed,
-    })
 
 
 DEFAULT_METHODS = ["attention", "rollout", "integrated_gradients", "occlusion"]
@@ -167,8 +188,8 @@ def summarise(adapter: ModelAdapter, res: ExplainResult, k: int = 3) -> list[str
     att_e = res.explanations.get("attention")
     row = att_e.scores if att_e is not None else res.attention[L - 1, :, res.position].mean(0)
     view = att_e.info.get("view") if att_e is not None else f"layer {L - 1}, mean over {H} heads"
-    special = set(adapter.tokenizer.all_special_tokens)
-    words = [j for j, t in enumerate(res.tokens) if t not in special]
+    special = adapter.special_mask(adapter.tokenizer.convert_tokens_to_ids(res.tokens))
+    words = np.flatnonzero(~special).tolist()
     where = f"attention from {res.labels[res.position]!r} (position {res.position}), {view}"
     lines.append(f"attention here means: {where}")
     if len(words) < len(res.tokens):
@@ -195,9 +216,9 @@ def summarise(adapter: ModelAdapter, res: ExplainResult, k: int = 3) -> list[str
             tok = f"{res.labels[j]!r}@{j}"
             lines.append(f"  {tok:<16}{row[j]:>10.3f}{att_rank[j]:>6}{-delta[j]:>+19.4f}{occ_rank[j]:>6}")
     shared = len(set(by_att) & set(by_occ))
-    from scipy.stats import kendalltau
+    from ..stats import kendall_tau
 
-    tau = kendalltau(row[words], np.abs(delta[words])).statistic if len(words) > 1 else float("nan")
+    tau = kendall_tau(row, np.abs(delta), special)
     lines.append(f"attention's top {k} and occlusion's top {k} share {shared} token(s); Kendall tau(attention, "
                  f"|occlusion|) over the {len(words)} word tokens = {tau:.2f}")
     return lines

@@ -41,6 +41,11 @@ class GenerationResult:
     def lines(self) -> list[str]:
         return [*self.summary, f"output: {self.out}/ (manifest.json, arrays.safetensors, generation.png)"]
 
+    def _repr_html_(self) -> str:  # a notebook shows the run's report inline
+        from ..report.viewer import iframe_html
+
+        return iframe_html(self.out)
+
 
 def explain_generation(adapter: ModelAdapter, prompt: str, out: RunFolder | Path, *, new_tokens: int = 8,
                        continuation: list[int] | None = None, quantity: str = "logprob", overwrite: bool = False,

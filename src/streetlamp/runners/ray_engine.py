@@ -28,7 +28,7 @@ class _Worker:
 
         self.adapter = load(model)
         if device != "cpu":
-            self.adapter.hf_model.to(device)
+            self.adapter.to(device)
 
     def run(self, chunk: list[ChunkExample], settings: EvalSettings) -> Any:
         from ..evaluation.pipeline import evaluate_chunk

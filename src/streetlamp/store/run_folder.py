@@ -171,6 +171,19 @@ class RunFolder:
         self._write_report(path)
 
     def _write_report(self, path: Path) -> None:
-        """Write ``report.html`` into ``path``. A no-op until the viewer exists: the integrator points it at
-        ``streetlamp.report.viewer.write_report``."""
-        return None
+        """Write ``report.html`` into ``path`` (the viewer reads only the finished manifest and arrays)."""
+        write_report_or_warn(path)
+
+
+def write_report_or_warn(folder: Path) -> None:
+    """``report.html`` for a finished run: a viewer failure warns (the run's results are kept and
+    ``streetlamp report DIR`` can be run again), it never discards the computed results."""
+    import sys
+
+    from ..report.viewer import write_report  # at call time: the viewer imports this module
+
+    try:
+        write_report(folder)
+    except Exception as e:  # noqa: BLE001 - the results matter more than their page
+        print(f"streetlamp: warning: report.html not written ({type(e).__name__}: {e}); "
+              f"rerun `streetlamp report {folder}`", file=sys.stderr)

@@ -1,5 +1,5 @@
-"""Decomposition methods: what each token contributes once the values, W_O, the residual and the
-LayerNorm are counted, not just the attention weight.
+"""Context-mixing methods (decompositions of the attention block): what each token contributes
+once the values, W_O, the residual and the LayerNorm are counted, not just the attention weight.
 
 * ``norm`` -- Kobayashi, Kuribayashi, Yokoi & Inui, EMNLP 2020, "Attention is Not Only a Weight".
 * ``alti`` -- Ferrando, Gállego & Costa-jussà, EMNLP 2022, "Measuring the Mixing of Contextual
@@ -24,8 +24,8 @@ from tqdm.auto import tqdm
 
 from ..batching import chunks, group_by_budget
 from ..errors import StreetlampError
-from ..models.adapter import Inputs, ModelAdapter, Target
-from ..models.decompose import output_weights, placement, post_norm
+from ..models.adapter import Inputs, ModelAdapter, Target, at_least_float32
+from ..models.attention_block import output_weights, placement, post_norm
 from ..results import Explanation
 from .base import Method
 
@@ -50,7 +50,8 @@ def normalise_rows(c: torch.Tensor) -> torch.Tensor:
 def transformed_values(v: torch.Tensor, w_o: torch.Tensor) -> torch.Tensor:
     """``f_h(x_j) = v[j,h] W_O,h``: ``v`` ``[pos, head, d_head]``, ``w_o`` ``[head, d_head, d_model]``
     -> ``[pos, head, d_model]``."""
-    return torch.einsum("shk,hkd->shd", v.float(), w_o)
+    v = at_least_float32(v)
+    return torch.einsum("shk,hkd->shd", v, w_o.to(v.dtype))
 
 
 def record_layers(adapter: ModelAdapter, inputs: Inputs, sites: tuple[str, ...]) -> tuple[torch.Tensor, dict]:
@@ -117,7 +118,7 @@ class Norm(Method):
                 n = inputs.lengths[b]
                 mats, heads = [], []
                 for l in range(adapter.n_layers):
-                    a = cache[f"layers.{l}.attn.pattern"][k, :, :n, :n].float()
+                    a = at_least_float32(cache[f"layers.{l}.attn.pattern"][k, :, :n, :n])
                     g = transformed_values(cache[f"layers.{l}.attn.v"][k, :n], w_o[l])
                     m, h = norm_matrix(a, g)
                     mats.append(m)
@@ -128,7 +129,7 @@ class Norm(Method):
                     tokens = norm[-1, pos]
                     how = f"last layer, row of position {pos} ({inputs.labels[b][pos]})"
                 else:
-                    allowed = cache["allowed"][k, :n, :n].float()
+                    allowed = at_least_float32(cache["allowed"][k, :n, :n])
                     eye = torch.eye(n, device=norm.device)
                     mixed = normalise_rows(0.5 * normalise_rows(norm) + 0.5 * eye * allowed)
                     tokens = rollout(mixed)[pos]
@@ -184,10 +185,10 @@ def alti_layer(adapter: ModelAdapter, cache: dict, k: int, n: int, layer: int,
     w_o, b_o = output_weights(adapter, layer)
     dev = adapter.device
     w_o = w_o.to(dev)
-    a = cache[f"layers.{layer}.attn.pattern"][k, :, :n, :n].float()
+    a = at_least_float32(cache[f"layers.{layer}.attn.pattern"][k, :, :n, :n])
     g = transformed_values(cache[f"layers.{layer}.attn.v"][k, :n], w_o)  # [key, head, d]
-    x = cache[f"layers.{layer}.resid_pre"][k, :n].float()
-    attn_out = cache[f"layers.{layer}.attn.out"][k, :n].float()
+    x = at_least_float32(cache[f"layers.{layer}.resid_pre"][k, :n])
+    attn_out = at_least_float32(cache[f"layers.{layer}.attn.out"][k, :n])
     z = x + attn_out
     bias = (b_o.to(dev) if b_o is not None else torch.zeros_like(x[0])).expand_as(x)
     if place.placement == "post":
@@ -347,7 +348,7 @@ class ValueZeroing(Method):
                         for sl in chunks(n, n, batch_size, adapter.device):
                             js = list(range(sl.start, sl.stop))
                             new = zeroed_outputs(adapter, inputs, b, l, js)  # [rows, i, d]
-                            c[:, sl] = cosine_distance(new, orig[None]).t().float()
+                            c[:, sl] = at_least_float32(cosine_distance(new, orig[None]).t())
                             bar.update(1)
                         layers.append(normalise_rows(c.clamp_min(0) * allowed))
                     cm = torch.stack(layers)

@@ -1,4 +1,5 @@
-"""Per-family facts the decomposition methods (norm, ALTI, value zeroing) need beyond the sites.
+"""Per-family facts of the attention block that the context-mixing methods (norm, ALTI, value
+zeroing) need beyond the sites.
 
 The named sites already give the value vectors (``layers.{l}.attn.v``, per query head, *with*
 the value bias b_V and, for pre-LN families, *after* the pre-attention LayerNorm/RMSNorm) and
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from ..errors import StreetlampError
+from .adapter import at_least_float32
 from .sites import output_matrix
 
 if TYPE_CHECKING:
@@ -66,9 +68,9 @@ def _module(root: torch.nn.Module, path: str) -> torch.nn.Module:
 def output_weights(adapter: "ModelAdapter", layer: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``W_O`` ``[head, d_head, d_model]`` and ``b_O`` ``[d_model]`` (None without a bias), float32."""
     o = adapter.o_proj_modules[layer]
-    w = output_matrix(o, adapter.n_heads).detach().float()
+    w = at_least_float32(output_matrix(o, adapter.n_heads).detach())
     b = getattr(o, "bias", None)
-    return w, (b.detach().float() if b is not None else None)
+    return w, (at_least_float32(b.detach()) if b is not None else None)
 
 
 def post_norm(adapter: "ModelAdapter", layer: int) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -78,4 +80,4 @@ def post_norm(adapter: "ModelAdapter", layer: int) -> tuple[torch.Tensor, torch.
         raise StreetlampError(f"family {adapter.family.name!r} has no post-attention LayerNorm")
     ln = _module(adapter.layer_modules[layer], p.attn_norm)
     eps = float(getattr(ln, "eps", None) or getattr(ln, "variance_epsilon"))
-    return ln.weight.detach().float(), ln.bias.detach().float(), eps
+    return at_least_float32(ln.weight.detach()), at_least_float32(ln.bias.detach()), eps

@@ -32,8 +32,8 @@ from ..errors import StreetlampError
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..results import Explanation
 from .base import Method
-from .perturbation import (Scorer, check_replacement, explanation_common, feature_groups, perturbed_row,
-                           replacement_token)
+from .features import feature_groups
+from .scorer import Scorer, check_replacement, explanation_common, perturbed_row
 
 
 # ---- pure numpy: samplers and fits --------------------------------------------------------------------
@@ -125,14 +125,14 @@ class _Sampled(Method):
     def check(self, adapter: ModelAdapter) -> None:
         super().check(adapter)
         check_replacement(self.replacement, self.group)
-        replacement_token(adapter, self.replacement)
+        adapter.replacement_token(self.replacement)
         if not isinstance(self.n_samples, int) or self.n_samples < 2:
             raise StreetlampError(f"{self.name}: n_samples must be an integer >= 2, got {self.n_samples!r}")
 
     def attribute(self, adapter: ModelAdapter, inputs: Inputs, *, target: Target,
                   batch_size: int | None = None, seed: int = 0) -> list[Explanation]:
         self.check(adapter)
-        used, tid, tok = replacement_token(adapter, self.replacement)
+        used, tid, tok = adapter.replacement_token(self.replacement)
         common = explanation_common(self.name, used, tok, self.replacement)
         out = []
         for b, n in enumerate(inputs.lengths):

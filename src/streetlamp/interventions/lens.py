@@ -1,0 +1,117 @@
+"""Logit lens and direct logit attribution on pre-norm causal LMs (GPT-2, Llama family).
+
+* **Logit lens** (nostalgebraist, 2020): ``logits_l = W_U · norm_f(resid_post_l) + b_U`` for every
+  layer ``l`` and position; the last layer's equals the model's logits.
+* **Direct logit attribution** (Elhage et al., 2021, "A Mathematical Framework"): the residual
+  leaving the last layer at the explained position is
+  ``x = embed + Σ_l (Σ_h head_l,h + b_O,l + mlp_l)``; with the final norm linearised with the
+  scale ``σ(x)`` of this ``x`` (``lin(c) = (c - mean c)/σ(x) · γ``; RMSNorm: ``c/rms(x) · γ``),
+  each part's direct effect on the logit of token ``y`` is ``lin(c) · W_U[y]`` and
+  ``logit_y = Σ_parts + β · W_U[y] + b_U[y]`` exactly. A head's part further splits over the
+  key positions it reads, ``head_l,h = Σ_j A[h, pos, j] · v_j W_O,h`` (v with its bias).
+  ``embed`` is the residual entering layer 0 at the explained position (GPT-2: token + position
+  embedding). MLPs are position-local, so only the explained position's MLP outputs act directly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..methods.gradient import ids_inputs
+from ..models.adapter import ModelAdapter
+from ..models.attention_block import output_weights
+from ..models.readout import check_lens, final_norm, unembed, unembedding
+
+
+def _ids(adapter: ModelAdapter, ids: torch.Tensor) -> torch.Tensor:
+    return ids.view(-1).to(adapter.device)
+
+
+def logit_lens(adapter: ModelAdapter, ids: torch.Tensor, index: int, top: int = 5) -> dict[str, np.ndarray]:
+    """The lens at every layer (row 0: the embedding, row l+1: resid_post of layer l) and position.
+
+    Returns ``logit``/``prob``/``rank`` of token ``index`` ``[layer+1, pos]``, the ``top`` tokens and
+    their probabilities ``[layer+1, pos, top]``, and ``last_logits`` ``[vocab]``: the lens of the
+    last layer at the last position (equal to the model's logits there)."""
+    check_lens(adapter)
+    ids = _ids(adapter, ids)
+    L = adapter.n_layers
+    sites = ["layers.0.resid_pre"] + [f"layers.{l}.resid_post" for l in range(L)]
+    with torch.no_grad():
+        fwd = adapter.forward(ids_inputs(adapter, ids.cpu()), record=sites)
+        norm = final_norm(adapter)
+        n = ids.shape[0]
+        out = {"logit": np.zeros((L + 1, n)), "prob": np.zeros((L + 1, n)), "rank": np.zeros((L + 1, n), np.int64),
+               "top_ids": np.zeros((L + 1, n, top), np.int64), "top_prob": np.zeros((L + 1, n, top))}
+        last = None
+        for r, s in enumerate(sites):
+            lg = unembed(adapter, norm(fwd.cache[s][0]))  # [pos, vocab]
+            p = torch.softmax(lg, -1)
+            t = lg[:, index]
+            out["logit"][r] = t.cpu().numpy()
+            out["prob"][r] = p[:, index].cpu().numpy()
+            out["rank"][r] = (lg > t[:, None]).sum(-1).cpu().numpy()
+            tp, ti = p.topk(top, -1)
+            out["top_ids"][r], out["top_prob"][r] = ti.cpu().numpy(), tp.cpu().numpy()
+            last = lg[-1]
+    assert last is not None
+    out["last_logits"] = last.cpu().numpy()
+    out["model_logits"] = fwd.logits[0].double().cpu().numpy()
+    return out
+
+
+@dataclass
+class DLA:
+    """Direct logit attribution of one token's logit at the last position (float64 arrays)."""
+
+    embed: float
+    heads: np.ndarray  # [layer, head]
+    head_source: np.ndarray  # [layer, head, key]
+    attn_bias: np.ndarray  # [layer]
+    mlp: np.ndarray  # [layer]
+    norm_bias: float  # β · W_U[y]
+    unembed_bias: float  # b_U[y]
+    logit: float  # the model's logit
+    scale: float  # σ or rms of the final residual (the linearisation)
+
+    def total(self) -> float:
+        return float(self.embed + self.heads.sum() + self.attn_bias.sum() + self.mlp.sum()
+                     + self.norm_bias + self.unembed_bias)
+
+
+def direct_logit_attribution(adapter: ModelAdapter, ids: torch.Tensor, index: int) -> DLA:
+    check_lens(adapter)
+    ids = _ids(adapter, ids)
+    L = adapter.n_layers
+    sites = ["layers.0.resid_pre", f"layers.{L - 1}.resid_post"] + [
+        f"layers.{l}.{s}" for l in range(L) for s in ("attn.head_out", "attn.pattern", "attn.v", "mlp.out")]
+    with torch.no_grad():
+        fwd = adapter.forward(ids_inputs(adapter, ids.cpu()), record=sites)
+        c = {k: v[0] for k, v in fwd.cache.items() if k != "allowed"}
+        norm = final_norm(adapter)
+        x = c[f"layers.{L - 1}.resid_post"][-1].double()
+        scale = norm.scale(x)
+        w_u, b_u = unembedding(adapter)
+        u = w_u[index].double()
+
+        def direct(part: torch.Tensor) -> torch.Tensor:  # [..., d] -> [...]
+            return norm.linear(part, scale) @ u
+
+        heads = np.zeros((L, adapter.n_heads))
+        source = np.zeros((L, adapter.n_heads, ids.shape[0]))
+        attn_bias, mlp = np.zeros(L), np.zeros(L)
+        for l in range(L):
+            heads[l] = direct(c[f"layers.{l}.attn.head_out"][-1]).cpu().numpy()
+            w_o, b_o = output_weights(adapter, l)  # [head, d_head, d_model]
+            a = c[f"layers.{l}.attn.pattern"][:, -1].double()  # [head, key]
+            v = c[f"layers.{l}.attn.v"].double()  # [key, head, d_head]
+            per_key = torch.einsum("hk,khd,hdm->hkm", a, v, w_o.double().to(v.device))
+            source[l] = direct(per_key).cpu().numpy()
+            attn_bias[l] = float(direct(b_o.to(x.device))) if b_o is not None else 0.0
+            mlp[l] = float(direct(c[f"layers.{l}.mlp.out"][-1]))
+        return DLA(embed=float(direct(c["layers.0.resid_pre"][-1])), heads=heads, head_source=source,
+                   attn_bias=attn_bias, mlp=mlp, norm_bias=float(norm.beta(x.shape[-1]) @ u),
+                   unembed_bias=float(b_u[index]) if b_u is not None else 0.0,
+                   logit=float(fwd.logits[0, index]), scale=float(scale))

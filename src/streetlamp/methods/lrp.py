@@ -1,0 +1,75 @@
+"""AttnLRP (Achtibat et al., ICML 2024, "AttnLRP: Attention-Aware Layer-Wise Relevance Propagation
+for Transformers"), as gradient × input under the modified backward pass of
+:mod:`streetlamp.models.relevance` (the authors' "efficient" formulation in their package ``lxt``).
+
+``tokens[i] = Σ_d e_i,d · ∂̃F/∂e_i,d`` over the token embedding ``e_i`` (site ``embed``), where
+``∂̃`` is the gradient with the AttnLRP rules: softmax by Taylor at its input, the uniform rule on
+both attention products and on gated MLP products, the identity rule on LayerNorm/RMSNorm
+(standard deviation held constant) and on element-wise activations.
+
+What is explained is always a **logit** (or a logit difference with ``contrast``): LRP
+decomposes a logit, and the softmax over the vocabulary or classes is not part of it. A target
+asking for a probability or log-prob is explained through its logit, and the output says so.
+
+Conservation: ``F = Σ_i tokens[i] + (position and token-type embeddings) + (biases) +
+(what the attention softmaxes absorb)``; the last three are ``info["unassigned"] = F - Σ tokens``.
+Tests check the full ledger term by term and compare with ``lxt`` itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from ..models.adapter import Inputs, ModelAdapter, Target
+from ..models.relevance import attention_edits
+from ..results import Explanation
+from .base import Method
+from .gradient import embed_ids, ids_inputs, resolve_one, text_batches
+
+
+def attnlrp_relevance(adapter: ModelAdapter, ids: torch.Tensor, index: int, target: Target,
+                      record: tuple[str, ...] = ()) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """Token relevance ``[pos]`` of the logit ``F`` for token ids ``[pos]``, F itself, and the
+    recorded sites (kept in the graph, so callers can take further modified gradients)."""
+    x = embed_ids(adapter, ids).detach().requires_grad_(True)
+    edits = attention_edits(adapter.n_layers)
+    edits["embed"] = lambda e: x.to(e.dtype)[None]
+    with adapter.relevance_rules():
+        fwd = adapter.forward(ids_inputs(adapter, ids), record=record, edit=edits, keep_grad=bool(record), grad=True)
+        idx = torch.tensor([index], device=fwd.logits.device)
+        f = adapter.score(fwd.logits, idx, replace(target, quantity="logit"))[0]
+        (g,) = torch.autograd.grad(f, x, retain_graph=bool(record))
+    return (x.detach() * g).sum(-1), f, fwd.cache
+
+
+@dataclass
+class AttnLRP(Method):
+    """AttnLRP relevance of each token embedding for the explained logit (signed; conserving up
+    to the relevance that biases, position embeddings and the attention softmaxes absorb)."""
+
+    name = "attnlrp"
+    family = "gradient"
+    description = "AttnLRP: layer-wise relevance of each token for the logit (gradient x input, LRP rules)"
+    needs_gradients = True
+
+    def attribute(self, adapter: ModelAdapter, inputs: Inputs, *, target: Target,
+                  batch_size: int | None = None, seed: int = 0) -> list[Explanation]:
+        self.check(adapter)
+        explained = replace(target, quantity="logit")
+        out = []
+        for b, ids in text_batches(adapter, inputs):
+            with torch.no_grad():
+                logits = adapter.forward(ids_inputs(adapter, ids)).logits[0]
+            index = resolve_one(adapter, ids, target, logits)
+            r, f, _ = attnlrp_relevance(adapter, ids, index, target)
+            f = f.detach()
+            r64 = r.double()
+            out.append(self.explanation(
+                adapter, inputs, b, index, explained,
+                arrays={"tokens": r.float().cpu().numpy().astype(np.float32)}, axes={"tokens": ["token"]},
+                meaning={"tokens": "AttnLRP relevance of each token embedding (site embed) for the logit, signed"},
+                site="embed", F=float(f), relevance_sum=float(r64.sum()), unassigned=float(f.double() - r64.sum()),
+                asked_quantity=target.quantity))
+        return out

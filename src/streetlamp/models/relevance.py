@@ -1,0 +1,187 @@
+"""AttnLRP's modified backward pass (Achtibat et al., ICML 2024), installed on a model for one context.
+
+AttnLRP can be computed as gradient × input under a modified backward pass (the "efficient"
+formulation of the authors' package ``lxt``). Forward values stay bit-identical; only gradients
+change:
+
+* **LayerNorm / RMSNorm** (identity rule on the normalised direction): the standard deviation
+  (``sqrt(var + eps)``, RMSNorm's ``rsqrt(mean(x²) + eps)``) is treated as a constant, so the
+  norm is linear in its input and conserves relevance exactly, eps included;
+* **element-wise activations** (GELU, SiLU, tanh, ...; identity rule): the gradient is
+  ``act(x) / (x + 1e-10)`` (lxt's epsilon), so ``x · grad = act(x)``;
+* **gated MLP products** ``act(gate) * up`` (Llama family; uniform rule): the gradient into the
+  product is halved, so each factor receives half of its relevance;
+* **attention** (uniform rule on both products, softmax rule by Taylor at the input): the
+  gradient at the value vectors is halved and at the post-softmax pattern quartered (half for
+  ``P·V``, half for ``Q·Kᵀ``; everything between the pattern and Q, K is linear in the gradient,
+  so this equals lxt's dividing Q and K by 4). These two go through the named sites
+  ``layers.{l}.attn.v`` and ``layers.{l}.attn.pattern`` (:func:`attention_edits`).
+
+The softmax rule does not conserve relevance: row ``i`` of a head absorbs
+``Σ_j P_ij g_ij (1 - log P_ij + Σ_k P_ik log P_ik)`` (``g`` the rule's gradient at ``P``, i.e.
+half the downstream gradient), the bias term of the paper's Taylor expansion. Biases (and
+position embeddings) absorb ``b · ∂F/∂b`` as in any LRP.
+
+Activations applied as plain functions (RoBERTa's classification head ``tanh``, its LM head's
+``gelu``) are reached through the modules around them (:data:`FUNCTIONAL_ACTIVATIONS`); ReLU's
+identity rule equals its gradient, so DistilBERT's inline ``nn.ReLU()`` needs nothing.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Callable, Iterator
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from .adapter import ModelAdapter
+
+IDENTITY_EPS = 1e-10  # lxt's epsilon in the identity rule's ratio act(x) / (x + eps)
+GATED_FAMILIES = ("llama", "mistral", "qwen2")
+# (module whose output enters the activation, module whose input is the activation's output),
+# paths relative to the Hugging Face model; pairs whose modules are absent are skipped.
+FUNCTIONAL_ACTIVATIONS: dict[str, tuple[tuple[str, str], ...]] = {
+    "roberta": (("classifier.dense", "classifier.out_proj"), ("lm_head.dense", "lm_head.layer_norm")),
+}
+_ELEMENTWISE = (nn.GELU, nn.ReLU, nn.Tanh, nn.SiLU, nn.Sigmoid, nn.LeakyReLU, nn.ELU, nn.Mish, nn.Softplus)
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; the gradient multiplied by ``factor`` (lxt's ``divide_gradient``)."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.factor = factor  # type: ignore[attr-defined]
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return g * ctx.factor, None  # type: ignore[attr-defined]
+
+
+def scale_grad(x: torch.Tensor, factor: float) -> torch.Tensor:
+    return _ScaleGrad.apply(x, factor)
+
+
+def _swap_grad(value: torch.Tensor, surrogate: torch.Tensor) -> torch.Tensor:
+    """``value`` exactly, with the gradient of ``surrogate`` (equal to it up to rounding)."""
+    return value.detach() + (surrogate - surrogate.detach())
+
+
+def _identity_rule(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    ratio = (y / (x + IDENTITY_EPS)).detach()
+    return _swap_grad(y, x * ratio)
+
+
+def _is_activation(m: nn.Module) -> bool:
+    return type(m).__module__ == "transformers.activations" or isinstance(m, _ELEMENTWISE)
+
+
+def _norm_kind(m: nn.Module) -> str | None:
+    if isinstance(m, nn.LayerNorm):
+        return "layernorm"
+    if type(m).__name__.endswith("RMSNorm"):
+        return "rmsnorm"
+    return None
+
+
+def _norm_hook(kind: str) -> Callable:
+    def hook(m: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+        x = args[0]
+        if kind == "layernorm":
+            c = x - x.mean(-1, keepdim=True)
+            std = (c.pow(2).mean(-1, keepdim=True) + m.eps).sqrt().detach()
+            s = c / std
+            if m.weight is not None:
+                s = s * m.weight
+            if m.bias is not None:
+                s = s + m.bias
+        else:
+            eps = float(getattr(m, "variance_epsilon", None) or m.eps)
+            s = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps).detach() * m.weight
+        return _swap_grad(out, s.to(out.dtype))
+    return hook
+
+
+def _act_hook(m: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+    return _identity_rule(args[0], out)
+
+
+def _halve_input_hook(m: nn.Module, args: tuple) -> tuple:
+    return (scale_grad(args[0], 0.5),) + tuple(args[1:])
+
+
+def _get(root: nn.Module, path: str) -> nn.Module | None:
+    m: nn.Module | None = root
+    for part in path.split("."):
+        m = getattr(m, part, None)
+        if m is None:
+            return None
+    return m
+
+
+def _functional_pair(before: nn.Module, after: nn.Module) -> list[torch.utils.hooks.RemovableHandle]:
+    """Identity rule for ``after(act(before(x)))`` where ``act`` is a plain function."""
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep(m: nn.Module, args: tuple, out: torch.Tensor) -> None:
+        seen["x"] = out
+
+    def swap(m: nn.Module, args: tuple) -> tuple:
+        x = seen.pop("x", None)
+        if x is None or x.shape != args[0].shape:
+            return args
+        return (_identity_rule(x, args[0]),) + tuple(args[1:])
+
+    return [before.register_forward_hook(keep), after.register_forward_pre_hook(swap)]
+
+
+@contextmanager
+def relevance_rules(adapter: "ModelAdapter") -> Iterator[None]:
+    """Install AttnLRP's module rules (norms, activations, gated products) for the ``with`` block.
+
+    The attention rules go through the named sites: pass :func:`attention_edits` as ``edit``."""
+    model = adapter.hf_model
+    handles: list[torch.utils.hooks.RemovableHandle] = []
+    try:
+        seen: set[int] = set()
+        for m in model.modules():
+            if id(m) in seen:
+                continue
+            seen.add(id(m))
+            kind = _norm_kind(m)
+            if kind is not None:
+                handles.append(m.register_forward_hook(_norm_hook(kind)))
+            elif _is_activation(m):
+                handles.append(m.register_forward_hook(_act_hook))
+        if adapter.family.name in GATED_FAMILIES:
+            for down in adapter.mlp_out_modules:
+                handles.append(down.register_forward_pre_hook(_halve_input_hook))
+        for before, after in FUNCTIONAL_ACTIVATIONS.get(adapter.family.name, ()):
+            mb, ma = _get(model, before), _get(model, after)
+            if mb is not None and ma is not None:
+                handles.extend(_functional_pair(mb, ma))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def attention_edits(n_layers: int) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    """Site edits for AttnLRP's attention rules: gradient × 1/2 at the values, × 1/4 at the pattern."""
+    edits: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
+    for l in range(n_layers):
+        edits[f"layers.{l}.attn.v"] = lambda v: scale_grad(v, 0.5)
+        edits[f"layers.{l}.attn.pattern"] = lambda p: scale_grad(p, 0.25)
+    return edits
+
+
+def softmax_absorbed(pattern: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """Relevance the softmax rule absorbs, per ``[batch, head, query]`` row, from the post-softmax
+    pattern ``P`` and the downstream gradient at it (undivided; the rule passes half of it)."""
+    p = pattern.to(torch.float64)
+    g = grad.to(torch.float64) / 2
+    plogp = torch.xlogy(p, p)
+    ent = plogp.sum(-1, keepdim=True)  # Σ_k P log P
+    return (p * g - g * plogp + p * g * ent).sum(-1)

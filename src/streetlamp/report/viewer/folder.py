@@ -1,0 +1,225 @@
+"""Read a run folder for the report: its manifest and its array files, nothing else, checked first."""
+from __future__ import annotations
+
+import base64
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...errors import StreetlampError
+from ...store.run_folder import FORMAT_VERSION  # the newest run-folder format this viewer reads
+from .pack import SMALL, Packed, choose_codec
+
+MAX_EXAMPLES = 500  # evaluate: per-example explanations embedded for at most this many examples
+
+
+def read_manifest(folder: Path) -> tuple[dict, str]:
+    """The manifest and the command that made the folder, or one clear error."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise StreetlampError(f"{folder} is not a folder")
+    mpath = folder / "manifest.json"
+    if not mpath.is_file():
+        raise StreetlampError(f"{folder} is not a run folder (no manifest.json)")
+    try:
+        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise StreetlampError(f"{mpath} is not valid JSON ({e})") from None
+    if not isinstance(manifest, dict):
+        raise StreetlampError(f"{mpath} is not a streetlamp run manifest (not a JSON object)")
+    version = manifest.get("format_version", 1)
+    if not isinstance(version, int) or version < 1:
+        raise StreetlampError(f"{mpath}: format_version {version!r} is not a positive integer")
+    if version > FORMAT_VERSION:
+        raise StreetlampError(f"{folder} was written in run-folder format {version}; this streetlamp reads up to "
+                              f"format {FORMAT_VERSION}: upgrade streetlamp to report it")
+    kind = manifest.get("streetlamp")
+    if kind is None and "settings" in manifest and (folder / "metrics").is_dir():
+        kind = "evaluate"  # the resumable store's manifest predates the "streetlamp" key
+    if not isinstance(kind, str) or not kind:
+        raise StreetlampError(f"{mpath} is not a streetlamp run manifest (no 'streetlamp' command name)")
+    return manifest, kind
+
+
+def _open(path: Path, folder: Path):
+    from safetensors import safe_open
+
+    if not path.is_file():
+        raise StreetlampError(f"{folder}: {path.relative_to(folder)} is missing")
+    try:
+        return safe_open(str(path), framework="numpy")
+    except Exception as e:  # safetensors raises its own error types for truncated or corrupt files
+        raise StreetlampError(f"{folder}: {path.relative_to(folder)} is not a readable safetensors file "
+                              f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+
+
+def _get(f: Any, key: str, path: Path) -> np.ndarray:
+    try:
+        return np.asarray(f.get_tensor(key))
+    except Exception as e:
+        raise StreetlampError(f"{path.name}: array {key!r} cannot be read ({str(e).splitlines()[0]})") from None
+
+
+def _slice(sl: Any, i: int, key: str, path: Path) -> np.ndarray:
+    try:
+        return np.asarray(sl[i])
+    except Exception as e:
+        raise StreetlampError(f"{path.name}: array {key!r} cannot be read ({str(e).splitlines()[0]})") from None
+
+
+def pack_file(packed: Packed, folder: Path, rel: str, keys: list[str] | None = None, prefix: str = "") -> list[str]:
+    """Pack the arrays of one safetensors file (all, or ``keys``, each of which must exist)."""
+    path = folder / rel
+    f = _open(path, folder)
+    with f:
+        have = list(f.keys())
+        missing = [k for k in (keys or []) if k not in have]
+        if missing:
+            raise StreetlampError(f"{folder}: {rel} lacks the array(s) {', '.join(missing)} that manifest.json names")
+        for k in keys if keys is not None else have:
+            sl = f.get_slice(k)
+            shape = list(sl.get_shape())
+            if len(shape) >= 3 and np.prod(shape) > SMALL:  # a layer at a time: a long text's attention is GBs
+                lo, hi, floating = math.inf, -math.inf, True
+                for i in range(shape[0]):
+                    c = _slice(sl, i, k, path)
+                    floating = floating and np.issubdtype(c.dtype, np.floating)
+                    lo, hi = min(lo, float(np.min(c))), max(hi, float(np.max(c)))
+                codec = choose_codec(int(np.prod(shape)), floating, lo, hi)
+                packed.add_chunks(prefix + k, shape, lambda i: _slice(sl, i, k, path), shape[0], codec)
+            else:
+                packed.add(prefix + k, _get(f, k, path))
+    return keys if keys is not None else have
+
+
+def figure_uris(folder: Path, manifest: dict) -> list[dict]:
+    """The folder's PNG figures the manifest lists, as data: URIs (generic view)."""
+    out = []
+    for fig in manifest.get("figures") or []:
+        name = fig.get("file") if isinstance(fig, dict) else fig if isinstance(fig, str) else None
+        if not isinstance(name, str) or not name.lower().endswith(".png") or ".." in Path(name).parts:
+            continue
+        p = folder / name
+        if p.is_file():
+            data = p.read_bytes()
+            if data[:8] != b"\x89PNG\r\n\x1a\n":
+                raise StreetlampError(f"{folder}: {name} is not a PNG file")
+            out.append({"file": name, "shows": fig.get("shows", "") if isinstance(fig, dict) else "",
+                        "uri": "data:image/png;base64," + base64.b64encode(data).decode("ascii")})
+    return out
+
+
+def _number(s: str) -> Any:
+    try:
+        v = float(s)
+    except ValueError:
+        return s
+    return v if math.isfinite(v) else None
+
+
+def csv_tables(folder: Path, manifest: dict, max_rows: int = 5000) -> list[dict]:
+    """CSV tables of stored numbers the manifest lists (``files`` or ``figures``), e.g. a leaderboard."""
+    import csv
+
+    listed: dict[str, str] = {}
+    files = manifest.get("files")
+    if isinstance(files, dict):
+        listed.update({k: str(v) for k, v in files.items() if isinstance(k, str)})
+    for fig in manifest.get("figures") or []:
+        if isinstance(fig, dict) and isinstance(fig.get("file"), str):
+            listed.setdefault(fig["file"], str(fig.get("shows", "")))
+    out = []
+    for name, shows in listed.items():
+        if not name.lower().endswith(".csv") or ".." in Path(name).parts or not (folder / name).is_file():
+            continue
+        try:
+            with open(folder / name, newline="", encoding="utf-8") as f:
+                rows = list(csv.reader(f))
+        except (OSError, UnicodeDecodeError, csv.Error) as e:
+            raise StreetlampError(f"{folder}: {name} cannot be read as CSV ({e})") from None
+        if rows:
+            out.append({"file": name, "shows": shows, "columns": rows[0],
+                        "rows": [[_number(c) for c in r] for r in rows[1:max_rows + 1]]})
+    return out
+
+
+def _clean(x: Any) -> Any:
+    """JSON without NaN/Infinity (JSON.parse refuses them): they become null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+def evaluate_extra(folder: Path, manifest: dict, packed: Packed) -> dict:
+    """The resumable store: metric rows (metrics/*.parquet) and per-example arrays (arrays/*.safetensors)."""
+    from ...store.run_store import read_metrics, safe_name
+
+    try:
+        df = read_metrics(folder)
+    except Exception as e:
+        raise StreetlampError(f"{folder}: metrics/*.parquet cannot be read ({str(e).splitlines()[0]})") from None
+    examples = sorted(df.example_id.unique().tolist())
+    methods = sorted(df.method.unique().tolist())
+    metrics = sorted(df.metric.unique().tolist())
+    ex_i = {e: i for i, e in enumerate(examples)}
+    me_i = {m: i for i, m in enumerate(methods)}
+    mt_i = {m: i for i, m in enumerate(metrics)}
+    rows = [[ex_i[e], me_i[m], mt_i[t], None if not math.isfinite(v) else float(v)]
+            for e, m, t, v in df[["example_id", "method", "metric", "value"]].itertuples(index=False)]
+    stored: dict[str, list[str]] = {}
+    for e in examples[:MAX_EXAMPLES]:
+        rel = f"arrays/{safe_name(e)}.safetensors"
+        if (folder / rel).is_file():
+            stored[e] = pack_file(packed, folder, rel, prefix=f"example/{e}/")
+    return {"examples": examples, "methods": methods, "metrics": metrics, "rows": rows, "stored": stored,
+            "stored_limit": MAX_EXAMPLES if len(examples) > MAX_EXAMPLES else None}
+
+
+def explained_rows(packed: Packed, folder: Path, manifest: dict) -> None:
+    """The explained position's attention rows, exact (float32): ranks and Kendall tau in the
+    "light versus use" panel must not see ties that fixed-point storage of the full tensor makes."""
+    pos = (manifest.get("explained_position") or {}).get("index")
+    shape = packed.index["attention"]["shape"]
+    if not isinstance(pos, int) or not 0 <= pos < shape[2]:
+        return
+    path = folder / "arrays.safetensors"
+    with _open(path, folder) as f:
+        sl = f.get_slice("attention")
+        rows = np.stack([_slice(sl, i, "attention", path)[:, pos, :] for i in range(shape[0])])
+    packed.add("attention@explained", rows, codec="f32")
+
+
+def load_folder(folder: Path) -> tuple[dict, Packed]:
+    """Everything the page needs from a run folder, every check done before anything is written."""
+    folder = Path(folder)
+    manifest, kind = read_manifest(folder)
+    packed = Packed()
+    extra: dict[str, Any] = {}
+    described = manifest.get("arrays") if isinstance(manifest.get("arrays"), dict) else {}
+    if kind == "evaluate":
+        extra["evaluate"] = evaluate_extra(folder, manifest, packed)
+    elif (folder / "arrays.safetensors").exists() or described:
+        keys = [k for k, v in described.items() if not isinstance(v, dict) or v.get("file", "arrays.safetensors")
+                == "arrays.safetensors"]
+        pack_file(packed, folder, "arrays.safetensors", keys=None)
+        missing = [k for k in keys if k not in packed.index]
+        if missing:
+            raise StreetlampError(f"{folder}: arrays.safetensors lacks the array(s) {', '.join(missing)} that "
+                                  "manifest.json names")
+    if kind == "explain" and packed.index.get("attention", {}).get("codec", "f32") != "f32":
+        explained_rows(packed, folder, manifest)
+    if kind not in VIEWS_WITHOUT_FIGURES:
+        extra["figures"] = figure_uris(folder, manifest)
+        extra["csv_tables"] = csv_tables(folder, manifest)
+    model = {"view": kind, "manifest": _clean(manifest), "arrays": packed.index, **_clean(extra)}
+    return model, packed
+
+
+VIEWS_WITHOUT_FIGURES = {"explain"}  # drawn from the arrays; the PNGs would only add megabytes

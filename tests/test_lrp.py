@@ -1,0 +1,140 @@
+"""AttnLRP: the full conservation ledger on every tiny family (float64), the authors' package lxt as
+the peer on GPT-2 and Llama, and the method's bookkeeping."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from streetlamp.methods.lrp import AttnLRP, attnlrp_relevance
+from streetlamp.models.adapter import ModelAdapter, Target
+from streetlamp.models.relevance import softmax_absorbed
+from streetlamp.models.tiny import tiny_model
+
+from .conftest import FAMILIES, eager_twin
+
+TEXT = "when mary and john went to the store , john gave a drink to"
+# parameters that enter the network additively: biases (LayerNorm betas included) and the
+# position / token-type embedding tables. Their relevance is p · ∂̃F/∂p.
+ADDITIVE = ("bias", "position_embeddings.weight", "token_type_embeddings.weight", "wpe.weight")
+F32 = 2.0 ** -24  # unit roundoff of float32
+
+
+def adapter64(family: str) -> ModelAdapter:
+    model, tok = tiny_model(family, seed=1)
+    return ModelAdapter(model.double(), tok, f"tiny-{family}")
+
+
+def ledger(a: ModelAdapter, index: int) -> dict[str, float]:
+    ids = a.encode(TEXT).input_ids[0]
+    r, f, cache = attnlrp_relevance(a, ids, index, Target(quantity="logit"), record=("layers.*.attn.pattern",))
+    pats = [cache[f"layers.{l}.attn.pattern"] for l in range(a.n_layers)]
+    params = [p for n, p in a.hf_model.named_parameters() if n.endswith(ADDITIVE)]
+    gs = torch.autograd.grad(f, pats + params, allow_unused=True)
+    soft = [softmax_absorbed(p, g) for p, g in zip(pats, gs[:len(pats)])]
+    bias = sum(float((p * g).detach().sum()) for p, g in zip(params, gs[len(pats):]) if g is not None)
+    flow = sum(float((p.detach().double() * g.double()).abs().sum()) for p, g in zip(pats, gs[:len(pats)]))
+    f = f.detach()
+    return {"F": float(f), "tokens": float(r.sum()), "softmax": float(sum(s.detach().sum() for s in soft)),
+            "bias": bias,
+            "scale": abs(float(f)) + float(r.abs().sum()) + abs(bias) + flow}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_conservation_ledger(family: str) -> None:
+    """F = Σ tokens + Σ additive parameters + what the softmaxes absorb, term by term.
+
+    Every other step of the modified backward conserves exactly (linear maps, norms with their
+    standard deviation held constant, eps included; the identity rule up to its 1e-10 epsilon;
+    the halved products). What is left is rounding: the attention softmax runs in float32 (as in
+    Hugging Face's eager path) and Llama's RMSNorm casts to float32 even in a float64 model, each
+    a relative 2^-24 on the relevance flowing through it; 64 such roundings bound the error by
+    64 · 2^-24 · (the total relevance flowing), about 4e-6 of it, while a missed rule (a GELU on
+    its plain gradient, an unhalved product) leaves O(1) of it (see the next test)."""
+    a = adapter64(family)
+    index = 1 if a.kind == "classifier" else 9
+    L = ledger(a, index)
+    resid = L["F"] - (L["tokens"] + L["softmax"] + L["bias"])
+    assert abs(resid) <= 64 * F32 * L["scale"], (L, resid)
+    assert abs(L["tokens"]) > 0.05 * abs(L["F"])  # the tokens carry a real share: the ledger is not all bias
+
+
+def test_ledger_fails_without_the_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same ledger on plain gradient × input (no rules) misses by far more than the tolerance."""
+    import contextlib
+
+    for family in ("gpt2", "llama", "bert"):
+        a = adapter64(family)
+        monkeypatch.setattr(a, "relevance_rules", contextlib.nullcontext)
+        monkeypatch.setattr("streetlamp.methods.lrp.attention_edits", lambda n: {})
+        L = ledger(a, 1 if a.kind == "classifier" else 9)
+        resid = L["F"] - (L["tokens"] + L["softmax"] + L["bias"])
+        assert abs(resid) > 1000 * 64 * F32 * L["scale"], (family, L, resid)
+        monkeypatch.undo()
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_matches_lxt(family: str) -> None:
+    """Relevance equals the authors' lxt 2.1 (rules applied by lxt's own code) on a plain copy of the
+    model, float64. Both run the same float32 softmax (and lxt's RMSNorm casts to float32), so they
+    agree to float32 rounding: 1e-5 of the largest relevance, while plain gradient × input is off by
+    more than 100 times that even on this small random model (checked, so the comparison can fail)."""
+    pytest.importorskip("lxt")
+    from .lxt_peer import lxt_relevance
+
+    a = adapter64(family)
+    ids = a.encode(TEXT).input_ids[0]
+    ours, f, _ = attnlrp_relevance(a, ids, 9, Target(quantity="logit"))
+    theirs, f_lxt = lxt_relevance(eager_twin(a), family, ids, 9)
+    scale = float(theirs.abs().max())
+    assert f_lxt == pytest.approx(float(f), rel=1e-6)
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), atol=1e-5 * scale, rtol=0)
+    from streetlamp.methods.gradient import GradientXInput
+    gxi = GradientXInput().attribute(a, a.encode(TEXT), target=Target(index=9, quantity="logit"))[0].scores
+    assert np.abs(gxi - theirs.numpy()).max() > 100 * 1e-5 * scale
+
+
+def test_attribute_reports_the_logit_and_what_is_unassigned(tiny: ModelAdapter) -> None:
+    e = AttnLRP().attribute(tiny, tiny.encode(TEXT), target=Target(quantity="prob"))[0]
+    assert e.info["target"]["quantity"] == "logit" and e.info["asked_quantity"] == "prob"
+    logit = tiny.forward(tiny.encode(TEXT)).logits[0, e.info["target"]["index"]]
+    assert e.info["F"] == pytest.approx(float(logit), rel=1e-5, abs=1e-6)
+    assert e.info["unassigned"] == pytest.approx(e.info["F"] - float(e.scores.astype(np.float64).sum()), abs=1e-5)
+
+
+def test_rules_leave_forward_values_unchanged(tiny: ModelAdapter) -> None:
+    inputs = tiny.encode(TEXT)
+    plain = tiny.forward(inputs).logits
+    with tiny.relevance_rules():
+        ruled = tiny.forward(inputs).logits
+    assert torch.equal(plain, ruled)
+
+
+SMOL_PROMPTS = ["When Mary and John went to the store, John gave a drink to", "The capital of France is",
+                "The animal didn't cross the street because it was too tired. In that sentence, it refers to the",
+                "I loved the movie, the acting was", "Berlin is the capital of",
+                "The doctor said that she would call the nurse because"]
+
+
+@pytest.mark.slow
+def test_smollm2_equals_lxt_and_skews_to_the_last_token(smollm: ModelAdapter) -> None:
+    """On SmolLM2 (float32) our relevance equals lxt's (measured: bit-identical; asserted to 1e-5 of the
+    largest, float32 rounding of a 30-layer pass); and AttnLRP's known skew towards the explained
+    position: the last token's share of Σ|R| is above the uniform 1/n on every prompt (measured
+    1.8x to 4.3x; asserted > 1.5x each and > 2.5x on average). The first token is NOT consistently
+    favoured on SmolLM2 (no BOS; shares 0.007 to 0.145), so nothing is asserted for it."""
+    pytest.importorskip("lxt")
+    import copy
+
+    from .lxt_peer import lxt_relevance
+
+    ids = smollm.encode(SMOL_PROMPTS[0]).input_ids[0]
+    mary = smollm.token_id(" Mary")
+    ours, _, _ = attnlrp_relevance(smollm, ids, mary, Target(quantity="logit"))
+    theirs, _ = lxt_relevance(copy.deepcopy(smollm.hf_model), "llama", ids, mary)
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), atol=1e-5 * float(theirs.abs().max()), rtol=0)
+    ratios = []
+    for e in AttnLRP().attribute(smollm, smollm.encode(SMOL_PROMPTS), target=Target(quantity="logit")):
+        s = np.abs(e.scores.astype(np.float64))
+        ratios.append(s[-1] / s.sum() * len(s))
+    assert min(ratios) > 1.5 and np.mean(ratios) > 2.5, ratios
