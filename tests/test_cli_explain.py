@@ -56,6 +56,7 @@ def test_explain_writes_manifest_arrays_figures(ckpts: dict[str, Path], tmp_path
 def test_models_lists_embedded(capsys: pytest.CaptureFixture) -> None:
     rc, out, _ = run(capsys, "models")
     assert rc == 0 and "minilm-sentiment" in out and "smollm2-135m" in out
+    assert out.count("(default)") == 1 and "minilm-sentiment" in out.splitlines()[0]
 
 
 def test_methods_lists_every_method_with_its_parameters(capsys: pytest.CaptureFixture) -> None:
