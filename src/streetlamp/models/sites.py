@@ -63,6 +63,10 @@ FAMILIES: dict[str, Family] = {
     "llama": Family("llama", **_LLAMA),
     "mistral": Family("mistral", **_LLAMA),
     "qwen2": Family("qwen2", **_LLAMA),
+    "qwen3": Family("qwen3", **_LLAMA),  # q_norm / k_norm act before the attention function
+    "phi3": Family("phi3", **_LLAMA),  # fused qkv_proj and gate_up_proj; o_proj and down_proj as Llama's
+    "gemma2": Family("gemma2", **_LLAMA),  # mlp.out is down_proj, before post_feedforward_layernorm
+    "gemma3_text": Family("gemma3_text", **_LLAMA),  # Gemma3ForCausalLM (text only)
     "vit": Family("vit", layers="encoder.layer", attn="attention.attention", o_proj="attention.output.dense",
                   mlp_out="output.dense", embed="embeddings.patch_embeddings"),
 }
