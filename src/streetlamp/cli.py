@@ -82,6 +82,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     mparams = parse_method_params(args.method_params, methods)
     adapter = load(args.model)
     adapter.to(args.device, args.dtype)
+    from .models.memory import check_memory
+    check_memory(adapter, max(adapter.encode(args.text, truncate=args.truncate).lengths), args.force)
     target = Target(parse_target(adapter, args.target),
                     parse_target(adapter, args.contrast) if args.contrast else None, args.quantity)
     res = explain(adapter, args.text, out, target=target, layer=args.layer, head=args.head, methods=methods,
@@ -108,6 +110,8 @@ def cmd_explain_generation(args: argparse.Namespace) -> int:
                                     ["integrated_gradients"], "--ig-params").get("integrated_gradients", {})
     adapter = load(args.model)
     adapter.to(args.device, args.dtype)
+    from .models.memory import check_memory
+    check_memory(adapter, max(adapter.encode(args.prompt).lengths) + args.new_tokens, args.force, record_attention=False)
     res = explain_generation(adapter, args.prompt, out, new_tokens=args.new_tokens, quantity=args.quantity,
                              overwrite=args.overwrite, batch_size=args.batch_size, seed=args.seed,
                              ig_params=ig_params)
@@ -284,8 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--batch-size", type=int, default=None, help="token budget knob for batched methods")
     s.add_argument("--device", default="cpu", help="cpu, cuda, cuda:0 ...")
-    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="model weights' dtype (bfloat16 for GPUs; scores are returned as float32)")
+    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="model weights' dtype (bfloat16/float16 for GPUs; scores are returned as float32)")
+    s.add_argument("--force", action="store_true", help="run even when the memory estimate says it will not fit")
     s.add_argument("--method-params", default=None,
                    help='JSON per method, e.g. \'{"occlusion": {"replacement": "unk", "group": "word"}, '
                         '"integrated_gradients": {"baseline": "mask", "rule": "panels"}}\'')
@@ -302,7 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--batch-size", type=int, default=None, help="token budget per forward pass")
     s.add_argument("--device", default="cpu")
-    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    s.add_argument("--force", action="store_true", help="run even when the memory estimate says it will not fit")
     s.set_defaults(func=cmd_explain_generation)
     s = sub.add_parser("heads", help="ablate every head (zero/mean/resample); with --data also importance, "
                        "attention attribution and attention mass")
