@@ -46,6 +46,8 @@ def hand_values(twin: torch.nn.Module, layer: torch.nn.Module, h: torch.Tensor) 
         v, wo = layer.attention.v_lin(h), layer.attention.out_lin.weight.t()
     elif t == "gpt2":
         v, wo = layer.attn.c_attn(layer.ln_1(h))[:, 2 * d:], layer.attn.c_proj.weight
+    elif t == "modernbert":  # fused Wqkv: [q, k, v], each d wide
+        v, wo = layer.attn.Wqkv(layer.attn_norm(h))[:, 2 * d:], layer.attn.Wo.weight.t()
     else:
         kv = cfg.num_key_value_heads
         hn = layer.input_layernorm(h)
@@ -136,7 +138,7 @@ def _block_outputs(twin: torch.nn.Module, enc) -> list[torch.Tensor]:  # noqa: A
             # Gemma's post_attention_layernorm normalises the attention output; the residual sum
             # enters pre_feedforward_layernorm
             mod = (layer.ln_2 if t == "gpt2" else layer.pre_feedforward_layernorm if t.startswith("gemma")
-                   else layer.post_attention_layernorm)
+                   else layer.mlp_norm if t == "modernbert" else layer.post_attention_layernorm)
             handles.append(mod.register_forward_pre_hook(lambda m, a: got.append(a[0][0].detach())))
     try:
         with torch.no_grad():

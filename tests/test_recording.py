@@ -14,8 +14,8 @@ from .conftest import TEXTS, eager_twin
 
 def layer_window(adapter: ModelAdapter, layer: int) -> int | None:
     """The sliding window of ``layer`` read from the config (independently of the mask code):
-    ``layer_types`` says which layers slide (Gemma, Qwen2/3); without it every layer does when
-    ``sliding_window`` is set (Mistral, Phi-3)."""
+    ``layer_types`` says which layers slide (Gemma, Qwen2/3, ModernBERT); without it every layer does
+    when ``sliding_window`` is set (Mistral, Phi-3)."""
     cfg = adapter.hf_model.config
     window = getattr(cfg, "sliding_window", None)
     types = getattr(cfg, "layer_types", None)
@@ -25,12 +25,12 @@ def layer_window(adapter: ModelAdapter, layer: int) -> int | None:
 
 
 def expected_allowed(adapter: ModelAdapter, n: int, layer: int) -> torch.Tensor:
-    """``[n, n]``: every key for an encoder; keys j <= i for a decoder, and i - j < window in a sliding layer."""
-    if adapter.kind != "causal_lm":
-        return torch.ones(n, n, dtype=torch.bool)
+    """``[n, n]``: every key for an encoder; keys j <= i for a decoder; and within the window in a sliding layer."""
     i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
-    ok = j <= i
     window = layer_window(adapter, layer)
+    if adapter.kind != "causal_lm":  # ModernBERT's local layers: |i - j| <= sliding_window (= local_attention / 2)
+        return (i - j).abs() <= window if window is not None else torch.ones(n, n, dtype=torch.bool)
+    ok = j <= i
     return ok & (i - j < window) if window is not None else ok
 
 

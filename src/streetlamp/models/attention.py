@@ -1,7 +1,7 @@
 """The one attention function streetlamp registers with transformers.
 
 Every supported family (BERT, RoBERTa, DistilBERT, GPT-2, Llama, Mistral, Qwen2/3, Phi-3, Gemma 2/3,
-ViT) calls its attention
+ModernBERT, ViT) calls its attention
 through ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]``. Registering this function (and
 the eager mask builder under the same name, so masks arrive as additive float tensors) lets one
 piece of code record and intervene on attention for all of them.
@@ -20,7 +20,8 @@ Keyword arguments transformers passes and how they are honoured (as in Hugging F
 absent); ``softcap`` caps the scaled scores as ``softcap * tanh(scores / softcap)`` *before* the mask
 is added (Gemma 2); ``sliding_window`` is already inside the per-layer mask transformers builds for
 sliding layers (through the mask builder registered below), and is applied here only when no mask
-arrives (query i then sees keys i - window + 1 .. i).
+arrives (a causal query i then sees keys i - window + 1 .. i; a bidirectional one keys with
+|i - j| < window).
 """
 from __future__ import annotations
 
@@ -84,8 +85,10 @@ def streetlamp_attention(
         if (causal and q_len > 1) or sliding_window:
             full = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device)
             allowed = (full.tril(k_len - q_len) if causal else full)
-            if sliding_window:
+            if sliding_window and causal:
                 allowed = allowed & full.triu(k_len - q_len - int(sliding_window) + 1)
+            elif sliding_window:  # bidirectional (ModernBERT's local layers): |i - j| < window
+                allowed = full.triu(1 - int(sliding_window)).tril(int(sliding_window) - 1)
             allowed = allowed[None, None]
             scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
     # float32 at least (as HF upcasts bfloat16/float16), float64 kept when the model runs in float64

@@ -48,6 +48,7 @@ DECOMPOSE: dict[str, NormPlacement] = {
     "qwen2": NormPlacement("pre", "input_layernorm", "rmsnorm"),
     "qwen3": NormPlacement("pre", "input_layernorm", "rmsnorm"),  # q/k norms do not touch the values
     "phi3": NormPlacement("pre", "input_layernorm", "rmsnorm"),
+    "modernbert": NormPlacement("pre", "attn_norm", "layernorm"),  # layer 0's attn_norm is the identity
     "gemma2": NormPlacement("sandwich", "post_attention_layernorm", "rmsnorm_1p"),
     "gemma3_text": NormPlacement("sandwich", "post_attention_layernorm", "rmsnorm_1p"),
 }

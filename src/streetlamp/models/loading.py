@@ -18,7 +18,7 @@ from ..errors import StreetlampError
 from . import attention
 from .adapter import ModelAdapter
 from .minilm import MissingPackageError, build_minilm_classifier, package_dir
-from .sites import FAMILIES
+from .sites import FAMILIES, unsupported_message
 
 SMOLLM_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -139,8 +139,7 @@ def load_checkpoint(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
     except (ValueError, OSError) as e:
         raise StreetlampError(f"cannot read {path / 'config.json'}: {e}".splitlines()[0]) from None
     if config.model_type not in FAMILIES:
-        raise StreetlampError(f"model type {config.model_type!r} is not supported; supported: "
-                              f"{', '.join(sorted(FAMILIES))}")
+        raise StreetlampError(unsupported_message(config.model_type))
     archs = config.architectures or []
     if any(a.endswith("ForSequenceClassification") for a in archs):
         auto = AutoModelForSequenceClassification

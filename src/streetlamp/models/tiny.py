@@ -12,7 +12,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import (BertConfig, BertForSequenceClassification, DistilBertConfig,
                           DistilBertForSequenceClassification, Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM,
                           Gemma3TextConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
-                          MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM, PreTrainedModel,
+                          MistralConfig, MistralForCausalLM, ModernBertConfig, ModernBertForSequenceClassification, Phi3Config, Phi3ForCausalLM, PreTrainedModel,
                           PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
                           RobertaConfig, RobertaForSequenceClassification)
 
@@ -20,7 +20,7 @@ WORDS = ("the a movie film was is not good bad great terrible acting plot but an
          "i loved hated it story boring fun to of when mary john went store gave drink paris "
          "capital france berlin germany nurse doctor said that he she". split())
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-FAMILY_KINDS = {"bert": "classifier", "roberta": "classifier", "distilbert": "classifier",
+FAMILY_KINDS = {"bert": "classifier", "roberta": "classifier", "distilbert": "classifier", "modernbert": "classifier",
                 "gpt2": "causal_lm", "llama": "causal_lm", "qwen2": "causal_lm", "qwen3": "causal_lm",
                 "mistral": "causal_lm", "phi3": "causal_lm", "gemma2": "causal_lm", "gemma3_text": "causal_lm"}
 # Sliding-window size of the tiny Mistral and Gemma configs: shorter than the test texts, so the
@@ -100,6 +100,15 @@ def tiny_model(family: str, seed: int = 0, layers: int = 2, heads: int = 4, d_mo
         if family == "roberta":
             cfg.pad_token_id = 0
         model = cls_m(cfg)
+    elif family == "modernbert":
+        # layer 0 global, layer 1 local: a bidirectional window |i - j| <= local_attention / 2 = 2;
+        # [CLS] pooling (its default); the tokenizer's [CLS]/[SEP]/[PAD]/[MASK] ids in the config
+        cfg = ModernBertConfig(hidden_size=d_model, num_hidden_layers=layers, num_attention_heads=heads,
+                               intermediate_size=2 * d_model, max_position_embeddings=64, local_attention=TINY_WINDOW,
+                               global_attn_every_n_layers=2, initializer_range=0.2, cls_token_id=tok.cls_token_id,
+                               sep_token_id=tok.sep_token_id, bos_token_id=tok.cls_token_id,
+                               eos_token_id=tok.sep_token_id, **common)
+        model = ModernBertForSequenceClassification(cfg)
     elif family == "distilbert":
         cfg = DistilBertConfig(dim=d_model, n_layers=layers, n_heads=heads, hidden_dim=2 * d_model,
                                max_position_embeddings=64, **common)
