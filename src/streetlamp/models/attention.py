@@ -91,9 +91,9 @@ def streetlamp_attention(
                 allowed = full.triu(1 - int(sliding_window)).tril(int(sliding_window) - 1)
             allowed = allowed[None, None]
             scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    # float32 at least (as HF upcasts bfloat16/float16), float64 kept when the model runs in float64
-    probs = nn.functional.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
-    probs = probs.to(query.dtype)
+    # softmax in float32 (as Hugging Face's eager path), or float64 when the model runs in double
+    probs = nn.functional.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)
+                                  ).to(query.dtype)
     probs = nn.functional.dropout(probs, p=dropout, training=module.training)
     if layer is not None:
         assert session is not None
