@@ -31,7 +31,7 @@ def _layers(twin: torch.nn.Module) -> list[torch.nn.Module]:
     t = twin.config.model_type
     return list({"bert": lambda: base.encoder.layer, "roberta": lambda: base.encoder.layer,
                  "distilbert": lambda: base.transformer.layer, "gpt2": lambda: base.h,
-                 "llama": lambda: base.layers}[t]())
+                 }.get(t, lambda: base.layers)())  # Llama, Mistral, Qwen, Phi-3, Gemma: base.layers
 
 
 def hand_values(twin: torch.nn.Module, layer: torch.nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,9 +46,16 @@ def hand_values(twin: torch.nn.Module, layer: torch.nn.Module, h: torch.Tensor) 
         v, wo = layer.attention.v_lin(h), layer.attention.out_lin.weight.t()
     elif t == "gpt2":
         v, wo = layer.attn.c_attn(layer.ln_1(h))[:, 2 * d:], layer.attn.c_proj.weight
+    elif t == "modernbert":  # fused Wqkv: [q, k, v], each d wide
+        v, wo = layer.attn.Wqkv(layer.attn_norm(h))[:, 2 * d:], layer.attn.Wo.weight.t()
     else:
         kv = cfg.num_key_value_heads
-        v = layer.self_attn.v_proj(layer.input_layernorm(h)).reshape(h.shape[0], kv, -1)
+        hn = layer.input_layernorm(h)
+        if t == "phi3":  # fused qkv_proj: [q (heads x dh), k (kv x dh), v (kv x dh)]
+            v = layer.self_attn.qkv_proj(hn)[:, -kv * layer.self_attn.head_dim:]
+        else:
+            v = layer.self_attn.v_proj(hn)
+        v = v.reshape(h.shape[0], kv, -1)
         v = v.repeat_interleave(n_heads // kv, dim=1).reshape(h.shape[0], -1)
         wo = layer.self_attn.o_proj.weight.t()
     dh = v.shape[-1] // n_heads
@@ -119,7 +126,7 @@ def test_rollout_hand_worked() -> None:
 
 def _block_outputs(twin: torch.nn.Module, enc) -> list[torch.Tensor]:  # noqa: ANN001
     """The attention block's real output per layer, hooked on the HF modules of the eager twin:
-    post-LN: the output of the attention LayerNorm; pre-LN: the input of the second norm."""
+    post-LN: the output of the attention LayerNorm; pre-LN and sandwich: the input of the norm before the MLP."""
     t = twin.config.model_type
     got: list[torch.Tensor] = []
     handles = []
@@ -128,7 +135,10 @@ def _block_outputs(twin: torch.nn.Module, enc) -> list[torch.Tensor]:  # noqa: A
             mod = layer.attention.output.LayerNorm if t != "distilbert" else layer.sa_layer_norm
             handles.append(mod.register_forward_hook(lambda m, a, o: got.append(o[0].detach())))
         else:
-            mod = layer.ln_2 if t == "gpt2" else layer.post_attention_layernorm
+            # Gemma's post_attention_layernorm normalises the attention output; the residual sum
+            # enters pre_feedforward_layernorm
+            mod = (layer.ln_2 if t == "gpt2" else layer.pre_feedforward_layernorm if t.startswith("gemma")
+                   else layer.mlp_norm if t == "modernbert" else layer.post_attention_layernorm)
             handles.append(mod.register_forward_pre_hook(lambda m, a: got.append(a[0][0].detach())))
     try:
         with torch.no_grad():

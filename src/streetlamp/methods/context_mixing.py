@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from ..batching import chunks, group_by_budget
 from ..errors import StreetlampError
 from ..models.adapter import Inputs, ModelAdapter, Target, at_least_float32
-from ..models.attention_block import output_weights, placement, post_norm
+from ..models.attention_block import output_weights, placement, post_norm, sandwich_norm
 from ..results import Explanation
 from .base import Method
 
@@ -180,6 +180,10 @@ def alti_layer(adapter: ModelAdapter, cache: dict, k: int, n: int, layer: int,
       LMs): no norm follows the sum, so ``y_i = x_i + Attn(LN(x))_i`` (the residual stream after
       attention), ``T_i = T̂_i`` and ``bias = b_O``; the pre-attention norm acts on each x_j alone,
       so it stays inside ``f_h`` (exactly as b_V does in the paper), no linearisation needed.
+    * sandwich (Gemma 2/3; adaptation): ``y_i = x_i + N(Attn(RMSNorm(x))_i)`` with a second RMSNorm
+      ``N(u) = gain ⊙ u / rms(u)`` on the attention output; like post-LN, N is linear given the
+      query's own ``rms_i``, so ``T_i(x_j) = gain ⊙ Σ_h A[h,i,j] f_h(x_j) / rms_i + [i = j] x_i`` and
+      ``bias = gain ⊙ b_O / rms_i``, exactly.
     """
     place = placement(adapter)
     w_o, b_o = output_weights(adapter, layer)
@@ -200,15 +204,30 @@ def alti_layer(adapter: ModelAdapter, cache: dict, k: int, n: int, layer: int,
         y = torch.nn.functional.layer_norm(z, (z.shape[-1],), gamma, beta, eps)
         g, x_hat = lin(g), lin(x)
         bias = lin(bias) / sigma + beta
+    elif place.placement == "sandwich":
+        # y_i = x_i + N(o_i), N(u) = gain ⊙ u / rms(u): linear given the query's own
+        # rms_i = sqrt(mean(o_i²) + eps), so the attention terms are scaled by gain / rms_i while the
+        # residual x_i is not (it bypasses the norm); o_i = Σ_j Σ_h A f_h(x_j) + b_O
+        gain, eps = sandwich_norm(adapter, layer)
+        gain = gain.to(dev)
+        rms = (attn_out.pow(2).mean(-1) + eps).sqrt()[:, None]  # [query, 1]
+        y = x + attn_out * gain / rms
+        g = g * gain
+        bias = bias * gain / rms
+        sigma = torch.ones(n, 1, device=dev)
+        scale = rms
+        x_hat = x
     else:
         sigma = torch.ones(n, 1, device=dev)
         y, x_hat = z, x
+    if place.placement != "sandwich":
+        scale = torch.ones(n, 1, device=dev)
     d = g.shape[-1]
     step = max(1, chunk_elems // max(1, n * d))
     contrib, ts = [], []
     for s in range(0, n, step):
         rows = slice(s, min(n, s + step))
-        t = torch.einsum("hij,jhd->ijd", a[:, rows], g)
+        t = torch.einsum("hij,jhd->ijd", a[:, rows], g) / scale[rows, None]
         idx = torch.arange(rows.start, rows.stop, device=dev)
         t[idx - rows.start, idx] += x_hat[idx]
         t = t / sigma[rows, None]

@@ -415,6 +415,11 @@ class ModelAdapter:
             past = DynamicCache(ddp_cache_data=[(k[:, :, :start].expand(rows, -1, -1, -1),
                                                  v[:, :, :start].expand(rows, -1, -1, -1)) for k, v in cache])
             full_mask = torch.cat([torch.ones(rows, start, dtype=mask.dtype), mask], 1)
+        elif keep_cache:
+            # a cache without the config keeps every position in every layer: with the config, sliding-window
+            # layers (Gemma, Mistral) would keep only the last window's keys, and the prefix cropped above
+            # (the first ``start`` positions) would be the wrong ones; the window stays in the mask
+            past = DynamicCache()
         base = self.hf_model.base_model
         name = cache_keyword(type(base))
         out = base(input_ids=ids.to(dev), attention_mask=full_mask.to(dev),
@@ -422,6 +427,9 @@ class ModelAdapter:
         last = mask.sum(1).to(dev) - 1
         hidden = out.last_hidden_state[torch.arange(rows, device=dev), last]
         logits = self.hf_model.get_output_embeddings()(hidden)
+        cap = getattr(self.hf_model.config, "final_logit_softcapping", None)
+        if cap:  # Gemma 2/3 cap the LM head's logits as the model's own forward does
+            logits = torch.tanh(logits / cap) * cap
         new_cache = [(layer.keys, layer.values) for layer in getattr(out, name).layers] if keep_cache else []
         return logits, new_cache
 

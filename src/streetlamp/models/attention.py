@@ -1,6 +1,7 @@
 """The one attention function streetlamp registers with transformers.
 
-Every supported family (BERT, RoBERTa, DistilBERT, GPT-2, Llama-family, ViT) calls its attention
+Every supported family (BERT, RoBERTa, DistilBERT, GPT-2, Llama, Mistral, Qwen2/3, Phi-3, Gemma 2/3,
+ModernBERT, ViT) calls its attention
 through ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]``. Registering this function (and
 the eager mask builder under the same name, so masks arrive as additive float tensors) lets one
 piece of code record and intervene on attention for all of them.
@@ -13,6 +14,14 @@ Outside an active :class:`~streetlamp.models.trace.Session` it is a plain eager 
   (per *query* head for grouped-query attention);
 * ``layers.{l}.attn.z`` -- per-head context vectors ``[batch, pos, head, d_head]``, before the
   output projection.
+
+Keyword arguments transformers passes and how they are honoured (as in Hugging Face's eager code):
+``scaling`` multiplies the scores (Gemma's ``query_pre_attn_scalar ** -0.5``; 1/sqrt(d_head) when
+absent); ``softcap`` caps the scaled scores as ``softcap * tanh(scores / softcap)`` *before* the mask
+is added (Gemma 2); ``sliding_window`` is already inside the per-layer mask transformers builds for
+sliding layers (through the mask builder registered below), and is applied here only when no mask
+arrives (a causal query i then sees keys i - window + 1 .. i; a bidirectional one keys with
+|i - j| < window).
 """
 from __future__ import annotations
 
@@ -42,6 +51,8 @@ def streetlamp_attention(
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
+    softcap: float | None = None,
+    sliding_window: int | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if scaling is None:
@@ -58,6 +69,8 @@ def streetlamp_attention(
         if v_new is not v:
             value = v_new.transpose(1, 2)
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     q_len, k_len = query.shape[-2], key.shape[-2]
     if attention_mask is not None:
         if attention_mask.dtype == torch.bool:
@@ -68,8 +81,15 @@ def streetlamp_attention(
             allowed = attention_mask[:, :, :, :k_len] > torch.finfo(attention_mask.dtype).min / 2
     else:
         allowed = torch.ones(1, 1, q_len, k_len, dtype=torch.bool, device=query.device)
-        if getattr(module, "is_causal", False) and q_len > 1:
-            allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril(k_len - q_len)[None, None]
+        causal = getattr(module, "is_causal", False)
+        if (causal and q_len > 1) or sliding_window:
+            full = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device)
+            allowed = (full.tril(k_len - q_len) if causal else full)
+            if sliding_window and causal:
+                allowed = allowed & full.triu(k_len - q_len - int(sliding_window) + 1)
+            elif sliding_window:  # bidirectional (ModernBERT's local layers): |i - j| < window
+                allowed = full.triu(1 - int(sliding_window)).tril(int(sliding_window) - 1)
+            allowed = allowed[None, None]
             scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
     # softmax in float32 (as Hugging Face's eager path), or float64 when the model runs in double
     probs = nn.functional.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)
@@ -77,7 +97,7 @@ def streetlamp_attention(
     probs = nn.functional.dropout(probs, p=dropout, training=module.training)
     if layer is not None:
         assert session is not None
-        session.note_allowed(allowed, query.shape[0])
+        session.note_allowed(allowed, query.shape[0], layer)
         probs = session.site(f"layers.{layer}.attn.pattern", probs)
     out = torch.matmul(probs, value).transpose(1, 2).contiguous()
     if layer is not None:

@@ -6,8 +6,10 @@ the value bias b_V and, for pre-LN families, *after* the pre-attention LayerNorm
 the attention block's output (``layers.{l}.attn.out``, with b_O). What they do not give is:
 
 * where the LayerNorm around the attention block sits: **post-LN** (BERT, RoBERTa, DistilBERT:
-  ``LN(x + Attn(x))``) or **pre-LN** (GPT-2: LayerNorm; Llama family: RMSNorm:
-  ``x + Attn(LN(x))``), and for post-LN the norm's gamma, beta and eps;
+  ``LN(x + Attn(x))``), **pre-LN** (GPT-2: LayerNorm; Llama family: RMSNorm:
+  ``x + Attn(LN(x))``) or **sandwich** (Gemma 2 and 3: ``x + N(Attn(RMSNorm(x)))``, a second RMSNorm
+  on the attention output before the residual add), and for post-LN / sandwich the norm's
+  parameters;
 * W_O per head (``sites.output_matrix``) and b_O.
 
 This module is that table plus three small accessors; nothing else touches module paths.
@@ -33,9 +35,9 @@ class NormPlacement:
     relative to a layer module (applied to ``x + Attn`` when post-LN, to ``x`` when pre-LN);
     ``kind``: ``layernorm`` (mean-centred, gamma, beta) or ``rmsnorm`` (gamma only)."""
 
-    placement: Literal["post", "pre"]
+    placement: Literal["post", "pre", "sandwich"]
     attn_norm: str
-    kind: Literal["layernorm", "rmsnorm"]
+    kind: Literal["layernorm", "rmsnorm", "rmsnorm_1p"]  # rmsnorm_1p: Gemma's gain (1 + w)
 
 
 DECOMPOSE: dict[str, NormPlacement] = {
@@ -46,6 +48,11 @@ DECOMPOSE: dict[str, NormPlacement] = {
     "llama": NormPlacement("pre", "input_layernorm", "rmsnorm"),
     "mistral": NormPlacement("pre", "input_layernorm", "rmsnorm"),
     "qwen2": NormPlacement("pre", "input_layernorm", "rmsnorm"),
+    "qwen3": NormPlacement("pre", "input_layernorm", "rmsnorm"),  # q/k norms do not touch the values
+    "phi3": NormPlacement("pre", "input_layernorm", "rmsnorm"),
+    "modernbert": NormPlacement("pre", "attn_norm", "layernorm"),  # layer 0's attn_norm is the identity
+    "gemma2": NormPlacement("sandwich", "post_attention_layernorm", "rmsnorm_1p"),
+    "gemma3_text": NormPlacement("sandwich", "post_attention_layernorm", "rmsnorm_1p"),
 }
 
 
@@ -81,3 +88,14 @@ def post_norm(adapter: "ModelAdapter", layer: int) -> tuple[torch.Tensor, torch.
     ln = _module(adapter.layer_modules[layer], p.attn_norm)
     eps = float(getattr(ln, "eps", None) or getattr(ln, "variance_epsilon"))
     return at_least_float32(ln.weight.detach()), at_least_float32(ln.bias.detach()), eps
+
+
+def sandwich_norm(adapter: "ModelAdapter", layer: int) -> tuple[torch.Tensor, float]:
+    """Gain ``[d_model]`` (float32; ``1 + w`` for Gemma) and eps of the RMSNorm applied to the
+    attention output before the residual add (sandwich placement only)."""
+    p = placement(adapter)
+    if p.placement != "sandwich":
+        raise StreetlampError(f"family {adapter.family.name!r} has no norm on the attention output")
+    n = _module(adapter.layer_modules[layer], p.attn_norm)
+    w = at_least_float32(n.weight.detach())
+    return (1.0 + w if p.kind == "rmsnorm_1p" else w), float(n.eps)

@@ -63,9 +63,36 @@ FAMILIES: dict[str, Family] = {
     "llama": Family("llama", **_LLAMA),
     "mistral": Family("mistral", **_LLAMA),
     "qwen2": Family("qwen2", **_LLAMA),
+    "qwen3": Family("qwen3", **_LLAMA),  # q_norm / k_norm act before the attention function
+    "phi3": Family("phi3", **_LLAMA),  # fused qkv_proj and gate_up_proj; o_proj and down_proj as Llama's
+    "gemma2": Family("gemma2", **_LLAMA),  # mlp.out is down_proj, before post_feedforward_layernorm
+    "gemma3_text": Family("gemma3_text", **_LLAMA),  # Gemma3ForCausalLM (text only)
+    # ModernBERT: fused Wqkv; W_O is attn.Wo, the MLP's last linear mlp.Wo; alternating global and
+    # local (bidirectional sliding-window) layers
+    "modernbert": Family("modernbert", layers="layers", attn="attn", o_proj="attn.Wo", mlp_out="mlp.Wo",
+                         embed="embeddings.tok_embeddings"),
     "vit": Family("vit", layers="encoder.layer", attn="attention.attention", o_proj="attention.output.dense",
                   mlp_out="output.dense", embed="embeddings.patch_embeddings"),
 }
+
+
+# Families whose attention transformers 5 does not compute through ALL_ATTENTION_FUNCTIONS (so ours
+# cannot be registered), or that need inputs streetlamp does not model yet: the reason is the error.
+UNSUPPORTED: dict[str, str] = {
+    "deberta": "DeBERTa's disentangled attention (content-to-content plus content-to-position and "
+               "position-to-content scores from relative-position embeddings) is computed inside its own "
+               "module in transformers 5, not through ALL_ATTENTION_FUNCTIONS, so streetlamp cannot record "
+               "or edit it",
+    "t5": "encoder-decoder models (T5, BART) are not supported yet",
+    "bart": "encoder-decoder models (T5, BART) are not supported yet",
+}
+UNSUPPORTED["deberta-v2"] = UNSUPPORTED["deberta"]
+
+
+def unsupported_message(model_type: str) -> str:
+    """One line: why ``model_type`` cannot be loaded, and the supported families."""
+    why = UNSUPPORTED.get(model_type, "not supported")
+    return f"model type {model_type!r}: {why}; supported: {', '.join(sorted(FAMILIES))}"
 
 
 def site_names(n_layers: int) -> list[str]:

@@ -10,16 +10,37 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import (BertConfig, BertForSequenceClassification, DistilBertConfig,
-                          DistilBertForSequenceClassification, GPT2Config, GPT2LMHeadModel, LlamaConfig,
-                          LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast, RobertaConfig,
-                          RobertaForSequenceClassification)
+                          DistilBertForSequenceClassification, Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM,
+                          Gemma3TextConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+                          MistralConfig, MistralForCausalLM, ModernBertConfig, ModernBertForSequenceClassification, Phi3Config, Phi3ForCausalLM, PreTrainedModel,
+                          PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                          RobertaConfig, RobertaForSequenceClassification)
 
 WORDS = ("the a movie film was is not good bad great terrible acting plot but and very really "
          "i loved hated it story boring fun to of when mary john went store gave drink paris "
          "capital france berlin germany nurse doctor said that he she". split())
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-FAMILY_KINDS = {"bert": "classifier", "roberta": "classifier", "distilbert": "classifier",
-                "gpt2": "causal_lm", "llama": "causal_lm"}
+FAMILY_KINDS = {"bert": "classifier", "roberta": "classifier", "distilbert": "classifier", "modernbert": "classifier",
+                "gpt2": "causal_lm", "llama": "causal_lm", "qwen2": "causal_lm", "qwen3": "causal_lm",
+                "mistral": "causal_lm", "phi3": "causal_lm", "gemma2": "causal_lm", "gemma3_text": "causal_lm"}
+# Sliding-window size of the tiny Mistral and Gemma configs: shorter than the test texts, so the
+# window mask matters (a 4-token window lets query i see keys i-3 .. i).
+TINY_WINDOW = 4
+
+# Special tokens of the tiny decoders, per family: which of bos/eos/pad/unk/mask exist and whether
+# the tokenizer prepends BOS follow the family's published tokenizers, so the methods' fallbacks
+# (a [MASK] stand-in, the pad token, BOS as the empty context) are exercised as on the real models:
+# Qwen has no BOS, unk or mask and pads with <|endoftext|>; Mistral prepends <s> and has no pad (the
+# adapter pads with EOS); Phi-3 pads with <|endoftext|>; Gemma prepends <bos> (its models expect it).
+# (token names, prepend BOS)
+DECODER_SPECIALS: dict[str, tuple[dict[str, str], bool]] = {
+    "qwen2": ({"eos": "<|endoftext|>", "pad": "<|endoftext|>"}, False),
+    "qwen3": ({"eos": "<|endoftext|>", "pad": "<|endoftext|>"}, False),
+    "mistral": ({"bos": "<s>", "eos": "</s>", "unk": "<unk>"}, True),
+    "phi3": ({"bos": "<s>", "eos": "<|endoftext|>", "unk": "<unk>", "pad": "<|endoftext|>"}, False),
+    "gemma2": ({"bos": "<bos>", "eos": "<eos>", "unk": "<unk>", "pad": "<pad>"}, True),
+    "gemma3_text": ({"bos": "<bos>", "eos": "<eos>", "unk": "<unk>", "pad": "<pad>"}, True),
+}
 
 
 def tiny_tokenizer(encoder: bool) -> PreTrainedTokenizerFast:
@@ -35,12 +56,37 @@ def tiny_tokenizer(encoder: bool) -> PreTrainedTokenizerFast:
                                    eos_token="[SEP]", bos_token="[CLS]", mask_token="[MASK]")
 
 
+def family_tokenizer(family: str) -> PreTrainedTokenizerFast:
+    """The tiny word-level tokenizer with ``family``'s special-token layout (see DECODER_SPECIALS)."""
+    if family not in DECODER_SPECIALS:
+        return tiny_tokenizer(encoder=FAMILY_KINDS[family] == "classifier")
+    names, prepend_bos = DECODER_SPECIALS[family]
+    specials = list(dict.fromkeys(names.values()))
+    # words the tokenizer cannot split go to an unknown id; families without <unk> still need one
+    # for the word-level model, kept as an ordinary (non-special) vocabulary entry
+    unk = names.get("unk", "<unk-word>")
+    vocab = {t: i for i, t in enumerate(specials + ([unk] if unk not in specials else []) + list(WORDS)
+                                        + [",", ".", "!"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=unk))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace()])
+    if prepend_bos:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{names['bos']} $A", special_tokens=[(names["bos"], vocab[names["bos"]])])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **{f"{k}_token": v for k, v in names.items()})
+
+
+def _decoder_ids(tok: PreTrainedTokenizerFast) -> dict[str, int | None]:
+    return {"pad_token_id": tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+            "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
+
+
 def tiny_model(family: str, seed: int = 0, layers: int = 2, heads: int = 4, d_model: int = 32,
                attn_implementation: str = "eager") -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """A randomly initialised model of ``family`` (classifier for encoders, causal LM for decoders)."""
     torch.manual_seed(seed)
-    kind = FAMILY_KINDS[family]
-    tok = tiny_tokenizer(encoder=kind == "classifier")
+    if family not in FAMILY_KINDS:
+        raise ValueError(f"no tiny model for family {family!r}; have {sorted(FAMILY_KINDS)}")
+    tok = family_tokenizer(family)
     v = len(tok)
     common = dict(vocab_size=v, num_labels=3, id2label={0: "neg", 1: "neu", 2: "pos"},
                   label2id={"neg": 0, "neu": 1, "pos": 2}, pad_token_id=0)
@@ -54,6 +100,15 @@ def tiny_model(family: str, seed: int = 0, layers: int = 2, heads: int = 4, d_mo
         if family == "roberta":
             cfg.pad_token_id = 0
         model = cls_m(cfg)
+    elif family == "modernbert":
+        # layer 0 global, layer 1 local: a bidirectional window |i - j| <= local_attention / 2 = 2;
+        # [CLS] pooling (its default); the tokenizer's [CLS]/[SEP]/[PAD]/[MASK] ids in the config
+        cfg = ModernBertConfig(hidden_size=d_model, num_hidden_layers=layers, num_attention_heads=heads,
+                               intermediate_size=2 * d_model, max_position_embeddings=64, local_attention=TINY_WINDOW,
+                               global_attn_every_n_layers=2, initializer_range=0.2, cls_token_id=tok.cls_token_id,
+                               sep_token_id=tok.sep_token_id, bos_token_id=tok.cls_token_id,
+                               eos_token_id=tok.sep_token_id, **common)
+        model = ModernBertForSequenceClassification(cfg)
     elif family == "distilbert":
         cfg = DistilBertConfig(dim=d_model, n_layers=layers, n_heads=heads, hidden_dim=2 * d_model,
                                max_position_embeddings=64, **common)
@@ -68,10 +123,46 @@ def tiny_model(family: str, seed: int = 0, layers: int = 2, heads: int = 4, d_mo
                           max_position_embeddings=64, vocab_size=v, pad_token_id=0, bos_token_id=2,
                           eos_token_id=3, tie_word_embeddings=False)
         model = LlamaForCausalLM(cfg)
+    elif family in DECODER_SPECIALS:
+        model = _modern_decoder(family, tok, layers, heads, d_model)
     else:
         raise ValueError(f"no tiny model for family {family!r}; have {sorted(FAMILY_KINDS)}")
     model.set_attn_implementation(attn_implementation)
     return model.eval(), tok
+
+
+def _modern_decoder(family: str, tok: PreTrainedTokenizerFast, layers: int, heads: int,
+                    d_model: int) -> PreTrainedModel:
+    """Qwen2, Qwen3, Mistral, Phi-3, Gemma 2 and Gemma 3 (text) at toy size.
+
+    Each config switches on what makes its family different, so the tests see it: Qwen2's q/k/v
+    biases (its default), Qwen3's q/k RMSNorm (default), Mistral's sliding window on every layer,
+    Phi-3's fused qkv_proj and gate_up_proj (its modules), and for Gemma alternating sliding-window
+    and global layers, a query scale from ``query_pre_attn_scalar`` that differs from 1/sqrt(d_head),
+    a head size that is not d_model / heads, attention-logit soft-capping small enough that tanh
+    bends the scores (Gemma 2; Gemma 3 dropped it) and final-logit soft-capping.
+    """
+    kv = max(1, heads // 2)
+    # initializer_range 0.2 (HF's default is 0.02): attention scores of order 1, so patterns are far
+    # from uniform and Gemma's soft-capping (tanh) is not a near-identity on them
+    common = dict(initializer_range=0.2, vocab_size=len(tok), hidden_size=d_model, num_hidden_layers=layers, num_attention_heads=heads,
+                  num_key_value_heads=kv, intermediate_size=2 * d_model, max_position_embeddings=64,
+                  tie_word_embeddings=False, **_decoder_ids(tok))
+    d_head = d_model // heads
+    if family == "qwen2":
+        return Qwen2ForCausalLM(Qwen2Config(**common))
+    if family == "qwen3":
+        return Qwen3ForCausalLM(Qwen3Config(head_dim=d_head, **common))
+    if family == "mistral":
+        return MistralForCausalLM(MistralConfig(head_dim=d_head, sliding_window=TINY_WINDOW, **common))
+    if family == "phi3":
+        return Phi3ForCausalLM(Phi3Config(original_max_position_embeddings=64, **common))
+    types = ["sliding_attention" if l % 2 == 0 else "full_attention" for l in range(layers)]
+    gemma = dict(head_dim=d_head + 4, query_pre_attn_scalar=2 * d_head, sliding_window=TINY_WINDOW,
+                 layer_types=types, final_logit_softcapping=3.0, **common)
+    if family == "gemma2":
+        return Gemma2ForCausalLM(Gemma2Config(attn_logit_softcapping=1.5, **gemma))
+    return Gemma3ForCausalLM(Gemma3TextConfig(**gemma))
 
 
 def save_tiny(family: str, path: str | Path, seed: int = 0, **kw: int) -> Path:

@@ -43,7 +43,9 @@ class Session:
     ``record``: site names or glob patterns to keep in :attr:`cache` (the last forward pass wins).
     ``edit``: site name -> function mapping the activation to its replacement (same shape).
     ``keep_grad``: keep recorded tensors in the autograd graph (for gradients w.r.t. a site).
-    ``cache["allowed"]`` is always filled: ``[batch, query, key]`` bool, the mask the model applied.
+    ``cache["allowed"]`` is always filled: ``[batch, query, key]`` bool, the mask the model applied;
+    where layers differ (sliding-window and global layers) the union over layers: a key is allowed
+    if some layer lets the query see it (a sliding layer's out-of-window weights are exactly 0).
     """
 
     def __init__(self, adapter: "ModelAdapter", record: Iterable[str] = (), edit: dict[str, Edit] | None = None,
@@ -69,9 +71,12 @@ class Session:
     def layer_of(self, module: nn.Module) -> int | None:
         return self._layer_of.get(id(module))
 
-    def note_allowed(self, allowed: torch.Tensor, batch: int) -> None:
+    def note_allowed(self, allowed: torch.Tensor, batch: int, layer: int) -> None:
         a = allowed[:, 0] if allowed.dim() == 4 else allowed
-        self.cache["allowed"] = a.expand(batch, *a.shape[-2:]).detach()
+        a = a.expand(batch, *a.shape[-2:]).detach()
+        prev = self.cache.get("allowed")
+        # layer 0 starts a forward pass; later layers widen it (union over layers)
+        self.cache["allowed"] = a if layer == 0 or prev is None or prev.shape != a.shape else prev | a
 
     def stash_z(self, layer: int, z: torch.Tensor) -> None:
         if layer in self._head_out_layers:
