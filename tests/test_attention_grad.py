@@ -11,7 +11,6 @@ import torch
 
 from streetlamp.errors import StreetlampError
 from streetlamp.methods.attention_grad import AttentionAttribution, AttentionXGradient
-from streetlamp.methods.base import explained_position
 from streetlamp.methods.registry import get_method
 from streetlamp.methods.rollout import GradientRollout
 from streetlamp.models.adapter import ModelAdapter, Target
@@ -68,7 +67,7 @@ def test_attention_x_gradient_matches_eager_autograd(tiny: ModelAdapter) -> None
         want = (a * g).numpy()
         assert np.abs(want).max() > 1e-6  # the check is not vacuous
         np.testing.assert_allclose(e.arrays["attention_x_gradient"], want, atol=1e-6, rtol=1e-3)
-        pos = explained_position(tiny, len(e.tokens))
+        pos = tiny.explained_position(len(e.tokens))
         np.testing.assert_allclose(e.scores, want[-1, :, pos].sum(0), atol=1e-6, rtol=1e-3)
 
 
@@ -83,7 +82,7 @@ def test_gradient_rollout_matches_direct_computation(tiny: ModelAdapter) -> None
             a_bar = (g[l] * a[l]).clamp(min=0).mean(0)
             r = r + a_bar @ r
         np.testing.assert_allclose(exps[b].arrays["matrix"], r.numpy(), atol=1e-6, rtol=1e-4)
-        pos = explained_position(tiny, n)
+        pos = tiny.explained_position(n)
         np.testing.assert_allclose(exps[b].scores, r[pos].numpy(), atol=1e-6, rtol=1e-4)
 
 

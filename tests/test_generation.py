@@ -13,7 +13,7 @@ from streetlamp.methods.gradient import ids_inputs
 from streetlamp.methods.ig import IntegratedGradients
 from streetlamp.models.loading import load
 from streetlamp.models.tiny import save_tiny
-from streetlamp.results import load_arrays
+from streetlamp.store.files import load_arrays
 
 
 @pytest.fixture(scope="module")

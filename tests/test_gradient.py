@@ -12,7 +12,8 @@ from captum.attr._utils.approximation_methods import approximation_parameters
 
 from streetlamp.errors import StreetlampError
 from streetlamp.methods.gradient import GradientXInput, Saliency, embed_ids, ids_inputs
-from streetlamp.methods.ig import IntegratedGradients, PathCache, integrate_adaptive, quadrature
+from streetlamp.methods.ig import IntegratedGradients
+from streetlamp.methods.quadrature import PathCache, integrate_adaptive, quadrature
 from streetlamp.models.adapter import ModelAdapter, Target
 from streetlamp.models.tiny import tiny_model
 
@@ -246,7 +247,7 @@ def test_smollm_shared_sequence(smollm: ModelAdapter) -> None:
 
 
 def test_clenshaw_curtis_rule_exact_and_nested() -> None:
-    from streetlamp.methods.ig import quadrature
+    from streetlamp.methods.quadrature import quadrature
     for n in (1, 2, 5, 16, 33):
         x, w = quadrature("clenshaw_curtis", n)
         assert len(x) == n + 1 and np.all(w > 0)

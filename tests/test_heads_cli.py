@@ -9,7 +9,7 @@ import pytest
 
 from streetlamp.cli import main
 from streetlamp.models.tiny import save_tiny
-from streetlamp.results import load_arrays
+from streetlamp.store.files import load_arrays
 
 
 @pytest.fixture(scope="module")

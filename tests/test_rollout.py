@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from streetlamp.errors import StreetlampError
-from streetlamp.methods.base import explained_position
 from streetlamp.methods.maxflow import layered_max_flow, networkx_graph
 from streetlamp.methods.registry import get_method
 from streetlamp.methods.rollout import Flow, Rollout
@@ -46,7 +45,7 @@ def test_rollout_is_the_product_of_hf_attention(tiny: ModelAdapter, fusion: str)
     for b, text in enumerate(TEXTS):
         want = direct_rollout(hf_attention(tiny, text), FUSE[fusion]).numpy()
         np.testing.assert_allclose(exps[b].arrays["matrix"], want, atol=1e-6)
-        pos = explained_position(tiny, len(exps[b].tokens))
+        pos = tiny.explained_position(len(exps[b].tokens))
         np.testing.assert_allclose(exps[b].scores, want[pos], atol=1e-6)
         np.testing.assert_allclose(want.sum(1), 1.0, atol=1e-9)  # rows of R are shares
 
@@ -62,7 +61,7 @@ def test_flow_equals_networkx_on_tiny_models(tiny: ModelAdapter) -> None:
     ref = np.array([[nx.maximum_flow_value(g, (0, j), (L, i)) for j in range(n)] for i in range(n)])
     np.testing.assert_allclose(e.arrays["matrix"], ref, atol=1e-6)
     row = Flow().attribute(tiny, tiny.encode(text), target=Target())[0]
-    np.testing.assert_allclose(row.scores, ref[explained_position(tiny, n)], atol=1e-6)
+    np.testing.assert_allclose(row.scores, ref[tiny.explained_position(n)], atol=1e-6)
     assert "matrix" not in row.arrays
 
 
@@ -175,6 +174,6 @@ def test_embedded_models(model: str, request: pytest.FixtureRequest) -> None:
     caps /= caps.sum(-1, keepdims=True)
     g = networkx_graph(caps)
     n, L = caps.shape[-1], caps.shape[0]
-    pos = explained_position(adapter, n)
+    pos = adapter.explained_position(n)
     ref = [nx.maximum_flow_value(g, (0, j), (L, pos)) for j in range(n)]
     np.testing.assert_allclose(f.scores, ref, atol=1e-5)

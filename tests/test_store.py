@@ -127,7 +127,7 @@ def test_eraser_plausibility_rows(tmp_path: Path, tiny_dir: Path) -> None:
     df = read_metrics(res.out)
     pl = df[df.metric.isin(["auprc", "token_f1", "iou_f1"])]
     assert set(pl.example_id) == {"d1", "d2"} and pl.value.between(0, 1).all()
-    from streetlamp.results import load_arrays
+    from streetlamp.store.files import load_arrays
     arr = load_arrays(res.out / "arrays" / "d2.safetensors")
     assert arr["rationale"].tolist() == [0, 0, 1, 0, 0, 1, 1, 0]  # [CLS] a boring plot and bad acting [SEP]
 

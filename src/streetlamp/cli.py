@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import StreetlampError
-
-MAIN_TEXT = "The movie was not good, but the acting was great."
+from .settings import (BenchmarkSettings, EvaluateSettings, ExplainSettings, GenerationSettings, HeadsSettings,
+                       MediateSettings, PatchSettings, PruneSettings, Settings)
 
 
 def _quiet_transformers() -> None:
@@ -25,7 +25,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     from .models.loading import DEFAULT_MODEL, EMBEDDED
 
     for name, e in EMBEDDED.items():
-        mark = " (default)" if name == DEFAULT_MODEL else ""
+        mark = " (default)" if name == DEFAULT_MODEL else ""  # once: the descriptions do not say it
         print(f"{name:<18} {e.kind:<11} {e.description}{mark}")
     print("or a path to a local Hugging Face checkpoint folder (bert, roberta, distilbert, gpt2, llama families)")
     return 0
@@ -65,72 +65,53 @@ def parse_method_params(spec: str | None, methods: list[str], flag: str = "--met
     return mparams
 
 
-def cmd_explain(args: argparse.Namespace) -> int:
-    from .methods.registry import parse_methods
-    from .models.adapter import Target
+def _load(args: argparse.Namespace, settings: Settings):
+    """Load the model, then check every setting against it: all before any output exists."""
     from .models.loading import load
-    from .results import check_out_dir
-    from .runners.explain import explain, parse_target
 
-    if not args.text.strip():
-        raise StreetlampError("empty text: give the sentence to explain")
-    out = Path(args.out) if args.out else Path("runs") / f"explain-{__import__('time').strftime('%Y%m%d-%H%M%S')}"
-    check_out_dir(out, args.overwrite)
-    from .runners.explain import default_methods
-
-    methods = parse_methods(args.methods) if args.methods else default_methods()
-    mparams = parse_method_params(args.method_params, methods)
     adapter = load(args.model)
     adapter.to(args.device, args.dtype)
-    target = Target(parse_target(adapter, args.target),
-                    parse_target(adapter, args.contrast) if args.contrast else None, args.quantity)
-    res = explain(adapter, args.text, out, target=target, layer=args.layer, head=args.head, methods=methods,
-                  overwrite=args.overwrite, truncate=args.truncate, seed=args.seed, batch_size=args.batch_size,
-                  method_params=mparams)
-    print(f"model: {adapter.name} ({adapter.kind}, {adapter.n_layers} layers x {adapter.n_heads} heads)")
-    for line in res.summary:
-        print(line)
-    print(f"output: {res.out}/ (manifest.json, arrays.safetensors, PNG heatmaps"
-          + (", methods_comparison.png, kendall_tau.csv)" if res.explanations else ")"))
-    return 0
-
-
-def cmd_explain_generation(args: argparse.Namespace) -> int:
-    from .models.loading import load
-    from .runners.generation import explain_generation
-
-    if not args.prompt.strip():
-        raise StreetlampError("empty prompt")
-    out = Path(args.out) if args.out else Path("runs") / f"generation-{__import__('time').strftime('%Y%m%d-%H%M%S')}"
-    from .results import check_out_dir
-    check_out_dir(out, args.overwrite)
-    ig_params = parse_method_params(args.ig_params and f'{{"integrated_gradients": {args.ig_params}}}',
-                                    ["integrated_gradients"], "--ig-params").get("integrated_gradients", {})
-    adapter = load(args.model)
-    adapter.to(args.device, args.dtype)
-    res = explain_generation(adapter, args.prompt, out, new_tokens=args.new_tokens, quantity=args.quantity,
-                             overwrite=args.overwrite, batch_size=args.batch_size, seed=args.seed,
-                             ig_params=ig_params)
-    for line in res.lines:
-        print(line)
-    print(f"output: {res.out}/ (manifest.json, arrays.safetensors, generation.png)")
-    return 0
-
-
-def _heads_adapter(args: argparse.Namespace):
-    from .models.loading import load
-
-    adapter = load(args.model)
-    adapter.to(args.device, getattr(args, "dtype", "float32"))
+    settings.validate(adapter)
     return adapter
 
 
-def _heads_out(args: argparse.Namespace, kind: str) -> Path:
-    from .results import check_out_dir
+def _print(res) -> int:
+    for line in res.lines():
+        print(line)
+    return 0
 
-    out = Path(args.out) if args.out else Path("runs") / f"{kind}-{__import__('time').strftime('%Y%m%d-%H%M%S')}"
-    check_out_dir(out, args.overwrite)
-    return out
+
+def _run_folder(args: argparse.Namespace, command: str, kind: str | None = None):
+    from .store.run_folder import RunFolder, default_out
+
+    return RunFolder(args.out or default_out(kind or command), command, args.overwrite)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from .methods.registry import parse_methods
+    from .models.adapter import Target
+    from .runners.explain import default_methods, explain, parse_target
+
+    methods = parse_methods(args.methods) if args.methods else default_methods()
+    s = ExplainSettings.from_args(args, methods=methods, method_params=parse_method_params(args.method_params, methods))
+    out = _run_folder(args, "explain")
+    adapter = _load(args, s)
+    target = Target(parse_target(adapter, s.target), parse_target(adapter, s.contrast) if s.contrast else None,
+                    s.quantity)
+    return _print(explain(adapter, s.text, out, target=target, layer=s.layer, head=s.head, methods=s.methods,
+                          truncate=s.truncate, seed=s.seed, batch_size=s.batch_size, method_params=s.method_params))
+
+
+def cmd_explain_generation(args: argparse.Namespace) -> int:
+    from .runners.generation import explain_generation
+
+    ig_params = parse_method_params(args.ig_params and f'{{"integrated_gradients": {args.ig_params}}}',
+                                    ["integrated_gradients"], "--ig-params").get("integrated_gradients", {})
+    s = GenerationSettings.from_args(args, ig_params=ig_params)
+    out = _run_folder(args, "explain-generation", "generation")
+    adapter = _load(args, s)
+    return _print(explain_generation(adapter, s.prompt, out, new_tokens=s.new_tokens, quantity=s.quantity,
+                                     batch_size=s.batch_size, seed=s.seed, ig_params=s.ig_params))
 
 
 def cmd_heads(args: argparse.Namespace) -> int:
@@ -138,123 +119,108 @@ def cmd_heads(args: argparse.Namespace) -> int:
     from .runners.explain import parse_target
     from .runners.heads import run_heads
 
-    if args.text is None and args.data is None:
-        raise StreetlampError("give a TEXT or --data FILE")
-    out = _heads_out(args, "heads")
-    adapter = _heads_adapter(args)
-    target = Target(parse_target(adapter, args.target), None, "prob")
-    res = run_heads(adapter, out, text=args.text, data=args.data, ablation=args.ablation, target=target,
-                    seed=args.seed, limit=args.limit, overwrite=args.overwrite, attribution=not args.no_attribution,
-                    sample=args.sample)
-    print("heads whose ablation changes the target most (layer.head: ΔF):")
-    print("  " + ", ".join(f"{r['layer']}.{r['head']}: {r['effect']:+.4f}" for r in res["ranked"][:8]))
-    for k, v in res["claim"].get("spearman_vs_effect", {}).items():
-        print(f"spearman({k}, |ΔF|) = {v['rho']:+.3f} (p={v['p']:.2g})")
-    for note in res["notes"].values():
-        print(f"note: {note}")
-    print(f"output: {out}/ (manifest.json, arrays.safetensors, PNG figures)")
-    return 0
+    s = HeadsSettings.from_args(args, attribution=not args.no_attribution)
+    out = _run_folder(args, "heads")
+    adapter = _load(args, s)
+    target = Target(parse_target(adapter, s.target), None, "prob")
+    return _print(run_heads(adapter, out, text=s.text, data=s.data, ablation=s.ablation, target=target, seed=s.seed,
+                            limit=s.limit, attribution=s.attribution, sample=s.sample, batch_size=s.batch_size))
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
     from .runners.heads import run_prune
 
-    out = _heads_out(args, "prune")
-    adapter = _heads_adapter(args)
-    orders = [o.strip() for o in args.order.split(",") if o.strip()]
-    res = run_prune(adapter, out, data=args.data, orders=orders, seeds=args.seeds, step=args.step,
-                    limit=args.limit, overwrite=args.overwrite, seed=args.seed)
-    for name, (x, y) in res["curves"].items():
-        half = int(len(x) // 2)
-        print(f"{name:<14} accuracy: all heads {y[0]:.3f}, {x[half]} removed {y[half]:.3f}, all removed {y[-1]:.3f}")
-    for note in res["notes"].values():
-        print(f"note: {note}")
-    print(f"output: {out}/")
-    return 0
+    s = PruneSettings.from_args(args, orders=[o.strip() for o in args.order.split(",") if o.strip()])
+    out = _run_folder(args, "prune")
+    adapter = _load(args, s)
+    return _print(run_prune(adapter, out, data=s.data, orders=s.orders, seeds=s.seeds, step=s.step, limit=s.limit,
+                            seed=s.seed, batch_size=s.batch_size))
 
 
 def cmd_patch(args: argparse.Namespace) -> int:
     from .runners.explain import parse_target
     from .runners.patch import run_patch
 
-    out = _heads_out(args, "patch")
-    adapter = _heads_adapter(args)
-    res = run_patch(adapter, out, clean=args.clean, corrupt=args.corrupt, answer=parse_target(adapter, args.answer),
-                    wrong=parse_target(adapter, args.wrong), paths=args.paths, receivers=args.receiver,
-                    receiver_pos=args.receiver_pos, approx=args.approx, overwrite=args.overwrite,
-                    kinds=tuple(k.strip() for k in args.sites.split(",") if k.strip()))
-    pair = res["pair"]
-    print(f"logit difference {adapter.output_label(pair.answer)!r} - {adapter.output_label(pair.wrong)!r}: "
-          f"clean {pair.ld_clean:.3f}, corrupted {pair.ld_corrupt:.3f}")
-    print("heads restoring most (layer.head: fraction): " + ", ".join(
-        f"{h['layer']}.{h['head']}: {h['restored']:.3f}" for h in res["summary"]["top_heads"]))
-    for k, v in res["summary"].get("attribution_vs_patching", {}).items():
-        print(f"attribution vs real patching, {k}: pearson {v['pearson']:.3f}")
-    if "paths" in res["arrays"]:
-        import numpy as np
-
-        lost = 1.0 - res["arrays"]["paths"]  # 1 = the path does not matter; 1 - value: share of LD lost
-        order = np.argsort(-np.abs(np.nan_to_num(lost, nan=0.0)), axis=None)[:6]
-        print(f"paths sender -> {args.receiver} (share of the logit difference lost when only that path is "
-              "corrupted): " + ", ".join(f"{i // lost.shape[1]}.{i % lost.shape[1]}: {lost.flat[i]:+.3f}"
-                                         for i in order))
-    print(f"output: {out}/")
-    return 0
+    s = PatchSettings.from_args(args, sites=[k.strip() for k in args.sites.split(",") if k.strip()])
+    out = _run_folder(args, "patch")
+    adapter = _load(args, s)
+    return _print(run_patch(adapter, out, clean=s.clean, corrupt=s.corrupt, answer=parse_target(adapter, s.answer),
+                            wrong=parse_target(adapter, s.wrong), paths=s.paths, receivers=s.receiver,
+                            receiver_pos=s.receiver_pos, approx=s.approx, kinds=tuple(s.sites),
+                            batch_size=s.batch_size))
 
 
 def cmd_mediate(args: argparse.Namespace) -> int:
     from .runners.patch import run_mediate
 
-    out = _heads_out(args, "mediate")
-    adapter = _heads_adapter(args)
-    res = run_mediate(adapter, out, n_prompts=args.prompts, head_site=args.component, overwrite=args.overwrite)
-    nie = res["head_nie"]
-    top = nie.reshape(-1).argsort()[::-1][:5]
-    print(f"total effect TE = {float(res['te']):.3f} (mean over {len(res['y_null'])} prompts)")
-    print("heads with the largest NIE: " + ", ".join(
-        f"{i // nie.shape[1]}.{i % nie.shape[1]}: {nie.reshape(-1)[i]:.3f}" for i in top))
-    print(f"output: {out}/")
-    return 0
+    s = MediateSettings.from_args(args)
+    out = _run_folder(args, "mediate")
+    adapter = _load(args, s)
+    return _print(run_mediate(adapter, out, n_prompts=s.prompts, head_site=s.component, batch_size=s.batch_size))
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-
-    from .evaluation.counterfactual import Counterfactual
-    from .evaluation.pipeline import EvalSettings
     from .methods.registry import parse_methods
     from .runners.evaluate import evaluate
 
     methods = parse_methods(args.methods)
-    mparams = parse_method_params(args.method_params, methods)
-    cf = Counterfactual(eps=args.eps, n_permutations=args.permutations, steps=args.adv_steps)
-    settings = EvalSettings(methods=methods, method_params=mparams, seed=args.seed,
-                            batch_size=args.batch_size, replacement=args.replacement, flip_layers=args.flip_layers,
-                            cf_layers=args.cf_layers, counterfactual=cf.__dict__.copy(), truncate=args.truncate)
-    res = evaluate(args.model, args.data, Path(args.out), settings, limit=args.limit, sample=args.sample,
-                   chunk_size=args.chunk_size,
-                   engine=args.engine, ray_address=args.ray_address, workers=args.workers, device=args.device,
-                   text_column=args.text_column, label_column=args.label_column)
-    for line in res.lines:
-        print(line)
-    print(f"{res.n_examples} examples ({res.n_skipped} skipped: longer than the model's positions), "
-          f"{res.n_computed_chunks} chunks computed now; run store: {res.out}/ (manifest.json, metrics/*.parquet, "
-          "arrays/, summary.csv, summary.md, figures/)")
-    return 0
+    s = EvaluateSettings.from_args(args, methods=methods,
+                                   method_params=parse_method_params(args.method_params, methods))
+    return _print(evaluate(args.model, s.data, Path(args.out), s.eval_settings(), limit=s.limit, sample=s.sample,
+                           chunk_size=s.chunk_size, engine=s.engine, ray_address=s.ray_address, workers=s.workers,
+                           device=args.device, text_column=s.text_column, label_column=s.label_column))
 
 
 def cmd_benchmark(args: argparse.Namespace) -> int:
     from .groundtruth.tasks import parse_tasks
     from .methods.registry import list_methods, parse_methods
-    from .runners.benchmark import benchmark, format_rows
+    from .runners.benchmark import benchmark
 
-    tasks = parse_tasks(args.tasks)
-    methods = parse_methods(args.methods) if args.methods else list_methods()
-    res = benchmark(Path(args.out), tasks, methods, n_examples=args.n_examples, seed=args.seed,
-                    overwrite=args.overwrite, device=args.device, batch_size=args.batch_size,
-                    quantity=args.quantity)
-    for line in format_rows(res):
+    s = BenchmarkSettings.from_args(args, tasks=parse_tasks(args.tasks),
+                                    methods=parse_methods(args.methods) if args.methods else list_methods())
+    out = _run_folder(args, "benchmark")
+    return _print(benchmark(out, s.tasks, s.methods, n_examples=s.n_examples, seed=s.seed, device=args.device,
+                            batch_size=s.batch_size, quantity=s.quantity))
+
+
+def shared_options(*, model: str | None, out: str, out_required: bool = False, overwrite: bool = True,
+                   seed: bool = True, dtype: bool = True) -> argparse.ArgumentParser:
+    """The options several commands share, each declared here once (a parent parser per command, so
+    defaults and help can differ: mediate's model is smollm2-135m, evaluate's --out is required)."""
+    p = argparse.ArgumentParser(add_help=False)
+    if model is not None:
+        p.add_argument("--model", default=model, help=f"embedded name or checkpoint folder (default {model})")
+    p.add_argument("--out", required=out_required, default=None, help=out)
+    if overwrite:
+        p.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
+    if seed:
+        p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="token budget per forward pass (rows x padded length; default 1024 on CPU)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:0 ...")
+    if dtype:
+        p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                       help="model weights' dtype (bfloat16 for GPUs; scores are returned as float32)")
+    return p
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from .runners.probe import ProbeSettings, probe
+
+    split = tuple(float(x) for x in args.split.split(",")) if args.split.count(",") == 2 else ()
+    if len(split) != 3:
+        raise StreetlampError("--split is three fractions train,dev,test, e.g. 0.6,0.2,0.2")
+    settings = ProbeSettings(task=args.task, data=args.data, layers=args.layers, site=args.site, probes=args.probes,
+                             hidden=args.hidden, weight_decay=args.weight_decay, dropout=args.dropout,
+                             subtoken=args.subtoken, pool=args.pool, limit=args.limit, n_examples=args.n_examples,
+                             split=split, seed=args.seed, mdl=not args.no_mdl,  # type: ignore[arg-type]
+                             amnesic=not args.no_amnesic, random_seeds=args.random_seeds, erase_at=args.erase_at,
+                             sweep=args.sweep,
+                             sweep_layer=args.sweep_layer, batch_size=args.batch_size, truncate=args.truncate)
+    res = probe(args.model, settings, _run_folder(args, "probe"), overwrite=args.overwrite, device=args.device)
+    for line in res.lines:
         print(line)
-    print(f"output: {res.out}/ (leaderboard.csv, models.csv, leaderboard.png, manifest.json)")
+    print(f"output: {res.out}/ (manifest.json, arrays.safetensors, probe.png, summary.md)")
     return 0
 
 
@@ -288,9 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_models)
     s = sub.add_parser("methods", help="list the registered attribution methods")
     s.set_defaults(func=cmd_methods)
-    s = sub.add_parser("explain", help="explain one text: attention of every layer and head, methods, figures")
+    s = sub.add_parser("explain", help="explain one text: attention of every layer and head, methods, figures",
+                       parents=[shared_options(model=DEFAULT_MODEL, out="output folder (default runs/explain-<time>)")])
     s.add_argument("text")
-    s.add_argument("--model", default=DEFAULT_MODEL, help=f"embedded name or checkpoint folder ({DEFAULT_MODEL})")
     s.add_argument("--target", default=None, help="class name/id (classifier) or one token (causal LM); "
                    "default: the prediction / the predicted next token")
     s.add_argument("--contrast", default=None, help="explain target minus this class/token")
@@ -299,34 +265,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--head", type=int, default=None, help="head for the single heatmap (default: head mean)")
     s.add_argument("--methods", default=None, help="comma-separated method names, or 'all' "
                    "(default: attention, rollout, integrated_gradients, occlusion)")
-    s.add_argument("--out", default=None, help="output folder (default runs/explain-<time>)")
-    s.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
     s.add_argument("--truncate", action="store_true", help="cut texts longer than the model's positions")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--batch-size", type=int, default=None, help="token budget knob for batched methods")
-    s.add_argument("--device", default="cpu", help="cpu, cuda, cuda:0 ...")
-    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="model weights' dtype (bfloat16 for GPUs; scores are returned as float32)")
     s.add_argument("--method-params", default=None,
                    help='JSON per method, e.g. \'{"occlusion": {"replacement": "unk", "group": "word"}, '
                         '"integrated_gradients": {"baseline": "mask", "rule": "panels"}}\'')
     s.set_defaults(func=cmd_explain)
     s = sub.add_parser("explain-generation", help="causal LM: integrated gradients of every generated token over "
-                       "the prompt and earlier tokens, one shared path")
+                       "the prompt and earlier tokens, one shared path",
+                       parents=[shared_options(model="smollm2-135m",
+                                               out="output folder (default runs/generation-<time>)")])
     s.add_argument("prompt")
-    s.add_argument("--model", default="smollm2-135m", help="a causal LM: embedded name or checkpoint folder")
     s.add_argument("--new-tokens", type=int, default=8, help="greedy tokens to generate and explain (1..64)")
     s.add_argument("--quantity", choices=["prob", "logit", "logprob"], default="logprob")
     s.add_argument("--ig-params", default=None, help='JSON, e.g. \'{"rule": "panels", "steps": 16}\'')
-    s.add_argument("--out", default=None, help="output folder (default runs/generation-<time>)")
-    s.add_argument("--overwrite", action="store_true")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--batch-size", type=int, default=None, help="token budget per forward pass")
-    s.add_argument("--device", default="cpu")
-    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     s.set_defaults(func=cmd_explain_generation)
     s = sub.add_parser("heads", help="ablate every head (zero/mean/resample); with --data also importance, "
-                       "attention attribution and attention mass")
+                       "attention attribution and attention mass",
+                       parents=[shared_options(model=DEFAULT_MODEL, out="output folder (default runs/heads-<time>)")])
     s.add_argument("text", nargs="?", default=None)
     s.add_argument("--data", default=None, help=".txt (one per line), .csv/.jsonl with a 'text' (and 'label') "
                    "column, or 'movies'")
@@ -337,13 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sample", type=int, default=None, help="use N texts of --data drawn with --seed (files sorted "
                    "by label make --limit one-sided)")
     s.add_argument("--no-attribution", action="store_true", help="skip the (slow) Hao attribution column")
-    s.add_argument("--model", default=DEFAULT_MODEL)
-    s.add_argument("--out", default=None)
-    s.add_argument("--overwrite", action="store_true")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--device", default="cpu")
     s.set_defaults(func=cmd_heads)
-    s = sub.add_parser("prune", help="remove heads one by one in a score order; held-out accuracy curves")
+    s = sub.add_parser("prune", help="remove heads one by one in a score order; held-out accuracy curves",
+                       parents=[shared_options(model=DEFAULT_MODEL, out="output folder (default runs/prune-<time>)")])
     s.add_argument("--data", required=True, help="labelled .csv/.jsonl (text, label) or 'movies'; half of the "
                    "examples (shuffled with --seed) scores heads, the other half is held out")
     s.add_argument("--order", default="importance,attribution,attention,random",
@@ -351,14 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seeds", type=int, default=3, help="random orders to draw")
     s.add_argument("--step", type=int, default=1, help="heads removed per step")
     s.add_argument("--limit", type=int, default=None)
-    s.add_argument("--model", default=DEFAULT_MODEL)
-    s.add_argument("--out", default=None)
-    s.add_argument("--overwrite", action="store_true")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--device", default="cpu")
     s.set_defaults(func=cmd_prune)
     s = sub.add_parser("patch", help="activation patching (+ --paths path patching, --approx attribution patching); "
-                       "clean and corrupted texts must have the same token length")
+                       "clean and corrupted texts must have the same token length",
+                       parents=[shared_options(model=DEFAULT_MODEL, out="output folder (default runs/patch-<time>)",
+                                               seed=False)])
     s.add_argument("--clean", required=True)
     s.add_argument("--corrupt", required=True)
     s.add_argument("--answer", default=None, help="right output (token or class); default: clean prediction")
@@ -369,26 +317,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--approx", action="store_true", help="attribution patching beside real patching")
     s.add_argument("--sites", default="resid_pre,attn.out,mlp.out,heads",
                    help="what to patch: comma-separated resid_pre, attn.out, mlp.out (by layer x position), heads")
-    s.add_argument("--model", default=DEFAULT_MODEL)
-    s.add_argument("--out", default=None)
-    s.add_argument("--overwrite", action="store_true")
-    s.add_argument("--device", default="cpu")
     s.set_defaults(func=cmd_patch)
-    s = sub.add_parser("mediate", help="causal mediation (Vig et al. 2020): TE, NIE, NDE per head and layer")
+    s = sub.add_parser("mediate", help="causal mediation (Vig et al. 2020): TE, NIE, NDE per head and layer",
+                       parents=[shared_options(model="smollm2-135m", out="output folder (default runs/mediate-<time>)",
+                                               seed=False)])
     s.add_argument("--prompts", type=int, default=8, help="number of template x profession prompts")
     s.add_argument("--component", choices=["attn.pattern", "attn.z"], default="attn.pattern",
                    help="head site: attention weights (as Vig et al.) or the head's output")
-    s.add_argument("--model", default="smollm2-135m")
-    s.add_argument("--out", default=None)
-    s.add_argument("--overwrite", action="store_true")
-    s.add_argument("--device", default="cpu")
     s.set_defaults(func=cmd_mediate)
-    s = sub.add_parser("evaluate", help="faithfulness of methods over a dataset, in a resumable run store")
-    s.add_argument("--model", default=DEFAULT_MODEL, help=f"embedded name or checkpoint folder ({DEFAULT_MODEL})")
+    s = sub.add_parser("evaluate", help="faithfulness of methods over a dataset, in a resumable run store",
+                       parents=[shared_options(model=DEFAULT_MODEL, out="run folder; the same command resumes it",
+                                               out_required=True, overwrite=False, dtype=False)])
     s.add_argument("--data", required=True, help="movies, tweets, drugs, a .csv/.tsv/.jsonl file or an ERASER folder")
     s.add_argument("--methods", default="attention", help="comma-separated method names, or 'all'")
     s.add_argument("--method-params", default=None, help='JSON, e.g. {"integrated_gradients": {"steps": 16}}')
-    s.add_argument("--out", required=True, help="run folder; the same command resumes it")
     s.add_argument("--limit", type=int, default=None, help="first N examples only")
     s.add_argument("--sample", type=int, default=None, help="N examples drawn with --seed (kept in file order)")
     s.add_argument("--text-column", default=None)
@@ -400,25 +342,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--eps", type=float, default=0.01, help="adversarial attention: max output change (TVD)")
     s.add_argument("--permutations", type=int, default=10)
     s.add_argument("--adv-steps", type=int, default=40)
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--batch-size", type=int, default=None, help="token budget per forward pass")
     s.add_argument("--chunk-size", type=int, default=16, help="examples per stored chunk (unit of resumption)")
     s.add_argument("--engine", choices=["local", "ray"], default="local")
     s.add_argument("--ray-address", default=None, help="existing Ray cluster (e.g. auto, ray://head:10001)")
     s.add_argument("--workers", type=int, default=None, help="Ray actors (one model each)")
-    s.add_argument("--device", default="cpu", help="cpu, cuda ... (with ray: one GPU per actor)")
     s.set_defaults(func=cmd_evaluate)
-    s = sub.add_parser("benchmark", help="ground truth: which methods recover planted tokens (normal vs deceptive)")
+    s = sub.add_parser("benchmark", help="ground truth: which methods recover planted tokens (normal vs deceptive)",
+                       parents=[shared_options(model=None, out="output folder", out_required=True, dtype=False)])
     s.add_argument("--tasks", default="all", help="comma-separated: keyword,order,negation,together (default all)")
     s.add_argument("--methods", default=None, help="comma-separated method names (default: every registered)")
     s.add_argument("--n-examples", type=int, default=50, help="generated texts per task (default 50)")
     s.add_argument("--quantity", choices=["prob", "logit", "logprob"], default="logit",
                    help="explained quantity of the predicted class (default logit: these models saturate)")
-    s.add_argument("--out", required=True, help="output folder")
-    s.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--batch-size", type=int, default=None, help="token budget knob for batched methods")
-    s.add_argument("--device", default="cpu", help="cpu, cuda, cuda:0 ...")
     s.set_defaults(func=cmd_benchmark)
     s = sub.add_parser("cot", help="chain-of-thought faithfulness: hints, biased contexts, early answering, "
                        "mistakes, paraphrases, filler (local model or OpenAI-compatible server)")
@@ -447,6 +382,38 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--device", default="cpu")
     s.set_defaults(func=cmd_cot)
+    s = sub.add_parser("probe", help="probes with control tasks (selectivity), MDL, and amnesic probing: is what a "
+                       "layer holds also used?")
+    s.add_argument("--task", required=True, help="pos, upos, sentiment, deciding:TASK, negated, or a .jsonl/.csv file")
+    s.add_argument("--model", default=DEFAULT_MODEL, help="embedded name, checkpoint folder or gt-TASK-VARIANT")
+    s.add_argument("--data", default="movies", help="texts for pos/upos/sentiment: movies, tweets, drugs, a file")
+    s.add_argument("--layers", default="all", help="all (embed + every layer), or e.g. embed,0,3 or 2-5")
+    s.add_argument("--site", default="resid_post", help="resid_post, resid_pre, attn.out or mlp.out")
+    s.add_argument("--probes", default="linear,mlp", help="linear, linear-rankR, mlp (1 hidden layer), mlp2")
+    s.add_argument("--hidden", type=int, default=256, help="MLP hidden size")
+    s.add_argument("--weight-decay", type=float, default=1e-3, help="L2 on probe weights (mean loss + wd/2 |W|^2)")
+    s.add_argument("--dropout", type=float, default=0.0)
+    s.add_argument("--subtoken", choices=["first", "last"], default="first", help="sub-token that represents a word")
+    s.add_argument("--pool", choices=["first", "last", "mean"], default=None,
+                   help="sentence tasks: position read (default: first for classifiers, last for causal LMs)")
+    s.add_argument("--split", default="0.6,0.2,0.2", help="train,dev,test fractions of the texts")
+    s.add_argument("--limit", type=int, default=None, help="first N texts only")
+    s.add_argument("--n-examples", type=int, default=300, help="generated texts for deciding:TASK / negated")
+    s.add_argument("--sweep", default="hidden:4,16,64,256,1024",
+                   help="capacity sweep KIND:v1,v2,.. (hidden, rank, weight_decay, dropout) or none")
+    s.add_argument("--sweep-layer", default=None, help="layer of the sweep (default: the middle layer)")
+    s.add_argument("--random-seeds", type=int, default=5, help="random-direction erasures per layer")
+    s.add_argument("--erase-at", choices=["items", "all"], default="items",
+                   help="token tasks: erase at the labelled sub-tokens (where LEACE was fitted) or at every position")
+    s.add_argument("--no-mdl", action="store_true")
+    s.add_argument("--no-amnesic", action="store_true")
+    s.add_argument("--truncate", action="store_true")
+    s.add_argument("--out", default=None)
+    s.add_argument("--overwrite", action="store_true")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--batch-size", type=int, default=None, help="token budget per forward pass")
+    s.add_argument("--device", default="cpu")
+    s.set_defaults(func=cmd_probe)
     return p
 
 

@@ -1,26 +1,11 @@
-"""Result types: thin dataclasses of raw arrays with named axes plus an ``info`` record.
-
-Everything is saved as safetensors (arrays) + JSON (axes, meaning, metadata), so results are
-readable without streetlamp.
-"""
+"""The result of an attribution method: :class:`Explanation`, raw arrays with named axes plus an
+``info`` record. Run folders save them as safetensors + JSON (:mod:`streetlamp.store`)."""
 from __future__ import annotations
 
-import json
-import os
-import platform
-import shutil
-import sys
-import tempfile
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from importlib import metadata
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
-from safetensors.numpy import load_file, save_file
-
-from .errors import StreetlampError
 
 
 @dataclass
@@ -43,67 +28,3 @@ class Explanation:
     def scores(self) -> np.ndarray:
         """The token-level scores ``[token]`` (the array named ``tokens``)."""
         return self.arrays["tokens"]
-
-
-def versions() -> dict[str, str]:
-    out = {"python": platform.python_version(), "platform": platform.platform()}
-    for pkg in ("streetlamp", "torch", "transformers", "numpy", "safetensors", "captum", "matplotlib"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
-
-
-def to_jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): to_jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [to_jsonable(v) for v in x]
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    if isinstance(x, Path):
-        return str(x)
-    return x
-
-
-def save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(path))
-
-
-def load_arrays(path: Path) -> dict[str, np.ndarray]:
-    return load_file(str(path))
-
-
-def check_out_dir(out: Path, overwrite: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise StreetlampError(f"{out} exists and is not a folder")
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise StreetlampError(f"output folder {out} exists and is not empty; pass --overwrite to replace it")
-
-
-@contextmanager
-def atomic_dir(out: Path, overwrite: bool) -> Iterator[Path]:
-    """Write into a temporary sibling folder; move it into place only when everything succeeded."""
-    out = Path(out)
-    check_out_dir(out, overwrite)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
-    try:
-        yield tmp
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def write_json(path: Path, obj: Any) -> None:
-    Path(path).write_text(json.dumps(to_jsonable(obj), indent=2, ensure_ascii=False) + "\n")
-
-
-def command_line() -> list[str]:
-    return [os.path.basename(sys.argv[0])] + sys.argv[1:]

@@ -26,16 +26,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..methods.base import explained_position
-from ..models.adapter import ModelAdapter
-from .common import inputs_from_rows, output_map, output_probs
-
-
-def _js_bits(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    m = 0.5 * (p + q)
-    eps = 1e-12
-    kl = lambda a, b: (a * (torch.log2(a + eps) - torch.log2(b + eps))).sum(-1)  # noqa: E731
-    return 0.5 * kl(p, m) + 0.5 * kl(q, m)
+from ..models.adapter import Inputs, ModelAdapter, at_least_float32
+from ..stats import js_divergence_t, total_variation_t
+from .common import output_map, output_probs
 
 
 def _row_edit(pos: torch.Tensor, new_rows: torch.Tensor):
@@ -58,14 +51,14 @@ class Counterfactual:
     lam: float = 50.0
     js_threshold: float = 0.5
 
-    def permutations(self, adapter: ModelAdapter, rows: Sequence[list[int]], probs: np.ndarray, layer: int,
+    def permutations(self, adapter: ModelAdapter, inp: Inputs, probs: np.ndarray, layer: int,
                      seeds: Sequence[int], budget: int | None) -> list[float]:
-        inp = inputs_from_rows(adapter, rows)
+        rows = inp.rows()
         with torch.no_grad():
             att = adapter.forward(inp, record=[f"layers.{layer}.attn.pattern"]).cache[f"layers.{layer}.attn.pattern"]
         plan, new_rows, where = [], [], []
         for b, n in enumerate(inp.lengths):
-            pos = explained_position(adapter, n)
+            pos = adapter.explained_position(n)
             rng = np.random.default_rng([seeds[b], layer])
             row = att[b, :, pos, :n].cpu()
             for _ in range(self.n_permutations):
@@ -82,20 +75,19 @@ class Counterfactual:
             return {f"layers.{layer}.attn.pattern": _row_edit(pos, nr)}
 
         ref = torch.as_tensor(np.asarray(probs, np.float64)[np.array(where)])
-        d = output_map(adapter, plan, budget, lambda group, p: 0.5 * (p - ref[group].to(p.device)).abs().sum(-1),
+        d = output_map(adapter, plan, budget, lambda group, p: total_variation_t(p, ref[group].to(p.device)),
                        1, build)[:, 0]
         return [float(np.median(d[np.array(where) == b])) for b in range(len(rows))]
 
-    def adversarial(self, adapter: ModelAdapter, rows: Sequence[list[int]], probs: np.ndarray, layer: int,
+    def adversarial(self, adapter: ModelAdapter, inp: Inputs, probs: np.ndarray, layer: int,
                     seeds: Sequence[int]) -> tuple[list[float], list[float]]:
         """Best feasible JS (bits) and its output TVD per text, for one layer; one padded batch."""
-        inp = inputs_from_rows(adapter, rows)
         site = f"layers.{layer}.attn.pattern"
         dev = adapter.device
         with torch.no_grad():
             att = adapter.forward(inp, record=[site]).cache[site].float()
         lengths = inp.lengths
-        pos = torch.tensor([explained_position(adapter, n) for n in lengths])
+        pos = torch.tensor([adapter.explained_position(n) for n in lengths])
         width = att.shape[-1]
         real = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).to(dev)  # [B, W]
         orig = att[torch.arange(len(lengths)), :, pos.to(att.device)]  # [B, H, W]
@@ -104,15 +96,15 @@ class Counterfactual:
         z = (torch.log(orig + 1e-12) + noise).detach().requires_grad_(True)
         y0 = torch.as_tensor(probs, dtype=torch.float32, device=dev)
         opt = torch.optim.Adam([z], lr=self.lr)
-        best_js = np.zeros(len(rows))
-        best_tvd = np.zeros(len(rows))
+        best_js = np.zeros(len(inp))
+        best_tvd = np.zeros(len(inp))
         for _ in range(self.steps + 1):
             new = torch.softmax(z.masked_fill(~real[:, None, :], float("-inf")), -1)
             with torch.enable_grad():
                 logits = adapter.forward(inp, edit={site: _row_edit(pos, new)}, grad=True).logits
-            y = torch.softmax(logits.float(), -1)
-            d = 0.5 * (y - y0).abs().sum(-1)
-            js = _js_bits(new, orig).mean(-1)
+            y = torch.softmax(at_least_float32(logits), -1)
+            d = total_variation_t(y, y0)
+            js = js_divergence_t(new, orig).mean(-1)
             js_np, d_np = js.detach().cpu().numpy(), d.detach().cpu().numpy()
             ok = (d_np <= self.eps) & (js_np > best_js)
             best_js[ok], best_tvd[ok] = js_np[ok], d_np[ok]
@@ -122,7 +114,7 @@ class Counterfactual:
             opt.step()
         return best_js.tolist(), best_tvd.tolist()
 
-    def uniform(self, adapter: ModelAdapter, rows: Sequence[list[int]], budget: int | None) -> np.ndarray:
+    def uniform(self, adapter: ModelAdapter, inp: Inputs, budget: int | None) -> np.ndarray:
         """Output distributions with uniform attention (over allowed keys) in every row and layer."""
 
         def build(group: list[int], width: int) -> dict:
@@ -134,4 +126,4 @@ class Counterfactual:
                 return u / u.sum(-1, keepdim=True).clamp_min(1)
             return {f"layers.{l}.attn.pattern": fn for l in range(adapter.n_layers)}
 
-        return output_probs(adapter, list(rows), budget, build)
+        return output_probs(adapter, inp.rows(), budget, build)

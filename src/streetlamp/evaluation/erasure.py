@@ -13,7 +13,9 @@ With ``F`` the probability of the explained class ``c`` and ``r_k`` the top-k% t
   (deletion area: low = faithful; insertion area: high = faithful).
 
 ``replacement="delete"`` removes the tokens from the sequence (ERASER); ``"mask"`` replaces them with
-the tokenizer's mask token (or unk, or pad when it has none). The choice is recorded in the manifest.
+:meth:`~streetlamp.models.adapter.ModelAdapter.replacement_token` (the tokenizer's mask token, or its
+fallbacks). The choice is recorded in the manifest. "Special" means the model's structural special
+tokens (:meth:`~streetlamp.models.adapter.ModelAdapter.special_mask`); an [UNK] is erased like any word.
 """
 from __future__ import annotations
 
@@ -22,21 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..models.adapter import ModelAdapter
 from .common import rank_desc
 
 PERCENTS = (1, 5, 10, 20, 50)
 CURVE_FRACTIONS = tuple(i / 10 for i in range(11))
-
-
-def replacement_id(adapter: ModelAdapter, replacement: str) -> int | None:
-    if replacement == "delete":
-        return None
-    tok = adapter.tokenizer
-    for t in (tok.mask_token_id, tok.unk_token_id, tok.pad_token_id):
-        if t is not None:
-            return int(t)
-    return int(tok.pad_token_id)
 
 
 def _apply(ids: list[int], remove: set[int], rep: int | None) -> list[int]:

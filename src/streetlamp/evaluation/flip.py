@@ -25,34 +25,30 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..models.adapter import ModelAdapter
-from ..methods.base import explained_position
-from .common import inputs_from_rows, js_divergence_t, output_map
+from ..models.adapter import Inputs, ModelAdapter, at_least_float32
+from ..settings import layers_of
+from ..stats import js_divergence_t
+from .common import output_map
 
 INTERNAL_RANKINGS = ("attention", "gradient", "attention_x_gradient", "random")
 
 
 def flip_layers(adapter: ModelAdapter, spec: str) -> list[int]:
-    if spec == "all":
-        return list(range(adapter.n_layers))
-    if spec == "last":
-        return [adapter.n_layers - 1]
-    return [int(spec) % adapter.n_layers]
+    return layers_of(adapter, spec)  # last, all or a layer number in range (no wrapping)
 
 
-def attention_item_scores(adapter: ModelAdapter, rows: Sequence[Sequence[int]], pred: Sequence[int],
+def attention_item_scores(adapter: ModelAdapter, inp: Inputs, pred: Sequence[int],
                           layers: list[int]) -> list[dict[str, np.ndarray]]:
     """attention / gradient / attention x gradient item scores per text, one padded batch."""
-    inp = inputs_from_rows(adapter, rows)
     sites = [f"layers.{l}.attn.pattern" for l in layers]
     fwd = adapter.forward(inp, record=sites, keep_grad=True, grad=True)
     idx = torch.as_tensor(list(pred), dtype=torch.long)
-    f = torch.softmax(fwd.logits.float(), -1).gather(1, idx.view(-1, 1).to(fwd.logits.device)).sum()
+    f = torch.softmax(at_least_float32(fwd.logits), -1).gather(1, idx.view(-1, 1).to(fwd.logits.device)).sum()
     pats = [fwd.cache[s] for s in sites]
     grads = torch.autograd.grad(f, pats)
     out = []
     for b, n in enumerate(inp.lengths):
-        pos = explained_position(adapter, n)
+        pos = adapter.explained_position(n)
         a = torch.stack([p[b, :, :n, :n].detach() for p in pats]).double()  # [L, H, q, k]
         g = torch.stack([gr[b, :, :n, :n] for gr in grads]).double()
         out.append({"attention": a[:, :, pos, :].mean((0, 1)).cpu().numpy(),
@@ -80,12 +76,13 @@ def _zero_edit(keep: list[np.ndarray], layers: list[int]):
     return build
 
 
-def decision_flip(adapter: ModelAdapter, rows: Sequence[list[int]], probs: np.ndarray,
+def decision_flip(adapter: ModelAdapter, inp: Inputs, probs: np.ndarray,
                   rankings: list[dict[str, np.ndarray]], layers: list[int], seeds: Sequence[int],
                   budget: int | None) -> list[dict[str, dict[str, float]]]:
     """Per text: ranking name -> {flip_fraction, flipped, [js_top, js_random]}.
 
     ``rankings[b]`` maps a ranking name to item scores ``[n_b]``; ``random`` is added here."""
+    rows = inp.rows()
     plan_rows: list[list[int]] = []
     keeps: list[np.ndarray] = []
     where: list[tuple[int, str, int]] = []  # (text, ranking, k) per planned row

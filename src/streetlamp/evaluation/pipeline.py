@@ -13,11 +13,12 @@ from typing import Any
 import numpy as np
 
 from ..methods.registry import get_method
-from ..models.adapter import ModelAdapter, Target
+from ..models.adapter import Inputs, ModelAdapter, Target
+from ..stats import total_variation
 from .agreement import pairwise_taus
-from .common import output_prob_of, output_probs, special_mask, tvd
+from .common import output_prob_of, output_probs
 from .counterfactual import Counterfactual
-from .erasure import ErasurePlan, replacement_id
+from .erasure import ErasurePlan
 from .flip import attention_item_scores, decision_flip, flip_layers
 from .plausibility import plausibility, rationale_mask
 
@@ -73,10 +74,12 @@ def evaluate_chunk(adapter: ModelAdapter, examples: list[ChunkExample], s: EvalS
     add = lambda eid, m, k, v: rows.append((eid, m, k, float(v)))  # noqa: E731
     budget = s.batch_size
     ids = [e.ids for e in examples]
+    # the runner tokenised each text once; every step below reads these ids
+    inputs = Inputs.from_ids(adapter, ids, [e.text for e in examples], [e.truncated for e in examples])
     seeds = [s.seed * 1_000_003 + e.index for e in examples]
     probs = output_probs(adapter, ids, budget)
     pred = probs.argmax(-1)
-    specials = [special_mask(adapter, r) for r in ids]
+    specials = [adapter.special_mask(r) for r in ids]
     for b, e in enumerate(examples):
         add(e.id, "model", "prob", probs[b, pred[b]])
         add(e.id, "model", "correct", pred[b] == e.gold)
@@ -86,13 +89,12 @@ def evaluate_chunk(adapter: ModelAdapter, examples: list[ChunkExample], s: EvalS
         arrays[e.id].update(distribution("probs", probs[b]))
 
     # -- explanations (the prediction is explained), then erasure metrics -------------------------
-    inputs = adapter.encode([e.text for e in examples], truncate=s.truncate)
     scores: dict[str, list[np.ndarray]] = {}
     for name in s.methods:
         m = get_method(name, **s.method_params.get(name, {}))
         exps = m.attribute(adapter, inputs, target=Target(), batch_size=budget, seed=s.seed)
         scores[name] = [np.asarray(x.scores, np.float64) for x in exps]
-    rep = replacement_id(adapter, s.replacement)
+    rep = adapter.replacement_token(s.replacement)[1]
     plans, all_rows = [], []
     for name in s.methods:
         for b in range(len(examples)):
@@ -115,7 +117,7 @@ def evaluate_chunk(adapter: ModelAdapter, examples: list[ChunkExample], s: EvalS
     # -- agreement and plausibility --------------------------------------------------------------
     for b, e in enumerate(examples):
         keep = ~specials[b]
-        for (x, y), t in pairwise_taus({n: scores[n][b] for n in s.methods}, keep).items():
+        for (x, y), t in pairwise_taus({n: scores[n][b] for n in s.methods}, specials[b]).items():
             add(e.id, f"{x}|{y}", "kendall_tau", t)
         if e.rationale is not None:
             gold = rationale_mask(adapter, e.text, e.ids, e.rationale)
@@ -127,9 +129,9 @@ def evaluate_chunk(adapter: ModelAdapter, examples: list[ChunkExample], s: EvalS
 
     # -- decision flip ---------------------------------------------------------------------------
     layers = flip_layers(adapter, s.flip_layers)
-    items = attention_item_scores(adapter, ids, pred.tolist(), layers)
+    items = attention_item_scores(adapter, inputs, pred.tolist(), layers)
     rankings = [dict(items[b], **{f"method:{n}": scores[n][b] for n in s.methods}) for b in range(len(examples))]
-    flips = decision_flip(adapter, ids, probs, rankings, layers, seeds, budget)
+    flips = decision_flip(adapter, inputs, probs, rankings, layers, seeds, budget)
     for b, e in enumerate(examples):
         for rname, d in flips[b].items():
             mname = rname[7:] if rname.startswith("method:") else FLIP_NAMES.get(rname, rname)
@@ -139,15 +141,15 @@ def evaluate_chunk(adapter: ModelAdapter, examples: list[ChunkExample], s: EvalS
     # -- counterfactual attention and the uniform baseline ---------------------------------------
     cf = Counterfactual(**s.counterfactual)
     for l in flip_layers(adapter, s.cf_layers):
-        perm = cf.permutations(adapter, ids, probs, l, seeds, budget)
-        adv_js, adv_tvd = cf.adversarial(adapter, ids, probs, l, seeds)
+        perm = cf.permutations(adapter, inputs, probs, l, seeds, budget)
+        adv_js, adv_tvd = cf.adversarial(adapter, inputs, probs, l, seeds)
         for b, e in enumerate(examples):
             add(e.id, "counterfactual_attention", f"perm_tvd_median@{l}", perm[b])
             add(e.id, "counterfactual_attention", f"adv_js@{l}", adv_js[b])
             add(e.id, "counterfactual_attention", f"adv_tvd@{l}", adv_tvd[b])
             add(e.id, "counterfactual_attention", f"adv_exists@{l}", adv_js[b] >= cf.js_threshold)
-    uni = cf.uniform(adapter, ids, budget)
-    d = tvd(uni, probs)
+    uni = cf.uniform(adapter, inputs, budget)
+    d = total_variation(uni, probs)
     for b, e in enumerate(examples):
         add(e.id, "uniform_attention", "tvd", d[b])
         add(e.id, "uniform_attention", "flip", uni[b].argmax() != pred[b])

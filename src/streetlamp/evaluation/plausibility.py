@@ -2,14 +2,21 @@
 separate plausibility from faithfulness).
 
 The human rationale (character spans) becomes a mask over the model's tokens (a token is in it when
-its character span overlaps an evidence span; special tokens never are). For a method's token
-scores over the non-special tokens:
+its character span overlaps an evidence span; the model's structural special tokens never are). For
+a method's token scores over the other tokens (all from :mod:`streetlamp.stats`, tie-aware: tokens
+with equal scores share a threshold, so no metric depends on the order of tied tokens):
 
-* ``auprc``: average precision of the scores against the mask, ``sum_k P@k * rel_k / #relevant``;
+* ``average_precision``: ``sum_n (R_n - R_{n-1}) P_n`` over the distinct score thresholds
+  (scikit-learn's ``average_precision_score``);
+* ``auprc``: the trapezoid area under the precision-recall curve, as ERASER and ferret report it
+  (``sklearn.metrics.auc(recall, precision)``); lower than average precision in general;
 * ``token_f1``: F1 of the top-k tokens, k = the number of rationale tokens (ERASER's hard
-  rationale from soft scores when k is the human length);
+  rationale from soft scores when k is the human length); with ties at the cut, its expectation
+  over random tie-breaking (precision = recall = expected precision@k);
 * ``iou_f1``: ERASER's IOU F1: contiguous runs of predicted / human tokens are spans, a predicted
-  span matches when its IOU with some human span is >= 0.5; F1 of span precision and recall.
+  span matches when its IOU with some human span is >= 0.5; F1 of span precision and recall. The
+  predicted tokens are those scoring at least the k-th score, so a tie at the cut keeps every tied
+  token (order-free; the span has no simple expectation over tie-breaks).
 """
 from __future__ import annotations
 
@@ -18,6 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from ..models.adapter import ModelAdapter
+from ..stats import auprc, average_precision, precision_at_k
 
 
 def rationale_mask(adapter: ModelAdapter, text: str, ids: Sequence[int],
@@ -30,23 +38,13 @@ def rationale_mask(adapter: ModelAdapter, text: str, ids: Sequence[int],
         return None
     if list(enc["input_ids"]) != list(ids):
         return None
-    special = set(adapter.tokenizer.all_special_ids)
+    special = adapter.special_mask(ids)
     out = np.zeros(len(ids), dtype=bool)
-    for i, ((s, e), t) in enumerate(zip(enc["offset_mapping"], ids)):
-        if t in special or e <= s:
+    for i, (s, e) in enumerate(enc["offset_mapping"]):
+        if special[i] or e <= s:
             continue
         out[i] = any(s < se and ss < e for ss, se in spans)
     return out
-
-
-def average_precision(scores: np.ndarray, gold: np.ndarray) -> float:
-    gold = np.asarray(gold, bool)
-    if gold.sum() == 0:
-        return float("nan")
-    order = np.argsort(-np.asarray(scores, np.float64), kind="stable")
-    rel = gold[order]
-    prec = np.cumsum(rel) / np.arange(1, len(rel) + 1)
-    return float((prec * rel).sum() / rel.sum())
 
 
 def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
@@ -75,12 +73,12 @@ def plausibility(scores: np.ndarray, gold: np.ndarray) -> dict[str, float]:
     k = int(gold.sum())
     if k == 0:
         return {}
-    pred = np.zeros_like(gold)
-    pred[np.argsort(-np.asarray(scores, np.float64), kind="stable")[:k]] = True
-    tp = int((pred & gold).sum())
-    token_f1 = _f1(tp / k, tp / k)
+    s = np.asarray(scores, np.float64)
+    pred = s >= np.sort(s)[::-1][k - 1]
+    p_at_k = precision_at_k(scores, gold, k)  # = recall@k, since k = |gold|
+    token_f1 = _f1(p_at_k, p_at_k)
     ps, gs = _runs(pred), _runs(gold)
     pm = sum(any(_iou(p, g) >= 0.5 for g in gs) for p in ps)
     gm = sum(any(_iou(p, g) >= 0.5 for p in ps) for g in gs)
-    return {"auprc": average_precision(scores, gold), "token_f1": token_f1,
+    return {"average_precision": average_precision(scores, gold), "auprc": auprc(scores, gold), "token_f1": token_f1,
             "iou_f1": _f1(pm / len(ps), gm / len(gs))}

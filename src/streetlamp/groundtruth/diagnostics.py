@@ -21,22 +21,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..models.adapter import ModelAdapter
+from ..models.adapter import ModelAdapter, at_least_float32
+from ..stats import js_divergence
 from .tasks import Example
-
-
-def js_divergence(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """Jensen-Shannon divergence in bits along the last axis (0 = equal, 1 = disjoint)."""
-    p = np.asarray(p, dtype=np.float64)
-    q = np.asarray(q, dtype=np.float64)
-    m = 0.5 * (p + q)
-
-    def kl(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t = np.where(a > 0, a * np.log2(a / b), 0.0)
-        return t.sum(-1)
-
-    return 0.5 * kl(p, m) + 0.5 * kl(q, m)
 
 
 @torch.no_grad()
@@ -46,7 +33,7 @@ def cls_attention(adapter: ModelAdapter, examples: list[Example]) -> tuple[np.nd
     fwd = adapter.forward(inputs, record=[f"layers.{adapter.n_layers - 1}.attn.pattern"])
     att = fwd.cache[f"layers.{adapter.n_layers - 1}.attn.pattern"][:, :, 0, :].mean(1)
     att = att * inputs.attention_mask.to(att.device)
-    return att.float().cpu().numpy(), torch.softmax(fwd.logits.float(), -1).cpu().numpy()
+    return att.float().cpu().numpy(), torch.softmax(at_least_float32(fwd.logits), -1).cpu().numpy()
 
 
 def seed_variance(models: list[ModelAdapter], examples: list[Example]) -> dict[str, float]:

@@ -4,41 +4,26 @@ Token scores are ranked by magnitude ``|score|`` (a method may give the deciding
 negative scores for the explained class, e.g. ``not`` in ``not good``); only the words of the
 text are ranked: ``[CLS]`` and ``[SEP]`` can never be planted and are left out.
 
-* AUPRC: average precision ``sum_n (R_n - R_{n-1}) P_n`` over the distinct score thresholds
-  (ties share a threshold, as in scikit-learn's ``average_precision_score``), per example, then
-  averaged. A random ranking scores ``E[AP]``, a little above the base rate on short texts.
-* precision@k: ``k`` = number of planted tokens; fraction of the top-``k`` that are planted.
+* average precision ``sum_n (R_n - R_{n-1}) P_n`` over the distinct score thresholds (ties share
+  a threshold, as in scikit-learn's ``average_precision_score``), per example, then averaged. A
+  random ranking scores ``E[AP]``, a little above the base rate on short texts.
+* AUPRC: the trapezoid area under the precision-recall curve (ERASER's and ferret's number).
+* precision@k: ``k`` = number of planted tokens; expected fraction of the top-``k`` that are planted
+  (ties at the cut broken at random). All three from :mod:`streetlamp.stats`.
 * Comprehensiveness / sufficiency (DeYoung et al., ACL 2020, ERASER), AOPC over {1,5,10,20,50}%,
   tokens deleted, computed by :mod:`streetlamp.evaluation.erasure` on the method's signed scores.
 """
 from __future__ import annotations
 
-
 import numpy as np
-from ..models.adapter import ModelAdapter
 
+from ..evaluation.common import output_probs
+from ..evaluation.erasure import ErasurePlan
+from ..models.adapter import Inputs, ModelAdapter
+from ..stats import auprc, average_precision, precision_at_k
 
+__all__ = ["auprc", "average_precision", "precision_at_k", "word_scores", "erasure_metrics"]
 
-def average_precision(scores: np.ndarray, relevant: np.ndarray) -> float:
-    """Tie-aware average precision of ranking ``scores`` (higher first) against bool ``relevant``."""
-    scores = np.asarray(scores, dtype=np.float64)
-    rel = np.asarray(relevant, dtype=bool)
-    if rel.sum() == 0:
-        raise ValueError("average precision needs at least one relevant item")
-    order = np.argsort(-scores, kind="mergesort")
-    s, r = scores[order], rel[order]
-    last = np.r_[np.nonzero(np.diff(s))[0], len(s) - 1]  # last index of each distinct threshold
-    tp = np.cumsum(r)[last]
-    precision = tp / (last + 1)
-    recall = tp / rel.sum()
-    return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
-
-
-def precision_at_k(scores: np.ndarray, relevant: np.ndarray, k: int | None = None) -> float:
-    rel = np.asarray(relevant, dtype=bool)
-    k = int(rel.sum()) if k is None else k
-    top = np.argsort(-np.asarray(scores, dtype=np.float64), kind="mergesort")[:k]
-    return float(rel[top].mean())
 
 
 def word_scores(token_scores: np.ndarray) -> np.ndarray:
@@ -46,14 +31,12 @@ def word_scores(token_scores: np.ndarray) -> np.ndarray:
     return np.abs(np.asarray(token_scores, dtype=np.float64)[1:-1])
 
 
-def erasure_metrics(adapter: ModelAdapter, ids: list[list[int]], scores: list[np.ndarray],
+def erasure_metrics(adapter: ModelAdapter, inputs: Inputs, scores: list[np.ndarray],
                     index: np.ndarray, budget: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per-example comprehensiveness and sufficiency AOPC of the signed token scores (ranked by
     value, special tokens never removed), using streetlamp.evaluation's ERASER implementation."""
-    from ..evaluation.common import output_probs, special_mask
-    from ..evaluation.erasure import ErasurePlan
-
-    plans = [ErasurePlan.build(r, np.asarray(s, np.float64), special_mask(adapter, r), None)
+    ids = inputs.rows()
+    plans = [ErasurePlan.build(r, np.asarray(s, np.float64), adapter.special_mask(r), None)
              for r, s in zip(ids, scores)]
     rows = [list(r) for r in ids] + [row for p in plans for row in p.rows]
     probs = output_probs(adapter, rows, budget)

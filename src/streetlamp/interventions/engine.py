@@ -119,6 +119,35 @@ def run(adapter: ModelAdapter, inputs: Inputs, interventions: Iterable[Intervent
     return adapter.forward(inputs, record=record, edit=edits, keep_grad=keep_grad, grad=grad)
 
 
+def run_batched(adapter: ModelAdapter, inputs: Inputs, interventions: Sequence[Intervention] = (),
+                batch_size: int | None = None, record: Iterable[str] = ()):
+    """:func:`run` in passes of at most ``batch_size`` tokens (rows x padded length; None: the
+    device's default budget, :mod:`streetlamp.batching`). Each intervention keeps to its own rows;
+    logits and recorded activations are concatenated over the rows. For row-wise strategies (the
+    activation of one row never depends on another row's), as patching and mediation use."""
+    from ..batching import rows_per_batch
+    from ..models.adapter import Forward
+
+    n, width = len(inputs), int(inputs.input_ids.shape[1])
+    step = rows_per_batch(width, batch_size, adapter.device)
+    if step >= n:
+        return run(adapter, inputs, interventions, record=record)
+    record = list(record)
+    parts = []
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        ivs = []
+        for iv in interventions:
+            if iv.rows is None:
+                ivs.append(iv)
+                continue
+            rows = [r - start for r in iv.rows if start <= r < stop]
+            if rows:
+                ivs.append(Intervention(iv.site, iv.strategy, iv.head, iv.pos, rows))
+        parts.append(run(adapter, inputs.select(range(start, stop)), ivs, record=record))
+    return Forward(torch.cat([f.logits for f in parts]), {k: torch.cat([f.cache[k] for f in parts]) for k in record})
+
+
 # -- strategies ------------------------------------------------------------------------------------
 def zero(a: torch.Tensor) -> torch.Tensor:
     """Zero ablation."""

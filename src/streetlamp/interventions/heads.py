@@ -22,7 +22,6 @@ import numpy as np
 import torch
 
 from ..errors import StreetlampError
-from ..methods.base import explained_position
 from ..models.adapter import Inputs, ModelAdapter, Target
 from . import engine
 from .engine import Intervention
@@ -118,7 +117,7 @@ def attention_mass(adapter: ModelAdapter, inputs: Inputs, texts_per_batch: int =
         att = torch.stack([fwd.cache[f"layers.{l}.attn.pattern"] for l in range(L)], 1).float().cpu()
         for i, b in enumerate(rows):
             n = sub.lengths[i]
-            pos = explained_position(adapter, n)
+            pos = adapter.explained_position(n)
             row = att[i, :, :, pos, :n]  # [L, H, key]
             content = torch.tensor([int(t) not in special for t in sub.input_ids[i, :n]])
             mass[b] = row[..., content].sum(-1).numpy()
@@ -126,7 +125,8 @@ def attention_mass(adapter: ModelAdapter, inputs: Inputs, texts_per_batch: int =
     return mass, peak
 
 
-def attribution_scores(adapter: ModelAdapter, inputs: Inputs, target: Target = Target()) -> tuple[np.ndarray | None, str]:
+def attribution_scores(adapter: ModelAdapter, inputs: Inputs, target: Target = Target(),
+                       batch_size: int | None = None) -> tuple[np.ndarray | None, str]:
     """Hao et al. attention-attribution head scores ``[text, layer, head]`` via the registered
     method ``attention_attribution`` (its ``head_scores`` array); ``(None, why)`` if unavailable."""
     from ..methods.registry import REGISTRY, get_method
@@ -134,7 +134,7 @@ def attribution_scores(adapter: ModelAdapter, inputs: Inputs, target: Target = T
         return None, "method attention_attribution is not registered in this build; column skipped"
     m = get_method("attention_attribution")
     m.check(adapter)
-    exps = m.attribute(adapter, inputs, target=target)
+    exps = m.attribute(adapter, inputs, target=target, batch_size=batch_size)
     if not exps or "head_scores" not in exps[0].arrays:
         return None, "attention_attribution returned no head_scores array; column skipped"
     return np.stack([e.arrays["head_scores"] for e in exps]).astype(np.float32), "Hao et al. 2021 head_scores"
@@ -156,7 +156,7 @@ def accuracy_with_removed(adapter: ModelAdapter, inputs: Inputs, labels: Sequenc
 
 
 def prune_curve(adapter: ModelAdapter, inputs: Inputs, labels: Sequence[int], order: Sequence[tuple[int, int]],
-                step: int = 1, progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
+                step: int = 1, progress: bool = False, texts_per_batch: int = 32) -> tuple[np.ndarray, np.ndarray]:
     """``(n_removed, accuracy)``: accuracy after removing the first k heads of ``order``."""
     ks = list(range(0, len(order) + 1, step))
     if ks[-1] != len(order):
@@ -165,7 +165,7 @@ def prune_curve(adapter: ModelAdapter, inputs: Inputs, labels: Sequence[int], or
     if progress:
         from tqdm import tqdm
         it = tqdm(ks, desc="pruning", leave=False)
-    acc = [accuracy_with_removed(adapter, inputs, labels, order[:k]) for k in it]
+    acc = [accuracy_with_removed(adapter, inputs, labels, order[:k], texts_per_batch) for k in it]
     return np.array(ks, np.int32), np.array(acc, np.float32)
 
 

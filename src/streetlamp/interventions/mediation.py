@@ -74,7 +74,7 @@ def _y(adapter: ModelAdapter, logits: torch.Tensor, stereo: int, anti: int) -> t
 
 
 def mediation(adapter: ModelAdapter, prompts: Sequence[Prompt], head_site: str = "attn.pattern",
-              progress: bool = False) -> dict[str, np.ndarray]:
+              progress: bool = False, batch_size: int | None = None) -> dict[str, np.ndarray]:
     """Mean effects over prompts.
 
     Returns ``te`` scalar array ``[]``, ``head_nie``/``head_nde`` ``[layer, head]``,
@@ -114,13 +114,13 @@ def mediation(adapter: ModelAdapter, prompts: Sequence[Prompt], head_site: str =
                 reps = engine.repeat_inputs(base, H)
                 for l in range(L):
                     ivs = [Intervention(hs[l], engine.patch(src[hs[l]]), head=h, rows=[h]) for h in range(H)]
-                    arr[i, l] = (_y(adapter, engine.run(adapter, reps, ivs).logits, stereo, anti) / yn - 1).cpu().numpy()
+                    arr[i, l] = (_y(adapter, engine.run_batched(adapter, reps, ivs, batch_size).logits, stereo, anti) / yn - 1).cpu().numpy()
             for base, src, arr in ((null, fs.cache, layer_nie), (sett, fn.cache, layer_nde)):
                 reps = engine.repeat_inputs(base, L)
                 for c, k in enumerate(("attn.out", "mlp.out")):
                     ivs = [Intervention(f"layers.{l}.{k}", engine.patch(src[f"layers.{l}.{k}"]), rows=[l])
                            for l in range(L)]
-                    arr[i, c] = (_y(adapter, engine.run(adapter, reps, ivs).logits, stereo, anti) / yn - 1).cpu().numpy()
+                    arr[i, c] = (_y(adapter, engine.run_batched(adapter, reps, ivs, batch_size).logits, stereo, anti) / yn - 1).cpu().numpy()
     return {"te": np.array(te.mean(), np.float32), "te_per_prompt": te.astype(np.float32),
             "head_nie": head_nie.mean(0).astype(np.float32), "head_nde": head_nde.mean(0).astype(np.float32),
             "layer_nie": layer_nie.mean(0).astype(np.float32), "layer_nde": layer_nde.mean(0).astype(np.float32),

@@ -98,7 +98,8 @@ def first_difference(pair: Pair) -> int:
 
 
 def activation_patching(adapter: ModelAdapter, pair: Pair, progress: bool = False,
-                        kinds: Sequence[str] = KINDS + ("heads",)) -> dict[str, np.ndarray]:
+                        kinds: Sequence[str] = KINDS + ("heads",), batch_size: int | None = None
+                        ) -> dict[str, np.ndarray]:
     """Normalised metric for patching each clean activation into the corrupted run.
 
     Returns ``{"resid_pre"|"attn.out"|"mlp.out": [layer, pos], "heads": [layer, head]}`` (the
@@ -128,13 +129,13 @@ def activation_patching(adapter: ModelAdapter, pair: Pair, progress: bool = Fals
                     continue
                 s = f"layers.{l}.{k}"
                 ivs = [Intervention(s, engine.patch(clean[s]), pos=p, rows=[i]) for i, p in enumerate(positions)]
-                out[k][l, positions] = pair.normalise(logit_diff(engine.run(adapter, by_pos, ivs).logits,
+                out[k][l, positions] = pair.normalise(logit_diff(engine.run_batched(adapter, by_pos, ivs, batch_size).logits,
                                                                  pair.answer, pair.wrong)).cpu().numpy()
             if "heads" not in kinds:
                 continue
             s = f"layers.{l}.attn.z"
             ivs = [Intervention(s, engine.patch(clean[s]), head=h, rows=[h]) for h in range(H)]
-            out["heads"][l] = pair.normalise(logit_diff(engine.run(adapter, by_head, ivs).logits,
+            out["heads"][l] = pair.normalise(logit_diff(engine.run_batched(adapter, by_head, ivs, batch_size).logits,
                                                         pair.answer, pair.wrong)).cpu().numpy()
     return out
 
@@ -178,7 +179,8 @@ def compare(real: dict[str, np.ndarray], approx: dict[str, np.ndarray], top: int
 
 
 def path_patching(adapter: ModelAdapter, pair: Pair, receivers: Sequence[tuple[int, int]] | None = None,
-                  receiver_pos: int | None = None, progress: bool = False) -> np.ndarray:
+                  receiver_pos: int | None = None, progress: bool = False, batch_size: int | None = None
+                  ) -> np.ndarray:
     """Normalised metric ``[layer, head]`` for the path sender (l, h) -> receivers.
 
     ``receivers=None``: the logits (sender's direct path, MLPs recomputed). Otherwise a list of
@@ -216,7 +218,7 @@ def path_patching(adapter: ModelAdapter, pair: Pair, receivers: Sequence[tuple[i
             ivs = [Intervention(zs[l], freeze(l)) for l in range(L)]
             ivs += [Intervention(zs[ls], engine.patch(corrupt[zs[ls]]), head=h, rows=[h]) for h in range(H)]
             rec = [zs[l] for l in rec_layers]
-            fwd = engine.run(adapter, base, ivs, record=rec)
+            fwd = engine.run_batched(adapter, base, ivs, batch_size, record=rec)
             if not receivers:
                 ld = logit_diff(fwd.logits, pair.answer, pair.wrong)
             else:

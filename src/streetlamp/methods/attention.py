@@ -10,7 +10,7 @@ import torch
 from ..errors import StreetlampError
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..results import Explanation
-from .base import Method, explained_position
+from .base import Method
 
 
 def record_attention(adapter: ModelAdapter, inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -61,7 +61,7 @@ class Attention(Method):
             l = self.layer % adapter.n_layers
             view = {"head_mean": a[l].mean(0), "head": a[l, self.head or 0], "head_max": a[l].max(0),
                     "layer_mean": a.mean((0, 1))}[self.view]
-            pos = explained_position(adapter, n)
+            pos = adapter.explained_position(n)
             out.append(self.explanation(
                 adapter, inputs, b, int(index[b]), target,
                 arrays={"tokens": view[pos].astype(np.float32), "attention": a.astype(np.float32),

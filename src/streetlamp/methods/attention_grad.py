@@ -19,7 +19,7 @@ from ..batching import chunks
 from ..errors import StreetlampError
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..results import Explanation
-from .base import Method, explained_position
+from .base import Method
 from .rollout import attention_gradient_texts
 
 try:
@@ -47,7 +47,7 @@ class AttentionXGradient(Method):
         out: list[Explanation | None] = [None] * len(inputs)
         for b, sub, k, a, g, index in attention_gradient_texts(adapter, inputs, target, batch_size):
             axg = a * g
-            pos = explained_position(adapter, a.shape[-1])
+            pos = adapter.explained_position(a.shape[-1])
             out[b] = self.explanation(
                 adapter, sub, k, index, target,
                 arrays={"tokens": axg[-1, :, pos].sum(0).astype(np.float32),
@@ -100,7 +100,7 @@ class AttentionAttribution(Method):
             for b, n in enumerate(inputs.lengths):
                 one = inputs.select([b])
                 attr, gap = self._one_text(adapter, one, int(index[b]), target, batch_size, bar)
-                pos = explained_position(adapter, n)
+                pos = adapter.explained_position(n)
                 heads = attr.max((2, 3)) if self.head_score == "max" else attr.sum((2, 3))
                 out.append(self.explanation(
                     adapter, inputs, b, int(index[b]), target,

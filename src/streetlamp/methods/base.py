@@ -53,9 +53,3 @@ class Method(ABC):
         base.update(info)
         return Explanation(self.name, arrays, axes, meaning, list(inputs.tokens[b]), base)
 
-
-def explained_position(adapter: ModelAdapter, length: int) -> int:
-    """The position whose output is explained: [CLS] (0) for BERT-style classifiers, else the last token."""
-    if adapter.kind == "classifier" and adapter.family.name in ("bert", "roberta", "distilbert"):
-        return 0
-    return length - 1

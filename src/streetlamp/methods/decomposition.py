@@ -27,7 +27,7 @@ from ..errors import StreetlampError
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..models.decompose import output_weights, placement, post_norm
 from ..results import Explanation
-from .base import Method, explained_position
+from .base import Method
 
 _TINY = 1e-12
 
@@ -123,7 +123,7 @@ class Norm(Method):
                     mats.append(m)
                     heads.append(h)
                 norm = torch.stack(mats)
-                pos = explained_position(adapter, n)
+                pos = adapter.explained_position(n)
                 if self.aggregate == "last":
                     tokens = norm[-1, pos]
                     how = f"last layer, row of position {pos} ({inputs.labels[b][pos]})"
@@ -253,7 +253,7 @@ class Alti(Method):
                 n = inputs.lengths[b]
                 c = torch.stack([alti_layer(adapter, cache, k, n, l).contributions for l in range(adapter.n_layers)])
                 r = rollout(c)
-                pos = explained_position(adapter, n)
+                pos = adapter.explained_position(n)
                 out[b] = self.explanation(
                     adapter, sub, k, int(index[k]), target,
                     arrays={"tokens": r[pos].cpu().numpy().astype(np.float32),
@@ -352,7 +352,7 @@ class ValueZeroing(Method):
                         layers.append(normalise_rows(c.clamp_min(0) * allowed))
                     cm = torch.stack(layers)
                     r = rollout(cm)
-                    pos = explained_position(adapter, n)
+                    pos = adapter.explained_position(n)
                     out[b] = self.explanation(
                         adapter, sub, k, int(index[k]), target,
                         arrays={"tokens": r[pos].cpu().numpy().astype(np.float32),

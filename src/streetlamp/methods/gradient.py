@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..batching import chunks
-from ..models.adapter import Inputs, ModelAdapter, Target
+from ..models.adapter import Inputs, ModelAdapter, Target, at_least_float32
 from ..results import Explanation
 from .base import Method
 
@@ -31,10 +31,7 @@ def row_inputs(inputs: Inputs, b: int) -> Inputs:
 
 def ids_inputs(adapter: ModelAdapter, ids: torch.Tensor, rows: int = 1) -> Inputs:
     """An unpadded :class:`Inputs` of ``rows`` copies of the token ids ``ids`` ``[pos]``."""
-    ids = ids.view(1, -1).expand(rows, -1).contiguous()
-    toks = adapter.tokenizer.convert_ids_to_tokens(ids[0].tolist())
-    labels = [adapter.token_label(t) for t in toks]
-    return Inputs(ids, torch.ones_like(ids), [toks] * rows, [labels] * rows, [""] * rows, [False] * rows)
+    return Inputs.from_ids(adapter, [ids.view(-1).cpu()]).repeat(rows)
 
 
 @torch.no_grad()
@@ -94,7 +91,7 @@ class _PlainGradient(Method):
             index = resolve_one(adapter, ids, target, logits)
             f, g = scores_at(adapter, ids, e[None], index, target, grad=True)
             assert g is not None
-            s = self._per_token(e.float(), g[0].float())
+            s = self._per_token(at_least_float32(e), at_least_float32(g[0]))
             out.append(self.explanation(
                 adapter, inputs, b, index, target,
                 arrays={"tokens": s.cpu().numpy().astype(np.float32)}, axes={"tokens": ["token"]},

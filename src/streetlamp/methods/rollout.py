@@ -19,7 +19,7 @@ from ..errors import StreetlampError
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..results import Explanation
 from .attention import record_attention
-from .base import Method, explained_position
+from .base import Method
 from .maxflow import layered_max_flow
 
 FUSIONS = ("mean", "max", "min")
@@ -85,7 +85,7 @@ class Rollout(_AttentionGraphMethod):
         out = []
         for b, att in enumerate(atts):
             n = att.shape[-1]
-            pos = explained_position(adapter, n)
+            pos = adapter.explained_position(n)
             r = rollout_matrix(residual_attention(att, self.fusion))
             out.append(self.explanation(
                 adapter, inputs, b, int(index[b]), target,
@@ -126,7 +126,7 @@ class Flow(_AttentionGraphMethod):
         out = []
         for b, att in enumerate(atts):
             n = att.shape[-1]
-            pos = explained_position(adapter, n)
+            pos = adapter.explained_position(n)
             caps = residual_attention(att, self.fusion)
             arrays = {}
             axes = {"tokens": ["token"]}
@@ -169,7 +169,7 @@ class GradientRollout(Method):
             r = np.eye(n)
             for layer in a_bar:
                 r = r + layer @ r
-            pos = explained_position(adapter, n)
+            pos = adapter.explained_position(n)
             out[b] = self.explanation(
                 adapter, sub, k, index, target,
                 arrays={"tokens": r[pos].astype(np.float32), "matrix": r.astype(np.float32)},

@@ -1,14 +1,19 @@
 """ModelAdapter: one object around a Hugging Face model that streetlamp methods talk to.
 
-Methods never touch Hugging Face internals; they use :meth:`ModelAdapter.encode`,
-:meth:`ModelAdapter.forward` (logits of the explained output plus recorded sites) and
-:meth:`ModelAdapter.score`.
+Methods never touch Hugging Face internals; they use :meth:`ModelAdapter.encode` /
+:meth:`Inputs.from_ids` (the one way to build a batch), :meth:`ModelAdapter.forward` (logits of
+the explained output plus recorded sites), :meth:`ModelAdapter.score`, and the model facts kept
+here: the explained position, the structural special tokens, the replacement token, output labels,
+the KV-cached prefix forward, logits at chosen positions and greedy generation.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass, field
 from typing import Iterable, Literal, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -20,6 +25,16 @@ from .trace import Edit, Session
 
 Kind = Literal["classifier", "causal_lm"]
 Quantity = Literal["prob", "logit", "logprob"]
+# When the asked-for replacement token does not exist (causal LMs have no [MASK]), use the next one.
+REPLACEMENT_FALLBACK = {"mask": ("mask", "unk", "pad", "eos"), "unk": ("unk", "pad", "eos"), "pad": ("pad", "eos")}
+# The tokens a model uses for structure: never scored, perturbed or erased. [UNK] and [MASK] are not
+# among them: an [UNK] stands for a real (unknown) piece of the text.
+STRUCTURAL_SPECIALS = ("cls", "sep", "bos", "eos", "pad")
+
+
+def at_least_float32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32, or float64 if it already is (half precision is upcast, double is kept)."""
+    return t if t.dtype == torch.float64 else t.float()
 
 
 def _get(root: nn.Module, path: str) -> nn.Module:
@@ -46,6 +61,38 @@ class Inputs:
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
+
+    @classmethod
+    def from_ids(cls, adapter: "ModelAdapter", rows: Sequence[Sequence[int]] | torch.Tensor,
+                 texts: Sequence[str] | None = None, truncated: Sequence[bool] | None = None) -> "Inputs":
+        """The one constructor from token ids (special tokens included as given): right-padded with the
+        tokenizer's pad id. An empty row (erasure removed every token of a causal LM's prompt) becomes
+        :meth:`ModelAdapter.empty_context_token`."""
+        rows = [r.tolist() if isinstance(r, torch.Tensor) else [int(t) for t in r] for r in rows]
+        if not rows:
+            raise StreetlampError("no token rows given")
+        rows = [r if r else [adapter.empty_context_token()] for r in rows]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), adapter.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+            mask[i, : len(r)] = 1
+        tokens = [adapter.tokenizer.convert_ids_to_tokens(r) for r in rows]
+        labels = [[adapter.token_label(t) for t in toks] for toks in tokens]
+        return cls(ids, mask, tokens, labels, list(texts) if texts is not None else [""] * len(rows),
+                   list(truncated) if truncated is not None else [False] * len(rows))
+
+    def rows(self) -> list[list[int]]:
+        """Each text's token ids (real tokens only, special tokens included)."""
+        return [self.input_ids[b, :n].tolist() for b, n in enumerate(self.lengths)]
+
+    def repeat(self, rows: int) -> "Inputs":
+        """``rows`` copies of a one-text batch (views, no copy of the ids)."""
+        if len(self) != 1:
+            raise ValueError("repeat needs a batch of one text")
+        return Inputs(self.input_ids.expand(rows, -1), self.attention_mask.expand(rows, -1), self.tokens * rows,
+                      self.labels * rows, self.texts * rows, (self.truncated or [False]) * rows)
 
     def select(self, idx: Sequence[int]) -> "Inputs":
         ids = list(idx)
@@ -148,6 +195,65 @@ class ModelAdapter:
             return str(self.hf_model.config.id2label.get(index, index))
         return self.tokenizer.decode([index])
 
+    def parse_label(self, label: str | int) -> int:
+        """An output index from a class id, a class name (any case), or (causal LM) a one-token string."""
+        if isinstance(label, int) or (isinstance(label, str) and label.strip().lstrip("-").isdigit()):
+            index = int(label)
+            if not 0 <= index < self.n_outputs:
+                raise StreetlampError(f"output {index} out of range: the model has {self.n_outputs} outputs")
+            return index
+        if self.kind == "classifier":
+            names = {str(v).lower(): int(k) for k, v in self.hf_model.config.id2label.items()}
+            if label.lower() not in names:
+                raise StreetlampError(f"unknown label {label!r}; this model's labels: {', '.join(names)}")
+            return names[label.lower()]
+        return self.token_id(label)
+
+    def explained_position(self, length: int) -> int:
+        """The position whose output is explained: [CLS] (0) for BERT-style classifiers, else the last token."""
+        if self.kind == "classifier" and self.family.name in ("bert", "roberta", "distilbert"):
+            return 0
+        return length - 1
+
+    # -- special tokens ------------------------------------------------------------------------
+    @property
+    def pad_token_id(self) -> int:
+        return int(self.tokenizer.pad_token_id)
+
+    @functools.cached_property
+    def special_ids(self) -> frozenset[int]:
+        """Ids of the model's structural special tokens (CLS/SEP/BOS/EOS/PAD that the tokenizer has).
+
+        [UNK] is not one of them, unless the tokenizer uses the same id for EOS (SmolLM2)."""
+        ids = (getattr(self.tokenizer, f"{k}_token_id", None) for k in STRUCTURAL_SPECIALS)
+        return frozenset(int(i) for i in ids if i is not None)
+
+    def special_mask(self, ids: Sequence[int] | torch.Tensor) -> np.ndarray:
+        """Bool ``[n]``: True where ``ids`` holds a structural special token (never scored nor removed)."""
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
+        return np.array([int(i) in self.special_ids for i in ids], dtype=bool)
+
+    def replacement_token(self, replacement: str) -> tuple[str, int | None, str | None]:
+        """``(used, token_id, token_string)`` for ``mask`` / ``unk`` / ``pad`` / ``delete``, after fallbacks.
+
+        ``mask`` falls back to ``unk``, then ``pad``, then ``eos`` (causal LMs usually have no [MASK];
+        SmolLM2's ``unk`` is ``<|endoftext|>``). ``delete`` has no token."""
+        if replacement == "delete":
+            return "delete", None, None
+        if replacement not in REPLACEMENT_FALLBACK:
+            raise StreetlampError(f"unknown replacement {replacement!r}; choose one of mask, unk, pad, delete")
+        for kind in REPLACEMENT_FALLBACK[replacement]:
+            tid = getattr(self.tokenizer, f"{kind}_token_id", None)
+            if tid is not None:
+                return kind, int(tid), str(getattr(self.tokenizer, f"{kind}_token"))
+        raise StreetlampError(f"the tokenizer has no {replacement}, unk, pad or eos token; use replacement='delete'")
+
+    def empty_context_token(self) -> int:
+        """What a causal LM reads when erasure leaves no token at all: BOS, else EOS (GPT-2's
+        ``<|endoftext|>`` starts a document); a classifier always keeps its [CLS]/[SEP]."""
+        tok = self.tokenizer
+        return int(tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id)
+
     def describe(self) -> dict:
         cfg = self.hf_model.config
         return {"name": self.name, "source": self.source, "kind": self.kind, "family": self.family.name,
@@ -176,16 +282,7 @@ class ModelAdapter:
                 # the tokenizer keeps its special tokens ([CLS] ... [SEP]) when it truncates
                 rows[i] = self.tokenizer(texts[i], truncation=True, max_length=self.max_positions)["input_ids"]
             truncated.append(len(r) > self.max_positions)
-        width = max(len(r) for r in rows)
-        pad = int(self.tokenizer.pad_token_id)
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, : len(r)] = torch.tensor(r)
-            mask[i, : len(r)] = 1
-        tokens = [self.tokenizer.convert_ids_to_tokens(r) for r in rows]
-        labels = [[self.token_label(t) for t in toks] for toks in tokens]
-        return Inputs(ids, mask, tokens, labels, texts, truncated)
+        return Inputs.from_ids(self, rows, texts, truncated)
 
     def token_label(self, token: str) -> str:
         s = self.tokenizer.convert_tokens_to_string([token])
@@ -234,9 +331,9 @@ class ModelAdapter:
         if target.quantity == "logit":
             q = logits
         elif target.quantity == "logprob":
-            q = torch.log_softmax(logits.float(), -1)
+            q = torch.log_softmax(at_least_float32(logits), -1)
         else:
-            q = torch.softmax(logits.float(), -1)
+            q = torch.softmax(at_least_float32(logits), -1)
         f = q.gather(1, index.view(-1, 1).to(q.device)).squeeze(1)
         if target.contrast is not None:
             f = f - q[:, target.contrast]
@@ -253,3 +350,72 @@ class ModelAdapter:
         if logits is None:
             logits = self.forward(inputs).logits
         return logits.argmax(-1).cpu()
+
+    # -- causal-LM passes that need more than :meth:`forward` ---------------------------------------
+    def logits_at(self, ids: torch.Tensor, positions: torch.Tensor, edit: dict[str, Edit] | None = None,
+                  grad: bool = False) -> torch.Tensor:
+        """Causal LM: next-token logits ``[rows, k, vocab]`` at ``positions`` ``[k]`` of unpadded rows
+        ``ids`` ``[rows, pos]`` (the LM head only there, via ``logits_to_keep``)."""
+        ids = ids.to(self.device)
+        with torch.set_grad_enabled(grad), self.session(edit=edit):
+            return self.hf_model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                 logits_to_keep=positions.to(self.device)).logits
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: torch.Tensor, n_new: int) -> list[int]:
+        """Greedy continuation of ``n_new`` tokens after ``prompt_ids`` ``[pos]`` (one forward per token)."""
+        if n_new < 1:
+            raise StreetlampError(f"need at least one new token (got {n_new})")
+        ids, out = prompt_ids.cpu(), []
+        for _ in range(n_new):
+            nxt = int(self.forward(Inputs.from_ids(self, [ids])).logits[0].argmax())
+            out.append(nxt)
+            ids = torch.cat([ids, torch.tensor([nxt])])
+        return out
+
+    @torch.no_grad()
+    def prefix_forward(self, ids: torch.Tensor, mask: torch.Tensor, cache: list | None = None,
+                       start: int = 0, keep_cache: bool = False) -> tuple[torch.Tensor, list]:
+        """Causal LM only: next-token logits after each row's last real token, reusing a cached prefix.
+
+        ``ids``/``mask`` ``[rows, width]`` are right-padded *suffixes* that start at position ``start``;
+        ``cache`` is the per-layer ``(keys, values)`` list returned by an earlier call on the full
+        original text (``start == 0``), cropped here to its first ``start`` positions and shared by every
+        row (expanded, not recomputed). Positions follow from the cache length, so RoPE / learned
+        positions are those of the full text. The registered streetlamp attention function handles
+        ``q_len < k_len`` (the causal mask is offset by the cache). Only the hidden state of each row's
+        last real token goes through the LM head (not ``[rows, width, vocab]`` logits).
+
+        Returns the logits ``[rows, vocab]`` and, with ``keep_cache``, this call's cache as
+        ``[(keys, values)]`` per layer (else ``[]``).
+        """
+        from transformers import DynamicCache
+
+        if self.kind != "causal_lm":
+            raise StreetlampError("prefix_forward needs a causal LM")
+        dev = self.device
+        rows = ids.shape[0]
+        past = None
+        full_mask = mask
+        if start:
+            assert cache is not None
+            past = DynamicCache(ddp_cache_data=[(k[:, :, :start].expand(rows, -1, -1, -1),
+                                                 v[:, :, :start].expand(rows, -1, -1, -1)) for k, v in cache])
+            full_mask = torch.cat([torch.ones(rows, start, dtype=mask.dtype), mask], 1)
+        base = self.hf_model.base_model
+        name = cache_keyword(type(base))
+        out = base(input_ids=ids.to(dev), attention_mask=full_mask.to(dev),
+                   use_cache=keep_cache or past is not None, **{name: past})
+        last = mask.sum(1).to(dev) - 1
+        hidden = out.last_hidden_state[torch.arange(rows, device=dev), last]
+        logits = self.hf_model.get_output_embeddings()(hidden)
+        new_cache = [(layer.keys, layer.values) for layer in getattr(out, name).layers] if keep_cache else []
+        return logits, new_cache
+
+
+@functools.lru_cache(maxsize=None)
+def cache_keyword(model_class: type) -> str:
+    """The KV-cache argument (and output field) of a base model's forward: transformers renamed
+    ``past_key_values`` to ``cache`` within 5.x, and ``**kwargs`` would swallow the wrong one (the
+    prefix silently ignored), so ask the signature, once per class."""
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"

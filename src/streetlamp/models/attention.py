@@ -71,7 +71,9 @@ def streetlamp_attention(
         if getattr(module, "is_causal", False) and q_len > 1:
             allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril(k_len - q_len)[None, None]
             scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    probs = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    # softmax in float32 (as Hugging Face's eager path), or float64 when the model runs in double
+    probs = nn.functional.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)
+                                  ).to(query.dtype)
     probs = nn.functional.dropout(probs, p=dropout, training=module.training)
     if layer is not None:
         assert session is not None

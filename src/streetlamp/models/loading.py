@@ -73,7 +73,7 @@ def _smollm() -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
 
 EMBEDDED: dict[str, Embedded] = {
     "minilm-sentiment": Embedded("minilm-sentiment", "classifier",
-                                 "all-MiniLM-L6-v2 encoder + sentiment head trained by streetlamp (default)",
+                                 "all-MiniLM-L6-v2 encoder + sentiment head trained by streetlamp",
                                  _minilm),
     "smollm2-135m": Embedded("smollm2-135m", "causal_lm", "SmolLM2-135M-Instruct (from GGUF), next-token target",
                              _smollm),

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import matplotlib
 
@@ -11,9 +11,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from scipy.stats import kendalltau  # noqa: E402
-
-if TYPE_CHECKING:
-    from ..runners.explain import ExplainResult
 
 COMPARISON_SCALE = {"cmap": "RdBu_r", "vmin": -1.0, "vmax": 1.0, "norm": "linear",
                     "label": "score / max |score| of that method (signed; red pushes the target up)"}
@@ -36,14 +33,15 @@ def kendall_matrix(scores: dict[str, np.ndarray]) -> tuple[list[str], np.ndarray
     return names, tau
 
 
-def write_comparison(res: "ExplainResult", out: Path) -> list[dict[str, Any]]:
-    scores = {k: np.asarray(e.scores, dtype=np.float64) for k, e in res.explanations.items()}
+def write_comparison(method_scores: dict[str, np.ndarray], labels: list[str], out: Path) -> list[dict[str, Any]]:
+    """Write ``methods_comparison.png`` and ``kendall_tau.csv`` into ``out``; their manifest records."""
+    scores = {k: np.asarray(v, dtype=np.float64) for k, v in method_scores.items()}
     names = list(scores)
     m = normalise_rows(np.stack([scores[k] for k in names]))
     n = m.shape[1]
     fig, ax = plt.subplots(figsize=(min(3 + 0.45 * n, 30), 1.2 + 0.45 * len(names)))
     im = ax.imshow(m, cmap=COMPARISON_SCALE["cmap"], vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
-    ax.set_xticks(range(n), res.labels, rotation=90, fontsize=8)
+    ax.set_xticks(range(n), labels, rotation=90, fontsize=8)
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.set_xlabel("token")
     ax.set_ylabel("method")

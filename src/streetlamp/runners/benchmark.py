@@ -26,10 +26,10 @@ from ..groundtruth.tasks import get_task, planted_mask
 from ..groundtruth.train import evaluate, weights_path
 from ..methods.registry import get_method
 from ..models.adapter import ModelAdapter, Target
-from ..results import atomic_dir, check_out_dir, command_line, versions, write_json
+from ..store.run_folder import RunFolder
 
 VARIANTS = ("normal", "deceptive")
-COLUMNS = ["task", "variant", "method", "auprc", "precision_at_k", "comprehensiveness", "sufficiency",
+COLUMNS = ["task", "variant", "method", "average_precision", "auprc", "precision_at_k", "comprehensiveness", "sufficiency",
            "base_rate", "n_examples", "seconds", "error"]
 # cheap-but-sound settings for the tiny models (defaults are used for everything else)
 # (texts are 6-12 words; recorded in manifest.json)
@@ -46,6 +46,24 @@ class BenchmarkResult:
     out: Path
     rows: list[dict[str, Any]] = field(default_factory=list)
     models: list[dict[str, Any]] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        lines = []
+        for m in self.models:
+            lines.append(f"{m['task']:<9} {m['variant']:<9} accuracy {m['accuracy']:.3f}  attention mass on planted: "
+                         f"[CLS] last layer {m['mass_cls_last']:.3f}, all rows {m['mass_all']:.3f}")
+        for task in dict.fromkeys(r["task"] for r in self.rows):
+            lines.append(f"\n== {task} ==")
+            lines.append(f"{'variant':<10}{'method':<24}{'AP':>7}{'AUPRC':>7}{'P@k':>7}{'comp':>8}{'suff':>8}")
+            rows = [r for r in self.rows if r["task"] == task]
+            for r in sorted(rows, key=lambda r: (r["variant"] != "normal", -r.get("auprc", -1))):
+                if r["error"]:
+                    lines.append(f"{r['variant']:<10}{r['method']:<24} error: {r['error']}")
+                else:
+                    lines.append(f"{r['variant']:<10}{r['method']:<24}{r['average_precision']:>7.3f}"
+                                 f"{r['auprc']:>7.3f}{r['precision_at_k']:>7.3f}"
+                                 f"{r['comprehensiveness']:>8.3f}{r['sufficiency']:>8.3f}")
+        return lines + [f"output: {self.out}/ (leaderboard.csv, models.csv, leaderboard.png, manifest.json)"]
 
 
 def load_groundtruth(task: str, variant: str) -> ModelAdapter:
@@ -75,22 +93,21 @@ def score_method(adapter: ModelAdapter, name: str, examples: list, seed: int, de
     secs = time.time() - t0
     words = [lb.word_scores(s) for s in token_scores]
     masks = [planted_mask(e, n)[1:-1] for e, n in zip(examples, inputs.lengths)]
-    ids = [inputs.input_ids[b, :n].tolist() for b, n in enumerate(inputs.lengths)]
-    comp, suff = lb.erasure_metrics(adapter, ids, [np.asarray(s) for s in token_scores], index, device_budget)
-    return {"auprc": float(np.mean([lb.average_precision(w, m) for w, m in zip(words, masks)])),
+    comp, suff = lb.erasure_metrics(adapter, inputs, [np.asarray(s) for s in token_scores], index, device_budget)
+    return {"average_precision": float(np.mean([lb.average_precision(w, m) for w, m in zip(words, masks)])),
+            "auprc": float(np.mean([lb.auprc(w, m) for w, m in zip(words, masks)])),
             "precision_at_k": float(np.mean([lb.precision_at_k(w, m) for w, m in zip(words, masks)])),
             "comprehensiveness": float(comp.mean()), "sufficiency": float(suff.mean()),
             "base_rate": float(np.mean([m.mean() for m in masks])), "seconds": round(secs, 2)}
 
 
-def benchmark(out: Path, tasks: list[str], methods: list[str], n_examples: int = 50, seed: int = 0,
+def benchmark(out: RunFolder | Path, tasks: list[str], methods: list[str], n_examples: int = 50, seed: int = 0,
               overwrite: bool = False, device: str = "cpu", batch_size: int | None = None,
               quantity: str = "logit") -> BenchmarkResult:
-    out = Path(out)
-    check_out_dir(out, overwrite)
+    rf = RunFolder.of(out, "benchmark", overwrite)
     if n_examples < 1:
         raise StreetlampError("--n-examples must be at least 1")
-    res = BenchmarkResult(out)
+    res = BenchmarkResult(rf.out)
     names = list(dict.fromkeys(["random"] + list(methods)))
     for task_name in tasks:
         task = get_task(task_name)
@@ -113,20 +130,20 @@ def benchmark(out: Path, tasks: list[str], methods: list[str], n_examples: int =
                 except Exception as e:  # a method that crashes is reported, not fatal to the leaderboard
                     row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
                 res.rows.append(row)
-    with atomic_dir(out, overwrite) as tmp:
-        write_csv(tmp / "leaderboard.csv", res.rows, COLUMNS)
-        write_csv(tmp / "models.csv", res.models, ["task", "variant", "accuracy", "mass_cls_last", "mass_all"])
+    with rf.staging() as w:
+        write_csv(w.path / "leaderboard.csv", res.rows, COLUMNS)
+        write_csv(w.path / "models.csv", res.models, ["task", "variant", "accuracy", "mass_cls_last", "mass_all"])
         from ..groundtruth.figure import plot_leaderboard
-        plot_leaderboard(res.rows, tmp / "leaderboard.png")
-        write_json(tmp / "manifest.json", {
-            "streetlamp": "benchmark", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command_line(),
-            "tasks": tasks, "methods": names, "method_params": {n: METHOD_PARAMS.get(n, {}) for n in names}, "n_examples": n_examples, "seed": seed, "quantity": quantity,
-            "files": {"leaderboard.csv": "one row per task x variant x method; AUPRC and precision@k of |token "
+        plot_leaderboard(res.rows, w.path / "leaderboard.png")
+        w.write_manifest({
+            "tasks": tasks, "methods": names, "method_params": {n: METHOD_PARAMS.get(n, {}) for n in names},
+            "n_examples": n_examples, "seed": seed, "quantity": quantity,
+            "files": {"leaderboard.csv": "one row per task x variant x method; average precision, AUPRC and "
+                      "precision@k of |token "
                       "scores| (words only) against the planted tokens; comprehensiveness / sufficiency AOPC",
                       "models.csv": "held-out accuracy and attention mass on the planted tokens ([CLS] row of "
                       "the last layer, head mean; and mean over all layers, heads and queries)",
-                      "leaderboard.png": "AUPRC per method, normal vs deceptive, one panel per task"},
-            "versions": versions()})
+                      "leaderboard.png": "AUPRC per method, normal vs deceptive, one panel per task"}})
     return res
 
 
@@ -136,21 +153,3 @@ def write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> Non
         w.writeheader()
         for r in rows:
             w.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
-
-
-def format_rows(res: BenchmarkResult) -> list[str]:
-    lines = []
-    for m in res.models:
-        lines.append(f"{m['task']:<9} {m['variant']:<9} accuracy {m['accuracy']:.3f}  attention mass on planted: "
-                     f"[CLS] last layer {m['mass_cls_last']:.3f}, all rows {m['mass_all']:.3f}")
-    for task in dict.fromkeys(r["task"] for r in res.rows):
-        lines.append(f"\n== {task} ==")
-        lines.append(f"{'variant':<10}{'method':<24}{'AUPRC':>7}{'P@k':>7}{'comp':>8}{'suff':>8}")
-        rows = [r for r in res.rows if r["task"] == task]
-        for r in sorted(rows, key=lambda r: (r["variant"] != "normal", -r.get("auprc", -1))):
-            if r["error"]:
-                lines.append(f"{r['variant']:<10}{r['method']:<24} error: {r['error']}")
-            else:
-                lines.append(f"{r['variant']:<10}{r['method']:<24}{r['auprc']:>7.3f}{r['precision_at_k']:>7.3f}"
-                             f"{r['comprehensiveness']:>8.3f}{r['sufficiency']:>8.3f}")
-    return lines

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,11 +12,10 @@ import pandas as pd
 
 from ..data import Dataset, load_dataset, sample_indices
 from ..errors import StreetlampError
-from ..evaluation.erasure import replacement_id
 from ..evaluation.pipeline import ChunkExample, EvalSettings, evaluate_chunk
 from ..methods.registry import get_method
 from ..models.adapter import ModelAdapter
-from ..results import command_line, versions
+from ..settings import layers_of
 from ..store import RunStore
 
 KEY_METRICS = ["aopc_comprehensiveness", "aopc_sufficiency", "deletion_area", "insertion_area",
@@ -31,7 +29,12 @@ class EvalResult:
     n_skipped: int
     n_computed_chunks: int
     summary: pd.DataFrame
-    lines: list[str] = field(default_factory=list)
+    table: list[str] = field(default_factory=list)  # summary.md
+
+    def lines(self) -> list[str]:
+        return [*self.table, f"{self.n_examples} examples ({self.n_skipped} skipped: longer than the model's "
+                f"positions), {self.n_computed_chunks} chunks computed now; run store: {self.out}/ (manifest.json, "
+                "metrics/*.parquet, arrays/, summary.csv, summary.md, figures/)"]
 
 
 def label_indices(adapter: ModelAdapter, ds: Dataset) -> dict[str, int]:
@@ -41,16 +44,14 @@ def label_indices(adapter: ModelAdapter, ds: Dataset) -> dict[str, int]:
     vocabulary (the usual form after a prompt), else ``label`` itself; anything else is refused."""
     if adapter.kind == "causal_lm":
         return next_token_labels(adapter, ds.labels())
-    names = {str(v).lower(): int(k) for k, v in adapter.hf_model.config.id2label.items()}
     out, bad = {}, []
     for lab in ds.labels():
-        if lab.lower() in names:
-            out[lab] = names[lab.lower()]
-        elif lab.lstrip("-").isdigit() and 0 <= int(lab) < adapter.n_outputs:
-            out[lab] = int(lab)
-        else:
+        try:
+            out[lab] = adapter.parse_label(lab)
+        except StreetlampError:
             bad.append(lab)
     if bad:
+        names = [adapter.output_label(i) for i in range(adapter.n_outputs)]
         raise StreetlampError(f"labels {', '.join(map(repr, bad[:5]))} are not classes of the model "
                               f"(classes: {', '.join(names)})")
     return out
@@ -126,6 +127,8 @@ def evaluate(model: str, data: str, out: Path, settings: EvalSettings, *, limit:
         get_method(name, **settings.method_params.get(name, {})).check(adapter)
     if settings.replacement not in ("delete", "mask"):
         raise StreetlampError("--replacement must be 'delete' or 'mask'")
+    layers_of(adapter, settings.flip_layers, "--flip-layers")  # a bad layer: refused before the store exists
+    layers_of(adapter, settings.cf_layers, "--cf-layers")
     examples, skipped = prepare(adapter, ds, settings.truncate)  # every check before the store is touched
     params = {"settings": settings.to_dict(), "chunk_size": chunk_size,
               "method_params": {n: get_method(n, **settings.method_params.get(n, {})).params()
@@ -134,10 +137,9 @@ def evaluate(model: str, data: str, out: Path, settings: EvalSettings, *, limit:
         "name": ds.name, "source": ds.source, "sha256": ds.hash(), "n_examples": len(ds.examples)},
         "limit": limit, **({"sample": sample} if sample is not None else {}), **params}
     store = RunStore.open(Path(out), run_settings, {
-        "model_info": adapter.describe(), "versions": versions(), "command": command_line(),
-        "skipped_too_long": skipped, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "model_info": adapter.describe(), "skipped_too_long": skipped,
         "replacement_token": settings.replacement if settings.replacement == "delete"
-        else adapter.tokenizer.convert_ids_to_tokens([replacement_id(adapter, "mask")])[0]})
+        else adapter.replacement_token("mask")[2]})
     chunks = [examples[i:i + chunk_size] for i in range(0, len(examples), chunk_size)]
     done = store.done_chunks()
     todo = [c for c in range(len(chunks)) if c not in done]

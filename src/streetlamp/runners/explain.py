@@ -1,7 +1,6 @@
 """``streetlamp explain``: one text, its attention (every layer and head), methods, figures."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,11 +10,12 @@ import torch
 
 from ..errors import StreetlampError
 from ..methods.attention import record_attention
-from ..methods.base import explained_position
 from ..methods.registry import get_method
 from ..models.adapter import ModelAdapter, Target
 from ..report import heatmaps
-from ..results import Explanation, atomic_dir, check_out_dir, command_line, save_arrays, versions, write_json
+from ..results import Explanation
+from ..settings import check_head, check_layer
+from ..store.run_folder import RunFolder, RunWriter
 
 
 @dataclass
@@ -32,6 +32,12 @@ class ExplainResult:
     position: int
     explanations: dict[str, Explanation] = field(default_factory=dict)
     summary: list[str] = field(default_factory=list)
+    model: str = ""  # "name (kind, L layers x H heads)"
+
+    def lines(self) -> list[str]:
+        return [f"model: {self.model}", *self.summary,
+                f"output: {self.out}/ (manifest.json, arrays.safetensors, PNG heatmaps"
+                + (", methods_comparison.png, kendall_tau.csv)" if self.explanations else ")")]
 
 
 def parse_target(adapter: ModelAdapter, spec: str | None) -> int | None:
@@ -52,16 +58,13 @@ def parse_target(adapter: ModelAdapter, spec: str | None) -> int | None:
     return adapter.token_id(spec)
 
 
-def explain(adapter: ModelAdapter, text: str, out: Path, *, target: Target = Target(), layer: int | None = None,
-            head: int | None = None, methods: list[str] | None = None, overwrite: bool = False,
+def explain(adapter: ModelAdapter, text: str, out: RunFolder | Path, *, target: Target = Target(),
+            layer: int | None = None, head: int | None = None, methods: list[str] | None = None, overwrite: bool = False,
             truncate: bool = False, seed: int = 0, batch_size: int | None = None,
             method_params: dict[str, dict[str, Any]] | None = None) -> ExplainResult:
-    out = Path(out)
-    check_out_dir(out, overwrite)  # refuse before any work
-    if layer is not None and not 0 <= layer < adapter.n_layers:
-        raise StreetlampError(f"layer {layer} out of range: the model has layers 0..{adapter.n_layers - 1}")
-    if head is not None and not 0 <= head < adapter.n_heads:
-        raise StreetlampError(f"head {head} out of range: the model has heads 0..{adapter.n_heads - 1}")
+    rf = RunFolder.of(out, "explain", overwrite)  # refuse before any work
+    check_layer(adapter, layer)
+    check_head(adapter, head)
     if head is not None and layer is None:
         raise StreetlampError("--head needs --layer")
     torch.manual_seed(seed)
@@ -72,8 +75,8 @@ def explain(adapter: ModelAdapter, text: str, out: Path, *, target: Target = Tar
     n = inputs.lengths[0]
     att = att_t[0, :, :, :n, :n].float().cpu().numpy()
     allowed = allowed_t[0, :n, :n].cpu().numpy().astype(bool)
-    pos = explained_position(adapter, n)
-    res = ExplainResult(out, inputs.texts[0], inputs.tokens[0], inputs.labels[0], index, int(probs.argmax()), probs, att, allowed, pos)
+    pos = adapter.explained_position(n)
+    res = ExplainResult(rf.out, inputs.texts[0], inputs.tokens[0], inputs.labels[0], index, int(probs.argmax()), probs, att, allowed, pos)
     run_target = Target(index, target.contrast, target.quantity)
     for name in methods or []:
         params = dict((method_params or {}).get(name, {}))
@@ -81,34 +84,26 @@ def explain(adapter: ModelAdapter, text: str, out: Path, *, target: Target = Tar
         m.check(adapter)
         res.explanations[name] = m.attribute(adapter, inputs, target=run_target, batch_size=batch_size,
                                              seed=seed)[0]
-    with atomic_dir(out, overwrite) as tmp:
-        write_outputs(adapter, res, tmp, target, layer, head, seed, truncate, inputs.truncated[0], batch_size)
+    with rf.staging() as w:
+        write_outputs(adapter, res, w, target, layer, head, seed, truncate, inputs.truncated[0], batch_size)
     res.summary = summarise(adapter, res)
+    res.model = f"{adapter.name} ({adapter.kind}, {adapter.n_layers} layers x {adapter.n_heads} heads)"
     return res
 
 
-def write_outputs(adapter: ModelAdapter, res: ExplainResult, tmp: Path, target: Target, layer: int | None,
+def write_outputs(adapter: ModelAdapter, res: ExplainResult, w: RunWriter, target: Target, layer: int | None,
                   head: int | None, seed: int, truncate: bool, truncated: bool, batch_size: int | None) -> None:
-    arrays: dict[str, np.ndarray] = {"attention": res.attention.astype(np.float32),
-                                     "allowed": res.allowed.astype(np.uint8),
-                                     "probs": res.probs.astype(np.float32)}
-    described: dict[str, dict[str, Any]] = {
-        "attention": {"axes": ["layer", "head", "query", "key"], "meaning":
-                      "post-softmax attention probabilities A[l,h,i,j]: query token i (row) attends to key "
-                      "token j (column), eval mode; per query head for grouped-query attention"},
-        "allowed": {"axes": ["query", "key"], "meaning": "1 where the mask (padding, causal) lets query i see "
-                    "key j; forbidden cells are exactly 0 in `attention` and drawn hatched grey"},
-        "probs": {"axes": ["output"], "meaning": "softmax of the explained logits (classes, or the next-token "
-                  "distribution for a causal LM)"},
-    }
+    w.add_array("attention", res.attention.astype(np.float32), axes=["layer", "head", "query", "key"], meaning=
+                "post-softmax attention probabilities A[l,h,i,j]: query token i (row) attends to key "
+                "token j (column), eval mode; per query head for grouped-query attention")
+    w.add_array("allowed", res.allowed.astype(np.uint8), axes=["query", "key"], meaning=
+                "1 where the mask (padding, causal) lets query i see key j; forbidden cells are exactly 0 in "
+                "`attention` and drawn hatched grey")
+    w.add_array("probs", res.probs.astype(np.float32), axes=["output"], meaning=
+                "softmax of the explained logits (classes, or the next-token distribution for a causal LM)")
     for name, e in res.explanations.items():
         for k, v in e.arrays.items():
-            arrays[f"{name}.{k}"] = np.asarray(v)
-            described[f"{name}.{k}"] = {"axes": e.axes[k], "meaning": e.meaning.get(k, "")}
-    save_arrays(tmp / "arrays.safetensors", arrays)
-    for k, v in described.items():
-        v.update(file="arrays.safetensors", key=k, shape=list(arrays[k].shape), dtype=str(arrays[k].dtype))
-    figures = []
+            w.add_array(f"{name}.{k}", np.asarray(v), axes=e.axes[k], meaning=e.meaning.get(k, ""))
     L, H = res.attention.shape[:2]
     sel_l = layer if layer is not None else L - 1
     if head is not None:
@@ -116,24 +111,20 @@ def write_outputs(adapter: ModelAdapter, res: ExplainResult, tmp: Path, target: 
     else:
         hm, title = res.attention[sel_l].mean(0), f"layer {sel_l}, mean over {H} heads"
     name = f"attention_L{sel_l}_H{head}.png" if head is not None else f"attention_L{sel_l}_mean.png"
-    heatmaps.plot_head(hm, res.allowed, res.labels, f"{adapter.name}: attention, {title}", tmp / name)
-    figures.append({"file": name, "shows": f"attention {title}", "array": "attention",
-                    "rows": "query", "columns": "key"})
+    grid = {"array": "attention", "rows": "query", "columns": "key"}
+    heatmaps.plot_head(hm, res.allowed, res.labels, f"{adapter.name}: attention, {title}", w.path / name)
+    w.add_figure(file=name, shows=f"attention {title}", **grid)
     heatmaps.plot_grid(res.attention, res.allowed, res.labels, f"{adapter.name}: every layer x head",
-                       tmp / "attention_grid.png")
-    figures.append({"file": "attention_grid.png", "shows": "layer x head grid", "array": "attention",
-                    "rows": "query", "columns": "key"})
+                       w.path / "attention_grid.png")
+    w.add_figure(file="attention_grid.png", shows="layer x head grid", **grid)
     heatmaps.plot_layer_means(res.attention, res.allowed, res.labels, f"{adapter.name}: head mean per layer",
-                              tmp / "attention_head_mean.png")
-    figures.append({"file": "attention_head_mean.png", "shows": "mean over heads, each layer",
-                    "array": "attention", "rows": "query", "columns": "key"})
+                              w.path / "attention_head_mean.png")
+    w.add_figure(file="attention_head_mean.png", shows="mean over heads, each layer", **grid)
     if res.explanations:
         from ..report.compare import write_comparison
-        figures.extend(write_comparison(res, tmp))
-    manifest = {
-        "streetlamp": "explain",
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": command_line(),
+        for f in write_comparison({k: e.scores for k, e in res.explanations.items()}, res.labels, w.path):
+            w.add_figure(**f)
+    w.write_manifest({
         "model": adapter.describe(),
         "text": res.text,
         "tokens": res.tokens,
@@ -148,18 +139,14 @@ def write_outputs(adapter: ModelAdapter, res: ExplainResult, tmp: Path, target: 
                    "chosen": "given" if target.index is not None else "predicted"},
         "prediction": {"index": res.prediction, "label": adapter.output_label(res.prediction),
                        "prob": float(res.probs[res.prediction])},
-        "arrays": described,
         "masks": {"allowed": "arrays.safetensors:allowed", "kind": "causal + padding" if adapter.kind ==
                   "causal_lm" else "padding (bidirectional)"},
         "colour_scales": {"attention": heatmaps.ATTENTION_SCALE},
-        "figures": figures,
         "parameters": {"layer": layer, "head": head, "truncate": truncate, "seed": seed, "batch_size": batch_size,
                        "methods": {k: e.info.get("params", {}) for k, e in res.explanations.items()}},
         "methods": {k: {kk: vv for kk, vv in e.info.items() if kk != "params"} for k, e in res.explanations.items()},
         "seed": seed,
-        "versions": versions(),
-    }
-    write_json(tmp / "manifest.json", manifest)
+    })
 
 
 DEFAULT_METHODS = ["attention", "rollout", "integrated_gradients", "occlusion"]

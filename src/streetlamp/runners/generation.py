@@ -23,7 +23,7 @@ from ..errors import StreetlampError  # noqa: E402
 from ..methods.ig import IntegratedGradients  # noqa: E402
 from ..models.adapter import ModelAdapter, Target  # noqa: E402
 from ..report.compare import normalise_rows  # noqa: E402
-from ..results import atomic_dir, check_out_dir, command_line, save_arrays, versions, write_json  # noqa: E402
+from ..store.run_folder import RunFolder  # noqa: E402
 
 
 GENERATION_IG: dict[str, Any] = {"rule": "panels", "max_steps": 1024}
@@ -36,16 +36,18 @@ class GenerationResult:
     generated: list[str]
     matrix: np.ndarray  # [generated, token]
     allowed: np.ndarray
-    lines: list[str] = field(default_factory=list)
+    summary: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        return [*self.summary, f"output: {self.out}/ (manifest.json, arrays.safetensors, generation.png)"]
 
 
-def explain_generation(adapter: ModelAdapter, prompt: str, out: Path, *, new_tokens: int = 8,
+def explain_generation(adapter: ModelAdapter, prompt: str, out: RunFolder | Path, *, new_tokens: int = 8,
                        continuation: list[int] | None = None, quantity: str = "logprob", overwrite: bool = False,
                        batch_size: int | None = None, seed: int = 0,
                        ig_params: dict[str, Any] | None = None) -> GenerationResult:
     """IG of each generated token (greedy, or ``continuation`` ids) over the prompt and earlier tokens."""
-    out = Path(out)
-    check_out_dir(out, overwrite)
+    rf = RunFolder.of(out, "explain-generation", overwrite)
     if adapter.kind != "causal_lm":
         raise StreetlampError(f"explain-generation needs a causal LM; {adapter.name} is a {adapter.kind}")
     if not prompt or not prompt.strip():
@@ -75,42 +77,38 @@ def explain_generation(adapter: ModelAdapter, prompt: str, out: Path, *, new_tok
     tokens = list(exps[-1].tokens)
     labels = [adapter.token_label(t) for t in tokens]
     completeness = np.stack([e.arrays["completeness"] for e in exps]).astype(np.float64)
-    res = GenerationResult(out, tokens, generated, matrix, allowed)
-    with atomic_dir(out, overwrite) as tmp:
-        save_arrays(tmp / "arrays.safetensors", {
-            "integrated_gradients.matrix": matrix, "allowed": allowed, "completeness": completeness,
-            "generated_ids": np.asarray(gen_ids, np.int64)})
-        _figure(matrix, allowed, labels, generated, tmp / "generation.png")
-        write_json(tmp / "manifest.json", {
-            "streetlamp": "explain-generation", "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "command": command_line(), "model": adapter.describe(), "prompt": prompt, "prompt_tokens": prompt_len,
+    res = GenerationResult(rf.out, tokens, generated, matrix, allowed)
+    with rf.staging() as w:
+        w.add_array("integrated_gradients.matrix", matrix, axes=["generated", "token"], meaning=
+                    f"IG of the {quantity} of generated token j (row) over the token embeddings of its inputs "
+                    "(columns: prompt, then earlier generated tokens); one shared path (attribute_sequence)")
+        w.add_array("allowed", allowed, axes=["generated", "token"], meaning="1 where the token is an input of "
+                    "that row's target (earlier positions); 0 cells of the matrix are not inputs")
+        w.add_array("completeness", completeness, axes=["generated", "quantity"], meaning=
+                    "[delta, delta/|dF|, F(e), F(e'), sum IG] per generated token")
+        w.add_array("generated_ids", np.asarray(gen_ids, np.int64), axes=["generated"],
+                    meaning="vocabulary ids of the generated tokens")
+        _figure(matrix, allowed, labels, generated, w.path / "generation.png")
+        w.add_figure(file="generation.png", shows="IG per generated token (rows) over input tokens, each row "
+                     "divided by its max |score|; grey: not an input of that row")
+        w.write_manifest({
+            "model": adapter.describe(), "prompt": prompt, "prompt_tokens": prompt_len,
             "tokens": tokens, "token_labels": labels, "generated": generated, "generated_ids": gen_ids,
             "continuation": "given" if continuation is not None else "greedy",
-            "arrays": {
-                "integrated_gradients.matrix": {"axes": ["generated", "token"], "meaning":
-                    f"IG of the {quantity} of generated token j (row) over the token embeddings of its inputs "
-                    "(columns: prompt, then earlier generated tokens); one shared path (attribute_sequence)"},
-                "allowed": {"axes": ["generated", "token"], "meaning": "1 where the token is an input of that "
-                            "row's target (earlier positions); 0 cells of the matrix are not inputs"},
-                "completeness": {"axes": ["generated", "quantity"], "meaning":
-                                 "[delta, delta/|dF|, F(e), F(e'), sum IG] per generated token"},
-                "generated_ids": {"axes": ["generated"], "meaning": "vocabulary ids of the generated tokens"}},
-            "figures": [{"file": "generation.png", "shows": "IG per generated token (rows) over input tokens, "
-                         "each row divided by its max |score|; grey: not an input of that row"}],
             "parameters": {"quantity": quantity, "new_tokens": k, "batch_size": batch_size, "seed": seed,
                            "integrated_gradients": ig.params()},
             "per_token": [{"generated": g, "converged": e.info["converged"], "steps": e.info["steps"],
                            "relative_completeness_error": e.info["relative_completeness_error"]}
                           for g, e in zip(generated, exps)],
             "gradient_evaluations": exps[0].info["gradient_evaluations"], "seconds": round(secs, 2),
-            "seed": seed, "versions": versions()})
-    res.lines.append(f"prompt: {prompt!r} -> continuation {''.join(generated)!r} ({k} tokens, "
+            "seed": seed})
+    res.summary.append(f"prompt: {prompt!r} -> continuation {''.join(generated)!r} ({k} tokens, "
                      f"{'greedy' if continuation is None else 'given'}; IG of the {quantity}, one shared path, "
                      f"{exps[0].info['gradient_evaluations']} gradient evaluations, {secs:.1f} s)")
     for j, g in enumerate(generated):
         row = matrix[j, : int(allowed[j].sum())]
         top = np.argsort(-np.abs(row), kind="stable")[:3]
-        res.lines.append(f"  {g!r:>14} <- " + ", ".join(f"{labels[i]!r}@{i} {row[i]:+.3f}" for i in top)
+        res.summary.append(f"  {g!r:>14} <- " + ", ".join(f"{labels[i]!r}@{i} {row[i]:+.3f}" for i in top)
                          + ("" if exps[j].info["converged"] else "  (IG tolerance not reached)"))
     return res
 

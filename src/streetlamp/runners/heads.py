@@ -1,7 +1,7 @@
 """``streetlamp heads`` and ``streetlamp prune``: ablate, score and prune attention heads."""
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +11,10 @@ from scipy.stats import spearmanr
 from ..data import sample_indices
 from ..errors import StreetlampError
 from ..interventions import heads as H
-from ..models.adapter import ModelAdapter, Target
+from ..batching import rows_per_batch
+from ..models.adapter import Inputs, ModelAdapter, Target
 from ..report import heads as fig
-from ..results import atomic_dir, check_out_dir, command_line, save_arrays, versions, write_json
+from ..store.run_folder import RunFolder
 
 # Default reference set for mean/resample ablation of a single TEXT (documented in the help).
 REFERENCE_TEXTS = (
@@ -24,6 +25,40 @@ REFERENCE_TEXTS = (
     "What a wonderful story, really fun to watch.", "The doctor went home because she was tired.",
     "It rained all day in Berlin.", "The acting was bad and the story made no sense.",
 )
+
+
+@dataclass
+class HeadsResult:
+    out: Path
+    arrays: dict[str, np.ndarray]
+    ranked: list[dict[str, Any]]  # heads by |ablation effect|, largest first
+    claim: dict[str, Any]
+    notes: dict[str, str]
+
+    def lines(self) -> list[str]:
+        lines = ["heads whose ablation changes the target most (layer.head: ΔF):",
+                 "  " + ", ".join(f"{r['layer']}.{r['head']}: {r['effect']:+.4f}" for r in self.ranked[:8])]
+        for k, v in self.claim.get("spearman_vs_effect", {}).items():
+            lines.append(f"spearman({k}, |ΔF|) = {v['rho']:+.3f} (p={v['p']:.2g})")
+        lines += [f"note: {note}" for note in self.notes.values()]
+        return lines + [f"output: {self.out}/ (manifest.json, arrays.safetensors, PNG figures)"]
+
+
+@dataclass
+class PruneResult:
+    out: Path
+    curves: dict[str, tuple[np.ndarray, np.ndarray]]  # order -> (heads removed, held-out accuracy)
+    majority: float
+    notes: dict[str, str]
+
+    def lines(self) -> list[str]:
+        lines = []
+        for name, (x, y) in self.curves.items():
+            half = int(len(x) // 2)
+            lines.append(f"{name:<14} accuracy: all heads {y[0]:.3f}, {x[half]} removed {y[half]:.3f}, "
+                         f"all removed {y[-1]:.3f}")
+        lines += [f"note: {note}" for note in self.notes.values()]
+        return lines + [f"output: {self.out}/"]
 
 
 def load_texts(spec: str) -> tuple[list[str], list[str] | None]:
@@ -47,34 +82,26 @@ def load_texts(spec: str) -> tuple[list[str], list[str] | None]:
 
 
 def label_ids(adapter: ModelAdapter, labels: list[str]) -> list[int]:
+    """Class ids of ``labels`` (names in any case, or numbers): :meth:`ModelAdapter.parse_label`."""
     if adapter.kind != "classifier":
         raise StreetlampError("labels and accuracy need a classifier")
-    names = {str(v).lower(): int(k) for k, v in adapter.hf_model.config.id2label.items()}
-    out = []
-    for s in labels:
-        s2 = s.strip().lower()
-        if s2 in names:
-            out.append(names[s2])
-        elif s2.lstrip("-").isdigit() and 0 <= int(s2) < adapter.n_outputs:
-            out.append(int(s2))
-        else:
-            raise StreetlampError(f"label {s!r} is not a class of the model ({', '.join(names)})")
-    return out
+    return [adapter.parse_label(s.strip()) for s in labels]
 
 
-def _manifest(adapter: ModelAdapter, kind: str, arrays: dict[str, np.ndarray], described: dict, **extra: Any) -> dict:
-    for k, v in described.items():
-        v.update(file="arrays.safetensors", key=k, shape=list(arrays[k].shape), dtype=str(arrays[k].dtype))
-    return {"streetlamp": kind, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command_line(),
-            "model": adapter.describe(), "arrays": described, **extra, "versions": versions()}
+def texts_per_batch(inputs: Inputs, batch_size: int | None, repeat: int = 1) -> dict[str, int]:
+    """The token budget as the intervention functions' ``texts_per_batch`` (each text repeated
+    ``repeat`` times in a pass); empty when no budget is given (their defaults)."""
+    if batch_size is None:
+        return {}
+    return {"texts_per_batch": max(1, rows_per_batch(int(inputs.input_ids.shape[1]) * repeat, batch_size))}
 
 
-def run_heads(adapter: ModelAdapter, out: Path, *, text: str | None = None, data: str | None = None,
+def run_heads(adapter: ModelAdapter, out: RunFolder | Path, *, text: str | None = None, data: str | None = None,
               ablation: str = "zero", target: Target = Target(), seed: int = 0, limit: int | None = None,
               overwrite: bool = False, progress: bool = True, attribution: bool = True,
-              sample: int | None = None) -> dict:
+              sample: int | None = None, batch_size: int | None = None) -> HeadsResult:
     """Ablate every head; with ``data`` also Michel importance, Hao attribution, attention mass."""
-    check_out_dir(out, overwrite)
+    rf = RunFolder.of(out, "heads", overwrite)
     if (text is None) == (data is None):
         raise StreetlampError("give either TEXT or --data")
     labels = None
@@ -99,7 +126,8 @@ def run_heads(adapter: ModelAdapter, out: Path, *, text: str | None = None, data
             reference = adapter.encode(list(REFERENCE_TEXTS), truncate=True)
             ref_note = f"streetlamp's built-in {len(REFERENCE_TEXTS)} reference sentences (runners/heads.py)"
     eff, f_clean = H.ablation_effects(adapter, inputs, ablation=ablation, reference=reference, target=target,
-                                      seed=seed, progress=progress)
+                                      seed=seed, progress=progress,
+                                      **texts_per_batch(inputs, batch_size, repeat=adapter.n_heads))
     arrays = {"ablation": eff.mean(0).astype(np.float32), "ablation_per_text": eff.astype(np.float32),
               "f_clean": f_clean.astype(np.float32)}
     described = {"ablation": {"axes": ["layer", "head"], "meaning": f"mean over texts of F(head {ablation}-ablated at "
@@ -108,8 +136,9 @@ def run_heads(adapter: ModelAdapter, out: Path, *, text: str | None = None, data
                  "f_clean": {"axes": ["text"], "meaning": "F on the clean input"}}
     notes: dict[str, str] = {}
     if data is not None:
-        imp = H.head_importance(adapter, inputs, labels=labels, target=target)
-        mass, peak = H.attention_mass(adapter, inputs)
+        imp = H.head_importance(adapter, inputs, labels=labels, target=target,
+                                **texts_per_batch(inputs, batch_size))
+        mass, peak = H.attention_mass(adapter, inputs, **texts_per_batch(inputs, batch_size))
         arrays.update(importance=imp.mean(0).astype(np.float32), attention_mass=mass.mean(0),
                       attention_max=peak.mean(0))
         described["importance"] = {"axes": ["layer", "head"], "meaning": "Michel et al. 2019 |dL/dxi_h| mean over texts; "
@@ -118,31 +147,33 @@ def run_heads(adapter: ModelAdapter, out: Path, *, text: str | None = None, data
                                        "on content (non-special) tokens, mean over texts"}
         described["attention_max"] = {"axes": ["layer", "head"], "meaning": "largest attention weight of the "
                                       "explained position, mean over texts"}
-        hao, why = H.attribution_scores(adapter, inputs, target) if attribution else (None, "skipped (--no-attribution)")
+        hao, why = (H.attribution_scores(adapter, inputs, target, batch_size=batch_size) if attribution
+                    else (None, "skipped (--no-attribution)"))
         notes["attribution"] = why
         if hao is not None:
             arrays["attribution"] = hao.mean(0)
             described["attribution"] = {"axes": ["layer", "head"], "meaning": "Hao et al. 2021 attention attribution "
                                         "head scores (method attention_attribution), mean over texts"}
     stats = claim_stats(arrays) if data is not None else {}
-    with atomic_dir(out, overwrite) as tmp:
-        save_arrays(tmp / "arrays.safetensors", arrays)
-        a = arrays["ablation"]
+    a = arrays["ablation"]
+    with rf.staging() as w:
+        w.add_arrays(arrays, described)
         fig.layer_head(a, f"{adapter.name}: {ablation} ablation of each head ({len(texts)} text(s))",
-                       "ΔF (ablated - clean)", tmp / "ablation.png")
-        fig.ranked(a, f"{adapter.name}: heads ranked by |ΔF|", "ΔF", tmp / "ranked.png")
-        figures = ["ablation.png", "ranked.png"]
+                       "ΔF (ablated - clean)", w.path / "ablation.png")
+        w.add_figure(file="ablation.png", shows="mean ablation effect of each head", array="ablation")
+        fig.ranked(a, f"{adapter.name}: heads ranked by |ΔF|", "ΔF", w.path / "ranked.png")
+        w.add_figure(file="ranked.png", shows="heads ranked by |ablation effect|", array="ablation")
         if data is not None:
             panels = {k: arrays[k] for k in ("ablation", "importance", "attribution", "attention_mass") if k in arrays}
-            fig.side_by_side(panels, f"{adapter.name}: head scores side by side", tmp / "scores.png")
-            figures.append("scores.png")
-        write_json(tmp / "manifest.json", _manifest(
-            adapter, "heads", arrays, described, figures=figures, notes=notes, claim=stats,
-            parameters={"ablation": ablation, "reference": ref_note, "data": data, "n_texts": len(texts),
-                        "text": text, "target": {"index": target.index, "quantity": target.quantity},
-                        "limit": limit, "sample": sample, "labels": bool(labels)},
-            ranked=rank(a), seed=seed))
-    return {"arrays": arrays, "ranked": rank(a), "claim": stats, "notes": notes}
+            fig.side_by_side(panels, f"{adapter.name}: head scores side by side", w.path / "scores.png")
+            w.add_figure(file="scores.png", shows="head scores side by side", arrays=list(panels))
+        w.write_manifest({
+            "model": adapter.describe(), "notes": notes, "claim": stats,
+            "parameters": {"ablation": ablation, "reference": ref_note, "data": data, "n_texts": len(texts),
+                           "text": text, "target": {"index": target.index, "quantity": target.quantity},
+                           "limit": limit, "sample": sample, "labels": bool(labels), "batch_size": batch_size},
+            "ranked": rank(a), "seed": seed})
+    return HeadsResult(rf.out, arrays, rank(a), stats, notes)
 
 
 def rank(a: np.ndarray, k: int = 10) -> list[dict]:
@@ -174,15 +205,15 @@ def claim_stats(arrays: dict[str, np.ndarray], q: float = 0.25) -> dict:
     return out
 
 
-def run_prune(adapter: ModelAdapter, out: Path, *, data: str, orders: list[str], seeds: int = 3,
+def run_prune(adapter: ModelAdapter, out: RunFolder | Path, *, data: str, orders: list[str], seeds: int = 3,
               step: int = 1, limit: int | None = None, overwrite: bool = False, seed: int = 0,
-              progress: bool = True) -> dict:
+              progress: bool = True, batch_size: int | None = None) -> PruneResult:
     """Score heads on one half of the data, prune on the held-out other half.
 
     The examples are shuffled with ``seed`` before ``limit`` and the split: data files are often
     sorted by label (gensim's movie sentences are), and an unshuffled split would hold out one
     class only."""
-    check_out_dir(out, overwrite)
+    rf = RunFolder.of(out, "prune", overwrite)
     texts, raw = load_texts(data)
     if not raw:
         raise StreetlampError("pruning needs labels: give a .csv/.jsonl with a 'label' column or a labelled dataset")
@@ -199,23 +230,27 @@ def run_prune(adapter: ModelAdapter, out: Path, *, data: str, orders: list[str],
     notes = {}
     for o in orders:
         if o == "importance":
-            scores[o] = H.head_importance(adapter, score_in, labels=labels[:half]).mean(0)
+            scores[o] = H.head_importance(adapter, score_in, labels=labels[:half],
+                                          **texts_per_batch(score_in, batch_size)).mean(0)
         elif o == "attention":
-            scores[o] = H.attention_mass(adapter, score_in)[0].mean(0)
+            scores[o] = H.attention_mass(adapter, score_in, **texts_per_batch(score_in, batch_size))[0].mean(0)
         elif o == "attribution":
-            hao, why = H.attribution_scores(adapter, score_in)
+            hao, why = H.attribution_scores(adapter, score_in, batch_size=batch_size)
             notes["attribution"] = why
             if hao is not None:
                 scores[o] = np.abs(hao).mean(0)
         elif o != "random":
             raise StreetlampError(f"unknown order {o!r}; choose importance, attribution, attention, random")
     curves: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    per_batch = texts_per_batch(eval_in, batch_size)
     for name, s in scores.items():
-        curves[name] = H.prune_curve(adapter, eval_in, ev_labels, H.order_from_scores(s), step, progress)
+        curves[name] = H.prune_curve(adapter, eval_in, ev_labels, H.order_from_scores(s), step, progress,
+                                     **per_batch)
     if "random" in orders:
         for k in range(seeds):
             curves[f"random_seed{k}"] = H.prune_curve(
-                adapter, eval_in, ev_labels, H.random_order(adapter.n_layers, adapter.n_heads, seed + k), step, progress)
+                adapter, eval_in, ev_labels, H.random_order(adapter.n_layers, adapter.n_heads, seed + k), step, progress,
+                **per_batch)
     majority = max(ev_labels.count(c) for c in set(ev_labels)) / len(ev_labels)
     arrays = {f"curve.{k}": np.stack([x.astype(np.float32), y]) for k, (x, y) in curves.items()}
     arrays.update({f"score.{k}": v.astype(np.float32) for k, v in scores.items()})
@@ -224,17 +259,19 @@ def run_prune(adapter: ModelAdapter, out: Path, *, data: str, orders: list[str],
                  for k in arrays if k.startswith("curve.")}
     described.update({k: {"axes": ["layer", "head"], "meaning": "score used for the order (computed on the scoring "
                           "half of the data; heads removed lowest score first)"} for k in arrays if k.startswith("score.")})
-    with atomic_dir(out, overwrite) as tmp:
-        save_arrays(tmp / "arrays.safetensors", arrays)
+    with rf.staging() as w:
+        w.add_arrays(arrays, described)
         fig.prune_curves(curves, f"{adapter.name}: pruning heads ({len(ev_labels)} held-out texts)",
-                         tmp / "prune.png", majority)
-        write_json(tmp / "manifest.json", _manifest(
-            adapter, "prune", arrays, described, figures=["prune.png"], notes=notes,
-            parameters={"data": data, "orders": orders, "random_seeds": seeds, "step": step, "limit": limit,
-                        "n_score": half, "n_heldout": len(ev_labels), "split": "seeded shuffle, then halves",
-                        "heldout_label_counts": {adapter.output_label(int(k)): int(v) for k, v in
-                                                 zip(*np.unique(np.asarray(ev_labels), return_counts=True))},
-                        "removal": "zero ablation at attn.z",
-                        "importance_normalisation": "none (raw Michel scores)"},
-            majority_baseline=majority, seed=seed))
-    return {"curves": curves, "majority": majority, "notes": notes}
+                         w.path / "prune.png", majority)
+        w.add_figure(file="prune.png", shows="held-out accuracy against heads removed, one curve per order",
+                     arrays=[k for k in arrays if k.startswith("curve.")])
+        w.write_manifest({
+            "model": adapter.describe(), "notes": notes,
+            "parameters": {"data": data, "orders": orders, "random_seeds": seeds, "step": step, "limit": limit,
+                           "n_score": half, "n_heldout": len(ev_labels), "split": "seeded shuffle, then halves",
+                           "heldout_label_counts": {adapter.output_label(int(k)): int(v) for k, v in
+                                                    zip(*np.unique(np.asarray(ev_labels), return_counts=True))},
+                           "removal": "zero ablation at attn.z",
+                           "importance_normalisation": "none (raw Michel scores)", "batch_size": batch_size},
+            "majority_baseline": majority, "seed": seed})
+    return PruneResult(rf.out, curves, majority, notes)

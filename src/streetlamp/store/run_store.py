@@ -28,7 +28,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import StreetlampError
-from ..results import save_arrays, to_jsonable
+from .files import save_arrays, to_jsonable
+from .run_folder import manifest_header
 
 SCHEMA = pa.schema([("example_id", pa.string()), ("method", pa.string()), ("metric", pa.string()),
                     ("value", pa.float64())])
@@ -67,8 +68,10 @@ class RunStore:
         self.arrays_dir = self.folder / "arrays"
 
     @classmethod
-    def open(cls, folder: Path, settings: dict, extra: dict) -> "RunStore":
-        """Create the run folder, or reopen it when its stored settings equal ``settings``."""
+    def open(cls, folder: Path, settings: dict, extra: dict, command: str = "evaluate") -> "RunStore":
+        """Create the run folder, or reopen it when its stored settings equal ``settings``. A new
+        manifest is the common header (:func:`~streetlamp.store.run_folder.manifest_header`), then
+        ``settings`` and ``extra``."""
         s = cls(folder)
         settings = to_jsonable(settings)
         mpath = s.folder / "manifest.json"
@@ -91,7 +94,9 @@ class RunStore:
             for t in d.glob(".*.tmp-*"):
                 t.unlink(missing_ok=True)
         if not mpath.exists():
-            doc = {"settings": settings, **to_jsonable(extra)}
+            header = manifest_header(command)
+            versions = header.pop("versions")
+            doc = {**header, "settings": settings, **to_jsonable(extra), "versions": versions}
             _atomic_write(mpath, lambda p: p.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n"))
         return s
 

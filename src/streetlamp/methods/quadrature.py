@@ -1,0 +1,275 @@
+"""Quadrature on [0, 1] for integrated gradients: the rules, the cache of gradients along the path,
+and the adaptive drivers (global doubling, and locally adaptive Boole panels).
+
+with the integral replaced by a quadrature rule ``Σ_k w_k g(α_k)`` on [0, 1]:
+
+* ``riemann_left`` α_k = k/n (k=0..n−1), ``riemann_right`` α_k = k/n (k=1..n),
+  ``riemann_middle`` α_k = (k+½)/n, all with w_k = 1/n (error O(1/n), middle O(1/n²));
+* ``riemann_trapezoid``: n intervals, n+1 points α_k = k/n, weights 1/(2n), 1/n, …, 1/n, 1/(2n)
+  (they sum to 1; error O(1/n²)). Captum 0.9's ``riemann_trapezoid`` uses n points with weights
+  summing to (n−1)/n, so its completeness error is ~1/n; we do not copy it.
+* ``gauss_legendre``: n Gauss–Legendre nodes mapped to [0, 1] (exact for polynomials of degree 2n−1).
+* ``panels``: locally adaptive 5-point Boole panels on a dyadic grid (see :func:`integrate_panels`);
+  for integrands with narrow spikes, as pre-norm decoders give (SmolLM2: converged on 11 of 12
+  factual prompts with 1,104 gradient evaluations where Clenshaw–Curtis converged on 10 with 1,548).
+* ``clenshaw_curtis`` (default): n intervals, the n+1 Chebyshev extreme points; nested under
+  doubling, so adaptive mode reuses every gradient. On minilm-sentiment it reached the 1e-3
+  tolerance with 33 or 65 gradient evaluations where adaptive Gauss–Legendre (16, 24, 36, 54
+  nodes, none reusable) spent 130 (benchmarks/bench_ig.py).
+
+Completeness (the paper's axiom): ``Σ_i IG_i = F(e) − F(e')``. The error
+``δ = |Σ_i IG_i − (F(e) − F(e'))|`` and ``δ / |F(e) − F(e')|`` are always recorded. In adaptive
+mode the step count doubles for the nested rules (reusing every gradient already computed at the
+same α: all points of the trapezoid and Riemann left/right rules) and grows 1.5x for
+Gauss–Legendre (nodes not nested) until the relative error is under
+``tolerance`` or the next count would exceed ``max_steps`` (then ``converged=False`` and a warning).
+
+Completeness checks only the sum; token errors can cancel in it. For nested rules the record also
+holds ``token_change_vs_half_steps``: ``max_i |IG_i(n) − IG_i(n/2)| / |F(e) − F(e')|`` from gradients
+already computed (it bounds the n/2 rule's token error, so it over-estimates that of n).
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..batching import chunks
+from ..errors import StreetlampError
+
+RULES = ("riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "gauss_legendre",
+         "clenshaw_curtis", "panels")
+BOOLE = np.array([7.0, 32.0, 12.0, 32.0, 7.0]) / 90.0  # 5-point closed Newton–Cotes on a panel of width 1
+
+
+def clenshaw_curtis(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """n intervals: the n+1 Chebyshev extreme points on [0, 1] and their Clenshaw–Curtis weights.
+
+    Exact for polynomials of degree n; converges about as fast as Gauss–Legendre on smooth
+    integrands (Trefethen 2008), and the nodes of n are a subset of those of 2n, so doubling
+    reuses every gradient already computed.
+    """
+    if n < 1:
+        raise StreetlampError("clenshaw_curtis needs at least 1 interval")
+    k = np.arange(n + 1)
+    theta = np.pi * k / n
+    w = np.empty(n + 1)
+    for j in range(n + 1):
+        m = np.arange(1, n // 2 + 1)
+        b = np.where(2 * m == n, 1.0, 2.0)
+        s = float(np.sum(b / (4 * m * m - 1) * np.cos(2 * m * theta[j])))
+        w[j] = (1.0 if j in (0, n) else 2.0) / n * (1.0 - s)
+    nodes = np.round((1.0 - np.cos(theta)) / 2.0, 15)  # rounded so nested nodes match exactly
+    nodes[0], nodes[-1] = 0.0, 1.0
+    return nodes, w / 2.0
+NOISE_FLOOR = 1e-6
+# emb [rows, pos, d] -> grads [targets, rows, pos, d], or (F [targets, rows], grads): with F the
+# "panels" rule knows each panel's exact share F(b) - F(a) of the completeness sum
+GradFn = Callable[[torch.Tensor], "torch.Tensor | tuple[torch.Tensor, torch.Tensor]"]
+
+
+def quadrature(rule: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes α and weights w on [0, 1] (weights sum to 1) of ``rule`` with ``n`` steps."""
+    k = np.arange(n, dtype=np.float64)
+    if rule == "riemann_left":
+        return k / n, np.full(n, 1.0 / n)
+    if rule == "riemann_right":
+        return (k + 1) / n, np.full(n, 1.0 / n)
+    if rule == "riemann_middle":
+        return (k + 0.5) / n, np.full(n, 1.0 / n)
+    if rule == "riemann_trapezoid":
+        w = np.full(n + 1, 1.0 / n)
+        w[0] = w[-1] = 0.5 / n
+        return np.arange(n + 1, dtype=np.float64) / n, w
+    if rule == "gauss_legendre":
+        x, w = np.polynomial.legendre.leggauss(n)
+        return (x + 1) / 2, w / 2
+    if rule == "clenshaw_curtis":
+        return clenshaw_curtis(n)
+    if rule == "panels":
+        if n % 4:
+            raise StreetlampError(f"rule 'panels' needs steps divisible by 4 (got {n}): 5-point Boole panels")
+        w = np.zeros(n + 1)
+        for k in range(0, n, 4):
+            w[k:k + 5] += BOOLE * 4 / n
+        return np.arange(n + 1, dtype=np.float64) / n, w
+    raise StreetlampError(f"unknown IG rule {rule!r}; choose one of {', '.join(RULES)}")
+
+
+class PathCache:
+    """Gradients along the straight path e' → e, cached per α as ``[target, pos]`` dot products."""
+
+    def __init__(self, e: torch.Tensor, eb: torch.Tensor, grad_fn: GradFn, batch_size: int | None,
+                 device: torch.device) -> None:
+        self.e, self.eb, self.diff = e, eb, (e - eb)
+        self.grad_fn, self.batch_size, self.device = grad_fn, batch_size, device
+        self.cache: dict[float, torch.Tensor] = {}
+        self.fvals: dict[float, torch.Tensor] = {}  # F per target at alpha, when grad_fn returns it
+
+    def evaluate(self, alphas: np.ndarray) -> None:
+        todo = sorted({float(a) for a in alphas} - set(self.cache))
+        if not todo:
+            return
+        n = self.e.shape[0]
+        parts = list(chunks(len(todo), n, self.batch_size, self.device))
+        for sl in tqdm(parts, desc="IG steps", disable=len(parts) < 8, leave=False, delay=2.0):
+            a = torch.tensor(todo[sl], dtype=self.e.dtype, device=self.device).view(-1, 1, 1)
+            out = self.grad_fn(self.eb + a * self.diff)  # grads [targets, rows, pos, d], or (F [targets, rows], grads)
+            f, g = out if isinstance(out, tuple) else (None, out)
+            s = (g.double() * self.diff.double()).sum(-1)  # [targets, rows, pos]
+            if not bool(torch.isfinite(s).all()):
+                bad = [alpha for r, alpha in enumerate(todo[sl]) if not bool(torch.isfinite(s[:, r]).all())]
+                raise StreetlampError(
+                    f"integrated_gradients: the gradient is not finite at alpha={bad[0]:g} on this path (e.g. an "
+                    "all-zero embedding in a pre-norm model); use baseline='pad' or 'mask', or "
+                    "rule='gauss_legendre' (no endpoint nodes)")
+            for r, alpha in enumerate(todo[sl]):
+                self.cache[alpha] = s[:, r]
+                if f is not None:
+                    self.fvals[alpha] = f[:, r].detach().double()
+
+    def integrate(self, rule: str, n: int) -> torch.Tensor:
+        alphas, w = quadrature(rule, n)
+        self.evaluate(alphas)
+        return sum(float(wk) * self.cache[float(a)] for a, wk in zip(alphas, w))  # type: ignore[return-value]
+
+    def integrate_cached(self, rule: str, n: int) -> torch.Tensor | None:
+        """The rule with ``n`` steps if every node is already cached (no new gradient), else None."""
+        alphas, w = quadrature(rule, n)
+        if any(float(a) not in self.cache for a in alphas):
+            return None
+        return sum(float(wk) * self.cache[float(a)] for a, wk in zip(alphas, w))  # type: ignore[return-value]
+
+
+def integrate_adaptive(path: PathCache, fdiff: torch.Tensor, fscale: torch.Tensor, rule: str, steps: int,
+                       adaptive: bool, tolerance: float, max_steps: int, lengths: Sequence[int]) -> tuple[torch.Tensor, dict]:
+    """IG ``[target, pos]`` and the completeness record; doubles steps in adaptive mode.
+
+    Converged when every target has ``δ/|ΔF| <= tolerance`` or ``δ <= NOISE_FLOOR · max(|F(e)|, |F(e')|)``
+    (``fscale``): below that float32 noise, e.g. when F(e) ≈ F(e'), the relative error means nothing.
+    """
+    if rule == "panels":
+        return integrate_panels(path, fdiff, fscale, steps, adaptive, tolerance, max_steps, lengths)
+    n, history = steps, []
+    # float32 forward passes cannot resolve F better than ~1e-6 of its size: a smaller delta is noise
+    noise = NOISE_FLOOR * fscale.double().abs().clamp_min(1e-30)
+    while True:
+        ig = path.integrate(rule, n)
+        total = torch.stack([ig[j, :L].sum() for j, L in enumerate(lengths)])
+        delta = (total - fdiff.double()).abs()
+        rel = delta / fdiff.double().abs().clamp_min(1e-12)
+        # per-token check the completeness sum cannot give (token errors can cancel in the sum): the
+        # same rule at half the steps, free for nested rules; |IG_n - IG_n/2| bounds IG_n/2's error,
+        # so it over-estimates IG_n's
+        half = path.integrate_cached(rule, n // 2) if n % 2 == 0 and n >= 2 else None
+        tok = None
+        if half is not None:
+            tok = float(max(((ig[j, :L] - half[j, :L]).abs().max() / fdiff[j].double().abs().clamp_min(1e-12))
+                            for j, L in enumerate(lengths)))
+        history.append({"steps": n, "max_relative_error": float(rel.max()), "token_change_vs_half_steps": tok})
+        ok = bool(((rel <= tolerance) | (delta <= noise)).all())
+        if ok or not adaptive:
+            break
+        # nested rules (trapezoid, Clenshaw–Curtis, left, right) double and reuse every point; Gauss–Legendre nodes
+        # are not nested, so it grows by 1.5x to overshoot less
+        nxt = -(-3 * n // 2) if rule == "gauss_legendre" else 2 * n
+        if nxt > max_steps:
+            hint = ("" if rule == "panels"
+                    else "; a narrow spike in the integrand (pre-norm decoders) is what rule='panels' is for")
+            warnings.warn(f"integrated_gradients: relative completeness error {float(rel.max()):.3g} > tolerance "
+                          f"{tolerance:g} after {n} steps ({rule}); max_steps={max_steps} reached{hint}", stacklevel=3)
+            break
+        n = nxt
+    info = {"steps": n, "gradient_evaluations": len(path.cache), "converged": ok,
+            "token_change_vs_half_steps": history[-1]["token_change_vs_half_steps"],
+            "converged_by_noise_floor": bool(ok and rel.max() > tolerance),
+            "tolerance": tolerance, "history": history, "delta": delta.tolist(),
+            "relative_error": rel.tolist(), "sum_attributions": total.tolist()}
+    return ig, info
+
+
+def integrate_panels(path: PathCache, fdiff: torch.Tensor, fscale: torch.Tensor, steps: int, adaptive: bool,
+                     tolerance: float, max_steps: int, lengths: Sequence[int]) -> tuple[torch.Tensor, dict]:
+    """Locally adaptive IG: 5-point Boole panels, bisected where the error is.
+
+    Start from ``steps / 4`` equal panels. Each panel [a, b] knows two errors: its exact share of the
+    completeness error, ``|Σ_i Q_i − (F(b) − F(a))|`` (every gradient evaluation's forward pass gives
+    F(α)), and a per-token estimate, ``max_i |Boole_i − Simpson_i|`` (Simpson uses every other node of
+    the same panel). While the relative completeness error exceeds ``tolerance``, the panels whose
+    larger error is at least a quarter of the worst are bisected; a child reuses 3 of its 5 nodes,
+    so a split costs 4 new gradients. Suited to integrands with narrow spikes (pre-norm decoders,
+    where global rules need hundreds of points); on smooth ones Clenshaw–Curtis needs fewer.
+    """
+    if steps % 4:
+        raise StreetlampError(f"rule 'panels' needs steps divisible by 4 (got {steps}): 5-point Boole panels")
+    n0 = steps // 4
+    # panels are integer intervals [lo, hi] of a grid of D points, so a node shared by two panels (or
+    # a parent and its children) is one cache key even when n0 is not a power of two; 40 bisections
+    # deep, far below float32's resolution of the path
+    width = 4 << 40
+    grid = n0 * width
+    node = lambda lo, hi, q: float(lo + (hi - lo) * q // 4) / grid  # noqa: E731  (q = 0..4)
+    panels = [(k * width, (k + 1) * width) for k in range(n0)]
+    fd = fdiff.double()
+    scale = fd.abs().clamp_min(1e-12)
+    noise = NOISE_FLOOR * fscale.double().abs().clamp_min(1e-30)
+    history: list[dict] = []
+    while True:
+        nodes = np.array([node(lo, hi, q) for lo, hi in panels for q in range(5)])
+        path.evaluate(nodes)
+        ig = half = None
+        ind = []
+        for lo, hi in panels:
+            h = (hi - lo) / grid
+            g = [path.cache[node(lo, hi, q)] for q in range(5)]
+            qb = h * sum(float(w) * gk for w, gk in zip(BOOLE, g))
+            qs = h * (g[0] + 4 * g[2] + g[4]) / 6
+            ig = qb if ig is None else ig + qb
+            half = qs if half is None else half + qs
+            tok = torch.stack([(qb[j, :L] - qs[j, :L]).abs().max() for j, L in enumerate(lengths)])
+            if node(lo, hi, 0) in path.fvals and node(lo, hi, 4) in path.fvals:
+                share = path.fvals[node(lo, hi, 4)] - path.fvals[node(lo, hi, 0)]
+                err = torch.stack([(qb[j, :L].sum() - share[j]).abs() for j, L in enumerate(lengths)])
+            else:  # no F from grad_fn: the panel's sum difference between the two rules
+                err = torch.stack([(qb[j, :L] - qs[j, :L]).sum().abs() for j, L in enumerate(lengths)])
+            ind.append(float((torch.maximum(err, tok) / scale).max()))
+        assert ig is not None and half is not None
+        total = torch.stack([ig[j, :L].sum() for j, L in enumerate(lengths)])
+        delta = (total - fd).abs()
+        rel = delta / scale
+        tok_change = float(max(((ig[j, :L] - half[j, :L]).abs().max() / scale[j]) for j, L in enumerate(lengths)))
+        history.append({"steps": 4 * len(panels), "panels": len(panels), "max_relative_error": float(rel.max()),
+                        "token_change_vs_half_steps": tok_change})
+        ok = bool(((rel <= tolerance) | (delta <= noise)).all())
+        if ok or not adaptive:
+            break
+        worst = max(ind)
+        split = [i for i, v in enumerate(ind) if v >= 0.25 * worst]
+        room = (max_steps + 1 - len(path.cache)) // 4
+        if room < 1:
+            warnings.warn(f"integrated_gradients: relative completeness error {float(rel.max()):.3g} > tolerance "
+                          f"{tolerance:g} after {len(path.cache)} gradient evaluations (panels); max_steps={max_steps} "
+                          "reached", stacklevel=3)
+            break
+        split = set(sorted(split, key=lambda i: -ind[i])[:room])
+        if any(hi - lo < 8 for i, (lo, hi) in enumerate(panels) if i in split):
+            warnings.warn("integrated_gradients: panels reached the finest grid; stopping", stacklevel=3)
+            break
+        new = []
+        for i, (lo, hi) in enumerate(panels):
+            if i in split:
+                c = (lo + hi) // 2
+                new += [(lo, c), (c, hi)]
+            else:
+                new.append((lo, hi))
+        panels = new
+    info = {"steps": 4 * len(panels), "gradient_evaluations": len(path.cache), "converged": ok,
+            "token_change_vs_half_steps": history[-1]["token_change_vs_half_steps"],
+            "converged_by_noise_floor": bool(ok and rel.max() > tolerance), "panels": len(panels),
+            "smallest_panel": min(hi - lo for lo, hi in panels) / grid,
+            "tolerance": tolerance, "history": history, "delta": delta.tolist(),
+            "relative_error": rel.tolist(), "sum_attributions": total.tolist()}
+    return ig, info

@@ -1,0 +1,176 @@
+"""The one run writer of every one-shot command (``explain``, ``heads``, ``patch``, ...).
+
+A run folder is written in three moves::
+
+    rf = RunFolder(out, command="explain", overwrite=overwrite)  # refuses a bad --out now, before any work
+    ...                                                           # the work
+    with rf.staging() as w:                                       # a hidden sibling folder
+        w.add_array("attention", att, axes=["layer", "head", "query", "key"], meaning="...")
+        plot(..., w.path / "grid.png"); w.add_figure(file="grid.png", shows="...")
+        w.write_manifest({"model": ..., "parameters": ..., "seed": ...})
+    # success: the staging folder replaces ``out`` in one rename; an exception: it is removed
+
+``manifest.json`` starts with the same header for every command (:func:`manifest_header`, also
+used by the resumable :class:`~streetlamp.store.run_store.RunStore`): ``streetlamp`` (the command),
+``format_version``, ``created`` (ISO-8601 UTC, :func:`utc_now`), ``command`` (the command line)
+and ``versions``. Arrays go to one ``arrays.safetensors`` and are described in
+``manifest["arrays"][name] = {axes, meaning, file, key, shape, dtype}``; figures in
+``manifest["figures"]``.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from ..errors import StreetlampError
+from .files import command_line, versions, write_json
+
+FORMAT_VERSION = 1
+ARRAYS_FILE = "arrays.safetensors"
+
+
+def utc_now() -> str:
+    """The one timestamp format of every manifest: ISO-8601 in UTC, to the second."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def manifest_header(command: str) -> dict[str, Any]:
+    """What every manifest starts with (run folders and the resumable run store alike)."""
+    return {"streetlamp": command, "format_version": FORMAT_VERSION, "created": utc_now(),
+            "command": command_line(), "versions": versions()}
+
+
+def default_out(kind: str) -> Path:
+    """``runs/<kind>-<local time>``: the output folder when ``--out`` is not given."""
+    return Path("runs") / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def check_out_dir(out: Path, overwrite: bool) -> None:
+    """Refuse a file, or a non-empty folder without ``overwrite``."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise StreetlampError(f"{out} exists and is not a folder")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise StreetlampError(f"output folder {out} exists and is not empty; pass --overwrite to replace it")
+
+
+class RunWriter:
+    """The staging folder of a :class:`RunFolder`: collects arrays and figures, writes the manifest once."""
+
+    def __init__(self, path: Path, command: str) -> None:
+        self.path = path
+        self.command = command
+        self.arrays: dict[str, np.ndarray] = {}
+        self.described: dict[str, dict[str, Any]] = {}
+        self.figures: list[dict[str, Any]] = []
+        self.manifest: dict[str, Any] | None = None
+
+    def _open(self) -> None:
+        if self.manifest is not None:
+            raise RuntimeError("the manifest is already written: add arrays and figures before write_manifest")
+
+    def add_array(self, name: str, array: Any, *, axes: list[str], meaning: str, **info: Any) -> None:
+        """One array of ``arrays.safetensors``, with one axis name per dimension and what it holds."""
+        self._open()
+        a = np.asarray(array, order="C")  # keeps a 0-d array 0-d (ascontiguousarray makes it 1-d)
+        if len(axes) != a.ndim:
+            raise ValueError(f"array {name!r} of shape {a.shape} needs one axis name per dimension, got {axes}")
+        if name in self.arrays:
+            raise ValueError(f"array {name!r} added twice")
+        self.arrays[name] = a
+        self.described[name] = {"axes": list(axes), "meaning": meaning, **info, "file": ARRAYS_FILE, "key": name,
+                                "shape": list(a.shape), "dtype": str(a.dtype)}
+
+    def add_arrays(self, arrays: dict[str, Any], described: dict[str, dict[str, Any]]) -> None:
+        """``add_array`` for every name of ``described`` (``{name: {"axes": [...], "meaning": "..."}}``)."""
+        for k, d in described.items():
+            self.add_array(k, arrays[k], **d)
+
+    def add_figure(self, *, file: str, shows: str, **info: Any) -> None:
+        """Record a figure the caller saved as ``self.path / file``."""
+        self._open()
+        if not (self.path / file).exists():
+            raise FileNotFoundError(f"figure {file} was not saved into the run folder")
+        self.figures.append({"file": file, "shows": shows, **info})
+
+    def write_manifest(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Write ``arrays.safetensors`` (if arrays were added) and ``manifest.json``: the header, then
+        ``body``, then ``arrays`` and ``figures`` (when any were added). Called once."""
+        self._open()
+        header = manifest_header(self.command)
+        versions_ = header.pop("versions")
+        manifest = {**header, **body}
+        if self.arrays:
+            save_file(self.arrays, str(self.path / ARRAYS_FILE))  # C-ordered in add_array; 0-d stays 0-d
+            manifest["arrays"] = self.described
+        if self.figures:
+            manifest["figures"] = self.figures
+        manifest["versions"] = versions_
+        write_json(self.path / "manifest.json", manifest)
+        self.manifest = manifest
+        return manifest
+
+
+class RunFolder:
+    """One command's output folder: checked at construction, written atomically by :meth:`staging`."""
+
+    def __init__(self, out: Path | str, command: str, overwrite: bool = False) -> None:
+        self.out = Path(out)
+        self.command = command
+        self.overwrite = overwrite
+        check_out_dir(self.out, overwrite)  # refuse before any work
+
+    @classmethod
+    def of(cls, out: "RunFolder | Path | str", command: str, overwrite: bool = False) -> "RunFolder":
+        """``out`` itself when it is already a RunFolder (the CLI checks before loading the model)."""
+        return out if isinstance(out, RunFolder) else cls(out, command, overwrite)
+
+    @contextmanager
+    def staging(self) -> Iterator[RunWriter]:
+        """A hidden temporary sibling of ``out``; moved into place when the block succeeds, removed if not."""
+        check_out_dir(self.out, self.overwrite)  # again: something may have appeared during the work
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=self.out.parent, prefix=f".{self.out.name}.partial-"))
+        try:
+            w = RunWriter(tmp, self.command)
+            yield w
+            if w.manifest is None:
+                raise RuntimeError(f"{self.command}: the run folder was staged without write_manifest")
+            self.after_write(tmp)
+            self._move_into_place(tmp)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    def _move_into_place(self, tmp: Path) -> None:
+        if not self.out.exists():
+            os.replace(tmp, self.out)
+            return
+        # a rename cannot replace a non-empty folder: swap through a second hidden name
+        old = Path(tempfile.mkdtemp(dir=self.out.parent, prefix=f".{self.out.name}.old-"))
+        os.replace(self.out, old / "run")
+        try:
+            os.replace(tmp, self.out)
+        except BaseException:
+            os.replace(old / "run", self.out)
+            raise
+        finally:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def after_write(self, path: Path) -> None:
+        """Runs on the complete staging folder just before it moves into place (its files are final)."""
+        self._write_report(path)
+
+    def _write_report(self, path: Path) -> None:
+        """Write ``report.html`` into ``path``. A no-op until the viewer exists: the integrator points it at
+        ``streetlamp.report.viewer.write_report``."""
+        return None

@@ -1,0 +1,114 @@
+"""The one run writer (RunFolder): refusal before work, atomic placement, one manifest header."""
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from streetlamp.errors import StreetlampError
+from streetlamp.store.files import load_arrays
+from streetlamp.store.run_folder import FORMAT_VERSION, RunFolder, manifest_header, utc_now
+
+HEADER = {"streetlamp", "format_version", "created", "command", "versions"}
+
+
+def _write(rf: RunFolder, value: float = 1.0) -> dict:
+    with rf.staging() as w:
+        w.add_array("a", np.full((2, 3), value, np.float32), axes=["row", "col"], meaning="filled")
+        (w.path / "f.png").write_bytes(b"png")
+        w.add_figure(file="f.png", shows="nothing", array="a")
+        return w.write_manifest({"model": "m", "seed": 0})
+
+
+def test_manifest_header_arrays_and_figures(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    written = _write(RunFolder(out, "explain"))
+    m = json.loads((out / "manifest.json").read_text())
+    assert m == json.loads(json.dumps(written))
+    assert set(m) == HEADER | {"model", "seed", "arrays", "figures"}
+    assert m["streetlamp"] == "explain" and m["format_version"] == FORMAT_VERSION
+    assert m["arrays"]["a"] == {"axes": ["row", "col"], "meaning": "filled", "file": "arrays.safetensors",
+                                "key": "a", "shape": [2, 3], "dtype": "float32"}
+    assert m["figures"] == [{"file": "f.png", "shows": "nothing", "array": "a"}]
+    assert np.array_equal(load_arrays(out / "arrays.safetensors")["a"], np.ones((2, 3), np.float32))
+    assert not list(tmp_path.glob(".run.*"))
+
+
+def test_created_is_iso8601_utc() -> None:
+    s = utc_now()
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", s)
+    t = datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    assert abs((datetime.now(timezone.utc) - t).total_seconds()) < 60
+    assert set(manifest_header("x")) == HEADER
+
+
+def test_refuses_before_work(tmp_path: Path) -> None:
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    with pytest.raises(StreetlampError, match="not empty"):
+        RunFolder(tmp_path / "full", "heads")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(StreetlampError, match="not a folder"):
+        RunFolder(tmp_path / "file", "heads", overwrite=True)
+    (tmp_path / "empty").mkdir()
+    _write(RunFolder(tmp_path / "empty", "heads"))  # an empty folder is fine
+    assert (tmp_path / "empty" / "manifest.json").exists()
+    assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
+
+
+def test_overwrite_replaces_the_whole_folder(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    _write(RunFolder(out, "patch"), 1.0)
+    (out / "stale.txt").write_text("old")
+    _write(RunFolder(out, "patch", overwrite=True), 2.0)
+    assert not (out / "stale.txt").exists()
+    assert load_arrays(out / "arrays.safetensors")["a"][0, 0] == 2.0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_failure_leaves_nothing_and_keeps_the_old_run(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    _write(RunFolder(out, "prune"), 1.0)
+    rf = RunFolder(out, "prune", overwrite=True)
+    with pytest.raises(ZeroDivisionError):
+        with rf.staging() as w:
+            w.add_array("a", np.zeros(2), axes=["x"], meaning="")
+            1 / 0
+    assert load_arrays(out / "arrays.safetensors")["a"][0, 0] == 1.0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    with pytest.raises(RuntimeError, match="without write_manifest"):
+        with RunFolder(tmp_path / "new", "prune").staging():
+            pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_writer_checks_its_input(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError):
+        with RunFolder(tmp_path / "r", "x").staging() as w:
+            with pytest.raises(ValueError, match="one axis name per dimension"):
+                w.add_array("a", np.zeros((2, 2)), axes=["x"], meaning="")
+            w.add_array("a", np.zeros(2), axes=["x"], meaning="")
+            with pytest.raises(ValueError, match="twice"):
+                w.add_array("a", np.zeros(2), axes=["x"], meaning="")
+            with pytest.raises(FileNotFoundError):
+                w.add_figure(file="missing.png", shows="")
+            w.write_manifest({})
+            w.add_array("b", np.zeros(2), axes=["x"], meaning="")  # after the manifest: refused
+    assert not (tmp_path / "r").exists()
+
+
+def test_after_write_sees_the_complete_folder(tmp_path: Path) -> None:
+    seen: list[set[str]] = []
+
+    class Hooked(RunFolder):
+        def _write_report(self, path: Path) -> None:
+            seen.append({p.name for p in path.iterdir()})
+            (path / "report.html").write_text("<p>report</p>")
+
+    _write(Hooked(tmp_path / "run", "explain"))
+    assert seen == [{"manifest.json", "arrays.safetensors", "f.png"}]
+    assert (tmp_path / "run" / "report.html").exists()
