@@ -228,7 +228,7 @@ def test_knockout_matches_eager_attention_with_a_mask() -> None:
     with torch.no_grad():
         o = twin(input_ids=ids, attention_mask=causal, output_attentions=True)
     base = torch.log_softmax(o.logits[0, -1], -1)[lid]
-    assert res["logp_hinted_letter"] == pytest.approx(float(base), abs=1e-9)
+    assert res["logp_hinted_letter"] == pytest.approx(float(base), abs=1e-6)  # float32 softmax in both (below)
     for l, a in enumerate(o.attentions):
         assert res["attention_hint"][l] == pytest.approx(float(a[0, :, -1, hint_pos].sum(-1).mean()), abs=1e-9)
     for l in range(model.config.num_hidden_layers):

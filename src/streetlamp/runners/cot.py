@@ -22,7 +22,6 @@ from __future__ import annotations
 import random
 import re
 import sys
-import time
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,7 +35,6 @@ from ..cot.prompts import (COT_CUE, HINT_KINDS, PARAPHRASE_INSTRUCTION, Prompt, 
                            fewshot_block, filler, hint_text, hinted_prompt, pick_exemplars, sentences, suggested_prompt,
                            truncate)
 from ..errors import StreetlampError
-from ..results import command_line, versions
 from ..store import RunStore
 
 TESTS = ("hint", "biased_fewshot", "early_answer", "add_mistake", "paraphrase", "filler")
@@ -311,10 +309,8 @@ def run_cot(data: str, out: Path, settings: CotSettings, engine: Engine, model_r
     for k in ("requests_sent", "retries_used", "concurrency", "retries", "timeout", "budget", "backoff"):
         run_settings["engine"].pop(k, None)  # how the work is done, not what: may change between resumptions
     store = RunStore.open(Path(out), run_settings, {
-        "streetlamp": "cot", "versions": versions(), "command": command_line(),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "data": {"name": qs.name, "source": qs.source, "n_questions_used": len(questions),
-                 "n_questions_in_source": len(qs.questions), "skipped": qs.skipped}})
+                 "n_questions_in_source": len(qs.questions), "skipped": qs.skipped}}, command="cot")
     chunks = [questions[i:i + settings.chunk_size] for i in range(0, len(questions), settings.chunk_size)]
     todo = [c for c in range(len(chunks)) if c not in store.done_chunks()]
     from tqdm import tqdm
