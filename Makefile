@@ -8,7 +8,9 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.streetlamp-setup
 TEXT   ?= The movie was not good, but the acting was great.
 
-.PHONY: setup run test bench clean browser
+BBH    := $(HOME)/.cache/streetlamp/bigbench/.extracted
+
+.PHONY: setup run test bench clean browser bigbench test-server
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +24,17 @@ $(STAMP): pyproject.toml Makefile
 	# AttnLRP's peer (tests/lxt_peer.py): its declared deps (bitsandbytes, open_clip, zennit) are not needed.
 	$(PIP) install -q --no-deps lxt==2.1
 	touch $(STAMP)
+
+# BIG-Bench task.json files for `streetlamp cot --data bbh:TASK`: the bigbench sdist (~360 MB) is
+# downloaded once into ~/.cache/streetlamp/sdist and the BIG-Bench Hard tasks extracted from it by path
+# (never installed: its dependencies are TensorFlow and friends). Opt-in (`make bigbench`): the tests
+# read a toy archive of the same layout, and the real-task test skips until this cache exists.
+$(BBH): | $(STAMP)
+	$(PIP) download -q --no-deps --no-binary :all: bigbench==1.0.0 -d $(HOME)/.cache/streetlamp/sdist
+	$(PY) -c "from streetlamp.cot.data import load_questions; load_questions('bbh:causal_judgment')"
+	touch $(BBH)
+
+bigbench: $(BBH)
 
 setup: $(STAMP)
 
@@ -39,6 +52,12 @@ browser:
 	    { apt-get install -y -q chromium >/dev/null 2>&1 || \
 	      { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }; }; } || \
 	  echo "streetlamp: chromium is not installed and cannot be (needs root and apt): the report's browser tests will skip"
+
+# the cot server test against a real llama.cpp server (llama-cpp-python builds llama.cpp from source:
+# far longer than a CI run should take, so it is opt-in)
+test-server: setup
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PIP) install -q 'llama-cpp-python[server]'
+	$(PY) -m pytest -q tests/test_cot_server.py
 
 bench: setup
 	$(PY) benchmarks/run_all.py

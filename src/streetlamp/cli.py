@@ -281,6 +281,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cot(args: argparse.Namespace) -> int:
+    from .runners.cot import TESTS, CotSettings, make_engine, run_cot
+
+    split = lambda v: [x.strip() for x in v.split(",") if x.strip()]  # noqa: E731
+    tests = list(TESTS) if args.tests == "all" else split(args.tests)
+    settings = CotSettings(tests=tests, hint_kinds=split(args.hint_kinds), biases=split(args.biases),
+                           max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+                           points=args.points, shots=args.shots, internals=not args.no_internals,
+                           chunk_size=args.chunk_size)
+    settings.check()
+    engine, record = make_engine(args.model, args.endpoint, served_model=args.served_model, api=args.api,
+                                 temperature=args.temperature, concurrency=args.concurrency, retries=args.retries,
+                                 timeout=args.timeout, budget=args.budget, device=args.device)
+    res = run_cot(args.data, Path(args.out), settings, engine, record, limit=args.limit)
+    for line in res.lines:
+        print(line)
+    print(f"{res.n_questions} questions, {res.n_computed_chunks} chunks computed now; run store: {res.out}/ "
+          "(manifest.json, records/*.jsonl, metrics/*.parquet, summary.md, figures/)")
+    _print_report(res.out)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .models.loading import DEFAULT_MODEL
 
@@ -416,6 +438,33 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--queue", type=int, default=8, help="requests that may wait per model (default 8)")
     s.add_argument("--device", default="cpu", help="cpu, cuda, cuda:0 ...")
     s.set_defaults(func=cmd_serve)
+    s = sub.add_parser("cot", help="chain-of-thought faithfulness: hints, biased contexts, early answering, "
+                       "mistakes, paraphrases, filler (local model or OpenAI-compatible server)")
+    s.add_argument("--model", default=None, help="a local causal LM (e.g. smollm2-135m)")
+    s.add_argument("--endpoint", default=None, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8080/v1")
+    s.add_argument("--served-model", default=None, help="model name on the server (default: its only model)")
+    s.add_argument("--api", choices=["chat", "completions"], default="chat", help="server API (with --endpoint)")
+    s.add_argument("--data", required=True, help="bbh:TASK (BIG-Bench Hard task) or a .jsonl (question, choices, answer)")
+    s.add_argument("--tests", default="hint,biased_fewshot,early_answer",
+                   help="comma-separated: hint, biased_fewshot, early_answer, add_mistake, paraphrase, filler; or all")
+    s.add_argument("--hint-kinds", default="sycophancy,metadata",
+                   help="sycophancy, consistency, metadata, grader_hacking, unethical")
+    s.add_argument("--biases", default="always_a,suggested", help="always_a, suggested")
+    s.add_argument("--limit", type=int, default=None, help="first N questions")
+    s.add_argument("--max-new-tokens", type=int, default=96, help="chain-of-thought length cap")
+    s.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: sampling seeded per prompt")
+    s.add_argument("--points", type=int, default=3, help="Lanham tests: points per chain (plus its ends)")
+    s.add_argument("--shots", type=int, default=3, help="few-shot exemplars (always_a)")
+    s.add_argument("--no-internals", action="store_true", help="skip attention/knockout for used hints (local)")
+    s.add_argument("--concurrency", type=int, default=4, help="parallel requests (--endpoint)")
+    s.add_argument("--retries", type=int, default=4, help="retries per request, exponential backoff")
+    s.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    s.add_argument("--budget", type=int, default=None, help="most requests to send in this invocation")
+    s.add_argument("--chunk-size", type=int, default=1, help="questions per stored chunk (unit of resumption)")
+    s.add_argument("--out", required=True, help="run folder; the same command resumes it")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--device", default="cpu")
+    s.set_defaults(func=cmd_cot)
     s = sub.add_parser("probe", help="probes with control tasks (selectivity), MDL, and amnesic probing: is what a "
                        "layer holds also used?")
     s.add_argument("--task", required=True, help="pos, upos, sentiment, deciding:TASK, negated, or a .jsonl/.csv file")

@@ -90,7 +90,7 @@ class RunStore:
             raise StreetlampError(f"{s.folder} is not empty and has no manifest.json: not a run folder")
         s.metrics_dir.mkdir(parents=True, exist_ok=True)
         s.arrays_dir.mkdir(parents=True, exist_ok=True)
-        for d in (s.folder, s.metrics_dir, s.arrays_dir):  # leftovers of a killed run
+        for d in (s.folder, s.metrics_dir, s.arrays_dir, s.folder / "records"):  # leftovers of a killed run
             for t in d.glob(".*.tmp-*"):
                 t.unlink(missing_ok=True)
         if not mpath.exists():
@@ -120,6 +120,30 @@ class RunStore:
                           "metric": pa.array(cols[2], pa.string()),
                           "value": pa.array([float(v) for v in cols[3]], pa.float64())}, schema=SCHEMA)
         _atomic_write(self.part_path(chunk), lambda p: pq.write_table(table, p))
+
+    def write_records(self, chunk: int, records: list[dict]) -> None:
+        """Per-example JSON records (text: prompts, generations) of a chunk, ``records/part-N.jsonl``;
+        write them before :meth:`write_chunk` (whose Parquet part marks the chunk done)."""
+        d = self.folder / "records"
+        d.mkdir(exist_ok=True)
+        text = "".join(json.dumps(to_jsonable(r), ensure_ascii=False) + "\n" for r in records)
+        _atomic_write(d / f"part-{chunk:06d}.jsonl", lambda p: p.write_text(text, encoding="utf-8"))
+
+    def records(self) -> list[dict]:
+        """The records of the done chunks, in chunk order."""
+        out = []
+        for c in sorted(self.done_chunks()):
+            p = self.folder / "records" / f"part-{c:06d}.jsonl"
+            if p.exists():
+                out += [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return out
+
+    def update_manifest(self, extra: dict) -> None:
+        """Add or replace top-level manifest fields (never ``settings``), atomically."""
+        doc = self.manifest()
+        doc.update({k: v for k, v in to_jsonable(extra).items() if k != "settings"})
+        _atomic_write(self.folder / "manifest.json",
+                      lambda p: p.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n"))
 
     def metrics(self) -> pd.DataFrame:
         return read_metrics(self.folder)

