@@ -4,12 +4,21 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from .errors import StreetlampError
-from .settings import (BenchmarkSettings, EvaluateSettings, ExplainSettings, GenerationSettings, HeadsSettings,
-                       MediateSettings, PatchSettings, PruneSettings, Settings)
+from .settings import (
+    BenchmarkSettings,
+    EvaluateSettings,
+    ExplainSettings,
+    GenerationSettings,
+    HeadsSettings,
+    MediateSettings,
+    PatchSettings,
+    PruneSettings,
+    Settings,
+)
 
 
 def _quiet_transformers() -> None:

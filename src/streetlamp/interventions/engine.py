@@ -22,8 +22,8 @@ Zeroing a head's ``attn.z`` equals zeroing its output ``z_h W_O,h`` because ``W_
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 import torch
 

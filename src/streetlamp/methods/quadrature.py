@@ -31,7 +31,7 @@ already computed (it bounds the n/2 rule's token error, so it over-estimates tha
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch

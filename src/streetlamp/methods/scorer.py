@@ -22,8 +22,9 @@ positions >= i (about half the work of a full recompute for leave-one-out).
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 import numpy as np
 import torch

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import ContextManager, Iterable, Literal, Sequence
+from typing import ContextManager, Literal
 
 import numpy as np
 import torch
@@ -63,9 +64,9 @@ class Inputs:
         return int(self.input_ids.shape[0])
 
     @classmethod
-    def from_ids(cls, adapter: "ModelAdapter", rows: Sequence[Sequence[int]] | torch.Tensor,
+    def from_ids(cls, adapter: ModelAdapter, rows: Sequence[Sequence[int]] | torch.Tensor,
                  texts: Sequence[str] | None = None, truncated: Sequence[bool] | None = None,
-                 strings: bool = True) -> "Inputs":
+                 strings: bool = True) -> Inputs:
         """The one constructor from token ids (special tokens included as given): right-padded with the
         tokenizer's pad id. An empty row (erasure removed every token of a causal LM's prompt) becomes
         :meth:`ModelAdapter.empty_context_token`. ``strings=False`` leaves ``tokens``/``labels`` empty
@@ -89,14 +90,14 @@ class Inputs:
         """Each text's token ids (real tokens only, special tokens included)."""
         return [self.input_ids[b, :n].tolist() for b, n in enumerate(self.lengths)]
 
-    def repeat(self, rows: int) -> "Inputs":
+    def repeat(self, rows: int) -> Inputs:
         """``rows`` copies of a one-text batch (views, no copy of the ids)."""
         if len(self) != 1:
             raise ValueError("repeat needs a batch of one text")
         return Inputs(self.input_ids.expand(rows, -1), self.attention_mask.expand(rows, -1), self.tokens * rows,
                       self.labels * rows, self.texts * rows, (self.truncated or [False]) * rows)
 
-    def select(self, idx: Sequence[int]) -> "Inputs":
+    def select(self, idx: Sequence[int]) -> Inputs:
         ids = list(idx)
         width = max(self.lengths[i] for i in ids)
         return Inputs(self.input_ids[ids, :width], self.attention_mask[ids, :width],
@@ -117,7 +118,7 @@ class Target:
     contrast: int | None = None
     quantity: Quantity = "prob"
 
-    def describe(self, adapter: "ModelAdapter", index: int) -> str:
+    def describe(self, adapter: ModelAdapter, index: int) -> str:
         s = f"{self.quantity}({adapter.output_label(index)!r})"
         if self.contrast is not None:
             s += f" - {self.quantity}({adapter.output_label(self.contrast)!r})"
@@ -172,7 +173,7 @@ class ModelAdapter:
         # RoBERTa numbers positions from padding_idx + 1, so two position slots are never usable.
         self.max_positions = max_pos - 2 if model_type == "roberta" else max_pos
 
-    def to(self, device: str | torch.device = "cpu", dtype: str = "float32") -> "ModelAdapter":
+    def to(self, device: str | torch.device = "cpu", dtype: str = "float32") -> ModelAdapter:
         """Move the model (e.g. ``"cuda"``, ``dtype="bfloat16"``); a clear error if the device is missing."""
         dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
         if dt is None:
@@ -426,7 +427,7 @@ class ModelAdapter:
         return logits, new_cache
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cache_keyword(model_class: type) -> str:
     """The KV-cache argument (and output field) of a base model's forward: transformers renamed
     ``past_key_values`` to ``cache`` within 5.x, and ``**kwargs`` would swallow the wrong one (the

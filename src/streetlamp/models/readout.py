@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 FINAL_NORM = {"gpt2": "ln_f", "llama": "norm", "mistral": "norm", "qwen2": "norm"}  # relative to base_model
 
 
-def check_lens(adapter: "ModelAdapter") -> None:
+def check_lens(adapter: ModelAdapter) -> None:
     if adapter.kind != "causal_lm" or adapter.family.name not in FINAL_NORM:
         raise StreetlampError(f"lenses need a pre-norm causal LM ({', '.join(sorted(FINAL_NORM))}); "
                               f"{adapter.name} is a {adapter.family.name} {adapter.kind}")
@@ -44,7 +44,7 @@ class Norm:
     eps: float
 
     @classmethod
-    def of(cls, m: nn.Module) -> "Norm":
+    def of(cls, m: nn.Module) -> Norm:
         kind = "layernorm" if isinstance(m, nn.LayerNorm) else "rmsnorm"
         eps = float(getattr(m, "eps", None) or m.variance_epsilon)
         b = getattr(m, "bias", None)
@@ -71,12 +71,12 @@ class Norm:
         return self.linear(x, self.scale(x)) + self.beta(x.shape[-1])
 
 
-def final_norm(adapter: "ModelAdapter") -> Norm:
+def final_norm(adapter: ModelAdapter) -> Norm:
     check_lens(adapter)
     return Norm.of(getattr(adapter.hf_model.base_model, FINAL_NORM[adapter.family.name]))
 
 
-def pre_attn_norm(adapter: "ModelAdapter", layer: int) -> Norm:
+def pre_attn_norm(adapter: ModelAdapter, layer: int) -> Norm:
     check_lens(adapter)
     p = placement(adapter)
     m: nn.Module = adapter.layer_modules[layer]
@@ -85,7 +85,7 @@ def pre_attn_norm(adapter: "ModelAdapter", layer: int) -> Norm:
     return Norm.of(m)
 
 
-def unembedding(adapter: "ModelAdapter") -> tuple[torch.Tensor, torch.Tensor | None]:
+def unembedding(adapter: ModelAdapter) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``W_U`` ``[vocab, d]`` (the output embedding's weight, as stored) and ``b_U`` (usually None)."""
     check_lens(adapter)
     head = adapter.hf_model.get_output_embeddings()
@@ -93,7 +93,7 @@ def unembedding(adapter: "ModelAdapter") -> tuple[torch.Tensor, torch.Tensor | N
     return head.weight.detach(), (b.detach() if b is not None else None)
 
 
-def unembed(adapter: "ModelAdapter", normed: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
+def unembed(adapter: ModelAdapter, normed: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
     """Logits ``normed · W_Uᵀ + b_U`` ``[..., vocab]`` (or only the columns ``index``), float64."""
     w, b = unembedding(adapter)
     if index is not None:
@@ -103,13 +103,13 @@ def unembed(adapter: "ModelAdapter", normed: torch.Tensor, index: torch.Tensor |
     return out + b.double() if b is not None else out
 
 
-def attention_scaling(adapter: "ModelAdapter", layer: int) -> float:
+def attention_scaling(adapter: ModelAdapter, layer: int) -> float:
     m = adapter.attn_modules[layer]
     s = getattr(m, "scaling", None)
     return float(s) if s is not None else float(m.head_dim) ** -0.5
 
 
-def query_key(adapter: "ModelAdapter", layer: int, z: torch.Tensor,
+def query_key(adapter: ModelAdapter, layer: int, z: torch.Tensor,
               bias: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Queries and keys ``[pos, head, d_head]`` (keys repeated per query head) of layer ``layer``
     for a normalised input ``z`` ``[pos, d]`` at positions ``0..pos-1``, float64; ``bias=False``

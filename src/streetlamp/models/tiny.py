@@ -9,10 +9,20 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import (BertConfig, BertForSequenceClassification, DistilBertConfig,
-                          DistilBertForSequenceClassification, GPT2Config, GPT2LMHeadModel, LlamaConfig,
-                          LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast, RobertaConfig,
-                          RobertaForSequenceClassification)
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    DistilBertConfig,
+    DistilBertForSequenceClassification,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    RobertaConfig,
+    RobertaForSequenceClassification,
+)
 
 WORDS = ("the a movie film was is not good bad great terrible acting plot but and very really "
          "i loved hated it story boring fun to of when mary john went store gave drink paris "

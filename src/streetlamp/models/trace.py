@@ -6,8 +6,9 @@ Hooks exist only inside :meth:`Session.__enter__` / ``__exit__`` and are always 
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -19,10 +20,10 @@ if TYPE_CHECKING:
     from .adapter import ModelAdapter
 
 Edit = Callable[[torch.Tensor], torch.Tensor]
-_ACTIVE: ContextVar["Session | None"] = ContextVar("streetlamp_session", default=None)
+_ACTIVE: ContextVar[Session | None] = ContextVar("streetlamp_session", default=None)
 
 
-def active_session() -> "Session | None":
+def active_session() -> Session | None:
     return _ACTIVE.get()
 
 
@@ -46,7 +47,7 @@ class Session:
     ``cache["allowed"]`` is always filled: ``[batch, query, key]`` bool, the mask the model applied.
     """
 
-    def __init__(self, adapter: "ModelAdapter", record: Iterable[str] = (), edit: dict[str, Edit] | None = None,
+    def __init__(self, adapter: ModelAdapter, record: Iterable[str] = (), edit: dict[str, Edit] | None = None,
                  keep_grad: bool = False) -> None:
         names = adapter.site_names
         self.adapter = adapter
@@ -122,7 +123,7 @@ class Session:
             return output
         return hook
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         a = self.adapter
         try:
             if self._wants("embed"):

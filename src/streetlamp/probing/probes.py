@@ -15,9 +15,10 @@ dev loss has not improved for ``patience`` epochs (the best epoch's weights are 
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Iterator, Literal
+from typing import Literal
 
 import numpy as np
 import torch

@@ -1,9 +1,10 @@
 """``streetlamp explain``: one text, its attention (every layer and head), methods, figures."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch

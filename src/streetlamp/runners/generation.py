@@ -25,7 +25,6 @@ from ..models.adapter import ModelAdapter, Target  # noqa: E402
 from ..report.compare import normalise_rows  # noqa: E402
 from ..store.run_folder import RunFolder  # noqa: E402
 
-
 GENERATION_IG: dict[str, Any] = {"rule": "panels", "max_steps": 1024}
 
 

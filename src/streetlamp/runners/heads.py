@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 from scipy.stats import spearmanr
 
+from ..batching import rows_per_batch
 from ..data import sample_indices
 from ..errors import StreetlampError
 from ..interventions import heads as H
-from ..batching import rows_per_batch
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..report import heads as fig
 from ..store.run_folder import RunFolder

@@ -14,6 +14,7 @@ from ..models.adapter import ModelAdapter
 from ..report import heads as fig
 from ..store.run_folder import RunFolder
 
+
 @dataclass
 class PatchResult:
     out: Path

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,8 +31,8 @@ from ..errors import StreetlampError
 from ..interventions import engine
 from ..interventions.heads import attention_mass, reference_strategies
 from ..methods.attention import record_attention
-from ..methods.scorer import occlusion_replacement
 from ..methods.registry import REGISTRY
+from ..methods.scorer import occlusion_replacement
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..runners import explain as ex
 from ..store.run_folder import RunFolder, RunWriter

@@ -68,7 +68,7 @@ class RunStore:
         self.arrays_dir = self.folder / "arrays"
 
     @classmethod
-    def open(cls, folder: Path, settings: dict, extra: dict, command: str = "evaluate") -> "RunStore":
+    def open(cls, folder: Path, settings: dict, extra: dict, command: str = "evaluate") -> RunStore:
         """Create the run folder, or reopen it when its stored settings equal ``settings``. A new
         manifest is the common header (:func:`~streetlamp.store.run_folder.manifest_header`), then
         ``settings`` and ``extra``."""
