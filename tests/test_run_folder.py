@@ -77,7 +77,7 @@ def test_failure_leaves_nothing_and_keeps_the_old_run(tmp_path: Path) -> None:
     with pytest.raises(ZeroDivisionError):
         with rf.staging() as w:
             w.add_array("a", np.zeros(2), axes=["x"], meaning="")
-            1 / 0
+            1 / 0  # noqa: B018 - deliberate error inside the staging block
     assert load_arrays(out / "arrays.safetensors")["a"][0, 0] == 1.0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
     with pytest.raises(RuntimeError, match="without write_manifest"):

@@ -11,8 +11,9 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import ContextManager, Literal
+from typing import Literal
 
 import numpy as np
 import torch
@@ -306,7 +307,7 @@ class ModelAdapter:
                 keep_grad: bool = False) -> Session:
         return Session(self, record=record, edit=edit, keep_grad=keep_grad)
 
-    def relevance_rules(self) -> ContextManager[None]:
+    def relevance_rules(self) -> AbstractContextManager[None]:
         """AttnLRP's modified backward on this model's norms, activations and gated products for a
         ``with`` block (forward values unchanged); the attention rules are site edits, see
         :mod:`streetlamp.models.relevance`."""
