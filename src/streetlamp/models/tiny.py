@@ -6,6 +6,7 @@ regular Hugging Face checkpoint folder (safetensors) that :func:`streetlamp.load
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
@@ -52,9 +53,10 @@ def tiny_model(family: str, seed: int = 0, layers: int = 2, heads: int = 4, d_mo
     kind = FAMILY_KINDS[family]
     tok = tiny_tokenizer(encoder=kind == "classifier")
     v = len(tok)
-    common = dict(vocab_size=v, num_labels=3, id2label={0: "neg", 1: "neu", 2: "pos"},
-                  label2id={"neg": 0, "neu": 1, "pos": 2}, pad_token_id=0)
+    common: dict[str, Any] = dict(vocab_size=v, num_labels=3, id2label={0: "neg", 1: "neu", 2: "pos"},
+                                  label2id={"neg": 0, "neu": 1, "pos": 2}, pad_token_id=0)
     model: PreTrainedModel
+    cfg: Any  # one of the families' config classes
     if family in ("bert", "roberta"):
         cls_c, cls_m = (BertConfig, BertForSequenceClassification) if family == "bert" else (
             RobertaConfig, RobertaForSequenceClassification)
@@ -84,7 +86,7 @@ def tiny_model(family: str, seed: int = 0, layers: int = 2, heads: int = 4, d_mo
     return model.eval(), tok
 
 
-def save_tiny(family: str, path: str | Path, seed: int = 0, **kw: int) -> Path:
+def save_tiny(family: str, path: str | Path, seed: int = 0, **kw: Any) -> Path:
     model, tok = tiny_model(family, seed=seed, **kw)
     path = Path(path)
     model.save_pretrained(path, safe_serialization=True)

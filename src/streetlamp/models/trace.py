@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Callable, Iterable
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING
 
 import torch
@@ -60,7 +60,7 @@ class Session:
         self.cache: dict[str, torch.Tensor] = {}
         self._layer_of = {id(m): i for i, m in enumerate(adapter.attn_modules)}
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
-        self._token = None
+        self._token: Token[Session | None] | None = None
         self._z: dict[int, torch.Tensor] = {}
         self._allowed_batch: int | None = None
         wanted = self.record | set(self.edits)
