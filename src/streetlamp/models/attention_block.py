@@ -15,7 +15,7 @@ This module is that table plus three small accessors; nothing else touches modul
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -78,6 +78,6 @@ def post_norm(adapter: ModelAdapter, layer: int) -> tuple[torch.Tensor, torch.Te
     p = placement(adapter)
     if p.placement != "post" or p.kind != "layernorm":
         raise StreetlampError(f"family {adapter.family.name!r} has no post-attention LayerNorm")
-    ln = _module(adapter.layer_modules[layer], p.attn_norm)
+    ln: Any = _module(adapter.layer_modules[layer], p.attn_norm)
     eps = float(getattr(ln, "eps", None) or ln.variance_epsilon)
     return at_least_float32(ln.weight.detach()), at_least_float32(ln.bias.detach()), eps

@@ -14,7 +14,7 @@ adds up to the output, so lenses do not apply to them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -46,9 +46,10 @@ class Norm:
     @classmethod
     def of(cls, m: nn.Module) -> Norm:
         kind = "layernorm" if isinstance(m, nn.LayerNorm) else "rmsnorm"
-        eps = float(getattr(m, "eps", None) or m.variance_epsilon)
-        b = getattr(m, "bias", None)
-        return cls(kind, m.weight.detach().double(), b.detach().double() if b is not None else None, eps)
+        mod: Any = m  # HF norm modules: attributes differ per family
+        eps = float(getattr(mod, "eps", None) or mod.variance_epsilon)
+        b = getattr(mod, "bias", None)
+        return cls(kind, mod.weight.detach().double(), b.detach().double() if b is not None else None, eps)
 
     def scale(self, x: torch.Tensor) -> torch.Tensor:
         """σ (LayerNorm) or rms (RMSNorm) of ``x`` ``[..., d]``, eps included: ``[..., 1]``."""
@@ -104,7 +105,7 @@ def unembed(adapter: ModelAdapter, normed: torch.Tensor, index: torch.Tensor | N
 
 
 def attention_scaling(adapter: ModelAdapter, layer: int) -> float:
-    m = adapter.attn_modules[layer]
+    m: Any = adapter.attn_modules[layer]
     s = getattr(m, "scaling", None)
     return float(s) if s is not None else float(m.head_dim) ** -0.5
 
@@ -115,7 +116,7 @@ def query_key(adapter: ModelAdapter, layer: int, z: torch.Tensor,
     for a normalised input ``z`` ``[pos, d]`` at positions ``0..pos-1``, float64; ``bias=False``
     leaves out b_Q and b_K (the linear part only). Rotary embeddings are applied (linear)."""
     check_lens(adapter)
-    attn = adapter.attn_modules[layer]
+    attn: Any = adapter.attn_modules[layer]
     z = z.double()
     n, H = z.shape[0], adapter.n_heads
     if adapter.family.name == "gpt2":
@@ -130,7 +131,7 @@ def query_key(adapter: ModelAdapter, layer: int, z: torch.Tensor,
     q = lin(z, attn.q_proj.weight.double(), qb).reshape(n, H, -1)
     k = lin(z, attn.k_proj.weight.double(), kb).reshape(n, adapter.n_kv_heads, -1)
     k = k.repeat_interleave(H // adapter.n_kv_heads, dim=1)
-    rot = adapter.hf_model.base_model.rotary_emb
+    rot: Any = adapter.hf_model.base_model.rotary_emb
     pos = torch.arange(n, device=z.device)[None]
     cos, sin = rot(z[None].float(), pos)
     cos, sin = cos[0].double()[:, None], sin[0].double()[:, None]

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -88,7 +88,7 @@ def _norm_kind(m: nn.Module) -> str | None:
 
 
 def _norm_hook(kind: str) -> Callable:
-    def hook(m: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+    def hook(m: Any, args: tuple, out: torch.Tensor) -> torch.Tensor:
         x = args[0]
         if kind == "layernorm":
             c = x - x.mean(-1, keepdim=True)
