@@ -6,6 +6,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from .errors import StreetlampError
 from .settings import (
@@ -20,6 +21,8 @@ from .settings import (
     Settings,
 )
 
+if TYPE_CHECKING:
+    from .models.adapter import Quantity
 
 def _quiet_transformers() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -113,7 +116,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     out = _run_folder(args, "explain")
     adapter = _load(args, s)
     target = Target(parse_target(adapter, s.target), parse_target(adapter, s.contrast) if s.contrast else None,
-                    s.quantity)
+                    cast("Quantity", s.quantity))  # argparse choices
     return _print(explain(adapter, s.text, out, target=target, layer=s.layer, head=s.head, methods=s.methods,
                           truncate=s.truncate, seed=s.seed, batch_size=s.batch_size, method_params=s.method_params))
 

@@ -113,7 +113,7 @@ def run(adapter: ModelAdapter, inputs: Inputs, interventions: Iterable[Intervent
     for site, fn in (extra_edits or {}).items():
         if site in edits:
             first, second = edits[site], fn
-            edits[site] = lambda a, f=first, g=second: g(f(a))
+            edits[site] = lambda a, f=first, g=second: g(f(a))  # type: ignore[misc]  # defaults bind the pair
         else:
             edits[site] = fn
     return adapter.forward(inputs, record=record, edit=edits, keep_grad=keep_grad, grad=grad)

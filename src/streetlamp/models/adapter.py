@@ -65,7 +65,7 @@ class Inputs:
         return int(self.input_ids.shape[0])
 
     @classmethod
-    def from_ids(cls, adapter: ModelAdapter, rows: Sequence[Sequence[int]] | torch.Tensor,
+    def from_ids(cls, adapter: ModelAdapter, rows: Sequence[Sequence[int] | torch.Tensor] | torch.Tensor,
                  texts: Sequence[str] | None = None, truncated: Sequence[bool] | None = None,
                  strings: bool = True) -> Inputs:
         """The one constructor from token ids (special tokens included as given): right-padded with the

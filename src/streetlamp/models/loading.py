@@ -8,6 +8,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from safetensors.torch import save_model
 from transformers import (
@@ -100,7 +101,7 @@ def load_checkpoint(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
                               f"{', '.join(sorted(FAMILIES))}")
     archs = config.architectures or []
     if any(a.endswith("ForSequenceClassification") for a in archs):
-        auto = AutoModelForSequenceClassification
+        auto: type[Any] = AutoModelForSequenceClassification
     elif any(a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in archs):
         auto = AutoModelForCausalLM
     else:

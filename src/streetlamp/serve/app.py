@@ -320,7 +320,8 @@ def create_app(adapters: dict[str, ModelAdapter], token: str, host: str = "127.0
     async def api_save(request: Request) -> Response:
         try:
             data = await read_json(request, limits)
-            live = st.results.get(data.get("id")) if isinstance(data.get("id"), str) else None
+            rid = data.get("id")
+            live = st.results.get(rid) if isinstance(rid, str) else None
             if live is None:
                 raise StreetlampError("that result is no longer kept (the server keeps the last "
                                       f"{limits.kept}); compute it again")
