@@ -126,6 +126,7 @@ class Scorer:
 
     def _cache_blocks(self, rows: Sequence[torch.Tensor]) -> list[tuple[int, list[int]]]:
         """Rows sorted by their first changed position, grouped so rows x suffix length fits the budget."""
+        assert self.budget is not None  # set in __post_init__
         n = len(self.ids)
         first = []
         for r in rows:

@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
@@ -82,7 +82,9 @@ class Inputs:
         for i, r in enumerate(rows):
             ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
             mask[i, : len(r)] = 1
-        tokens = [adapter.tokenizer.convert_ids_to_tokens(r) if strings else [] for r in rows]
+        # the stubs say int | list[int] -> str | list[str]; a row (list or 1-d tensor) gives list[str]
+        tokens = [cast(list[str], adapter.tokenizer.convert_ids_to_tokens(cast(list[int], r))) if strings else []
+                  for r in rows]
         labels = [[adapter.token_label(t) for t in toks] for toks in tokens]
         return cls(ids, mask, tokens, labels, list(texts) if texts is not None else [""] * len(rows),
                    list(truncated) if truncated is not None else [False] * len(rows))
@@ -159,7 +161,7 @@ class ModelAdapter:
             tokenizer.pad_token = tokenizer.eos_token
         tokenizer.padding_side = "right"
         base = hf_model.base_model
-        self.layer_modules: list[nn.Module] = list(_get(base, self.family.layers))
+        self.layer_modules: list[nn.Module] = list(cast(nn.ModuleList, _get(base, self.family.layers)))
         self.attn_modules = [_get(l, self.family.attn) for l in self.layer_modules]
         self.o_proj_modules = [_get(l, self.family.o_proj) for l in self.layer_modules]
         self.mlp_out_modules = [_get(l, self.family.mlp_out) for l in self.layer_modules]
@@ -182,7 +184,7 @@ class ModelAdapter:
         dev = torch.device(device)
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise StreetlampError(f"device {device!r} asked for, but torch sees no CUDA GPU here")
-        self.hf_model.to(device=dev, dtype=dt)
+        cast(Any, self.hf_model).to(device=dev, dtype=dt)  # transformers types .to() as a decorated method wrongly
         return self
 
     # -- metadata ------------------------------------------------------------------------------
@@ -192,19 +194,22 @@ class ModelAdapter:
 
     @property
     def n_outputs(self) -> int:
-        return int(self.hf_model.config.num_labels if self.kind == "classifier" else self.hf_model.config.vocab_size)
+        cfg: Any = self.hf_model.config
+        return int(cfg.num_labels if self.kind == "classifier" else cfg.vocab_size)
 
     def output_label(self, index: int) -> str:
         if self.kind == "classifier":
-            return str(self.hf_model.config.id2label.get(index, index))
-        return self.tokenizer.decode([index])
+            cfg: Any = self.hf_model.config
+            return str(cfg.id2label.get(index, index))
+        return cast(str, self.tokenizer.decode([index]))  # one id list decodes to one str
 
     def parse_label(self, label: str) -> int:
         """An output index from a class name (any case) or id (classifier), or a one-token string
         (causal LM). The one parser of labels and targets given by a user or a data file."""
         if self.kind != "classifier":
             return self.token_id(label)
-        names = {str(v).lower(): int(k) for k, v in self.hf_model.config.id2label.items()}
+        cfg: Any = self.hf_model.config
+        names = {str(v).lower(): int(k) for k, v in cfg.id2label.items()}
         s = str(label).strip()
         if s.lower() in names:
             return names[s.lower()]
@@ -262,7 +267,7 @@ class ModelAdapter:
         return int(tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id)
 
     def describe(self) -> dict:
-        cfg = self.hf_model.config
+        cfg: Any = self.hf_model.config
         return {"name": self.name, "source": self.source, "kind": self.kind, "family": self.family.name,
                 "architecture": type(self.hf_model).__name__, "layers": self.n_layers, "heads": self.n_heads,
                 "kv_heads": self.n_kv_heads, "d_model": self.d_model, "max_positions": self.max_positions,
@@ -418,7 +423,7 @@ class ModelAdapter:
                                                  v[:, :, :start].expand(rows, -1, -1, -1)) for k, v in cache])
             full_mask = torch.cat([torch.ones(rows, start, dtype=mask.dtype), mask], 1)
         base = self.hf_model.base_model
-        name = cache_keyword(type(base))
+        name = cache_keyword(type(base))  # type: ignore[arg-type]  # classes are hashable
         out = base(input_ids=ids.to(dev), attention_mask=full_mask.to(dev),
                    use_cache=keep_cache or past is not None, **{name: past})
         last = mask.sum(1).to(dev) - 1
@@ -429,7 +434,7 @@ class ModelAdapter:
 
 
 @functools.cache
-def cache_keyword(model_class: type) -> str:
+def cache_keyword(model_class: Any) -> str:
     """The KV-cache argument (and output field) of a base model's forward: transformers renamed
     ``past_key_values`` to ``cache`` within 5.x, and ``**kwargs`` would swallow the wrong one (the
     prefix silently ignored), so ask the signature, once per class."""
