@@ -90,8 +90,8 @@ def main() -> None:
     c12 = np.concatenate([caps_for(adapter, 128)] * 2)
     t, ts, _ = timeit(lambda: layered_max_flow(c12, [0]), repeat=3)
     print(f"128 tokens, 12 layers (MiniLM's 6 layers stacked twice), [CLS] row: {t:.3f} s (median of {ts})")
-    from transformers import BertConfig, BertForSequenceClassification
     import torch
+    from transformers import BertConfig, BertForSequenceClassification
     torch.manual_seed(0)
     rand = ModelAdapter(BertForSequenceClassification(BertConfig(num_hidden_layers=12, hidden_size=384,
                         num_attention_heads=12, intermediate_size=1536)).eval(), adapter.tokenizer, "bert-random-12")

@@ -19,13 +19,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
+from bench_ig import classifier  # noqa: E402
 from common import text_of_length, threads  # noqa: E402
 
 from streetlamp.data.loaders import load_dataset  # noqa: E402
 from streetlamp.methods.ig import IntegratedGradients  # noqa: E402
 from streetlamp.models.adapter import Target  # noqa: E402
-
-from bench_ig import classifier  # noqa: E402
 
 GRID = [("clenshaw_curtis", n) for n in (16, 24, 32, 48)] + [("gauss_legendre", n) for n in (16, 24, 32, 48, 50)]
 

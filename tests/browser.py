@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -58,7 +59,7 @@ class Page:
         page.on("request", lambda r: None if r.url.startswith(LOCAL) else self.requests.append(r.url))
         page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
 
-    def open(self, path: Path, fragment: str = "") -> "Page":
+    def open(self, path: Path, fragment: str = "") -> Page:
         self.page.goto(Path(path).resolve().as_uri() + fragment)
         self.page.wait_for_selector("body[data-ready='1']", timeout=60_000)
         return self

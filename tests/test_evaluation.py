@@ -239,8 +239,8 @@ def test_evaluate_causal_lm_next_token(tmp_path) -> None:
     from streetlamp.evaluation.common import rank_desc
     from streetlamp.models.loading import load
     from streetlamp.models.tiny import save_tiny
-    from streetlamp.store.files import load_arrays
     from streetlamp.store import read_metrics
+    from streetlamp.store.files import load_arrays
 
     ckpt = save_tiny("gpt2", tmp_path / "tiny-gpt2", seed=2)
     data = tmp_path / "prompts.csv"

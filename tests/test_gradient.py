@@ -3,11 +3,12 @@ IntegratedGradients, LayerIntegratedGradients), an analytic toy with closed-form
 orders of the quadrature rules, the shared multi-target path against separate runs, bad input."""
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
-from captum.attr import InputXGradient, IntegratedGradients as CaptumIG, LayerIntegratedGradients, Saliency as CS
+from captum.attr import InputXGradient, LayerIntegratedGradients
+from captum.attr import IntegratedGradients as CaptumIG
+from captum.attr import Saliency as CS
 from captum.attr._utils.approximation_methods import approximation_parameters
 
 from streetlamp.errors import StreetlampError

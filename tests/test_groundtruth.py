@@ -9,9 +9,21 @@ import torch
 
 from streetlamp.errors import StreetlampError
 from streetlamp.groundtruth import leaderboard as lb
-from streetlamp.groundtruth.tasks import (ANIMAL, COLOURS, CREATURES, FRUIT, MARKERS, NEGATIVE, NEGATOR, POSITIVE,
-                                          TASKS, get_task, parse_tasks, planted_mask)
-from streetlamp.groundtruth.train import TrainConfig, build_model, deception_penalty, forward_with_mass, batch_inputs
+from streetlamp.groundtruth.tasks import (
+    ANIMAL,
+    COLOURS,
+    CREATURES,
+    FRUIT,
+    MARKERS,
+    NEGATIVE,
+    NEGATOR,
+    POSITIVE,
+    TASKS,
+    get_task,
+    parse_tasks,
+    planted_mask,
+)
+from streetlamp.groundtruth.train import TrainConfig, batch_inputs, build_model, deception_penalty, forward_with_mass
 
 DECIDING = {"keyword": set(FRUIT + ANIMAL), "order": set(MARKERS), "negation": set(POSITIVE + NEGATIVE),
             "together": set(COLOURS + CREATURES)}

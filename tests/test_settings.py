@@ -69,9 +69,9 @@ def test_bad_layer_then_corrected_rerun(setup: dict[str, Path], tmp_path: Path, 
 
 def test_flip_layers_never_wrap() -> None:
     from streetlamp.errors import StreetlampError
-    from streetlamp.models.tiny import tiny_model
-    from streetlamp.models.adapter import ModelAdapter
     from streetlamp.evaluation.flip import flip_layers
+    from streetlamp.models.adapter import ModelAdapter
+    from streetlamp.models.tiny import tiny_model
 
     adapter = ModelAdapter(*tiny_model("bert", seed=1), "tiny-bert")
     assert flip_layers(adapter, "all") == [0, 1] and flip_layers(adapter, "last") == [1]

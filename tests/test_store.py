@@ -13,12 +13,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from streetlamp.cli import main
 from streetlamp.errors import StreetlampError
 from streetlamp.evaluation.pipeline import EvalSettings
 from streetlamp.models.tiny import WORDS, save_tiny
 from streetlamp.runners.evaluate import evaluate
 from streetlamp.store import read_metrics
-from streetlamp.cli import main
 
 CHEAP = ["--adv-steps", "2", "--permutations", "2", "--chunk-size", "1", "--methods", "attention"]
 

@@ -184,7 +184,8 @@ def test_minilm_128_token_report_under_2mb(tmp_path: Path) -> None:
 def test_fixed_point_attention_keeps_exact_explained_rows(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """When the full tensor travels in 12 bits, the explained position's rows travel exactly (ranks and
     Kendall tau must not see quantisation ties)."""
-    from streetlamp.report.viewer import folder as fmod, pack
+    from streetlamp.report.viewer import folder as fmod
+    from streetlamp.report.viewer import pack
 
     monkeypatch.setattr(pack, "SMALL", 0)
     monkeypatch.setattr(fmod, "SMALL", 0)

@@ -3,11 +3,12 @@ nothing reaches the network, run text stays text, state survives in the URL frag
 from __future__ import annotations
 
 import itertools
-import re
 import json
+import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -96,7 +97,7 @@ def test_explain_numbers_are_the_stored_arrays(runs: dict[str, Path], page: Page
     assert abs(float(p.get_attribute("#jsd", "data-value")) - jsd) < 1e-4
     assert (p.locator("#jsd-warning").count() == 1) == (jsd >= 0.1)
     # the full matrix: the value under the pointer
-    p.click(f"canvas.thumb[data-l='0'][data-h='3']")
+    p.click("canvas.thumb[data-l='0'][data-h='3']")
     assert p.text_content("#matrix-title").startswith("layer 0, head 3")
     box = p.locator("#matrix").bounding_box()
     cs, m0 = min(16, 640 // n), 96

@@ -6,7 +6,7 @@ CPU large batches of long inputs are slower than small ones, so the default budg
 """
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 

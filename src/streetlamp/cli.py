@@ -4,13 +4,25 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, cast
 
 from .errors import StreetlampError
-from .settings import (BenchmarkSettings, EvaluateSettings, ExplainSettings, GenerationSettings, HeadsSettings,
-                       MediateSettings, PatchSettings, PruneSettings, Settings)
+from .settings import (
+    BenchmarkSettings,
+    EvaluateSettings,
+    ExplainSettings,
+    GenerationSettings,
+    HeadsSettings,
+    MediateSettings,
+    PatchSettings,
+    PruneSettings,
+    Settings,
+)
 
+if TYPE_CHECKING:
+    from .models.adapter import Quantity
 
 def _quiet_transformers() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -106,7 +118,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from .models.memory import check_memory
     check_memory(adapter, max(adapter.encode(s.text, truncate=s.truncate).lengths), args.force)
     target = Target(parse_target(adapter, s.target), parse_target(adapter, s.contrast) if s.contrast else None,
-                    s.quantity)
+                    cast("Quantity", s.quantity))  # argparse choices
     return _print(explain(adapter, s.text, out, target=target, layer=s.layer, head=s.head, methods=s.methods,
                           truncate=s.truncate, seed=s.seed, batch_size=s.batch_size, method_params=s.method_params))
 

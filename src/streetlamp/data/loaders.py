@@ -204,11 +204,11 @@ def _eraser(folder: Path, ann: Path | None = None) -> Dataset:
         for ev in (e for g in groups for e in (g if isinstance(g, list) else [g])):
             if str(ev.get("docid", docid)) != docid:
                 continue
-            s, e = int(ev["start_token"]), int(ev["end_token"])
-            if not 0 <= s < e <= len(words):
-                raise StreetlampError(f"{ann}:{i + 1}: evidence tokens {s}..{e} outside document {docid!r} "
+            s, end = int(ev["start_token"]), int(ev["end_token"])
+            if not 0 <= s < end <= len(words):
+                raise StreetlampError(f"{ann}:{i + 1}: evidence tokens {s}..{end} outside document {docid!r} "
                                       f"({len(words)} words)")
-            spans.append((starts[s], starts[e - 1] + len(words[e - 1])))
+            spans.append((starts[s], starts[end - 1] + len(words[end - 1])))
         out.append(Example(aid, " ".join(words), label, tuple(sorted(spans))))
     if not out:
         raise StreetlampError(f"{ann}: no annotations")

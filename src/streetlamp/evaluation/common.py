@@ -1,7 +1,7 @@
 """Shared pieces: batched output distributions of token-id rows, and ranking by score."""
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch

@@ -20,8 +20,8 @@ attention distribution read by the classifier -- for each layer in ``layers``.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch

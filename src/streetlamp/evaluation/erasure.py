@@ -44,7 +44,7 @@ class ErasurePlan:
     n_rankable: int
 
     @staticmethod
-    def build(ids: list[int], scores: np.ndarray, special: np.ndarray, rep: int | None) -> "ErasurePlan":
+    def build(ids: list[int], scores: np.ndarray, special: np.ndarray, rep: int | None) -> ErasurePlan:
         order = rank_desc(np.asarray(scores, dtype=np.float64), ~special)
         m = len(order)
         rows: list[list[int]] = []

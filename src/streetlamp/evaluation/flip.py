@@ -20,7 +20,7 @@ The paper's attention is a single layer over RNN states; here the layer set is a
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

@@ -95,7 +95,8 @@ def evaluate_chunk(adapter: ModelAdapter, examples: list[ChunkExample], s: EvalS
         exps = m.attribute(adapter, inputs, target=Target(), batch_size=budget, seed=s.seed)
         scores[name] = [np.asarray(x.scores, np.float64) for x in exps]
     rep = adapter.replacement_token(s.replacement)[1]
-    plans, all_rows = [], []
+    plans: list[tuple[str, int, ErasurePlan, int]] = []
+    all_rows: list[list[int]] = []
     for name in s.methods:
         for b in range(len(examples)):
             p = ErasurePlan.build(ids[b], scores[name][b], specials[b], rep)
@@ -111,8 +112,8 @@ def evaluate_chunk(adapter: ModelAdapter, examples: list[ChunkExample], s: EvalS
         for k, v in met.items():
             add(e.id, name, k, v)
         arrays[e.id][f"{name}.tokens"] = scores[name][b].astype(np.float32)
-        for k, v in arr.items():
-            arrays[e.id][f"{name}.{k}"] = v
+        for key, arr_v in arr.items():
+            arrays[e.id][f"{name}.{key}"] = arr_v
 
     # -- agreement and plausibility --------------------------------------------------------------
     for b, e in enumerate(examples):
@@ -149,9 +150,9 @@ def evaluate_chunk(adapter: ModelAdapter, examples: list[ChunkExample], s: EvalS
             add(e.id, "counterfactual_attention", f"adv_tvd@{l}", adv_tvd[b])
             add(e.id, "counterfactual_attention", f"adv_exists@{l}", adv_js[b] >= cf.js_threshold)
     uni = cf.uniform(adapter, inputs, budget)
-    d = total_variation(uni, probs)
+    uni_tv = total_variation(uni, probs)
     for b, e in enumerate(examples):
-        add(e.id, "uniform_attention", "tvd", d[b])
+        add(e.id, "uniform_attention", "tvd", uni_tv[b])
         add(e.id, "uniform_attention", "flip", uni[b].argmax() != pred[b])
         add(e.id, "uniform_attention", "correct", uni[b].argmax() == e.gold)
         arrays[e.id].update(distribution("uniform_probs", uni[b]))

@@ -20,7 +20,7 @@ with equal scores share a threshold, so no metric depends on the order of tied t
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

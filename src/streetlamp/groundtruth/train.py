@@ -57,7 +57,8 @@ class TrainConfig:
 def build_model(task: Task, cfg: TrainConfig, seed: int) -> ModelAdapter:
     torch.manual_seed(seed)
     tok = tokenizer()
-    conf = BertConfig(vocab_size=len(tok), hidden_size=cfg.d_model, num_hidden_layers=cfg.layers,
+    conf = BertConfig(  # type: ignore[call-arg]  # num_labels etc. are PretrainedConfig kwargs
+        vocab_size=len(tok), hidden_size=cfg.d_model, num_hidden_layers=cfg.layers,
                       num_attention_heads=cfg.heads, intermediate_size=2 * cfg.d_model,
                       max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                       num_labels=2, id2label={0: task.labels[0], 1: task.labels[1]},

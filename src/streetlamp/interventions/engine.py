@@ -22,8 +22,8 @@ Zeroing a head's ``attn.z`` equals zeroing its output ``z_h W_O,h`` because ``W_
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -113,7 +113,7 @@ def run(adapter: ModelAdapter, inputs: Inputs, interventions: Iterable[Intervent
     for site, fn in (extra_edits or {}).items():
         if site in edits:
             first, second = edits[site], fn
-            edits[site] = lambda a, f=first, g=second: g(f(a))
+            edits[site] = lambda a, f=first, g=second: g(f(a))  # type: ignore[misc]  # defaults bind the pair
         else:
             edits[site] = fn
     return adapter.forward(inputs, record=record, edit=edits, keep_grad=keep_grad, grad=grad)

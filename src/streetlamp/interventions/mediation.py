@@ -17,8 +17,8 @@ of a head, keeping its values; ``attn.z`` replaces the whole head output) and ea
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch

@@ -20,8 +20,8 @@ Metric (Wang et al. 2023; Heimersheim & Nanda 2024): the logit difference
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch

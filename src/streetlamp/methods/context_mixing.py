@@ -196,7 +196,8 @@ def alti_layer(adapter: ModelAdapter, cache: dict, k: int, n: int, layer: int,
     z = x + attn_out
     bias = (b_o.to(dev) if b_o is not None else torch.zeros_like(x[0])).expand_as(x)
     if place.placement == "post":
-        gamma, beta, eps = (t.to(dev) if isinstance(t, torch.Tensor) else t for t in post_norm(adapter, layer))
+        gamma, beta, eps = post_norm(adapter, layer)
+        gamma, beta = gamma.to(dev), beta.to(dev)
         sigma = (z.var(-1, unbiased=False) + eps).sqrt()[:, None]  # [query, 1]
 
         def lin(u: torch.Tensor) -> torch.Tensor:  # γ ⊙ (u − mean u), σ applied per query below

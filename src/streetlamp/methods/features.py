@@ -8,7 +8,7 @@ are in no feature unless asked for.
 from __future__ import annotations
 
 import string
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

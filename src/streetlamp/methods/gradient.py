@@ -12,8 +12,8 @@ Integrated gradients lives in :mod:`streetlamp.methods.ig` and uses the helpers 
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 import torch

@@ -19,8 +19,8 @@ token budget ``batch_size`` (rows × length), one forward + backward per chunk.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch

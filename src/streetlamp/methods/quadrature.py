@@ -31,7 +31,8 @@ already computed (it bounds the n/2 rule's token error, so it over-estimates tha
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import cast
 
 import numpy as np
 import torch
@@ -93,8 +94,8 @@ def quadrature(rule: str, n: int) -> tuple[np.ndarray, np.ndarray]:
         if n % 4:
             raise StreetlampError(f"rule 'panels' needs steps divisible by 4 (got {n}): 5-point Boole panels")
         w = np.zeros(n + 1)
-        for k in range(0, n, 4):
-            w[k:k + 5] += BOOLE * 4 / n
+        for j in range(0, n, 4):
+            w[j:j + 5] += BOOLE * 4 / n
         return np.arange(n + 1, dtype=np.float64) / n, w
     raise StreetlampError(f"unknown IG rule {rule!r}; choose one of {', '.join(RULES)}")
 
@@ -220,12 +221,13 @@ def integrate_panels(path: PathCache, fdiff: torch.Tensor, fscale: torch.Tensor,
     while True:
         nodes = np.array([node(lo, hi, q) for lo, hi in panels for q in range(5)])
         path.evaluate(nodes)
-        ig = half = None
+        ig: torch.Tensor | None = None
+        half: torch.Tensor | None = None
         ind = []
         for lo, hi in panels:
             h = (hi - lo) / grid
             g = [path.cache[node(lo, hi, q)] for q in range(5)]
-            qb = h * sum(float(w) * gk for w, gk in zip(BOOLE, g))
+            qb = cast(torch.Tensor, h * sum(float(w) * gk for w, gk in zip(BOOLE, g)))  # sum of 5 tensors
             qs = h * (g[0] + 4 * g[2] + g[4]) / 6
             ig = qb if ig is None else ig + qb
             half = qs if half is None else half + qs
@@ -254,13 +256,13 @@ def integrate_panels(path: PathCache, fdiff: torch.Tensor, fscale: torch.Tensor,
                           f"{tolerance:g} after {len(path.cache)} gradient evaluations (panels); max_steps={max_steps} "
                           "reached", stacklevel=3)
             break
-        split = set(sorted(split, key=lambda i: -ind[i])[:room])
-        if any(hi - lo < 8 for i, (lo, hi) in enumerate(panels) if i in split):
+        chosen = set(sorted(split, key=lambda i: -ind[i])[:room])
+        if any(hi - lo < 8 for i, (lo, hi) in enumerate(panels) if i in chosen):
             warnings.warn("integrated_gradients: panels reached the finest grid; stopping", stacklevel=3)
             break
         new = []
         for i, (lo, hi) in enumerate(panels):
-            if i in split:
+            if i in chosen:
                 c = (lo + hi) // 2
                 new += [(lo, c), (c, hi)]
             else:

@@ -9,14 +9,14 @@ from typing import Any
 from ..errors import StreetlampError
 from .attention import Attention
 from .attention_grad import AttentionAttribution, AttentionXGradient
-from .rollout import Flow, GradientRollout, Rollout
 from .base import Method
-from .occlusion import Occlusion
-from .shap_lime import Lime, Shap
 from .context_mixing import Alti, Norm, ValueZeroing
 from .gradient import GradientXInput, Saliency
 from .ig import IntegratedGradients
 from .lrp import AttnLRP
+from .occlusion import Occlusion
+from .rollout import Flow, GradientRollout, Rollout
+from .shap_lime import Lime, Shap
 
 REGISTRY: dict[str, type[Method]] = {cls.name: cls for cls in (
     Attention,

@@ -8,8 +8,9 @@ classifiers, the last token otherwise).
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Literal
+from typing import Literal
 
 import numpy as np
 import torch
@@ -204,5 +205,5 @@ def attention_and_gradient(adapter: ModelAdapter, inputs: Inputs, target: Target
     f = adapter.score(fwd.logits, index.to(fwd.logits.device), target)
     pats = [fwd.cache[s] for s in sites]
     grads = torch.autograd.grad(f.sum(), pats, allow_unused=True)
-    grads = [torch.zeros_like(p) if g is None else g for p, g in zip(pats, grads)]
-    return torch.stack([p.detach() for p in pats], 1), torch.stack(grads, 1).detach(), index
+    filled = [torch.zeros_like(p) if g is None else g for p, g in zip(pats, grads)]
+    return torch.stack([p.detach() for p in pats], 1), torch.stack(filled, 1).detach(), index

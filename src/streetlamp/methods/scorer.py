@@ -22,8 +22,9 @@ positions >= i (about half the work of a full recompute for leave-one-out).
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 import numpy as np
 import torch
@@ -125,6 +126,7 @@ class Scorer:
 
     def _cache_blocks(self, rows: Sequence[torch.Tensor]) -> list[tuple[int, list[int]]]:
         """Rows sorted by their first changed position, grouped so rows x suffix length fits the budget."""
+        assert self.budget is not None  # set in __post_init__
         n = len(self.ids)
         first = []
         for r in rows:

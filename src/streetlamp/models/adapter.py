@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import ContextManager, Iterable, Literal, Sequence
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
@@ -63,9 +65,9 @@ class Inputs:
         return int(self.input_ids.shape[0])
 
     @classmethod
-    def from_ids(cls, adapter: "ModelAdapter", rows: Sequence[Sequence[int]] | torch.Tensor,
+    def from_ids(cls, adapter: ModelAdapter, rows: Sequence[Sequence[int] | torch.Tensor] | torch.Tensor,
                  texts: Sequence[str] | None = None, truncated: Sequence[bool] | None = None,
-                 strings: bool = True) -> "Inputs":
+                 strings: bool = True) -> Inputs:
         """The one constructor from token ids (special tokens included as given): right-padded with the
         tokenizer's pad id. An empty row (erasure removed every token of a causal LM's prompt) becomes
         :meth:`ModelAdapter.empty_context_token`. ``strings=False`` leaves ``tokens``/``labels`` empty
@@ -80,7 +82,9 @@ class Inputs:
         for i, r in enumerate(rows):
             ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
             mask[i, : len(r)] = 1
-        tokens = [adapter.tokenizer.convert_ids_to_tokens(r) if strings else [] for r in rows]
+        # the stubs say int | list[int] -> str | list[str]; a row (list or 1-d tensor) gives list[str]
+        tokens = [cast(list[str], adapter.tokenizer.convert_ids_to_tokens(cast(list[int], r))) if strings else []
+                  for r in rows]
         labels = [[adapter.token_label(t) for t in toks] for toks in tokens]
         return cls(ids, mask, tokens, labels, list(texts) if texts is not None else [""] * len(rows),
                    list(truncated) if truncated is not None else [False] * len(rows))
@@ -89,14 +93,14 @@ class Inputs:
         """Each text's token ids (real tokens only, special tokens included)."""
         return [self.input_ids[b, :n].tolist() for b, n in enumerate(self.lengths)]
 
-    def repeat(self, rows: int) -> "Inputs":
+    def repeat(self, rows: int) -> Inputs:
         """``rows`` copies of a one-text batch (views, no copy of the ids)."""
         if len(self) != 1:
             raise ValueError("repeat needs a batch of one text")
         return Inputs(self.input_ids.expand(rows, -1), self.attention_mask.expand(rows, -1), self.tokens * rows,
                       self.labels * rows, self.texts * rows, (self.truncated or [False]) * rows)
 
-    def select(self, idx: Sequence[int]) -> "Inputs":
+    def select(self, idx: Sequence[int]) -> Inputs:
         ids = list(idx)
         width = max(self.lengths[i] for i in ids)
         return Inputs(self.input_ids[ids, :width], self.attention_mask[ids, :width],
@@ -117,7 +121,7 @@ class Target:
     contrast: int | None = None
     quantity: Quantity = "prob"
 
-    def describe(self, adapter: "ModelAdapter", index: int) -> str:
+    def describe(self, adapter: ModelAdapter, index: int) -> str:
         s = f"{self.quantity}({adapter.output_label(index)!r})"
         if self.contrast is not None:
             s += f" - {self.quantity}({adapter.output_label(self.contrast)!r})"
@@ -157,7 +161,7 @@ class ModelAdapter:
             tokenizer.pad_token = tokenizer.eos_token
         tokenizer.padding_side = "right"
         base = hf_model.base_model
-        self.layer_modules: list[nn.Module] = list(_get(base, self.family.layers))
+        self.layer_modules: list[nn.Module] = list(cast(nn.ModuleList, _get(base, self.family.layers)))
         self.attn_modules = [_get(l, self.family.attn) for l in self.layer_modules]
         self.o_proj_modules = [_get(l, self.family.o_proj) for l in self.layer_modules]
         self.mlp_out_modules = [_get(l, self.family.mlp_out) for l in self.layer_modules]
@@ -172,7 +176,7 @@ class ModelAdapter:
         # RoBERTa numbers positions from padding_idx + 1, so two position slots are never usable.
         self.max_positions = max_pos - 2 if model_type == "roberta" else max_pos
 
-    def to(self, device: str | torch.device = "cpu", dtype: str = "float32") -> "ModelAdapter":
+    def to(self, device: str | torch.device = "cpu", dtype: str = "float32") -> ModelAdapter:
         """Move the model (e.g. ``"cuda"``, ``dtype="bfloat16"``); a clear error if the device is missing."""
         dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
         if dt is None:
@@ -180,7 +184,7 @@ class ModelAdapter:
         dev = torch.device(device)
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise StreetlampError(f"device {device!r} asked for, but torch sees no CUDA GPU here")
-        self.hf_model.to(device=dev, dtype=dt)
+        cast(Any, self.hf_model).to(device=dev, dtype=dt)  # transformers types .to() as a decorated method wrongly
         return self
 
     # -- metadata ------------------------------------------------------------------------------
@@ -190,19 +194,22 @@ class ModelAdapter:
 
     @property
     def n_outputs(self) -> int:
-        return int(self.hf_model.config.num_labels if self.kind == "classifier" else self.hf_model.config.vocab_size)
+        cfg: Any = self.hf_model.config
+        return int(cfg.num_labels if self.kind == "classifier" else cfg.vocab_size)
 
     def output_label(self, index: int) -> str:
         if self.kind == "classifier":
-            return str(self.hf_model.config.id2label.get(index, index))
-        return self.tokenizer.decode([index])
+            cfg: Any = self.hf_model.config
+            return str(cfg.id2label.get(index, index))
+        return cast(str, self.tokenizer.decode([index]))  # one id list decodes to one str
 
     def parse_label(self, label: str) -> int:
         """An output index from a class name (any case) or id (classifier), or a one-token string
         (causal LM). The one parser of labels and targets given by a user or a data file."""
         if self.kind != "classifier":
             return self.token_id(label)
-        names = {str(v).lower(): int(k) for k, v in self.hf_model.config.id2label.items()}
+        cfg: Any = self.hf_model.config
+        names = {str(v).lower(): int(k) for k, v in cfg.id2label.items()}
         s = str(label).strip()
         if s.lower() in names:
             return names[s.lower()]
@@ -260,7 +267,7 @@ class ModelAdapter:
         return int(tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id)
 
     def describe(self) -> dict:
-        cfg = self.hf_model.config
+        cfg: Any = self.hf_model.config
         return {"name": self.name, "source": self.source, "kind": self.kind, "family": self.family.name,
                 "architecture": type(self.hf_model).__name__, "layers": self.n_layers, "heads": self.n_heads,
                 "kv_heads": self.n_kv_heads, "d_model": self.d_model, "max_positions": self.max_positions,
@@ -305,7 +312,7 @@ class ModelAdapter:
                 keep_grad: bool = False) -> Session:
         return Session(self, record=record, edit=edit, keep_grad=keep_grad)
 
-    def relevance_rules(self) -> ContextManager[None]:
+    def relevance_rules(self) -> AbstractContextManager[None]:
         """AttnLRP's modified backward on this model's norms, activations and gated products for a
         ``with`` block (forward values unchanged); the attention rules are site edits, see
         :mod:`streetlamp.models.relevance`."""
@@ -421,7 +428,7 @@ class ModelAdapter:
             # (the first ``start`` positions) would be the wrong ones; the window stays in the mask
             past = DynamicCache()
         base = self.hf_model.base_model
-        name = cache_keyword(type(base))
+        name = cache_keyword(type(base))  # type: ignore[arg-type]  # classes are hashable
         out = base(input_ids=ids.to(dev), attention_mask=full_mask.to(dev),
                    use_cache=keep_cache or past is not None, **{name: past})
         last = mask.sum(1).to(dev) - 1
@@ -434,8 +441,8 @@ class ModelAdapter:
         return logits, new_cache
 
 
-@functools.lru_cache(maxsize=None)
-def cache_keyword(model_class: type) -> str:
+@functools.cache
+def cache_keyword(model_class: Any) -> str:
     """The KV-cache argument (and output field) of a base model's forward: transformers renamed
     ``past_key_values`` to ``cache`` within 5.x, and ``**kwargs`` would swallow the wrong one (the
     prefix silently ignored), so ask the signature, once per class."""

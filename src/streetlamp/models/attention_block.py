@@ -17,7 +17,7 @@ This module is that table plus three small accessors; nothing else touches modul
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -56,7 +56,7 @@ DECOMPOSE: dict[str, NormPlacement] = {
 }
 
 
-def placement(adapter: "ModelAdapter") -> NormPlacement:
+def placement(adapter: ModelAdapter) -> NormPlacement:
     """The family's norm placement, or a StreetlampError naming the supported families."""
     p = DECOMPOSE.get(adapter.family.name)
     if p is None:
@@ -72,7 +72,7 @@ def _module(root: torch.nn.Module, path: str) -> torch.nn.Module:
     return m
 
 
-def output_weights(adapter: "ModelAdapter", layer: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+def output_weights(adapter: ModelAdapter, layer: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``W_O`` ``[head, d_head, d_model]`` and ``b_O`` ``[d_model]`` (None without a bias), float32."""
     o = adapter.o_proj_modules[layer]
     w = at_least_float32(output_matrix(o, adapter.n_heads).detach())
@@ -80,13 +80,13 @@ def output_weights(adapter: "ModelAdapter", layer: int) -> tuple[torch.Tensor, t
     return w, (at_least_float32(b.detach()) if b is not None else None)
 
 
-def post_norm(adapter: "ModelAdapter", layer: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+def post_norm(adapter: ModelAdapter, layer: int) -> tuple[torch.Tensor, torch.Tensor, float]:
     """gamma, beta ``[d_model]`` (float32) and eps of the post-attention LayerNorm (post-LN only)."""
     p = placement(adapter)
     if p.placement != "post" or p.kind != "layernorm":
         raise StreetlampError(f"family {adapter.family.name!r} has no post-attention LayerNorm")
-    ln = _module(adapter.layer_modules[layer], p.attn_norm)
-    eps = float(getattr(ln, "eps", None) or getattr(ln, "variance_epsilon"))
+    ln: Any = _module(adapter.layer_modules[layer], p.attn_norm)
+    eps = float(getattr(ln, "eps", None) or ln.variance_epsilon)
     return at_least_float32(ln.weight.detach()), at_least_float32(ln.bias.detach()), eps
 
 

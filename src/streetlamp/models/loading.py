@@ -6,13 +6,20 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 from safetensors.torch import save_model
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer,
-                          PreTrainedModel, PreTrainedTokenizerBase)
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from ..errors import StreetlampError
 from . import attention
@@ -142,7 +149,7 @@ def load_checkpoint(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
         raise StreetlampError(unsupported_message(config.model_type))
     archs = config.architectures or []
     if any(a.endswith("ForSequenceClassification") for a in archs):
-        auto = AutoModelForSequenceClassification
+        auto: type[Any] = AutoModelForSequenceClassification
     elif any(a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in archs):
         auto = AutoModelForCausalLM
     else:

@@ -14,7 +14,7 @@ adds up to the output, so lenses do not apply to them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 FINAL_NORM = {"gpt2": "ln_f", "llama": "norm", "mistral": "norm", "qwen2": "norm"}  # relative to base_model
 
 
-def check_lens(adapter: "ModelAdapter") -> None:
+def check_lens(adapter: ModelAdapter) -> None:
     if adapter.kind != "causal_lm" or adapter.family.name not in FINAL_NORM:
         raise StreetlampError(f"lenses need a pre-norm causal LM ({', '.join(sorted(FINAL_NORM))}); "
                               f"{adapter.name} is a {adapter.family.name} {adapter.kind}")
@@ -44,11 +44,12 @@ class Norm:
     eps: float
 
     @classmethod
-    def of(cls, m: nn.Module) -> "Norm":
+    def of(cls, m: nn.Module) -> Norm:
         kind = "layernorm" if isinstance(m, nn.LayerNorm) else "rmsnorm"
-        eps = float(getattr(m, "eps", None) or m.variance_epsilon)
-        b = getattr(m, "bias", None)
-        return cls(kind, m.weight.detach().double(), b.detach().double() if b is not None else None, eps)
+        mod: Any = m  # HF norm modules: attributes differ per family
+        eps = float(getattr(mod, "eps", None) or mod.variance_epsilon)
+        b = getattr(mod, "bias", None)
+        return cls(kind, mod.weight.detach().double(), b.detach().double() if b is not None else None, eps)
 
     def scale(self, x: torch.Tensor) -> torch.Tensor:
         """σ (LayerNorm) or rms (RMSNorm) of ``x`` ``[..., d]``, eps included: ``[..., 1]``."""
@@ -71,12 +72,12 @@ class Norm:
         return self.linear(x, self.scale(x)) + self.beta(x.shape[-1])
 
 
-def final_norm(adapter: "ModelAdapter") -> Norm:
+def final_norm(adapter: ModelAdapter) -> Norm:
     check_lens(adapter)
     return Norm.of(getattr(adapter.hf_model.base_model, FINAL_NORM[adapter.family.name]))
 
 
-def pre_attn_norm(adapter: "ModelAdapter", layer: int) -> Norm:
+def pre_attn_norm(adapter: ModelAdapter, layer: int) -> Norm:
     check_lens(adapter)
     p = placement(adapter)
     m: nn.Module = adapter.layer_modules[layer]
@@ -85,7 +86,7 @@ def pre_attn_norm(adapter: "ModelAdapter", layer: int) -> Norm:
     return Norm.of(m)
 
 
-def unembedding(adapter: "ModelAdapter") -> tuple[torch.Tensor, torch.Tensor | None]:
+def unembedding(adapter: ModelAdapter) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``W_U`` ``[vocab, d]`` (the output embedding's weight, as stored) and ``b_U`` (usually None)."""
     check_lens(adapter)
     head = adapter.hf_model.get_output_embeddings()
@@ -93,7 +94,7 @@ def unembedding(adapter: "ModelAdapter") -> tuple[torch.Tensor, torch.Tensor | N
     return head.weight.detach(), (b.detach() if b is not None else None)
 
 
-def unembed(adapter: "ModelAdapter", normed: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
+def unembed(adapter: ModelAdapter, normed: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
     """Logits ``normed · W_Uᵀ + b_U`` ``[..., vocab]`` (or only the columns ``index``), float64."""
     w, b = unembedding(adapter)
     if index is not None:
@@ -103,19 +104,19 @@ def unembed(adapter: "ModelAdapter", normed: torch.Tensor, index: torch.Tensor |
     return out + b.double() if b is not None else out
 
 
-def attention_scaling(adapter: "ModelAdapter", layer: int) -> float:
-    m = adapter.attn_modules[layer]
+def attention_scaling(adapter: ModelAdapter, layer: int) -> float:
+    m: Any = adapter.attn_modules[layer]
     s = getattr(m, "scaling", None)
     return float(s) if s is not None else float(m.head_dim) ** -0.5
 
 
-def query_key(adapter: "ModelAdapter", layer: int, z: torch.Tensor,
+def query_key(adapter: ModelAdapter, layer: int, z: torch.Tensor,
               bias: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Queries and keys ``[pos, head, d_head]`` (keys repeated per query head) of layer ``layer``
     for a normalised input ``z`` ``[pos, d]`` at positions ``0..pos-1``, float64; ``bias=False``
     leaves out b_Q and b_K (the linear part only). Rotary embeddings are applied (linear)."""
     check_lens(adapter)
-    attn = adapter.attn_modules[layer]
+    attn: Any = adapter.attn_modules[layer]
     z = z.double()
     n, H = z.shape[0], adapter.n_heads
     if adapter.family.name == "gpt2":
@@ -130,7 +131,7 @@ def query_key(adapter: "ModelAdapter", layer: int, z: torch.Tensor,
     q = lin(z, attn.q_proj.weight.double(), qb).reshape(n, H, -1)
     k = lin(z, attn.k_proj.weight.double(), kb).reshape(n, adapter.n_kv_heads, -1)
     k = k.repeat_interleave(H // adapter.n_kv_heads, dim=1)
-    rot = adapter.hf_model.base_model.rotary_emb
+    rot: Any = adapter.hf_model.base_model.rotary_emb
     pos = torch.arange(n, device=z.device)[None]
     cos, sin = rot(z[None].float(), pos)
     cos, sin = cos[0].double()[:, None], sin[0].double()[:, None]

@@ -28,8 +28,9 @@ identity rule equals its gradient, so DistilBERT's inline ``nn.ReLU()`` needs no
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -87,7 +88,7 @@ def _norm_kind(m: nn.Module) -> str | None:
 
 
 def _norm_hook(kind: str) -> Callable:
-    def hook(m: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+    def hook(m: Any, args: tuple, out: torch.Tensor) -> torch.Tensor:
         x = args[0]
         if kind == "layernorm":
             c = x - x.mean(-1, keepdim=True)
@@ -138,7 +139,7 @@ def _functional_pair(before: nn.Module, after: nn.Module) -> list[torch.utils.ho
 
 
 @contextmanager
-def relevance_rules(adapter: "ModelAdapter") -> Iterator[None]:
+def relevance_rules(adapter: ModelAdapter) -> Iterator[None]:
     """Install AttnLRP's module rules (norms, activations, gated products) for the ``with`` block.
 
     The attention rules go through the named sites: pass :func:`attention_edits` as ``edit``."""

@@ -20,6 +20,7 @@ name                            shape                               what
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -115,6 +116,6 @@ def parse_site(name: str) -> tuple[int | None, str]:
 
 def output_matrix(o_proj: nn.Module, n_heads: int) -> torch.Tensor:
     """W_O as ``[head, d_head, d_model]`` for nn.Linear or GPT-2's Conv1D."""
-    w = o_proj.weight
+    w = cast(torch.Tensor, o_proj.weight)  # nn.Module.__getattr__ is typed Tensor | Module
     w_in_out = w if type(o_proj).__name__ == "Conv1D" else w.t()
     return w_in_out.reshape(n_heads, -1, w_in_out.shape[-1])

@@ -6,6 +6,7 @@ regular Hugging Face checkpoint folder (safetensors) that :func:`streetlamp.load
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
@@ -88,9 +89,10 @@ def tiny_model(family: str, seed: int = 0, layers: int = 2, heads: int = 4, d_mo
         raise ValueError(f"no tiny model for family {family!r}; have {sorted(FAMILY_KINDS)}")
     tok = family_tokenizer(family)
     v = len(tok)
-    common = dict(vocab_size=v, num_labels=3, id2label={0: "neg", 1: "neu", 2: "pos"},
-                  label2id={"neg": 0, "neu": 1, "pos": 2}, pad_token_id=0)
+    common: dict[str, Any] = dict(vocab_size=v, num_labels=3, id2label={0: "neg", 1: "neu", 2: "pos"},
+                                  label2id={"neg": 0, "neu": 1, "pos": 2}, pad_token_id=0)
     model: PreTrainedModel
+    cfg: Any  # one of the families' config classes
     if family in ("bert", "roberta"):
         cls_c, cls_m = (BertConfig, BertForSequenceClassification) if family == "bert" else (
             RobertaConfig, RobertaForSequenceClassification)
@@ -145,7 +147,7 @@ def _modern_decoder(family: str, tok: PreTrainedTokenizerFast, layers: int, head
     kv = max(1, heads // 2)
     # initializer_range 0.2 (HF's default is 0.02): attention scores of order 1, so patterns are far
     # from uniform and Gemma's soft-capping (tanh) is not a near-identity on them
-    common = dict(initializer_range=0.2, vocab_size=len(tok), hidden_size=d_model, num_hidden_layers=layers, num_attention_heads=heads,
+    common: dict[str, Any] = dict(initializer_range=0.2, vocab_size=len(tok), hidden_size=d_model, num_hidden_layers=layers, num_attention_heads=heads,
                   num_key_value_heads=kv, intermediate_size=2 * d_model, max_position_embeddings=64,
                   tie_word_embeddings=False, **_decoder_ids(tok))
     d_head = d_model // heads
@@ -165,7 +167,7 @@ def _modern_decoder(family: str, tok: PreTrainedTokenizerFast, layers: int, head
     return Gemma3ForCausalLM(Gemma3TextConfig(**gemma))
 
 
-def save_tiny(family: str, path: str | Path, seed: int = 0, **kw: int) -> Path:
+def save_tiny(family: str, path: str | Path, seed: int = 0, **kw: Any) -> Path:
     model, tok = tiny_model(family, seed=seed, **kw)
     path = Path(path)
     model.save_pretrained(path, safe_serialization=True)

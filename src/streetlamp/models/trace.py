@@ -6,8 +6,9 @@ Hooks exist only inside :meth:`Session.__enter__` / ``__exit__`` and are always 
 from __future__ import annotations
 
 import fnmatch
-from contextvars import ContextVar
-from typing import TYPE_CHECKING, Callable, Iterable
+from collections.abc import Callable, Iterable
+from contextvars import ContextVar, Token
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -19,10 +20,10 @@ if TYPE_CHECKING:
     from .adapter import ModelAdapter
 
 Edit = Callable[[torch.Tensor], torch.Tensor]
-_ACTIVE: ContextVar["Session | None"] = ContextVar("streetlamp_session", default=None)
+_ACTIVE: ContextVar[Session | None] = ContextVar("streetlamp_session", default=None)
 
 
-def active_session() -> "Session | None":
+def active_session() -> Session | None:
     return _ACTIVE.get()
 
 
@@ -48,7 +49,7 @@ class Session:
     if some layer lets the query see it (a sliding layer's out-of-window weights are exactly 0).
     """
 
-    def __init__(self, adapter: "ModelAdapter", record: Iterable[str] = (), edit: dict[str, Edit] | None = None,
+    def __init__(self, adapter: ModelAdapter, record: Iterable[str] = (), edit: dict[str, Edit] | None = None,
                  keep_grad: bool = False) -> None:
         names = adapter.site_names
         self.adapter = adapter
@@ -61,7 +62,7 @@ class Session:
         self.cache: dict[str, torch.Tensor] = {}
         self._layer_of = {id(m): i for i, m in enumerate(adapter.attn_modules)}
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
-        self._token = None
+        self._token: Token[Session | None] | None = None
         self._z: dict[int, torch.Tensor] = {}
         self._allowed_batch: int | None = None
         wanted = self.record | set(self.edits)
@@ -127,7 +128,7 @@ class Session:
             return output
         return hook
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         a = self.adapter
         try:
             if self._wants("embed"):

@@ -25,8 +25,9 @@ measure how much the output changes, against removing random directions of the s
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 import numpy as np
 import torch

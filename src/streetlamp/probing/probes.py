@@ -15,9 +15,10 @@ dev loss has not improved for ``patience`` epochs (the best epoch's weights are 
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Iterator, Literal
+from typing import Literal, cast
 
 import numpy as np
 import torch
@@ -218,7 +219,7 @@ def _fit_lbfgs(probe: FittedProbe, X: torch.Tensor, y: torch.Tensor) -> None:
     for r in range(max_rounds):
         opt.step(closure)
         closure()
-        g = max(float(p.grad.abs().max()) for p in net.parameters())
+        g = max(float(cast(torch.Tensor, p.grad).abs().max()) for p in net.parameters())  # set by closure()
         probe.epochs = r + 1
         probe.grad_max = g
         if g <= spec.tol:

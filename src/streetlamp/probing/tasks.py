@@ -30,7 +30,7 @@ import csv
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -147,7 +147,7 @@ def _where(path: Path, row: int) -> str:
     return f"{path}:{row}"
 
 
-def _token_item_rows(path: Path, row: int, text: str | None, words: list, labels: list,
+def _token_item_rows(path: Path, row: int, text: str | None, words: Any, labels: Any,
                      t: int) -> tuple[str, list[Item]]:
     if not isinstance(words, list) or not all(isinstance(w, str) and w.strip() for w in words):
         raise StreetlampError(f"{_where(path, row)}: 'words' must be a list of non-empty strings")
@@ -187,6 +187,7 @@ def load_task_file(path: str | Path) -> ProbeTask:
     texts: list[str] = []
     items: list[Item] = []
     level: Level | None = None
+    text: str | None  # untrusted JSON values, checked below
     if path.suffix == ".jsonl":
         for row, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if not line.strip():

@@ -13,7 +13,7 @@ import numpy as np  # noqa: E402
 
 from ..stats import kendall_tau  # noqa: E402
 
-COMPARISON_SCALE = {"cmap": "RdBu_r", "vmin": -1.0, "vmax": 1.0, "norm": "linear",
+COMPARISON_SCALE: dict[str, Any] = {"cmap": "RdBu_r", "vmin": -1.0, "vmax": 1.0, "norm": "linear",
                     "label": "score / max |score| of that method (signed; red pushes the target up)"}
 
 

@@ -1,8 +1,8 @@
 """Figures for head and circuit interventions. They draw saved arrays; they never recompute."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import matplotlib
 

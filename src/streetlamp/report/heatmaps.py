@@ -3,6 +3,7 @@ forbids are drawn grey and hatched, never as "low"."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -12,8 +13,8 @@ import numpy as np  # noqa: E402
 from matplotlib.collections import PatchCollection  # noqa: E402
 from matplotlib.patches import Patch, Rectangle  # noqa: E402
 
-ATTENTION_SCALE = {"cmap": "viridis", "vmin": 0.0, "vmax": 1.0, "norm": "linear",
-                   "label": "attention probability", "forbidden": "grey #bdbdbd, hatched '///'"}
+ATTENTION_SCALE: dict[str, Any] = {"cmap": "viridis", "vmin": 0.0, "vmax": 1.0, "norm": "linear",
+                                   "label": "attention probability", "forbidden": "grey #bdbdbd, hatched '///'"}
 FORBIDDEN_COLOUR = "#bdbdbd"
 
 
@@ -42,7 +43,7 @@ def _draw(ax: plt.Axes, a: np.ndarray, allowed: np.ndarray, labels: list[str] | 
     return im
 
 
-def _legend(fig: plt.Figure, im: matplotlib.image.AxesImage, axes: object) -> None:
+def _legend(fig: plt.Figure, im: matplotlib.image.AxesImage, axes: Any) -> None:
     cb = fig.colorbar(im, ax=axes, shrink=0.8)
     cb.set_label(ATTENTION_SCALE["label"])
     fig.legend(handles=[Patch(facecolor=FORBIDDEN_COLOUR, hatch="///", edgecolor="black",

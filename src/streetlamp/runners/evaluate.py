@@ -6,6 +6,7 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -127,7 +128,7 @@ def evaluate(model: str, data: str, out: Path, settings: EvalSettings, *, limit:
     if adapter is None:
         adapter = load(model)
         if device != "cpu":
-            adapter.hf_model.to(device)
+            cast(Any, adapter.hf_model).to(device)  # transformers types .to() as a decorated method wrongly
     for name in settings.methods:
         get_method(name, **settings.method_params.get(name, {})).check(adapter)
     if settings.replacement not in ("delete", "mask"):

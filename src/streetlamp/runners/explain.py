@@ -1,9 +1,10 @@
 """``streetlamp explain``: one text, its attention (every layer and head), methods, figures."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -123,7 +124,7 @@ def write_outputs(adapter: ModelAdapter, res: ExplainResult, w: RunWriter, targe
         "tokens": res.tokens,
         "token_labels": res.labels,
         "special_positions": np.flatnonzero(adapter.special_mask(
-            adapter.tokenizer.convert_tokens_to_ids(res.tokens))).tolist(),
+            cast(list[int], adapter.tokenizer.convert_tokens_to_ids(res.tokens)))).tolist(),
         "truncated": truncated,
         "explained_position": {"index": res.position, "token": res.labels[res.position],
                                "why": "[CLS] feeds the classifier" if res.position == 0 and adapter.kind ==
@@ -166,7 +167,7 @@ def write_figures(adapter: ModelAdapter, res: ExplainResult, w: RunWriter, layer
     if res.explanations:
         from ..report.compare import write_comparison
         for f in write_comparison({k: e.scores for k, e in res.explanations.items()}, res.labels, w.path,
-                                  adapter.special_mask(adapter.tokenizer.convert_tokens_to_ids(res.tokens))):
+                                  adapter.special_mask(cast(list[int], adapter.tokenizer.convert_tokens_to_ids(res.tokens)))):
             w.add_figure(**f)
 
 
@@ -188,7 +189,7 @@ def summarise(adapter: ModelAdapter, res: ExplainResult, k: int = 3) -> list[str
     att_e = res.explanations.get("attention")
     row = att_e.scores if att_e is not None else res.attention[L - 1, :, res.position].mean(0)
     view = att_e.info.get("view") if att_e is not None else f"layer {L - 1}, mean over {H} heads"
-    special = adapter.special_mask(adapter.tokenizer.convert_tokens_to_ids(res.tokens))
+    special = adapter.special_mask(cast(list[int], adapter.tokenizer.convert_tokens_to_ids(res.tokens)))
     words = np.flatnonzero(~special).tolist()
     where = f"attention from {res.labels[res.position]!r} (position {res.position}), {view}"
     lines.append(f"attention here means: {where}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import matplotlib
 
@@ -24,7 +24,6 @@ from ..methods.ig import IntegratedGradients  # noqa: E402
 from ..models.adapter import ModelAdapter, Target  # noqa: E402
 from ..report.compare import normalise_rows  # noqa: E402
 from ..store.run_folder import RunFolder  # noqa: E402
-
 
 GENERATION_IG: dict[str, Any] = {"rule": "panels", "max_steps": 1024}
 
@@ -78,7 +77,7 @@ def explain_generation(adapter: ModelAdapter, prompt: str, out: RunFolder | Path
         matrix[j, : len(e.scores)] = e.scores
         allowed[j, : len(e.scores)] = 1
     gen_ids = [int(e.info["target"]["index"]) for e in exps]
-    generated = [adapter.tokenizer.decode([i]) for i in gen_ids]
+    generated = [cast(str, adapter.tokenizer.decode([i])) for i in gen_ids]  # one id -> one str
     tokens = list(exps[-1].tokens)
     labels = [adapter.token_label(t) for t in tokens]
     completeness = np.stack([e.arrays["completeness"] for e in exps]).astype(np.float64)

@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 from scipy.stats import spearmanr
 
+from ..batching import rows_per_batch
 from ..data import sample_indices
 from ..errors import StreetlampError
 from ..interventions import heads as H
-from ..batching import rows_per_batch
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..report import heads as fig
 from ..store.run_folder import RunFolder
@@ -88,7 +88,7 @@ def label_ids(adapter: ModelAdapter, labels: list[str]) -> list[int]:
     return [adapter.parse_label(s.strip()) for s in labels]
 
 
-def texts_per_batch(inputs: Inputs, batch_size: int | None, repeat: int = 1) -> dict[str, int]:
+def texts_per_batch(inputs: Inputs, batch_size: int | None, repeat: int = 1) -> dict[str, Any]:
     """The token budget as the intervention functions' ``texts_per_batch`` (each text repeated
     ``repeat`` times in a pass); empty when no budget is given (their defaults)."""
     if batch_size is None:
@@ -164,7 +164,8 @@ def run_heads(adapter: ModelAdapter, out: RunFolder | Path, *, text: str | None 
         fig.ranked(a, f"{adapter.name}: heads ranked by |ΔF|", "ΔF", w.path / "ranked.png")
         w.add_figure(file="ranked.png", shows="heads ranked by |ablation effect|", array="ablation")
         if data is not None:
-            panels = {k: arrays[k] for k in ("ablation", "importance", "attribution", "attention_mass") if k in arrays}
+            panels: dict[str, np.ndarray] = {k: arrays[k] for k in ("ablation", "importance", "attribution", "attention_mass")
+                                             if k in arrays}
             fig.side_by_side(panels, f"{adapter.name}: head scores side by side", w.path / "scores.png")
             w.add_figure(file="scores.png", shows="head scores side by side", arrays=list(panels))
         w.write_manifest({

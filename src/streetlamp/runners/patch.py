@@ -14,6 +14,7 @@ from ..models.adapter import ModelAdapter
 from ..report import heads as fig
 from ..store.run_folder import RunFolder
 
+
 @dataclass
 class PatchResult:
     out: Path
@@ -105,7 +106,7 @@ def run_patch(adapter: ModelAdapter, out: RunFolder | Path, *, clean: str, corru
                               "NaN = sender not before the receiver"}
     labels = pair.clean.labels[0]
     heads = real.get("heads")
-    top = np.argsort(-heads.reshape(-1))[:5] if heads is not None else []
+    top: np.ndarray | list[int] = np.argsort(-heads.reshape(-1))[:5] if heads is not None else []
     summary["top_heads"] = [{"layer": int(i // adapter.n_heads), "head": int(i % adapter.n_heads),
                              "restored": float(heads.reshape(-1)[i])} for i in top]  # type: ignore[union-attr]
     with rf.staging() as w:

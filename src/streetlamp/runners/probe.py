@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -170,7 +170,8 @@ def gold_targets(adapter: ModelAdapter, labels: list[str]) -> list[int] | None:
     """Gold output index per text when the classifier's classes are the data set's labels."""
     if adapter.kind != "classifier":
         return None
-    names = {str(v): int(k) for k, v in adapter.hf_model.config.id2label.items()}
+    cfg: Any = adapter.hf_model.config  # a classifier config always has id2label
+    names = {str(v): int(k) for k, v in cfg.id2label.items()}
     return [names[x] for x in labels] if all(x in names for x in labels) else None
 
 
@@ -292,9 +293,9 @@ def probe(model: str, settings: ProbeSettings, out: Path | RunFolder, overwrite:
         order = np.array([t for g in groups for t in g], dtype=np.int64)
         original = logits[torch.as_tensor(order)]
         tgt = None if task.targets is None else np.array(task.targets)[order]
-        where = ("items" if s.erase_at == "items" else "all") if pool == "token" else \
-            ("all" if pool == "mean" else pool)
-        cells = None
+        where = cast(am.Where, ("items" if s.erase_at == "items" else "all") if pool == "token" else
+                     ("all" if pool == "mean" else pool))  # pool is one of token/mean/first/last
+        cells: list[list[tuple[int, int]]] | None = None
         if where == "items":
             assert item_pos is not None
             row_of = {t: (b, r) for b, g in enumerate(groups) for r, t in enumerate(g)}

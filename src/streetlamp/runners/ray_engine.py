@@ -51,7 +51,8 @@ def run_on_ray(model: str, device: str, settings: EvalSettings, chunks: dict[int
             ray.init(num_cpus=workers or os.cpu_count(), include_dashboard=False, log_to_driver=False)
     gpu = device.startswith("cuda")
     n = max(1, min(len(chunks), workers or int(ray.cluster_resources().get("GPU" if gpu else "CPU", 1))))
-    cls = ray.remote(num_gpus=1, num_cpus=1)(_Worker) if gpu else ray.remote(num_cpus=1)(_Worker)
+    # ray types the actor class as ActorClass | type and its methods as plain callables (no .remote)
+    cls: Any = ray.remote(num_gpus=1, num_cpus=1)(_Worker) if gpu else ray.remote(num_cpus=1)(_Worker)
     actors = [cls.remote(model, "cuda" if gpu else "cpu", 1) for _ in range(n)]
     try:
         pending, queue = {}, list(chunks)

@@ -18,11 +18,12 @@ import re
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -251,7 +252,7 @@ def create_app(adapters: dict[str, ModelAdapter], token: str, host: str = "127.0
             w.waiting += 1
             try:
                 await asyncio.wait_for(w.lock.acquire(), timeout=limits.timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 job["state"] = "failed"
                 return _err(504, f"timed out after {limits.timeout:g} s waiting for {name}")
             finally:
@@ -260,7 +261,7 @@ def create_app(adapters: dict[str, ModelAdapter], token: str, host: str = "127.0
             fut.add_done_callback(lambda _: w.lock.release())  # the model stays busy until the thread ends
             try:
                 live = await asyncio.wait_for(asyncio.shield(fut), timeout=max(0.0, deadline - time.monotonic()))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 job["cancel"], job["state"] = True, "failed"
                 fut.add_done_callback(lambda f: f.exception())  # consumed: no "never retrieved" noise
                 return _err(504, f"timed out after {limits.timeout:g} s (the computation stops at its next step)")
@@ -319,7 +320,8 @@ def create_app(adapters: dict[str, ModelAdapter], token: str, host: str = "127.0
     async def api_save(request: Request) -> Response:
         try:
             data = await read_json(request, limits)
-            live = st.results.get(data.get("id")) if isinstance(data.get("id"), str) else None
+            rid = data.get("id")
+            live = st.results.get(rid) if isinstance(rid, str) else None
             if live is None:
                 raise StreetlampError("that result is no longer kept (the server keeps the last "
                                       f"{limits.kept}); compute it again")

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -30,8 +31,8 @@ from ..errors import StreetlampError
 from ..interventions import engine
 from ..interventions.heads import attention_mass, reference_strategies
 from ..methods.attention import record_attention
-from ..methods.scorer import occlusion_replacement
 from ..methods.registry import REGISTRY
+from ..methods.scorer import occlusion_replacement
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..runners import explain as ex
 from ..store.run_folder import RunFolder, RunWriter
@@ -217,8 +218,8 @@ def edit_token(adapter: ModelAdapter, text: Any, position: Any, op: Any, replace
     pos0 = adapter.explained_position(n)
     what = (f"token {position} {inputs.labels[0][position]!r} removed" if op == "remove" else
             f"token {position} {inputs.labels[0][position]!r} replaced by "
-            f"{adapter.tokenizer.convert_ids_to_tokens([rid])[0]!r}")
-    edited = Inputs.from_ids(adapter, [new], texts=[adapter.tokenizer.decode(new, skip_special_tokens=True)])
+            f"{adapter.tokenizer.convert_ids_to_tokens([cast(int, rid)])[0]!r}")  # set when op is replace
+    edited = Inputs.from_ids(adapter, [new], texts=[cast(str, adapter.tokenizer.decode(new, skip_special_tokens=True))])
     with torch.no_grad():
         f1 = adapter.forward(edited, record=HIDDEN)
     pos1 = adapter.explained_position(len(new))
@@ -306,7 +307,7 @@ def ablate_heads(adapter: ModelAdapter, text: Any, heads: Any, ablation: Any = "
     index = int(np.argmax(p0))
     with torch.no_grad():
         mass, peak = attention_mass(adapter, inputs)
-    rows = [{"layer": l, "head": h, "attention_mass": float(mass[0, l, h]), "attention_max": float(peak[0, l, h]),
+    rows: list[dict[str, Any]] = [{"layer": l, "head": h, "attention_mass": float(mass[0, l, h]), "attention_max": float(peak[0, l, h]),
              "prob": float(p[i, index]), "effect": float(p[i, index] - p0[index]),
              "prediction": adapter.output_label(int(np.argmax(p[i])))} for i, (l, h) in enumerate(hs)]
     joint = {"prob": float(p[-1, index]), "effect": float(p[-1, index] - p0[index]),
@@ -350,11 +351,11 @@ def minimal_pair(adapter: ModelAdapter, text_a: Any, text_b: Any, *, truncate: b
     ia, ib = encode(adapter, text_a, truncate, "text A"), encode(adapter, text_b, truncate, "text B")
     stage("recording both texts")
     with torch.no_grad():
-        (la, aa, _), (lb, ab, _) = record_attention(adapter, ia), record_attention(adapter, ib)
+        (la, ta, _), (lb, tb, _) = record_attention(adapter, ia), record_attention(adapter, ib)
     na, nb = ia.lengths[0], ib.lengths[0]
     pa, pb = torch.softmax(la[0].double(), -1).cpu().numpy(), torch.softmax(lb[0].double(), -1).cpu().numpy()
     index = int(np.argmax(pa))
-    aa, ab = aa[0, :, :, :na, :na].double().cpu().numpy(), ab[0, :, :, :nb, :nb].double().cpu().numpy()
+    aa, ab = ta[0, :, :, :na, :na].double().cpu().numpy(), tb[0, :, :, :nb, :nb].double().cpu().numpy()
     out: dict[str, Any] = {
         "kind": "pair",
         "a": {"text": ia.texts[0], "tokens": ia.labels[0], "prediction": _prediction(adapter, pa, index)},

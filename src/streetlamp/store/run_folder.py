@@ -23,10 +23,11 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 from safetensors.numpy import save_file
@@ -40,7 +41,7 @@ ARRAYS_FILE = "arrays.safetensors"
 
 def utc_now() -> str:
     """The one timestamp format of every manifest: ISO-8601 in UTC, to the second."""
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def manifest_header(command: str) -> dict[str, Any]:
@@ -130,7 +131,7 @@ class RunFolder:
         check_out_dir(self.out, overwrite)  # refuse before any work
 
     @classmethod
-    def of(cls, out: "RunFolder | Path | str", command: str, overwrite: bool = False) -> "RunFolder":
+    def of(cls, out: RunFolder | Path | str, command: str, overwrite: bool = False) -> RunFolder:
         """``out`` itself when it is already a RunFolder (the CLI checks before loading the model)."""
         return out if isinstance(out, RunFolder) else cls(out, command, overwrite)
 

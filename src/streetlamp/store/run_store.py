@@ -68,7 +68,7 @@ class RunStore:
         self.arrays_dir = self.folder / "arrays"
 
     @classmethod
-    def open(cls, folder: Path, settings: dict, extra: dict, command: str = "evaluate") -> "RunStore":
+    def open(cls, folder: Path, settings: dict, extra: dict, command: str = "evaluate") -> RunStore:
         """Create the run folder, or reopen it when its stored settings equal ``settings``. A new
         manifest is the common header (:func:`~streetlamp.store.run_folder.manifest_header`), then
         ``settings`` and ``extra``."""
@@ -115,7 +115,7 @@ class RunStore:
         for eid, arrs in arrays.items():
             if arrs:
                 _atomic_write(self.arrays_dir / f"{safe_name(eid)}.safetensors", lambda p, a=arrs: save_arrays(p, a))
-        cols = list(zip(*rows)) if rows else [[], [], [], []]
+        cols: list[Any] = list(zip(*rows)) if rows else [[], [], [], []]
         table = pa.table({"example_id": pa.array(cols[0], pa.string()), "method": pa.array(cols[1], pa.string()),
                           "metric": pa.array(cols[2], pa.string()),
                           "value": pa.array([float(v) for v in cols[3]], pa.float64())}, schema=SCHEMA)

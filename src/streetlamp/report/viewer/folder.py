@@ -174,10 +174,10 @@ def evaluate_extra(folder: Path, manifest: dict, packed: Packed) -> dict:
     rows = [[ex_i[e], me_i[m], mt_i[t], None if not math.isfinite(v) else float(v)]
             for e, m, t, v in df[["example_id", "method", "metric", "value"]].itertuples(index=False)]
     stored: dict[str, list[str]] = {}
-    for e in examples[:MAX_EXAMPLES]:
-        rel = f"arrays/{safe_name(e)}.safetensors"
+    for ex in examples[:MAX_EXAMPLES]:
+        rel = f"arrays/{safe_name(ex)}.safetensors"
         if (folder / rel).is_file():
-            stored[e] = pack_file(packed, folder, rel, prefix=f"example/{e}/")
+            stored[ex] = pack_file(packed, folder, rel, prefix=f"example/{ex}/")
     return {"examples": examples, "methods": methods, "metrics": metrics, "rows": rows, "stored": stored,
             "stored_limit": MAX_EXAMPLES if len(examples) > MAX_EXAMPLES else None}
 
@@ -202,7 +202,8 @@ def load_folder(folder: Path) -> tuple[dict, Packed]:
     manifest, kind = read_manifest(folder)
     packed = Packed()
     extra: dict[str, Any] = {}
-    described = manifest.get("arrays") if isinstance(manifest.get("arrays"), dict) else {}
+    listed = manifest.get("arrays")
+    described = listed if isinstance(listed, dict) else {}
     if kind == "evaluate":
         extra["evaluate"] = evaluate_extra(folder, manifest, packed)
     elif (folder / "arrays.safetensors").exists() or described:
