@@ -203,10 +203,10 @@ def test_bad_data_and_options(tmp_path: Path, server, capsys: pytest.CaptureFixt
 def test_knockout_matches_eager_attention_with_a_mask() -> None:
     """Internals: attention mass and per-layer knockout against an independent Hugging Face eager
     twin, where the knockout is a -inf in layer l's additive mask (float64)."""
+    from streetlamp.cot.data import Question
     from streetlamp.cot.engines import LocalEngine
     from streetlamp.cot.internals import hint_internals
     from streetlamp.cot.prompts import answer_prompt, cot_prompt, hint_text, hinted_prompt
-    from streetlamp.cot.data import Question
 
     model, tok = tiny_lm(seed=5)
     model = model.double()

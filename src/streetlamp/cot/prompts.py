@@ -39,7 +39,7 @@ class Prompt:
     user: str
     assistant: str = ""  # the start of the reply (the model continues it)
 
-    def with_reply(self, text: str) -> "Prompt":
+    def with_reply(self, text: str) -> Prompt:
         return Prompt(self.user, self.assistant + text)
 
 

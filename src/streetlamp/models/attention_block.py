@@ -90,12 +90,12 @@ def post_norm(adapter: ModelAdapter, layer: int) -> tuple[torch.Tensor, torch.Te
     return at_least_float32(ln.weight.detach()), at_least_float32(ln.bias.detach()), eps
 
 
-def sandwich_norm(adapter: "ModelAdapter", layer: int) -> tuple[torch.Tensor, float]:
+def sandwich_norm(adapter: ModelAdapter, layer: int) -> tuple[torch.Tensor, float]:
     """Gain ``[d_model]`` (float32; ``1 + w`` for Gemma) and eps of the RMSNorm applied to the
     attention output before the residual add (sandwich placement only)."""
     p = placement(adapter)
     if p.placement != "sandwich":
         raise StreetlampError(f"family {adapter.family.name!r} has no norm on the attention output")
-    n = _module(adapter.layer_modules[layer], p.attn_norm)
+    n: Any = _module(adapter.layer_modules[layer], p.attn_norm)  # an RMSNorm module
     w = at_least_float32(n.weight.detach())
     return (1.0 + w if p.kind == "rmsnorm_1p" else w), float(n.eps)

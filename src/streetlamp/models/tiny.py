@@ -6,16 +6,38 @@ regular Hugging Face checkpoint folder (safetensors) that :func:`streetlamp.load
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import (BertConfig, BertForSequenceClassification, DistilBertConfig,
-                          DistilBertForSequenceClassification, Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM,
-                          Gemma3TextConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
-                          MistralConfig, MistralForCausalLM, ModernBertConfig, ModernBertForSequenceClassification, Phi3Config, Phi3ForCausalLM, PreTrainedModel,
-                          PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
-                          RobertaConfig, RobertaForSequenceClassification)
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    DistilBertConfig,
+    DistilBertForSequenceClassification,
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    ModernBertConfig,
+    ModernBertForSequenceClassification,
+    Phi3Config,
+    Phi3ForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    RobertaConfig,
+    RobertaForSequenceClassification,
+)
 
 WORDS = ("the a movie film was is not good bad great terrible acting plot but and very really "
          "i loved hated it story boring fun to of when mary john went store gave drink paris "
@@ -105,7 +127,7 @@ def tiny_model(family: str, seed: int = 0, layers: int = 2, heads: int = 4, d_mo
     elif family == "modernbert":
         # layer 0 global, layer 1 local: a bidirectional window |i - j| <= local_attention / 2 = 2;
         # [CLS] pooling (its default); the tokenizer's [CLS]/[SEP]/[PAD]/[MASK] ids in the config
-        cfg = ModernBertConfig(hidden_size=d_model, num_hidden_layers=layers, num_attention_heads=heads,
+        cfg = cast(Any, ModernBertConfig)(hidden_size=d_model, num_hidden_layers=layers, num_attention_heads=heads,
                                intermediate_size=2 * d_model, max_position_embeddings=64, local_attention=TINY_WINDOW,
                                global_attn_every_n_layers=2, initializer_range=0.2, cls_token_id=tok.cls_token_id,
                                sep_token_id=tok.sep_token_id, bos_token_id=tok.cls_token_id,

@@ -28,12 +28,26 @@ from pathlib import Path
 from typing import Any
 
 from ..cot import detect
-from ..cot.data import LETTERS, Question, Questions, load_questions
+from ..cot.data import Question, load_questions
 from ..cot.engines import Choice, Engine
 from ..cot.metrics import bias_scores, fmt, hint_scores, lanham_scores
-from ..cot.prompts import (COT_CUE, HINT_KINDS, PARAPHRASE_INSTRUCTION, Prompt, add_mistake, answer_prompt, cot_prompt,
-                           fewshot_block, filler, hint_text, hinted_prompt, pick_exemplars, sentences, suggested_prompt,
-                           truncate)
+from ..cot.prompts import (
+    COT_CUE,
+    HINT_KINDS,
+    PARAPHRASE_INSTRUCTION,
+    Prompt,
+    add_mistake,
+    answer_prompt,
+    cot_prompt,
+    fewshot_block,
+    filler,
+    hint_text,
+    hinted_prompt,
+    pick_exemplars,
+    sentences,
+    suggested_prompt,
+    truncate,
+)
 from ..errors import StreetlampError
 from ..store import RunStore
 
@@ -242,11 +256,11 @@ class _Example:
         for t in tests:
             pts = [(j, c) for j, c in zip(jobs, choices) if j[0] == t]
             xs = [j[1] for j, _ in pts]
-            ys = [None if c.letter is None else float(c.letter == final) for _, c in pts]
+            ys: list[float | None] = [None if c.letter is None else float(c.letter == final) for _, c in pts]
             if t in ("early_answer", "add_mistake"):
                 xs, ys = xs + [1.0], ys + [1.0]  # the whole, unedited chain gives the final answer
             if t == "paraphrase":
-                xs, ys = [0.0] + xs, [1.0] + ys  # nothing paraphrased: the original chain
+                xs, ys = [0.0, *xs], [1.0, *ys]  # nothing paraphrased: the original chain
             rec = {"x": xs, "same": ys, "answers": [c.letter for _, c in pts], "chains": [j[3] for j, _ in pts],
                    "final": final, "sentences": n, **extra.get(t, {})}
             self.rec[t] = rec
@@ -280,8 +294,8 @@ def make_engine(model: str | None, endpoint: str | None, *, served_model: str | 
     if adapter is None:
         adapter = load(model)  # type: ignore[arg-type]
         adapter.to(device)
-    eng = LocalEngine(adapter, temperature=temperature)
-    return eng, {"engine": "local", "name": adapter.name, "source": adapter.source}
+    local = LocalEngine(adapter, temperature=temperature)
+    return local, {"engine": "local", "name": adapter.name, "source": adapter.source}
 
 
 def run_cot(data: str, out: Path, settings: CotSettings, engine: Engine, model_record: dict, *,
@@ -302,7 +316,7 @@ def run_cot(data: str, out: Path, settings: CotSettings, engine: Engine, model_r
     if qs.skipped:
         print(f"streetlamp: warning: {len(qs.skipped)} questions of {data} skipped ({qs.skipped[0]['why']}, ...); "
               "listed in the manifest", file=sys.stderr)
-    run_settings = {"command": "cot", "model": model_record, "engine": engine.describe() | {"requests_sent": None,
+    run_settings: dict[str, Any] = {"command": "cot", "model": model_record, "engine": engine.describe() | {"requests_sent": None,
                                                                                           "retries_used": None},
                     "data": {"name": qs.name, "source": qs.source, "sha256": qs.hash(), "n_questions": len(questions)},
                     "limit": limit, "parameters": asdict(settings)}
