@@ -10,7 +10,7 @@ TEXT   ?= The movie was not good, but the acting was great.
 
 BBH    := $(HOME)/.cache/streetlamp/bigbench/.extracted
 
-.PHONY: setup run test bench clean browser bigbench test-server
+.PHONY: setup run test lint bench clean browser bigbench test-server
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,12 @@ run: setup
 
 test: setup browser
 	$(PY) -m pytest -q
+
+# formatter, linter and type checker (configured in pyproject.toml); .ci/run runs them too
+lint: setup
+	$(VENV)/bin/ruff format --check src tests benchmarks scripts
+	$(VENV)/bin/ruff check src tests benchmarks scripts
+	$(VENV)/bin/mypy
 
 # The report's browser tests drive Debian's chromium (never a downloaded build): install it when
 # missing and we can (root + apt); otherwise they skip with one line (.ci/run makes that a failure).

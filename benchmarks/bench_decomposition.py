@@ -3,6 +3,7 @@ full forward pass), measured in the same process; norm and ALTI times beside the
 
     .venv/bin/python benchmarks/bench_decomposition.py
 """
+
 from __future__ import annotations
 
 import statistics

@@ -7,6 +7,7 @@ sample of pairs and extrapolated to all n² pairs (printed as such).
 
     nice .venv/bin/python benchmarks/bench_flow.py [--sample 24]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,10 +30,12 @@ from streetlamp.models.adapter import ModelAdapter, Target  # noqa: E402
 
 def classifier() -> tuple[ModelAdapter, str]:
     import streetlamp
+
     try:
         return streetlamp.load("minilm-sentiment"), "minilm-sentiment"
     except Exception as e:  # the trained head may not be there yet: the encoder's attention is the same
         from streetlamp.models.minilm import build_minilm_classifier
+
         print(f"  (minilm-sentiment not loadable: {str(e).splitlines()[0][:80]}; using the MiniLM base encoder)")
         return ModelAdapter(*build_minilm_classifier(None), "minilm-base"), "minilm-base"
 
@@ -59,14 +62,19 @@ def main() -> None:
     pairs = [(int(i), int(j)) for i, j in zip(rng.integers(0, n, args.sample), rng.integers(0, n, args.sample))]
     ours_t, times, full = timeit(lambda: layered_max_flow(caps), repeat=3)
     res = {}
-    for fname, func in (("edmonds_karp (reference code)", edmonds_karp), ("preflow_push (networkx default)", preflow_push)):
+    for fname, func in (
+        ("edmonds_karp (reference code)", edmonds_karp),
+        ("preflow_push (networkx default)", preflow_push),
+    ):
         t0 = time.perf_counter()
         vals = [nx.maximum_flow_value(g, (0, j), (L, i), flow_func=func) for i, j in pairs]
         per_pair = (time.perf_counter() - t0) / len(pairs)
         err = max(abs(v - full[i, j]) for v, (i, j) in zip(vals, pairs))
         res[fname] = per_pair
-        print(f"32 tokens, {L} layers: networkx {fname}: {per_pair * 1e3:.1f} ms/pair x {n * n} pairs = "
-              f"{per_pair * n * n:.1f} s (extrapolated from {len(pairs)} pairs); max |diff| vs ours {err:.1e}")
+        print(
+            f"32 tokens, {L} layers: networkx {fname}: {per_pair * 1e3:.1f} ms/pair x {n * n} pairs = "
+            f"{per_pair * n * n:.1f} s (extrapolated from {len(pairs)} pairs); max |diff| vs ours {err:.1e}"
+        )
     print(f"32 tokens, {L} layers: streetlamp all {n * n} pairs: {ours_t:.3f} s (median of {times})")
     for fname, per_pair in res.items():
         print(f"  speed-up vs {fname}: {per_pair * n * n / ours_t:,.0f}x")
@@ -92,9 +100,15 @@ def main() -> None:
     print(f"128 tokens, 12 layers (MiniLM's 6 layers stacked twice), [CLS] row: {t:.3f} s (median of {ts})")
     import torch
     from transformers import BertConfig, BertForSequenceClassification
+
     torch.manual_seed(0)
-    rand = ModelAdapter(BertForSequenceClassification(BertConfig(num_hidden_layers=12, hidden_size=384,
-                        num_attention_heads=12, intermediate_size=1536)).eval(), adapter.tokenizer, "bert-random-12")
+    rand = ModelAdapter(
+        BertForSequenceClassification(
+            BertConfig(num_hidden_layers=12, hidden_size=384, num_attention_heads=12, intermediate_size=1536)
+        ).eval(),
+        adapter.tokenizer,
+        "bert-random-12",
+    )
     c = caps_for(rand, 128)
     t, ts, _ = timeit(lambda: layered_max_flow(c, [0]), repeat=3)
     print(f"128 tokens, 12 layers (random-init 12-layer BERT), [CLS] row: {t:.3f} s (median of {ts})")

@@ -10,6 +10,7 @@
    token at equal steps, on smollm2-135m. Target >= 3x.
 3. Token budget vs a fixed large batch at 512 tokens (same IG, same steps).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,6 +34,7 @@ def classifier() -> ModelAdapter:
         return streetlamp.load("minilm-sentiment")
     except (StreetlampError, OSError, FileNotFoundError) as e:
         from streetlamp.models.minilm import build_minilm_classifier
+
         print(f"  (minilm-sentiment weights unavailable ({e}); using the MiniLM base with a seeded head)")
         torch.manual_seed(0)
         return ModelAdapter(*build_minilm_classifier(None), "minilm-base")
@@ -40,6 +42,7 @@ def classifier() -> ModelAdapter:
 
 def bench_classifier(repeat: int, device: str = "cpu", rules: tuple[str, ...] = ("clenshaw_curtis",)) -> None:
     from captum.attr import LayerIntegratedGradients
+
     a = classifier().to(device)
     print(f"== 1. integrated_gradients vs Captum LayerIntegratedGradients on {a.name} ({device}) ==")
     for n in (32, 128):
@@ -59,8 +62,12 @@ def bench_classifier(repeat: int, device: str = "cpu", rules: tuple[str, ...] = 
         lig = LayerIntegratedGradients(fwd, a.embed_module)
         best = None
         for ibs in (None, 10, 25):
-            tc, times, (_, d) = timeit(lambda: lig.attribute(inputs.input_ids.to(device), internal_batch_size=ibs,
-                                                             return_convergence_delta=True), repeat)
+            tc, times, (_, d) = timeit(
+                lambda: lig.attribute(
+                    inputs.input_ids.to(device), internal_batch_size=ibs, return_convergence_delta=True
+                ),
+                repeat,
+            )
             print(f"  {n} tokens  captum LIG 50 GL steps internal_batch_size={ibs}: {tc:.2f}s {fmt(times)}")
             if best is None or tc < best[0]:
                 best = (tc, ibs, float(d[0]))
@@ -68,12 +75,16 @@ def bench_classifier(repeat: int, device: str = "cpu", rules: tuple[str, ...] = 
             ours = IntegratedGradients(baseline="pad", keep_special=False, rule=rule)
             to, times, e = timeit(run_ours, repeat)
             dF = abs(e.info["F_input"] - e.info["F_baseline"])
-            print(f"  {n} tokens  streetlamp IG adaptive ({rule}): {to:.2f}s {fmt(times)} steps={e.info['steps']} "
-                  f"gradient evaluations={e.info['gradient_evaluations']} "
-                  f"rel. completeness error={e.info['relative_completeness_error']:.2e} "
-                  f"token change vs half steps={e.info['token_change_vs_half_steps']:.1e}")
-            print(f"  {n} tokens  RATIO streetlamp ({rule}) / captum(best ibs={best[1]}) = {to / best[0]:.2f}  "
-                  f"(target <= 0.5); captum's own rel. completeness error at 50 steps = {abs(best[2]) / dF:.2e}")
+            print(
+                f"  {n} tokens  streetlamp IG adaptive ({rule}): {to:.2f}s {fmt(times)} steps={e.info['steps']} "
+                f"gradient evaluations={e.info['gradient_evaluations']} "
+                f"rel. completeness error={e.info['relative_completeness_error']:.2e} "
+                f"token change vs half steps={e.info['token_change_vs_half_steps']:.1e}"
+            )
+            print(
+                f"  {n} tokens  RATIO streetlamp ({rule}) / captum(best ibs={best[1]}) = {to / best[0]:.2f}  "
+                f"(target <= 0.5); captum's own rel. completeness error at 50 steps = {abs(best[2]) / dF:.2e}"
+            )
 
 
 def bench_sequence(repeat: int, k: int, steps: int) -> None:
@@ -88,8 +99,10 @@ def bench_sequence(repeat: int, k: int, steps: int) -> None:
     print(f"  prompt {len(p)} tokens, continuation {a.tokenizer.decode(cont)!r}")
 
     def separate():
-        return [ig.attribute(a, ids_inputs(a, full[: len(p) + j]), target=Target(cont[j], None, "logprob"))[0]
-                for j in range(k)]
+        return [
+            ig.attribute(a, ids_inputs(a, full[: len(p) + j]), target=Target(cont[j], None, "logprob"))[0]
+            for j in range(k)
+        ]
 
     pad = int(a.tokenizer.pad_token_id)
 
@@ -97,6 +110,7 @@ def bench_sequence(repeat: int, k: int, steps: int) -> None:
         """The peer: Captum's LayerIntegratedGradients once per target over its prefix (inseq's
         scheme), the plain model forward, the same [PAD] baseline and the same number of steps."""
         from captum.attr import LayerIntegratedGradients
+
         out = []
         for j in range(k):
             ids = full[: len(p) + j][None]
@@ -106,24 +120,33 @@ def bench_sequence(repeat: int, k: int, steps: int) -> None:
                 return torch.log_softmax(logits.float(), -1)[:, cont[j]]
 
             lig = LayerIntegratedGradients(fwd, a.embed_module)
-            out.append(lig.attribute(ids, baselines=torch.full_like(ids, pad), n_steps=steps + 1,
-                                     internal_batch_size=steps + 1))
+            out.append(
+                lig.attribute(
+                    ids, baselines=torch.full_like(ids, pad), n_steps=steps + 1, internal_batch_size=steps + 1
+                )
+            )
         return out
 
     tc, t0, _ = timeit(captum_separate, repeat, warmup=0)
     ts, t1, _ = timeit(separate, repeat, warmup=0)
     tl, t2, _ = timeit(lambda: ig.attribute_sequence(a, prompt, cont, target=Target(quantity="logprob")), repeat)
-    tb, t3, _ = timeit(lambda: ig.attribute_sequence(a, prompt, cont, target=Target(quantity="logprob"),
-                                                     batched_grads=True), repeat)
-    print(f"  peer: Captum LayerIntegratedGradients per target ({steps + 1} GL steps, one attribution per "
-          f"target: inseq's scheme): {tc:.2f}s {fmt(t0)}")
+    tb, t3, _ = timeit(
+        lambda: ig.attribute_sequence(a, prompt, cont, target=Target(quantity="logprob"), batched_grads=True), repeat
+    )
+    print(
+        f"  peer: Captum LayerIntegratedGradients per target ({steps + 1} GL steps, one attribution per "
+        f"target: inseq's scheme): {tc:.2f}s {fmt(t0)}"
+    )
     print(f"  streetlamp IG per target ({steps} intervals = {steps + 1} points): {ts:.2f}s {fmt(t1)}")
     print(f"  shared path, one backward per target: {tl:.2f}s {fmt(t2)}  RATIO separate/shared = {ts / tl:.2f}x")
-    print(f"  shared path, vmapped backward: {tb:.2f}s {fmt(t3)}  RATIO separate/shared = {ts / tb:.2f}x  "
-          "(target >= 3x)")
+    print(
+        f"  shared path, vmapped backward: {tb:.2f}s {fmt(t3)}  RATIO separate/shared = {ts / tb:.2f}x  (target >= 3x)"
+    )
     best = min(tl, tb)
-    print(f"  RATIO captum-per-target / streetlamp shared = {tc / best:.2f}x (target >= 3x); "
-          f"streetlamp-per-target / shared = {ts / best:.2f}x")
+    print(
+        f"  RATIO captum-per-target / streetlamp shared = {tc / best:.2f}x (target >= 3x); "
+        f"streetlamp-per-target / shared = {ts / best:.2f}x"
+    )
 
 
 def bench_budget(repeat: int, steps: int) -> None:
@@ -137,8 +160,10 @@ def bench_budget(repeat: int, steps: int) -> None:
         tt, times, _ = timeit(lambda: ig.attribute(a, inputs, target=t, batch_size=rows * 512), repeat, warmup=0)
         res[rows] = tt
         print(f"  {rows:>3} rows x 512 tokens per pass (budget {rows * 512}): {tt:.2f}s {fmt(times)}")
-    print(f"  RATIO fixed {steps}-row batch / 1 row per pass = {res[steps] / res[1]:.2f} "
-          f"(default CPU budget: {DEFAULT_CPU_BUDGET} tokens = {DEFAULT_CPU_BUDGET // 512} rows here)")
+    print(
+        f"  RATIO fixed {steps}-row batch / 1 row per pass = {res[steps] / res[1]:.2f} "
+        f"(default CPU budget: {DEFAULT_CPU_BUDGET} tokens = {DEFAULT_CPU_BUDGET // 512} rows here)"
+    )
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ Gauss–Legendre (n points) at fixed n, the relative completeness error and the 
 against a 256-point Gauss–Legendre reference, over the benchmark's 32- and 128-token texts and
 ``--texts`` movie sentences (seeded sample). Same baseline as the benchmark: [PAD] everywhere.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,16 +61,23 @@ def evaluation_cost(a) -> None:
         ev = prof.key_averages()
         total = sum(e.self_cpu_time_total for e in ev)
         gemm = sum(e.self_cpu_time_total for e in ev if e.key in ("aten::mm", "aten::addmm", "aten::bmm"))
-        print(f"  {n} tokens: {f32 * 1e3:.1f} ms per gradient evaluation (float32), {b16 * 1e3:.1f} ms under "
-              f"bfloat16 autocast ({f32 / b16:.2f}x); matrix products {gemm / total:.0%} of a pass", flush=True)
+        print(
+            f"  {n} tokens: {f32 * 1e3:.1f} ms per gradient evaluation (float32), {b16 * 1e3:.1f} ms under "
+            f"bfloat16 autocast ({f32 / b16:.2f}x); matrix products {gemm / total:.0%} of a pass",
+            flush=True,
+        )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--texts", type=int, default=10, help="movie sentences besides the two benchmark texts")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--quantity", choices=["prob", "logit", "logprob"], default="prob",
-                    help="the explained quantity F of the predicted class")
+    ap.add_argument(
+        "--quantity",
+        choices=["prob", "logit", "logprob"],
+        default="prob",
+        help="the explained quantity F of the predicted class",
+    )
     ap.add_argument("--no-cost", action="store_true", help="skip the cost-per-evaluation part")
     args = ap.parse_args()
     threads()
@@ -96,16 +104,23 @@ def main() -> None:
             e = ig.attribute(a, inputs, target=t)[0]
             rel[(rule, n)].append(e.info["relative_completeness_error"])
             tok[(rule, n)].append(float(np.abs(e.scores - r.scores).max()) / df)
-        print(f"  {len(inputs.tokens[0]):>3} tokens: reference rel. completeness error "
-              f"{r.info['relative_completeness_error']:.1e}", flush=True)
+        print(
+            f"  {len(inputs.tokens[0]):>3} tokens: reference rel. completeness error "
+            f"{r.info['relative_completeness_error']:.1e}",
+            flush=True,
+        )
     print(f"\n{len(texts)} texts, F = {args.quantity} of the predicted class; errors relative to |F(x) - F(baseline)|")
-    print(f"{'rule':<16} {'n':>3} {'evals':>5}  {'completeness: median':>21} {'max':>8} {'<=1e-3':>7}  "
-          f"{'token error: median':>20} {'max':>8}")
+    print(
+        f"{'rule':<16} {'n':>3} {'evals':>5}  {'completeness: median':>21} {'max':>8} {'<=1e-3':>7}  "
+        f"{'token error: median':>20} {'max':>8}"
+    )
     for rule, n in GRID:
         ev = n + 1 if rule == "clenshaw_curtis" else n
         c, k = np.array(rel[(rule, n)]), np.array(tok[(rule, n)])
-        print(f"{rule:<16} {n:>3} {ev:>5}  {np.median(c):>21.1e} {c.max():>8.1e} {np.mean(c <= 1e-3):>7.0%}  "
-              f"{np.median(k):>20.1e} {k.max():>8.1e}")
+        print(
+            f"{rule:<16} {n:>3} {ev:>5}  {np.median(c):>21.1e} {c.max():>8.1e} {np.mean(c <= 1e-3):>7.0%}  "
+            f"{np.median(k):>20.1e} {k.max():>8.1e}"
+        )
 
 
 if __name__ == "__main__":

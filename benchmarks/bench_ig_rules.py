@@ -6,6 +6,7 @@
 Prints, per text and rule, the gradient evaluations, seconds, the relative completeness error,
 ``token_change_vs_half_steps`` and whether the tolerance (1e-3) was met within 256 steps; then totals.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,10 @@ def main() -> None:
             total[rule][0] += i["gradient_evaluations"]
             total[rule][1] += dt
             total[rule][2] += bool(i["converged"])
-            row.append(f"{rule}: {i['gradient_evaluations']:>3} evals {dt:5.2f}s rel {i['relative_completeness_error']:.1e} "
-                       f"tok {i['token_change_vs_half_steps']:.1e} {'ok' if i['converged'] else 'NOT converged'}")
+            row.append(
+                f"{rule}: {i['gradient_evaluations']:>3} evals {dt:5.2f}s rel {i['relative_completeness_error']:.1e} "
+                f"tok {i['token_change_vs_half_steps']:.1e} {'ok' if i['converged'] else 'NOT converged'}"
+            )
         print("  ".join(row), flush=True)
     for rule, (ev, secs, ok) in total.items():
         print(f"{rule}: {ev} gradient evaluations, {secs:.1f} s, converged on {ok} of {len(texts)}")

@@ -4,6 +4,7 @@ KV-cache occlusion vs a plain full recompute on smollm2-135m. Ratios are measure
     nice .venv/bin/python benchmarks/bench_occlusion.py [--lengths 32 128] [--lm-length 64] [--repeat 3]
     .venv/bin/python benchmarks/bench_occlusion.py --budgets --lengths 128 32 --lm-length 0 --repeat 5
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,6 +27,7 @@ def classifier() -> ModelAdapter:
         return streetlamp.load("minilm-sentiment")
     except Exception as e:  # the trained head may not be there yet: same architecture, same cost
         from streetlamp.models.minilm import build_minilm_classifier
+
         print(f"  (minilm-sentiment not loadable ({e}); timing the same architecture with a fresh head)")
         return ModelAdapter(*build_minilm_classifier(None), "minilm-base")
 
@@ -49,8 +51,10 @@ def bench_classifier(a: ModelAdapter, n: int, repeat: int, ppes: list[int]) -> N
     best = None
     for ppe in ppes:
         fa = FeatureAblation(F)
-        t, ts, ref = timeit(lambda: fa.attribute(ids, baselines=a.tokenizer.mask_token_id,
-                                                 perturbations_per_eval=ppe)[0].numpy(), repeat=repeat)
+        t, ts, ref = timeit(
+            lambda: fa.attribute(ids, baselines=a.tokenizer.mask_token_id, perturbations_per_eval=ppe)[0].numpy(),
+            repeat=repeat,
+        )
         err = float(np.abs(ref - e.scores).max())
         print(f"  captum FeatureAblation perturbations_per_eval={ppe}: {t:.2f} s {fmt(ts)} (max |diff| {err:.1e})")
         best = t if best is None else min(best, t)
@@ -74,11 +78,22 @@ def bench_budgets(a: ModelAdapter, n: int, repeat: int) -> None:
         return torch.softmax(a.hf_model(input_ids=x).logits, -1)[:, pred]
 
     t = Target(index=pred)
-    runs = {f"streetlamp budget {b}": (lambda b=b: Occlusion(occlude_special=True).attribute(a, inputs, target=t,
-                                                                                           batch_size=b))
-            for b in (512, 1024, 2048)}
-    runs.update({f"captum {b} tokens/pass": (lambda b=b: FeatureAblation(F).attribute(
-        ids, baselines=a.tokenizer.mask_token_id, perturbations_per_eval=max(1, b // n))) for b in (512, 1024)})
+    runs = {
+        f"streetlamp budget {b}": (
+            lambda b=b: Occlusion(occlude_special=True).attribute(a, inputs, target=t, batch_size=b)
+        )
+        for b in (512, 1024, 2048)
+    }
+    runs.update(
+        {
+            f"captum {b} tokens/pass": (
+                lambda b=b: FeatureAblation(F).attribute(
+                    ids, baselines=a.tokenizer.mask_token_id, perturbations_per_eval=max(1, b // n)
+                )
+            )
+            for b in (512, 1024)
+        }
+    )
     times: dict[str, list[float]] = {k: [] for k in runs}
     with torch.no_grad():
         for f in runs.values():
@@ -88,8 +103,10 @@ def bench_budgets(a: ModelAdapter, n: int, repeat: int) -> None:
                 t0 = time.perf_counter()
                 f()
                 times[k].append(time.perf_counter() - t0)
-    print(f"classifier {n} tokens, interleaved medians of {repeat}: "
-          + ", ".join(f"{k} {statistics.median(v):.3f} s" for k, v in times.items()))
+    print(
+        f"classifier {n} tokens, interleaved medians of {repeat}: "
+        + ", ".join(f"{k} {statistics.median(v):.3f} s" for k, v in times.items())
+    )
 
 
 def bench_lm(n: int, repeat: int) -> None:
@@ -98,12 +115,13 @@ def bench_lm(n: int, repeat: int) -> None:
     kv, plain = Occlusion(), Occlusion(kv_cache=False)
     t_kv, ts_kv, e_kv = timeit(lambda: kv.attribute(a, inputs, target=Target())[0], repeat=repeat)
     t_pl, ts_pl, e_pl = timeit(lambda: plain.attribute(a, inputs, target=Target())[0], repeat=repeat)
-    print(f"smollm2-135m {n} tokens, replacement {e_kv.info['replacement_used']} "
-          f"({e_kv.info['replacement_token']!r}):")
+    print(f"smollm2-135m {n} tokens, replacement {e_kv.info['replacement_used']} ({e_kv.info['replacement_token']!r}):")
     print(f"  KV-cache occlusion {t_kv:.2f} s {fmt(ts_kv)}, positions computed {e_kv.info['positions_computed']}")
     print(f"  plain recompute    {t_pl:.2f} s {fmt(ts_pl)}, positions computed {e_pl.info['positions_computed']}")
-    print(f"  => KV / plain = {t_kv / t_pl:.2f}x the time ({t_pl / t_kv:.2f}x faster); "
-          f"max |diff| {np.abs(e_kv.scores - e_pl.scores).max():.1e}")
+    print(
+        f"  => KV / plain = {t_kv / t_pl:.2f}x the time ({t_pl / t_kv:.2f}x faster); "
+        f"max |diff| {np.abs(e_kv.scores - e_pl.scores).max():.1e}"
+    )
 
 
 def main() -> None:

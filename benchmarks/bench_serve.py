@@ -8,6 +8,7 @@ clients are threads posting to /api/explain with the access token the command pr
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_serve.py                 # the issue's 60 s, 1,000 requests
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_serve.py --duration 20 --requests 300
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,9 +33,26 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def start(model: str, port: int, queue: int) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    p = subprocess.Popen([sys.executable, "-m", "streetlamp.cli", "serve", "--model", model, "--port", str(port),
-                          "--queue", str(queue), "--runs", str(ROOT / "runs" / "bench-serve")],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streetlamp.cli",
+            "serve",
+            "--model",
+            model,
+            "--port",
+            str(port),
+            "--queue",
+            str(queue),
+            "--runs",
+            str(ROOT / "runs" / "bench-serve"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     assert p.stdout is not None
     for line in p.stdout:
         m = re.search(r"\?token=(\S+)", line)
@@ -96,8 +114,10 @@ def main() -> None:
     base = f"http://127.0.0.1:{port}"
     rss = psutil.Process(proc.pid)
     try:
-        print(f"streetlamp serve {args.model}, live explain (recording + occlusion) of a {args.tokens}-token text, "
-              f"torch threads per server: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
+        print(
+            f"streetlamp serve {args.model}, live explain (recording + occlusion) of a {args.tokens}-token text, "
+            f"torch threads per server: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
+        )
         with httpx.Client(base_url=base, headers={"x-streetlamp-token": token}, timeout=600) as c:
             done = 0
             for _ in range(10):
@@ -106,14 +126,18 @@ def main() -> None:
             for k in args.clients:
                 lat, failed = load(base, token, text, k, args.duration)
                 done += len(lat)
-                print(f"{k} client(s), {args.duration:g} s: {len(lat)} requests, p50 {pct(lat, 50):.3f} s, "
-                      f"p95 {pct(lat, 95):.3f} s, failed {failed}")
+                print(
+                    f"{k} client(s), {args.duration:g} s: {len(lat)} requests, p50 {pct(lat, 50):.3f} s, "
+                    f"p95 {pct(lat, 95):.3f} s, failed {failed}"
+                )
             t0 = time.perf_counter()
             while done < args.requests:
                 done += one(c, text)[1]
             mem_n = rss.memory_info().rss
-        print(f"server RSS after 10 requests {mem10 / 2**20:.0f} MiB, after {done} requests {mem_n / 2**20:.0f} MiB "
-              f"({(mem_n - mem10) / 2**20:+.0f} MiB); top-up took {time.perf_counter() - t0:.0f} s")
+        print(
+            f"server RSS after 10 requests {mem10 / 2**20:.0f} MiB, after {done} requests {mem_n / 2**20:.0f} MiB "
+            f"({(mem_n - mem10) / 2**20:+.0f} MiB); top-up took {time.perf_counter() - t0:.0f} s"
+        )
     finally:
         proc.terminate()
         proc.wait(15)

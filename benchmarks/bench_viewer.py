@@ -11,6 +11,7 @@ drawn), median of 3 loads. Hover latency: from a synthetic mouseenter on a token
 next animation frame (the strip, raw numbers, head disagreement and matrix overlay all updated),
 median over 20 tokens.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,15 @@ def make_runs(work: Path, tiny_llama: bool) -> dict[str, Path]:
         from streetlamp.models.adapter import ModelAdapter
 
         real = streetlamp.load("smollm2-135m")  # its tokenizer and config; small random weights
-        cfg = LlamaConfig(**{**real.hf_model.config.to_dict(), "hidden_size": 72, "intermediate_size": 144,
-                             "num_key_value_heads": 3, "head_dim": 8})
+        cfg = LlamaConfig(
+            **{
+                **real.hf_model.config.to_dict(),
+                "hidden_size": 72,
+                "intermediate_size": 144,
+                "num_key_value_heads": 3,
+                "head_dim": 8,
+            }
+        )
         lm = ModelAdapter(LlamaForCausalLM(cfg).eval(), real.tokenizer, "tiny-llama-30x9")
         name = "tiny-llama-1024"
     else:
@@ -81,8 +89,13 @@ def measure(folder: Path, browser) -> dict[str, float]:
         loads.append(page.evaluate("performance.now()") / 1000)  # ms since navigation start, read at ready
         hovers += page.evaluate(HOVER_JS, 20)
         page.close()
-    return {"size_mb": path.stat().st_size / 1e6, "build_s": build, "first_render_s": statistics.median(loads),
-            "hover_ms": statistics.median(hovers), "hover_p90_ms": sorted(hovers)[int(0.9 * len(hovers))]}
+    return {
+        "size_mb": path.stat().st_size / 1e6,
+        "build_s": build,
+        "first_render_s": statistics.median(loads),
+        "hover_ms": statistics.median(hovers),
+        "hover_p90_ms": sorted(hovers)[int(0.9 * len(hovers))],
+    }
 
 
 def main() -> None:
@@ -96,8 +109,11 @@ def main() -> None:
 
     if missing():
         sys.exit(f"bench_viewer: {missing()}")
-    runs = ({p.name: p for p in sorted(work.iterdir()) if (p / "manifest.json").exists()} if args.skip_runs
-            else make_runs(work, args.tiny_llama))
+    runs = (
+        {p.name: p for p in sorted(work.iterdir()) if (p / "manifest.json").exists()}
+        if args.skip_runs
+        else make_runs(work, args.tiny_llama)
+    )
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -105,8 +121,10 @@ def main() -> None:
         print(f"{'run':<18}{'report.html':>12}{'build':>8}{'first render':>14}{'hover median':>14}{'hover p90':>11}")
         for name, folder in runs.items():
             r = measure(folder, b)
-            print(f"{name:<18}{r['size_mb']:>10.2f}MB{r['build_s']:>7.1f}s{r['first_render_s']:>13.2f}s"
-                  f"{r['hover_ms']:>12.1f}ms{r['hover_p90_ms']:>9.1f}ms")
+            print(
+                f"{name:<18}{r['size_mb']:>10.2f}MB{r['build_s']:>7.1f}s{r['first_render_s']:>13.2f}s"
+                f"{r['hover_ms']:>12.1f}ms{r['hover_p90_ms']:>9.1f}ms"
+            )
         b.close()
 
 

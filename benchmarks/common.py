@@ -1,5 +1,6 @@
 """Shared timing helpers for the benchmarks: repeat, take the median, print ratios against a peer
 measured in the same process (this machine is shared, so absolute seconds drift)."""
+
 from __future__ import annotations
 
 import os
@@ -41,8 +42,12 @@ def fmt(times: list[float]) -> str:
     return "[" + ", ".join(f"{t:.2f}" for t in times) + "]"
 
 
-def text_of_length(adapter: Any, n_tokens: int, sentence: str = "the acting was wonderful but the plot was thin "
-                   "and the ending made no sense at all , yet i still enjoyed most of it . ") -> str:
+def text_of_length(
+    adapter: Any,
+    n_tokens: int,
+    sentence: str = "the acting was wonderful but the plot was thin "
+    "and the ending made no sense at all , yet i still enjoyed most of it . ",
+) -> str:
     """A text that encodes to exactly ``n_tokens`` tokens (specials included) for ``adapter``."""
     words = (sentence * (n_tokens // 4 + 2)).split()
     lo, hi = 1, len(words)

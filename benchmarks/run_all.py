@@ -1,7 +1,8 @@
 """Run every benchmark in turn (each prints ratios against its peer measured in the same process).
 
-    make bench        # or: .venv/bin/python benchmarks/run_all.py [--quick]
+make bench        # or: .venv/bin/python benchmarks/run_all.py [--quick]
 """
+
 from __future__ import annotations
 
 import subprocess

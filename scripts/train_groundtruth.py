@@ -8,6 +8,7 @@ Deceptive models fine-tune the normal one with the Pruthi et al. penalty (see
 streetlamp.groundtruth.train). Writes gt-<task>-<variant>/ checkpoint folders and, with
 --diagnostics, diagnostics.json next to them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,11 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(WEIGHTS_DIR))
     p.add_argument("--diagnostics", action="store_true", help="train 2 extra seeds and run W&P diagnostics")
-    p.add_argument("--diagnostics-only", action="store_true",
-                   help="load the models in --out instead of retraining them; train only the extra seeds")
+    p.add_argument(
+        "--diagnostics-only",
+        action="store_true",
+        help="load the models in --out instead of retraining them; train only the extra seeds",
+    )
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -47,13 +51,13 @@ def main() -> int:
         if args.diagnostics_only:
             args.diagnostics = True
             normal, deceptive = (load(out / f"gt-{name}-{v}") for v in ("normal", "deceptive"))
-            rec, drec = (json.loads((out / f"gt-{name}-{v}" / "training.json").read_text())
-                         for v in ("normal", "deceptive"))
+            rec, drec = (
+                json.loads((out / f"gt-{name}-{v}" / "training.json").read_text()) for v in ("normal", "deceptive")
+            )
         else:
             normal, rec = train(task, NORMAL, args.seed)
             save(normal, rec, out / f"gt-{name}-normal")
-            deceptive, drec = train(task, replace(DECEPTIVE, **DECEPTIVE_BY_TASK.get(name, {})), args.seed,
-                                    init=normal)
+            deceptive, drec = train(task, replace(DECEPTIVE, **DECEPTIVE_BY_TASK.get(name, {})), args.seed, init=normal)
             save(deceptive, drec, out / f"gt-{name}-deceptive")
         print(f"{name}: normal {rec['held_out']}  deceptive {drec['held_out']}", flush=True)
         if args.diagnostics:
@@ -61,11 +65,13 @@ def main() -> int:
             test = task.generate(1000, seed=50_000 + args.seed)
             trn = task.generate(4000, seed=60_000 + args.seed)
             report[name] = {
-                "normal": {"held_out": rec["held_out"]}, "deceptive": {"held_out": drec["held_out"]},
+                "normal": {"held_out": rec["held_out"]},
+                "deceptive": {"held_out": drec["held_out"]},
                 "seeds": dg.seed_variance([normal] + others, test),
                 "normal_vs_deceptive": dg.seed_variance([normal, deceptive], test),
-                "frozen_mlp_accuracy": dg.frozen_attention_mlp(normal, trn, test,
-                                                               {"normal": normal, "deceptive": deceptive}),
+                "frozen_mlp_accuracy": dg.frozen_attention_mlp(
+                    normal, trn, test, {"normal": normal, "deceptive": deceptive}
+                ),
             }
             print(json.dumps(report[name], indent=1), flush=True)
     if args.diagnostics:

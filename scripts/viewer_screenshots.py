@@ -5,6 +5,7 @@
 writes OUT/viewer_NAME.png (the top of the page, after hovering token I in an explain view) and, for
 an explain run, OUT/viewer_NAME_compare.png (the "light versus use" panel).
 """
+
 from __future__ import annotations
 
 import argparse

@@ -3,6 +3,7 @@
 Without Chromium or Playwright the browser tests skip with one line; with STREETLAMP_REQUIRE_BROWSER=1
 (set by .ci/run) they fail instead.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,14 @@ from typing import Any
 
 import pytest
 
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run"]
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 LOCAL = ("file:", "data:", "blob:", "about:")
 
 

@@ -49,6 +49,7 @@ _EMBEDDED: dict[str, ModelAdapter] = {}
 
 def embedded(name: str) -> ModelAdapter:
     import streetlamp
+
     if name not in _EMBEDDED:
         _EMBEDDED[name] = streetlamp.load(name)
     return _EMBEDDED[name]

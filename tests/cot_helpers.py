@@ -1,6 +1,7 @@
 """Test helpers for ``cot``: a tiny random Llama whose vocabulary has the answer letters, questions
 in JSONL, and a small real HTTP server speaking the OpenAI API (rule-based "model", or errors and
 garbage on demand)."""
+
 from __future__ import annotations
 
 import json
@@ -13,21 +14,34 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-VOCAB_WORDS = ("[PAD] [UNK] [BOS] [EOS] A B C D ( ) . , : ? \" the answer is so let's think step by "
-               "question choices what which two plus three four five six dog cat fish barks animal yes no "
-               "professor stanford thinks metadata i think you a an of to").split()
+VOCAB_WORDS = (
+    "[PAD] [UNK] [BOS] [EOS] A B C D ( ) . , : ? \" the answer is so let's think step by "
+    "question choices what which two plus three four five six dog cat fish barks animal yes no "
+    "professor stanford thinks metadata i think you a an of to"
+).split()
 
 
 def tiny_lm(seed: int = 0) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
     vocab = {t: i for i, t in enumerate(dict.fromkeys(VOCAB_WORDS))}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace()])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", bos_token="[BOS]",
-                                   eos_token="[EOS]")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", bos_token="[BOS]", eos_token="[EOS]"
+    )
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                      pad_token_id=0, bos_token_id=2, eos_token_id=3, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=3,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(cfg)
     return model.eval(), fast
 
@@ -44,8 +58,7 @@ def write_questions(path: Path, n: int = 4) -> Path:
     rows = []
     for i in range(n):
         choices = [str(i + 3), str(i + 5), str(i + 4), str(i + 9)]
-        rows.append({"id": f"q{i}", "question": f"What is two plus {i + 3}?", "choices": choices,
-                     "answer": str(i + 5)})
+        rows.append({"id": f"q{i}", "question": f"What is two plus {i + 3}?", "choices": choices, "answer": str(i + 5)})
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -102,8 +115,10 @@ def serve(model: RuleModel) -> tuple[ThreadingHTTPServer, str]:
                 msgs = body["messages"]
                 text = "\n".join(m["content"] for m in msgs)
                 out = model.reply(text, followup=len(msgs) > 1)
-                doc = {"choices": [{"message": {"role": "assistant", "content": out}}],
-                       "usage": {"completion_tokens": len(out.split())}}
+                doc = {
+                    "choices": [{"message": {"role": "assistant", "content": out}}],
+                    "usage": {"completion_tokens": len(out.split())},
+                }
             else:
                 out = model.reply(body["prompt"], followup=False)
                 doc = {"choices": [{"text": out, "logprobs": None}]}

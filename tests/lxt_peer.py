@@ -14,6 +14,7 @@ attention entry, and for attention does the first half of lxt's ``patch_attentio
 (``modeling_*.eager_attention_forward = lxt.wrap_attention_forward(...)``, model on ``eager``).
 Every rule is lxt's code. Class patches are global, so they are undone in ``finally``.
 """
+
 from __future__ import annotations
 
 import importlib

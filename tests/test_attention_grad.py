@@ -1,6 +1,7 @@
 """attention_x_gradient, gradient_rollout and attention_attribution against an independent autograd
 path: Hugging Face's own eager attention (eager twin), with the attention probabilities taken as the
 graph nodes where the eager code applies attention dropout (identity in eval mode)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -33,6 +34,7 @@ def leaf_attention(scale: dict[int, float] | None = None):
             leaves.append(node)
             return node
         return orig(x, *args, **kwargs)
+
     torch.nn.functional.dropout = patched
     try:
         yield leaves
@@ -40,8 +42,9 @@ def leaf_attention(scale: dict[int, float] | None = None):
         torch.nn.functional.dropout = orig
 
 
-def twin_attention_grad(adapter: ModelAdapter, twin, text: str, index: int | None = None,
-                        scale: dict[int, float] | None = None):
+def twin_attention_grad(
+    adapter: ModelAdapter, twin, text: str, index: int | None = None, scale: dict[int, float] | None = None
+):
     """(F, A [L,H,n,n], dF/dA [L,H,n,n], index) from the eager twin, F = prob of the target."""
     inputs = adapter.encode(text)
     with leaf_attention(scale) as leaves:
@@ -53,8 +56,12 @@ def twin_attention_grad(adapter: ModelAdapter, twin, text: str, index: int | Non
     grads = torch.autograd.grad(p[index], leaves, allow_unused=True)
     grads = [torch.zeros_like(l) if g is None else g for l, g in zip(leaves, grads)]
     assert len(leaves) == adapter.n_layers
-    return (float(p[index].detach()), torch.stack([l[0] for l in leaves]).detach().double(),
-            torch.stack([g[0] for g in grads]).double(), index)
+    return (
+        float(p[index].detach()),
+        torch.stack([l[0] for l in leaves]).detach().double(),
+        torch.stack([g[0] for g in grads]).double(),
+        index,
+    )
 
 
 def test_attention_x_gradient_matches_eager_autograd(tiny: ModelAdapter) -> None:
@@ -89,6 +96,7 @@ def test_gradient_rollout_matches_direct_computation(tiny: ModelAdapter) -> None
 @pytest.mark.parametrize("family", ["bert", "gpt2"])
 def test_attention_attribution_matches_riemann_sum(family: str) -> None:
     from streetlamp.models.tiny import tiny_model
+
     adapter = ModelAdapter(*tiny_model(family, seed=2), f"tiny-{family}")
     twin = eager_twin(adapter)
     m = 3
@@ -124,6 +132,7 @@ def test_attention_attribution_completeness_error_falls_with_steps(tiny: ModelAd
 
 def test_bad_input() -> None:
     from streetlamp.models.tiny import tiny_model
+
     adapter = ModelAdapter(*tiny_model("bert", seed=1), "tiny-bert")
     inputs = adapter.encode(TEXTS[0])
     for bad in (AttentionAttribution(steps=0), AttentionAttribution(head_score="mean")):  # type: ignore[arg-type]

@@ -1,4 +1,5 @@
 """The CLI in-process: the main job, outputs, and every bad input in one clear line."""
+
 from __future__ import annotations
 
 import json
@@ -25,11 +26,23 @@ def run(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
 
 
 @pytest.mark.parametrize("family", ["bert", "llama"])
-def test_explain_writes_manifest_arrays_figures(ckpts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture,
-                                                family: str) -> None:
+def test_explain_writes_manifest_arrays_figures(
+    ckpts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture, family: str
+) -> None:
     out = tmp_path / "o"
-    rc, stdout, _ = run(capsys, "explain", "the movie was not good , but the acting was great", "--model",
-                        str(ckpts[family]), "--out", str(out), "--layer", "1", "--head", "2")
+    rc, stdout, _ = run(
+        capsys,
+        "explain",
+        "the movie was not good , but the acting was great",
+        "--model",
+        str(ckpts[family]),
+        "--out",
+        str(out),
+        "--layer",
+        "1",
+        "--head",
+        "2",
+    )
     assert rc == 0
     assert str(out) in stdout and "attention here means" in stdout and "occlusion" in stdout
     m = json.loads((out / "manifest.json").read_text())
@@ -38,9 +51,13 @@ def test_explain_writes_manifest_arrays_figures(ckpts: dict[str, Path], tmp_path
     assert arrays["attention"].shape == (2, 4, n, n)
     assert m["arrays"]["attention"]["axes"] == ["layer", "head", "query", "key"]
     assert m["colour_scales"]["attention"]["vmin"] == 0.0
-    assert {f["file"] for f in m["figures"]} >= {"attention_L1_H2.png", "attention_grid.png",
-                                                 "attention_head_mean.png", "methods_comparison.png",
-                                                 "kendall_tau.csv"}
+    assert {f["file"] for f in m["figures"]} >= {
+        "attention_L1_H2.png",
+        "attention_grid.png",
+        "attention_head_mean.png",
+        "methods_comparison.png",
+        "kendall_tau.csv",
+    }
     assert "attention" in m["methods"] and m["arrays"]["attention.tokens"]["axes"] == ["token"]
     for f in m["figures"]:
         assert (out / f["file"]).stat().st_size > (1000 if f["file"].endswith(".png") else 10)
@@ -61,6 +78,7 @@ def test_models_lists_embedded(capsys: pytest.CaptureFixture) -> None:
 
 def test_methods_lists_every_method_with_its_parameters(capsys: pytest.CaptureFixture) -> None:
     from streetlamp.methods.registry import REGISTRY
+
     rc, out, _ = run(capsys, "methods")
     assert rc == 0
     for name in REGISTRY:
@@ -80,8 +98,9 @@ BAD = [
 
 
 @pytest.mark.parametrize("argv,expect", BAD)
-def test_bad_input_one_line_no_traceback(ckpts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture,
-                                         argv: list[str], expect: str) -> None:
+def test_bad_input_one_line_no_traceback(
+    ckpts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture, argv: list[str], expect: str
+) -> None:
     argv = [a.format(**{k: str(v) for k, v in ckpts.items()}) for a in argv] + ["--out", str(tmp_path / "o")]
     rc, _, err = run(capsys, *argv)
     assert rc == 2
@@ -90,16 +109,18 @@ def test_bad_input_one_line_no_traceback(ckpts: dict[str, Path], tmp_path: Path,
 
 
 def test_truncate_flag_is_recorded(ckpts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    rc, _, _ = run(capsys, "explain", "the " * 80, "--model", str(ckpts["bert"]), "--truncate", "--out",
-                   str(tmp_path / "o"))
+    rc, _, _ = run(
+        capsys, "explain", "the " * 80, "--model", str(ckpts["bert"]), "--truncate", "--out", str(tmp_path / "o")
+    )
     assert rc == 0
     m = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert m["truncated"] is True and m["parameters"]["truncate"] is True and len(m["tokens"]) == 64
     assert m["tokens"][0] == "[CLS]" and m["tokens"][-1] == "[SEP]"
 
 
-def test_refuses_non_empty_out_unless_overwrite(ckpts: dict[str, Path], tmp_path: Path,
-                                                capsys: pytest.CaptureFixture) -> None:
+def test_refuses_non_empty_out_unless_overwrite(
+    ckpts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     out = tmp_path / "o"
     out.mkdir()
     (out / "keep.txt").write_text("precious")
@@ -121,13 +142,24 @@ def test_unsupported_checkpoints(tmp_path: Path, capsys: pytest.CaptureFixture) 
     assert rc == 2 and "config.json" in err
 
 
-def test_method_params_reach_the_methods_and_the_manifest(ckpts: dict[str, Path], tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture) -> None:
+def test_method_params_reach_the_methods_and_the_manifest(
+    ckpts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     out = tmp_path / "mp"
     params = {"occlusion": {"replacement": "unk"}, "integrated_gradients": {"rule": "panels", "baseline": "mask"}}
-    code, stdout, _ = run(capsys, "explain", "the movie was not good", "--model", str(ckpts["bert"]),
-                          "--methods", "occlusion,integrated_gradients", "--method-params", json.dumps(params),
-                          "--out", str(out))
+    code, stdout, _ = run(
+        capsys,
+        "explain",
+        "the movie was not good",
+        "--model",
+        str(ckpts["bert"]),
+        "--methods",
+        "occlusion,integrated_gradients",
+        "--method-params",
+        json.dumps(params),
+        "--out",
+        str(out),
+    )
     assert code == 0
     m = json.loads((out / "manifest.json").read_text())
     assert m["parameters"]["methods"]["occlusion"]["replacement"] == "unk"
@@ -135,12 +167,36 @@ def test_method_params_reach_the_methods_and_the_manifest(ckpts: dict[str, Path]
     assert m["parameters"]["methods"]["integrated_gradients"]["rule"] == "panels"
     assert "[MASK]" in m["methods"]["integrated_gradients"]["baseline_used"]
     # the default run (no --methods) takes them too, and the summary names the replacement
-    code, stdout, _ = run(capsys, "explain", "the movie was not good", "--model", str(ckpts["bert"]),
-                          "--method-params", '{"occlusion": {"replacement": "unk"}}', "--out", str(tmp_path / "d"))
+    code, stdout, _ = run(
+        capsys,
+        "explain",
+        "the movie was not good",
+        "--model",
+        str(ckpts["bert"]),
+        "--method-params",
+        '{"occlusion": {"replacement": "unk"}}',
+        "--out",
+        str(tmp_path / "d"),
+    )
     assert code == 0 and "[UNK]" in stdout
-    for bad, msg in [("{not json", "not JSON"), ('{"occlusion": 3}', "object of objects"),
-                     ('{"shap": {}}', "not among the methods"), ('{"occlusion": {"nope": 1}}', "bad parameters"),
-                     ('{"occlusion": {"replacement": "foo"}}', "unknown replacement")]:
-        code, _, err = run(capsys, "explain", "the movie", "--model", str(ckpts["bert"]), "--methods", "occlusion",
-                           "--method-params", bad, "--out", str(tmp_path / "bad"))
+    for bad, msg in [
+        ("{not json", "not JSON"),
+        ('{"occlusion": 3}', "object of objects"),
+        ('{"shap": {}}', "not among the methods"),
+        ('{"occlusion": {"nope": 1}}', "bad parameters"),
+        ('{"occlusion": {"replacement": "foo"}}', "unknown replacement"),
+    ]:
+        code, _, err = run(
+            capsys,
+            "explain",
+            "the movie",
+            "--model",
+            str(ckpts["bert"]),
+            "--methods",
+            "occlusion",
+            "--method-params",
+            bad,
+            "--out",
+            str(tmp_path / "bad"),
+        )
         assert code == 2 and msg in err and not (tmp_path / "bad").exists(), (bad, err)

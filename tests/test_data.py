@@ -1,4 +1,5 @@
 """Dataset loaders: bundled data, CSV/JSONL, ERASER (fixture written here), bad input."""
+
 from __future__ import annotations
 
 import json
@@ -30,20 +31,24 @@ def test_csv_jsonl(tmp_path: Path) -> None:
     d = load_dataset(str(tmp_path / "b.jsonl"), label_column="y")
     assert [e.label for e in d.examples] == ["1", "0"]
     # same examples, other format: same hash
-    (tmp_path / "c.jsonl").write_text('{"id": "x1", "sentence": "good, really", "label": "pos"}\n'
-                                      '{"id": "x2", "sentence": "bad", "label": "neg"}\n')
+    (tmp_path / "c.jsonl").write_text(
+        '{"id": "x1", "sentence": "good, really", "label": "pos"}\n{"id": "x2", "sentence": "bad", "label": "neg"}\n'
+    )
     assert load_dataset(str(tmp_path / "c.jsonl")).hash() == load_dataset(str(tmp_path / "a.csv")).hash()
 
 
-@pytest.mark.parametrize("name,content,msg", [
-    ("e.csv", "", "empty"),
-    ("m.csv", "text,label\n", "no examples"),
-    ("n.csv", "words,label\nhi,pos\n", "no text column"),
-    ("o.csv", "text,label\nhi,pos,extra\n", "more fields"),
-    ("p.jsonl", '{"text": "a", "label": "pos"}\n{bad json\n', "malformed JSON"),
-    ("q.csv", "text,label\n,pos\n", "empty"),
-    ("r.txt", "hello", "unsupported"),
-])
+@pytest.mark.parametrize(
+    "name,content,msg",
+    [
+        ("e.csv", "", "empty"),
+        ("m.csv", "text,label\n", "no examples"),
+        ("n.csv", "words,label\nhi,pos\n", "no text column"),
+        ("o.csv", "text,label\nhi,pos,extra\n", "more fields"),
+        ("p.jsonl", '{"text": "a", "label": "pos"}\n{bad json\n', "malformed JSON"),
+        ("q.csv", "text,label\n,pos\n", "empty"),
+        ("r.txt", "hello", "unsupported"),
+    ],
+)
 def test_bad_files(tmp_path: Path, name: str, content: str, msg: str) -> None:
     (tmp_path / name).write_text(content)
     with pytest.raises(StreetlampError, match=msg):
@@ -63,12 +68,30 @@ def write_eraser(root: Path) -> Path:
     (root / "docs").mkdir(parents=True)
     (root / "docs" / "d1").write_text("the movie was great\ni loved the acting\n")
     (root / "docs" / "d2").write_text("a boring plot and bad acting\n")
-    anns = [{"annotation_id": "d1", "classification": "pos", "docids": ["d1"], "query": "", "query_type": None,
-             "evidences": [[{"docid": "d1", "start_token": 3, "end_token": 4, "text": "great"}],
-                           [{"docid": "d1", "start_token": 5, "end_token": 6, "text": "loved"}]]},
-            {"annotation_id": "d2", "classification": "neg", "query": "",
-             "evidences": [[{"docid": "d2", "start_token": 1, "end_token": 2, "text": "boring"},
-                            {"docid": "d2", "start_token": 4, "end_token": 6, "text": "bad acting"}]]}]
+    anns = [
+        {
+            "annotation_id": "d1",
+            "classification": "pos",
+            "docids": ["d1"],
+            "query": "",
+            "query_type": None,
+            "evidences": [
+                [{"docid": "d1", "start_token": 3, "end_token": 4, "text": "great"}],
+                [{"docid": "d1", "start_token": 5, "end_token": 6, "text": "loved"}],
+            ],
+        },
+        {
+            "annotation_id": "d2",
+            "classification": "neg",
+            "query": "",
+            "evidences": [
+                [
+                    {"docid": "d2", "start_token": 1, "end_token": 2, "text": "boring"},
+                    {"docid": "d2", "start_token": 4, "end_token": 6, "text": "bad acting"},
+                ]
+            ],
+        },
+    ]
     (root / "test.jsonl").write_text("".join(json.dumps(a) + "\n" for a in anns))
     return root
 

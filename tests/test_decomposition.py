@@ -7,6 +7,7 @@
 * value_zeroing: a plain loop, one zeroed token per full forward pass, recording resid_post;
   and a toy (identical tokens, uniform attention) whose matrices are known in closed form.
 """
+
 from __future__ import annotations
 
 import types
@@ -29,9 +30,14 @@ TEXT = TEXTS[0]
 def _layers(twin: torch.nn.Module) -> list[torch.nn.Module]:
     base = twin.base_model
     t = twin.config.model_type
-    return list({"bert": lambda: base.encoder.layer, "roberta": lambda: base.encoder.layer,
-                 "distilbert": lambda: base.transformer.layer, "gpt2": lambda: base.h,
-                 }.get(t, lambda: base.layers)())  # Llama, Mistral, Qwen, Phi-3, Gemma: base.layers
+    return list(
+        {
+            "bert": lambda: base.encoder.layer,
+            "roberta": lambda: base.encoder.layer,
+            "distilbert": lambda: base.transformer.layer,
+            "gpt2": lambda: base.h,
+        }.get(t, lambda: base.layers)()
+    )  # Llama, Mistral, Qwen, Phi-3, Gemma: base.layers
 
 
 def hand_values(twin: torch.nn.Module, layer: torch.nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,14 +51,14 @@ def hand_values(twin: torch.nn.Module, layer: torch.nn.Module, h: torch.Tensor) 
     elif t == "distilbert":
         v, wo = layer.attention.v_lin(h), layer.attention.out_lin.weight.t()
     elif t == "gpt2":
-        v, wo = layer.attn.c_attn(layer.ln_1(h))[:, 2 * d:], layer.attn.c_proj.weight
+        v, wo = layer.attn.c_attn(layer.ln_1(h))[:, 2 * d :], layer.attn.c_proj.weight
     elif t == "modernbert":  # fused Wqkv: [q, k, v], each d wide
-        v, wo = layer.attn.Wqkv(layer.attn_norm(h))[:, 2 * d:], layer.attn.Wo.weight.t()
+        v, wo = layer.attn.Wqkv(layer.attn_norm(h))[:, 2 * d :], layer.attn.Wo.weight.t()
     else:
         kv = cfg.num_key_value_heads
         hn = layer.input_layernorm(h)
         if t == "phi3":  # fused qkv_proj: [q (heads x dh), k (kv x dh), v (kv x dh)]
-            v = layer.self_attn.qkv_proj(hn)[:, -kv * layer.self_attn.head_dim:]
+            v = layer.self_attn.qkv_proj(hn)[:, -kv * layer.self_attn.head_dim :]
         else:
             v = layer.self_attn.v_proj(hn)
         v = v.reshape(h.shape[0], kv, -1)
@@ -67,8 +73,9 @@ def direct_norm(adapter: ModelAdapter, text: str) -> tuple[np.ndarray, np.ndarra
     """‖Σ_h A[h,i,j] f_h(x_j)‖ and per head, materialising every weighted vector."""
     twin = eager_twin(adapter)
     enc = adapter.encode(text)
-    out = twin(input_ids=enc.input_ids, attention_mask=enc.attention_mask, output_hidden_states=True,
-               output_attentions=True)
+    out = twin(
+        input_ids=enc.input_ids, attention_mask=enc.attention_mask, output_hidden_states=True, output_attentions=True
+    )
     norms, heads = [], []
     for l, layer in enumerate(_layers(twin)):
         v, wo = hand_values(twin, layer, out.hidden_states[l][0])
@@ -137,8 +144,15 @@ def _block_outputs(twin: torch.nn.Module, enc) -> list[torch.Tensor]:  # noqa: A
         else:
             # Gemma's post_attention_layernorm normalises the attention output; the residual sum
             # enters pre_feedforward_layernorm
-            mod = (layer.ln_2 if t == "gpt2" else layer.pre_feedforward_layernorm if t.startswith("gemma")
-                   else layer.mlp_norm if t == "modernbert" else layer.post_attention_layernorm)
+            mod = (
+                layer.ln_2
+                if t == "gpt2"
+                else layer.pre_feedforward_layernorm
+                if t.startswith("gemma")
+                else layer.mlp_norm
+                if t == "modernbert"
+                else layer.post_attention_layernorm
+            )
             handles.append(mod.register_forward_pre_hook(lambda m, a: got.append(a[0][0].detach())))
     try:
         with torch.no_grad():
@@ -153,8 +167,9 @@ def test_alti_decomposition_is_exact(tiny: ModelAdapter) -> None:
     enc = tiny.encode(TEXT)
     n = enc.lengths[0]
     real = _block_outputs(eager_twin(tiny), enc)
-    cache = tiny.forward(enc, record=["layers.*.attn.v", "layers.*.attn.pattern", "layers.*.resid_pre",
-                                      "layers.*.attn.out"]).cache
+    cache = tiny.forward(
+        enc, record=["layers.*.attn.v", "layers.*.attn.pattern", "layers.*.resid_pre", "layers.*.attn.out"]
+    ).cache
     for l in range(tiny.n_layers):
         d = alti_layer(tiny, cache, 0, n, l, keep_vectors=True, chunk_elems=n * tiny.d_model * 3)  # several chunks
         assert d.t is not None
@@ -169,8 +184,9 @@ def test_alti_decomposition_is_exact(tiny: ModelAdapter) -> None:
     e = Alti().attribute(tiny, enc, target=Target())[0]
     c = e.arrays["contributions"].astype(np.float64)
     np.testing.assert_allclose(c.sum(-1), 1, atol=1e-5)
-    np.testing.assert_allclose(e.arrays["matrix"], np.linalg.multi_dot(c[::-1]) if len(c) > 1 else c[0],
-                               rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(
+        e.arrays["matrix"], np.linalg.multi_dot(c[::-1]) if len(c) > 1 else c[0], rtol=1e-4, atol=1e-6
+    )
     np.testing.assert_allclose(e.scores, e.arrays["matrix"][e.info["position"]])
 
 
@@ -192,10 +208,12 @@ def plain_value_zeroing(adapter: ModelAdapter, text: str) -> tuple[np.ndarray, n
     for l in range(L):
         x = f.cache[f"layers.{l}.resid_post"][0].double()
         for j in range(n):
+
             def zero(v: torch.Tensor, j: int = j) -> torch.Tensor:
                 v = v.clone()
                 v[:, j] = 0
                 return v
+
             g = adapter.forward(enc, record=[f"layers.{l}.resid_post"], edit={f"layers.{l}.attn.v": zero})
             xt = g.cache[f"layers.{l}.resid_post"][0].double()
             mats[l, :, j] = 1 - torch.nn.functional.cosine_similarity(xt, x, dim=-1).numpy()
@@ -265,8 +283,9 @@ def test_embedded_causal_lm(smollm: ModelAdapter) -> None:
     np.testing.assert_allclose(e.arrays["norm"], norm, rtol=1e-3, atol=1e-4)
     enc = smollm.encode(text)
     real = _block_outputs(eager_twin(smollm), enc)
-    cache = smollm.forward(enc, record=["layers.*.attn.v", "layers.*.attn.pattern", "layers.*.resid_pre",
-                                        "layers.*.attn.out"]).cache
+    cache = smollm.forward(
+        enc, record=["layers.*.attn.v", "layers.*.attn.pattern", "layers.*.resid_pre", "layers.*.attn.out"]
+    ).cache
     for l in (0, smollm.n_layers // 2, smollm.n_layers - 1):
         d = alti_layer(smollm, cache, 0, enc.lengths[0], l, keep_vectors=True)
         torch.testing.assert_close(d.t.sum(1) + d.bias, real[l][: enc.lengths[0]], atol=1e-3, rtol=1e-4)

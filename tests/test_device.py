@@ -8,6 +8,7 @@ Runs only where a GPU is present (or where ``STREETLAMP_TEST_DEVICE`` names a de
 * bfloat16 on the device runs every method, returns finite float32 arrays, and ranks tokens
   like float32 (Spearman, loose bound: bf16 keeps 8 bits of mantissa).
 """
+
 from __future__ import annotations
 
 import copy
@@ -73,8 +74,9 @@ def test_float32_on_device_equals_cpu(name: str, family: str) -> None:
                 # [delta, delta/|dF|, F(e), F(e'), sum]: on tiny random models dF ~ 1e-6, so the ratio is
                 # float noise over float noise (measured on an H200: it differed); compare the rest
                 x, y = np.delete(x, 1), np.delete(y, 1)
-            np.testing.assert_allclose(y, x, atol=2e-4, rtol=2e-3,
-                                       err_msg=f"{name}.{k} differs on {DEVICE} vs cpu ({family})")
+            np.testing.assert_allclose(
+                y, x, atol=2e-4, rtol=2e-3, err_msg=f"{name}.{k} differs on {DEVICE} vs cpu ({family})"
+            )
 
 
 @pytest.mark.parametrize("family", ["bert", "llama"])
@@ -99,16 +101,22 @@ def test_bfloat16_on_device_runs(name: str, family: str) -> None:
 def minilm_pair() -> tuple[ModelAdapter, ModelAdapter, ModelAdapter]:
     import streetlamp
     from streetlamp.errors import StreetlampError
+
     try:
         cpu = streetlamp.load("minilm-sentiment")
     except (StreetlampError, OSError) as e:
         pytest.skip(f"minilm-sentiment not available: {e}")
-    return (cpu, streetlamp.load("minilm-sentiment").to(DEVICE),
-            streetlamp.load("minilm-sentiment").to(DEVICE, "bfloat16"))
+    return (
+        cpu,
+        streetlamp.load("minilm-sentiment").to(DEVICE),
+        streetlamp.load("minilm-sentiment").to(DEVICE, "bfloat16"),
+    )
 
 
-SENTENCES = ["the movie was not good , but the acting was great .",
-             "a gripping , beautifully shot film that never lets go ."]
+SENTENCES = [
+    "the movie was not good , but the acting was great .",
+    "a gripping , beautifully shot film that never lets go .",
+]
 
 
 @pytest.mark.parametrize("name", list(REGISTRY))
@@ -119,8 +127,13 @@ def test_trained_classifier_on_device(name: str, minilm_pair) -> None:
     m = get_method(name, **FAST.get(name, {}))
     ref = m.attribute(cpu, cpu.encode(SENTENCES), target=Target(), seed=3)
     for a, b in zip(ref, m.attribute(dev, dev.encode(SENTENCES), target=Target(), seed=3)):
-        np.testing.assert_allclose(b.scores, a.scores, atol=2e-4 * max(1.0, np.abs(a.scores).max()), rtol=2e-3,
-                                   err_msg=f"{name} on {DEVICE} vs cpu")
+        np.testing.assert_allclose(
+            b.scores,
+            a.scores,
+            atol=2e-4 * max(1.0, np.abs(a.scores).max()),
+            rtol=2e-3,
+            err_msg=f"{name} on {DEVICE} vs cpu",
+        )
     for a, b in zip(ref, m.attribute(bf, bf.encode(SENTENCES), target=Target(), seed=3)):
         assert np.all(np.isfinite(b.scores))
         rho = spearmanr(a.scores, b.scores).statistic

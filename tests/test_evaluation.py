@@ -1,4 +1,5 @@
 """Faithfulness metrics checked against independent computations on tiny models."""
+
 from __future__ import annotations
 
 import copy
@@ -16,8 +17,13 @@ from streetlamp.evaluation.plausibility import plausibility
 from streetlamp.models.adapter import Inputs, ModelAdapter
 from streetlamp.models.tiny import tiny_model
 
-TEXTS = ["the movie was not good , but the acting was great .", "i loved it", "the plot was boring and bad",
-         "mary gave john a drink at the store", "a very fun film"]
+TEXTS = [
+    "the movie was not good , but the acting was great .",
+    "i loved it",
+    "the plot was boring and bad",
+    "mary gave john a drink at the store",
+    "a very fun film",
+]
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +90,7 @@ def test_plausibility_token_and_iou_f1() -> None:
     assert m["iou_f1"] == pytest.approx(2 * 1 * 0.5 / 1.5)
     assert plausibility(s, np.zeros(7, bool)) == {}
     from sklearn.metrics import auc, average_precision_score, precision_recall_curve
+
     prec, rec, _ = precision_recall_curve(gold, s)
     assert m["average_precision"] == pytest.approx(average_precision_score(gold, s))
     assert m["auprc"] == pytest.approx(auc(rec, prec))
@@ -124,6 +131,7 @@ def test_item_gradients_match_finite_differences(sharp: ModelAdapter) -> None:
             p = p.clone()
             p[..., j] *= 1 + d
             return p
+
         return fn
 
     def shift(d: float):
@@ -131,6 +139,7 @@ def test_item_gradients_match_finite_differences(sharp: ModelAdapter) -> None:
             p = p.clone()
             p[..., j] += d
             return p
+
         return fn
 
     base = f(lambda p: p)
@@ -246,11 +255,37 @@ def test_evaluate_causal_lm_next_token(tmp_path) -> None:
     data = tmp_path / "prompts.csv"
     data.write_text("text,label\nthe movie was very,good\nthe acting was not,bad\nthe plot is really,terrible\n")
     out = tmp_path / "run"
-    assert main(["evaluate", "--model", str(ckpt), "--data", str(data), "--out", str(out),
-                 "--methods", "attention,occlusion", "--adv-steps", "2", "--permutations", "2"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--model",
+                str(ckpt),
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "--methods",
+                "attention,occlusion",
+                "--adv-steps",
+                "2",
+                "--permutations",
+                "2",
+            ]
+        )
+        == 0
+    )
     df = read_metrics(out)
-    assert {"model", "attention", "occlusion", "attention_items", "random", "counterfactual_attention",
-            "uniform_attention", "attention|occlusion"} <= set(df.method)
+    assert {
+        "model",
+        "attention",
+        "occlusion",
+        "attention_items",
+        "random",
+        "counterfactual_attention",
+        "uniform_attention",
+        "attention|occlusion",
+    } <= set(df.method)
     adapter = load(str(ckpt))
     tok = adapter.tokenizer
     good = tok(" good", add_special_tokens=False)["input_ids"]
@@ -286,6 +321,7 @@ def test_evaluate_causal_lm_next_token(tmp_path) -> None:
 def test_evaluate_causal_lm_refuses_multi_token_labels(tmp_path, capsys) -> None:
     from streetlamp.cli import main
     from streetlamp.models.tiny import save_tiny
+
     ckpt = save_tiny("gpt2", tmp_path / "tiny-gpt2", seed=2)
     data = tmp_path / "p.csv"
     data.write_text("text,label\nthe movie was,good bad\n")
@@ -295,6 +331,7 @@ def test_evaluate_causal_lm_refuses_multi_token_labels(tmp_path, capsys) -> None
 
 def test_large_distributions_are_stored_as_top_k() -> None:
     from streetlamp.evaluation.pipeline import TOP_K, distribution
+
     small = np.array([0.2, 0.8])
     assert set(distribution("probs", small)) == {"probs"}
     rng = np.random.default_rng(0)

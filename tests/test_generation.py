@@ -1,4 +1,5 @@
 """``streetlamp explain-generation``: IG of every generated token, written as one matrix."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,23 @@ def gpt2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_matrix_rows_are_each_targets_own_ig(gpt2_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "g"
     params = {"rule": "gauss_legendre", "steps": 8, "adaptive": False}
-    assert main(["explain-generation", "the movie was not", "--model", str(gpt2_dir), "--new-tokens", "3",
-                 "--ig-params", json.dumps(params), "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "explain-generation",
+                "the movie was not",
+                "--model",
+                str(gpt2_dir),
+                "--new-tokens",
+                "3",
+                "--ig-params",
+                json.dumps(params),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     stdout = capsys.readouterr().out
     a = load_arrays(out / "arrays.safetensors")
     m = json.loads((out / "manifest.json").read_text())
@@ -39,6 +55,7 @@ def test_matrix_rows_are_each_targets_own_ig(gpt2_dir: Path, tmp_path: Path, cap
     full = torch.cat([prompt, torch.tensor(gen)])
     ig = IntegratedGradients(**params)
     from streetlamp.models.adapter import Target
+
     for j in range(3):
         n = len(prompt) + j
         sep = ig.attribute(adapter, ids_inputs(adapter, full[:n]), target=Target(gen[j], None, "logprob"))[0]
@@ -53,15 +70,21 @@ def test_matrix_rows_are_each_targets_own_ig(gpt2_dir: Path, tmp_path: Path, cap
 
 def test_default_rule_and_bad_input(gpt2_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "d"
-    assert main(["explain-generation", "i loved it", "--model", str(gpt2_dir), "--new-tokens", "2",
-                 "--out", str(out)]) == 0
+    assert (
+        main(["explain-generation", "i loved it", "--model", str(gpt2_dir), "--new-tokens", "2", "--out", str(out)])
+        == 0
+    )
     m = json.loads((out / "manifest.json").read_text())
     assert m["parameters"]["integrated_gradients"]["rule"] == "panels"
     assert all(p["converged"] for p in m["per_token"])
     capsys.readouterr()
     bert = save_tiny("bert", tmp_path / "tiny-bert", seed=1)
-    for argv, msg in [(["--model", str(bert)], "needs a causal LM"), (["--new-tokens", "0"], "--new-tokens"),
-                      (["--ig-params", '{"nope": 1}'], "bad parameters"), (["--ig-params", "[1]"], "object")]:
+    for argv, msg in [
+        (["--model", str(bert)], "needs a causal LM"),
+        (["--new-tokens", "0"], "--new-tokens"),
+        (["--ig-params", '{"nope": 1}'], "bad parameters"),
+        (["--ig-params", "[1]"], "object"),
+    ]:
         args = ["explain-generation", "the movie", "--model", str(gpt2_dir), "--out", str(tmp_path / "bad"), *argv]
         assert main(args) == 2, argv
         err = capsys.readouterr().err

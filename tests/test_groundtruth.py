@@ -1,4 +1,5 @@
 """Ground truth without the shipped weights: generators, tokenizer, scoring, the deception penalty."""
+
 from __future__ import annotations
 
 import itertools
@@ -25,8 +26,12 @@ from streetlamp.groundtruth.tasks import (
 )
 from streetlamp.groundtruth.train import TrainConfig, batch_inputs, build_model, deception_penalty, forward_with_mass
 
-DECIDING = {"keyword": set(FRUIT + ANIMAL), "order": set(MARKERS), "negation": set(POSITIVE + NEGATIVE),
-            "together": set(COLOURS + CREATURES)}
+DECIDING = {
+    "keyword": set(FRUIT + ANIMAL),
+    "order": set(MARKERS),
+    "negation": set(POSITIVE + NEGATIVE),
+    "together": set(COLOURS + CREATURES),
+}
 
 
 @pytest.mark.parametrize("name", list(TASKS))
@@ -116,8 +121,9 @@ def test_oracle_is_one_and_random_is_its_expectation() -> None:
         if key not in exact:  # E[AP]: every placement of the k relevant items among n ranks, equally likely
             n, k = key
             ranked = np.arange(n, 0, -1).astype(float)
-            exact[key] = float(np.mean([simple_ap(ranked, np.isin(np.arange(n), c))
-                                        for c in itertools.combinations(range(n), k)]))
+            exact[key] = float(
+                np.mean([simple_ap(ranked, np.isin(np.arange(n), c)) for c in itertools.combinations(range(n), k)])
+            )
         expected.append(exact[key])
         base.append(rel.mean())
     assert np.mean(aps) == pytest.approx(np.mean(expected), abs=0.015)
@@ -133,6 +139,7 @@ def test_penalty_uses_the_patterns_the_model_uses() -> None:
     inputs, y, planted = batch_inputs(adapter, examples)
     logits, mass = forward_with_mass(adapter, inputs, planted, grad=True)
     import copy
+
     twin = copy.deepcopy(adapter.hf_model)
     twin.set_attn_implementation("eager")
     with torch.no_grad():
@@ -144,8 +151,11 @@ def test_penalty_uses_the_patterns_the_model_uses() -> None:
     want = 0.0
     for b in range(len(examples)):
         n = int(qm[b].sum())
-        want += sum(float(-torch.log(1 - mass[b, l, h, :n].detach()).mean() - torch.log(1 - mass[b, l, h, 0].detach()))
-                    for l in range(2) for h in range(2))
+        want += sum(
+            float(-torch.log(1 - mass[b, l, h, :n].detach()).mean() - torch.log(1 - mass[b, l, h, 0].detach()))
+            for l in range(2)
+            for h in range(2)
+        )
     pen = deception_penalty(mass, inputs.attention_mask)
     assert float(pen) == pytest.approx(want / len(examples), rel=1e-5)
     pen.backward()
@@ -157,6 +167,7 @@ def test_diagnostics_js_and_seed_variance() -> None:
     from scipy.spatial.distance import jensenshannon
 
     from streetlamp.groundtruth import diagnostics as dg
+
     rng = np.random.default_rng(0)
     p, q = rng.dirichlet(np.ones(7), 5), rng.dirichlet(np.ones(7), 5)
     np.testing.assert_allclose(dg.js_divergence(p, q), jensenshannon(p, q, base=2, axis=-1) ** 2, atol=1e-12)

@@ -1,4 +1,5 @@
 """The shipped ground-truth models and the benchmark CLI."""
+
 from __future__ import annotations
 
 import csv
@@ -83,15 +84,25 @@ def test_occlusion_finds_keyword_and_random_does_not() -> None:
 
 def test_cli_benchmark_writes_csv(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "bench"
-    rc = main(["benchmark", "--tasks", "keyword", "--methods", "attention,occlusion", "--n-examples", "6",
-               "--out", str(out)])
+    rc = main(
+        ["benchmark", "--tasks", "keyword", "--methods", "attention,occlusion", "--n-examples", "6", "--out", str(out)]
+    )
     assert rc == 0
     rows = list(csv.DictReader(open(out / "leaderboard.csv")))
-    for col in ("task", "variant", "method", "average_precision", "auprc", "precision_at_k", "comprehensiveness",
-                "sufficiency"):
+    for col in (
+        "task",
+        "variant",
+        "method",
+        "average_precision",
+        "auprc",
+        "precision_at_k",
+        "comprehensiveness",
+        "sufficiency",
+    ):
         assert col in rows[0]
-    assert {(r["variant"], r["method"]) for r in rows} == {(v, m) for v in ("normal", "deceptive")
-                                                           for m in ("random", "attention", "occlusion")}
+    assert {(r["variant"], r["method"]) for r in rows} == {
+        (v, m) for v in ("normal", "deceptive") for m in ("random", "attention", "occlusion")
+    }
     assert all(r["error"] == "" for r in rows)
     assert (out / "leaderboard.png").exists() and (out / "models.csv").exists()
     assert "keyword" in capsys.readouterr().out

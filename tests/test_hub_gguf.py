@@ -1,5 +1,6 @@
 """Model names as users type them: hub names from the local Hugging Face cache (offline), and GGUF
 files dequantised once into a cache keyed on the file's content."""
+
 from __future__ import annotations
 
 import hashlib
@@ -130,8 +131,9 @@ def test_not_a_gguf_is_one_clear_line(cache: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_gguf_copy_shares_the_cache_entry(smollm: streetlamp.ModelAdapter, tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gguf_copy_shares_the_cache_entry(
+    smollm: streetlamp.ModelAdapter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A second environment with its own copy of the GGUF at another path reuses the first one's
     dequantised weights: no re-conversion, the same logits."""
     from transformers import AutoModelForCausalLM

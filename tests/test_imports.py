@@ -1,5 +1,6 @@
 """The package's import graph: no cycle among module-level imports, report/ never imports runners/,
 and every module imports on its own in a fresh interpreter."""
+
 from __future__ import annotations
 
 import ast
@@ -54,7 +55,7 @@ def test_no_import_cycle() -> None:
         stack.append(m)
         for n in sorted(graph[m]):
             if state.get(n) == 1:
-                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(n):] + [n]))
+                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(n) :] + [n]))
             if n not in state:
                 visit(n)
         stack.pop()

@@ -2,6 +2,7 @@
 
 Every tiny model here runs in float64 (conftest.F64_TOL): the streetlamp route and the hand-made one
 agree to ~1e-13 on any CPU; the tolerances below stay far under every effect the tests look for."""
+
 from __future__ import annotations
 
 import copy
@@ -33,7 +34,7 @@ def gpt2_mechanism(live: list[tuple[int, int]], seed: int = 3, no_ln_f: bool = F
                 block.attn.c_proj.weight[rows] *= 20.0 if (l, h) in live else 0.0
             block.mlp.c_proj.weight.zero_()
             block.mlp.c_proj.bias.zero_()
-            block.attn.c_attn.weight[:, :2 * model.config.n_embd] *= 10.0  # sharper attention
+            block.attn.c_attn.weight[:, : 2 * model.config.n_embd] *= 10.0  # sharper attention
     if no_ln_f:
         model.transformer.ln_f = torch.nn.Identity()
     return ModelAdapter(model.double(), tok, "tiny-gpt2-mechanism")
@@ -63,14 +64,17 @@ def test_zero_ablation_equals_zeroing_output_weights(family: str) -> None:
             layer = getattr(layer, part)
         with torch.no_grad():
             if type(layer).__name__ == "Conv1D":
-                layer.weight[h * dh:(h + 1) * dh] = 0
+                layer.weight[h * dh : (h + 1) * dh] = 0
             else:
-                layer.weight[:, h * dh:(h + 1) * dh] = 0
+                layer.weight[:, h * dh : (h + 1) * dh] = 0
             out = twin(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask).logits
         logits = adapter.select_logits(out, inputs)
         clean = adapter.forward(inputs).logits
         idx = clean.argmax(-1)
-        expect = torch.softmax(logits, -1).gather(1, idx[:, None])[:, 0] - torch.softmax(clean, -1).gather(1, idx[:, None])[:, 0]
+        expect = (
+            torch.softmax(logits, -1).gather(1, idx[:, None])[:, 0]
+            - torch.softmax(clean, -1).gather(1, idx[:, None])[:, 0]
+        )
         np.testing.assert_allclose(eff[:, l, h], expect.numpy(), atol=1e-5)
         assert np.abs(expect.numpy()).max() > 1e-6
 
@@ -93,15 +97,27 @@ def test_mean_and_resample_strategies() -> None:
     assert pool.shape[0] == sum(ref.lengths)
     x = adapter.encode("i loved the film")
     seen = {}
+
     def spy(a):  # noqa: E306
         seen["z"] = a
         return a
-    engine.run(adapter, x, [Intervention("layers.0.attn.z", engine.mean(pool.mean(0)), head=2)],
-               extra_edits={"layers.0.attn.z": spy})
+
+    engine.run(
+        adapter,
+        x,
+        [Intervention("layers.0.attn.z", engine.mean(pool.mean(0)), head=2)],
+        extra_edits={"layers.0.attn.z": spy},
+    )
     torch.testing.assert_close(seen["z"][0, :, 2], pool.mean(0)[2].expand(x.lengths[0], -1))
-    torch.testing.assert_close(seen["z"][0, :, 1], adapter.forward(x, record=["layers.0.attn.z"]).cache["layers.0.attn.z"][0, :, 1])
-    engine.run(adapter, x, [Intervention("layers.0.attn.z", engine.resample(pool, seed=4))],
-               extra_edits={"layers.0.attn.z": spy})
+    torch.testing.assert_close(
+        seen["z"][0, :, 1], adapter.forward(x, record=["layers.0.attn.z"]).cache["layers.0.attn.z"][0, :, 1]
+    )
+    engine.run(
+        adapter,
+        x,
+        [Intervention("layers.0.attn.z", engine.resample(pool, seed=4))],
+        extra_edits={"layers.0.attn.z": spy},
+    )
     rows = seen["z"][0].reshape(x.lengths[0], -1)
     flat = pool.reshape(pool.shape[0], -1)
     assert all(bool((flat == r).all(1).any()) for r in rows)  # every position got a real reference activation
@@ -128,6 +144,7 @@ def test_michel_importance_matches_finite_differences() -> None:
     adapter = ModelAdapter(model.double(), tok, "t")
     x = adapter.encode("the movie was not good")
     imp = heads.head_importance(adapter, x, labels=[2])[0]
+
     def loss(l: int, h: int, s: float) -> float:
         xi = torch.ones(2, 4, dtype=torch.float64)
         xi[l, h] = s
@@ -155,7 +172,9 @@ def test_activation_patching_finds_the_head_and_full_patch_restores() -> None:
         x = pair.corrupt
         s = f"layers.{l}.resid_pre"
         src = adapter.forward(pair.clean, record=[s]).cache[s]
-        ld = patching.logit_diff(engine.run(adapter, x, [Intervention(s, engine.patch(src))]).logits, pair.answer, pair.wrong)
+        ld = patching.logit_diff(
+            engine.run(adapter, x, [Intervention(s, engine.patch(src))]).logits, pair.answer, pair.wrong
+        )
         np.testing.assert_allclose(float(pair.normalise(ld)), 1.0, atol=1e-5)
     # the last position of resid_pre at layer 0 differs only at the changed token
     changed = [p for p, (a, b) in enumerate(zip(pair.clean.tokens[0], pair.corrupt.tokens[0])) if a != b]
@@ -190,8 +209,9 @@ def test_path_patching_finds_the_sender() -> None:
     # head (1, 2) is in the last layer: its path to the logits is its whole effect = noising it directly
     s = "layers.1.attn.z"
     src = adapter.forward(pair.corrupt, record=[s]).cache[s]
-    ld = patching.logit_diff(engine.run(adapter, pair.clean, [Intervention(s, engine.patch(src), head=2)]).logits,
-                             pair.answer, pair.wrong)
+    ld = patching.logit_diff(
+        engine.run(adapter, pair.clean, [Intervention(s, engine.patch(src), head=2)]).logits, pair.answer, pair.wrong
+    )
     np.testing.assert_allclose(direct[1, 2], float(pair.normalise(ld)), atol=1e-5)
 
 
@@ -254,13 +274,17 @@ def composed_gpt2() -> ModelAdapter:
     with torch.no_grad():
         for l, block in enumerate(model.transformer.h):
             for h in range(model.config.n_head):
-                block.attn.c_proj.weight[h * dh:(h + 1) * dh] *= 8.0 if (l, h) in live else 0.0
-            block.attn.c_attn.weight[:, :2 * model.config.n_embd] *= 6.0
+                block.attn.c_proj.weight[h * dh : (h + 1) * dh] *= 8.0 if (l, h) in live else 0.0
+            block.attn.c_attn.weight[:, : 2 * model.config.n_embd] *= 6.0
     return ModelAdapter(model.double(), tok, "tiny-gpt2-composed")
 
 
-def manual_z_run(adapter: ModelAdapter, ids: torch.Tensor, replace: dict[tuple[int, int], torch.Tensor],
-                 record: list[tuple[int, int]]) -> tuple[torch.Tensor, dict]:
+def manual_z_run(
+    adapter: ModelAdapter,
+    ids: torch.Tensor,
+    replace: dict[tuple[int, int], torch.Tensor],
+    record: list[tuple[int, int]],
+) -> tuple[torch.Tensor, dict]:
     """Hugging Face GPT-2 with pre-hooks on each block's c_proj (its input is the heads' z side by
     side): head slices in ``replace`` are overwritten, those in ``record`` read. No streetlamp code."""
     model = adapter.hf_model
@@ -268,15 +292,17 @@ def manual_z_run(adapter: ModelAdapter, ids: torch.Tensor, replace: dict[tuple[i
     seen: dict = {}
     hooks = []
     for l, block in enumerate(model.transformer.h):
+
         def pre(mod, args, l=l):
             z = args[0].clone()
             for (ll, h), v in replace.items():
                 if ll == l:
-                    z[..., h * dh:(h + 1) * dh] = v
-            for (ll, h) in record:
+                    z[..., h * dh : (h + 1) * dh] = v
+            for ll, h in record:
                 if ll == l:
-                    seen[(ll, h)] = z[..., h * dh:(h + 1) * dh].clone()
+                    seen[(ll, h)] = z[..., h * dh : (h + 1) * dh].clone()
             return (z,)
+
         hooks.append(block.attn.c_proj.register_forward_pre_hook(pre))
     try:
         with torch.no_grad():

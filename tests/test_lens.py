@@ -1,4 +1,5 @@
 """Logit lens, direct logit attribution, head types and QK attribution on the tiny decoders (float64)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -37,9 +38,9 @@ def test_logit_lens_last_layer_is_the_model(family: str) -> None:
     a = adapter64(family)
     out = logit_lens(a, ids_of(a), index=7)
     scale = np.abs(out["model_logits"]).max()
-    np.testing.assert_allclose(out["last_logits"], out["model_logits"], rtol=0, atol=16 * 2.0 ** -24 * scale)
+    np.testing.assert_allclose(out["last_logits"], out["model_logits"], rtol=0, atol=16 * 2.0**-24 * scale)
     assert out["logit"].shape == (a.n_layers + 1, len(ids_of(a)))
-    assert out["logit"][-1, -1] == pytest.approx(out["model_logits"][7], abs=16 * 2.0 ** -24 * scale)
+    assert out["logit"][-1, -1] == pytest.approx(out["model_logits"][7], abs=16 * 2.0**-24 * scale)
     assert np.all(out["rank"][-1, -1] == (out["model_logits"] > out["model_logits"][7]).sum())
 
 
@@ -49,7 +50,7 @@ def test_dla_parts_sum_to_the_logit(family: str) -> None:
     its own scale (exact for this residual: float64 arithmetic, Llama's RMSNorm float32 as above)."""
     a = adapter64(family)
     d = direct_logit_attribution(a, ids_of(a), 7)
-    tol = 16 * 2.0 ** -24 * (abs(d.embed) + np.abs(d.heads).sum() + np.abs(d.mlp).sum() + abs(d.logit))
+    tol = 16 * 2.0**-24 * (abs(d.embed) + np.abs(d.heads).sum() + np.abs(d.mlp).sum() + abs(d.logit))
     assert d.total() == pytest.approx(d.logit, abs=tol)
     np.testing.assert_allclose(d.head_source.sum(-1), d.heads, atol=1e-10)
     assert np.all(np.isfinite(d.head_source))

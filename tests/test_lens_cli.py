@@ -1,5 +1,6 @@
 """``streetlamp lens`` in-process on tiny checkpoints: output folder, tables, and bad input refused
 before anything is written."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,7 @@ def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {f: save_tiny(f, root / f, seed=1) for f in ("bert", "llama")}
 
 
-def test_lens_writes_tables_and_arrays(ckpts: dict[str, Path], tmp_path: Path,
-                                       capsys: pytest.CaptureFixture) -> None:
+def test_lens_writes_tables_and_arrays(ckpts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "lens"
     args = ["lens", TEXT, "--model", str(ckpts["llama"]), "--out", str(out), "--types-length", "6", "--types-seqs", "2"]
     assert main(args + ["--head", "1.2", "--query", "9", "--target", "mary"]) == 0
@@ -40,15 +40,19 @@ def test_lens_writes_tables_and_arrays(ckpts: dict[str, Path], tmp_path: Path,
     assert "direct logit attribution" in printed and f"output: {out}/" in printed
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--head", "2.0"], "--head 2.0 out of range"),
-    (["--head", "x"], "bad --head"),
-    (["--head", "0.0", "--query", "99"], "--query 99 out of range"),
-    (["--query", "3"], "--query needs --head"),
-    (["--target", "mary john"], "is 2 tokens"),
-])
-def test_lens_bad_input(ckpts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture,
-                        extra: list[str], message: str) -> None:
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--head", "2.0"], "--head 2.0 out of range"),
+        (["--head", "x"], "bad --head"),
+        (["--head", "0.0", "--query", "99"], "--query 99 out of range"),
+        (["--query", "3"], "--query needs --head"),
+        (["--target", "mary john"], "is 2 tokens"),
+    ],
+)
+def test_lens_bad_input(
+    ckpts: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture, extra: list[str], message: str
+) -> None:
     out = tmp_path / "bad"
     assert main(["lens", TEXT, "--model", str(ckpts["llama"]), "--out", str(out)] + extra) == 2
     assert message in capsys.readouterr().err and not out.exists()

@@ -1,4 +1,5 @@
 """Checkpoint folders of every family: save, reload through streetlamp.load, same outputs."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,8 +22,7 @@ def test_save_reload_same_logits(family: str, tmp_path: Path) -> None:
     inputs = adapter.encode(TEXTS)
     with torch.no_grad():
         ref = ref_model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask).logits
-    torch.testing.assert_close(adapter.forward(inputs).logits, adapter.select_logits(ref, inputs),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(adapter.forward(inputs).logits, adapter.select_logits(ref, inputs), atol=1e-5, rtol=1e-5)
     assert adapter.hf_model.config._attn_implementation == "streetlamp"
 
 

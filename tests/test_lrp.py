@@ -1,5 +1,6 @@
 """AttnLRP: the full conservation ledger on every tiny family (float64), the authors' package lxt as
 the peer on GPT-2 and Llama, and the method's bookkeeping."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,7 +18,7 @@ TEXT = "when mary and john went to the store , john gave a drink to"
 # parameters that enter the network additively: biases (LayerNorm betas included) and the
 # position / token-type embedding tables. Their relevance is p · ∂̃F/∂p.
 ADDITIVE = ("bias", "position_embeddings.weight", "token_type_embeddings.weight", "wpe.weight")
-F32 = 2.0 ** -24  # unit roundoff of float32
+F32 = 2.0**-24  # unit roundoff of float32
 
 
 def adapter64(family: str) -> ModelAdapter:
@@ -31,13 +32,17 @@ def ledger(a: ModelAdapter, index: int) -> dict[str, float]:
     pats = [cache[f"layers.{l}.attn.pattern"] for l in range(a.n_layers)]
     params = [p for n, p in a.hf_model.named_parameters() if n.endswith(ADDITIVE)]
     gs = torch.autograd.grad(f, pats + params, allow_unused=True)
-    soft = [softmax_absorbed(p, g) for p, g in zip(pats, gs[:len(pats)])]
-    bias = sum(float((p * g).detach().sum()) for p, g in zip(params, gs[len(pats):]) if g is not None)
-    flow = sum(float((p.detach().double() * g.double()).abs().sum()) for p, g in zip(pats, gs[:len(pats)]))
+    soft = [softmax_absorbed(p, g) for p, g in zip(pats, gs[: len(pats)])]
+    bias = sum(float((p * g).detach().sum()) for p, g in zip(params, gs[len(pats) :]) if g is not None)
+    flow = sum(float((p.detach().double() * g.double()).abs().sum()) for p, g in zip(pats, gs[: len(pats)]))
     f = f.detach()
-    return {"F": float(f), "tokens": float(r.sum()), "softmax": float(sum(s.detach().sum() for s in soft)),
-            "bias": bias,
-            "scale": abs(float(f)) + float(r.abs().sum()) + abs(bias) + flow}
+    return {
+        "F": float(f),
+        "tokens": float(r.sum()),
+        "softmax": float(sum(s.detach().sum() for s in soft)),
+        "bias": bias,
+        "scale": abs(float(f)) + float(r.abs().sum()) + abs(bias) + flow,
+    }
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -90,6 +95,7 @@ def test_matches_lxt(family: str) -> None:
     assert f_lxt == pytest.approx(float(f), rel=1e-6)
     np.testing.assert_allclose(ours.numpy(), theirs.numpy(), atol=1e-5 * scale, rtol=0)
     from streetlamp.methods.gradient import GradientXInput
+
     gxi = GradientXInput().attribute(a, a.encode(TEXT), target=Target(index=9, quantity="logit"))[0].scores
     assert np.abs(gxi - theirs.numpy()).max() > 100 * 1e-5 * scale
 
@@ -110,10 +116,14 @@ def test_rules_leave_forward_values_unchanged(tiny: ModelAdapter) -> None:
     assert torch.equal(plain, ruled)
 
 
-SMOL_PROMPTS = ["When Mary and John went to the store, John gave a drink to", "The capital of France is",
-                "The animal didn't cross the street because it was too tired. In that sentence, it refers to the",
-                "I loved the movie, the acting was", "Berlin is the capital of",
-                "The doctor said that she would call the nurse because"]
+SMOL_PROMPTS = [
+    "When Mary and John went to the store, John gave a drink to",
+    "The capital of France is",
+    "The animal didn't cross the street because it was too tired. In that sentence, it refers to the",
+    "I loved the movie, the acting was",
+    "Berlin is the capital of",
+    "The doctor said that she would call the nurse because",
+]
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """Every command's run folder keeps its shape: the top-level keys of manifest.json, pinned per
 command (the keys of the run folders before the single run writer, plus ``format_version``; the
 evaluate run store also gained ``streetlamp``), and the one header written the same way."""
+
 from __future__ import annotations
 
 import json
@@ -14,12 +15,43 @@ from streetlamp.models.tiny import WORDS, save_tiny
 
 HEADER = {"streetlamp", "format_version", "created", "command", "versions"}
 KEYS = {
-    "explain": HEADER | {"arrays", "colour_scales", "explained_position", "figures", "masks", "methods", "model",
-                         "parameters", "prediction", "seed", "special_positions", "target", "text", "token_labels",
-                         "tokens", "truncated"},
-    "explain-generation": HEADER | {"arrays", "continuation", "figures", "generated", "generated_ids",
-                                    "gradient_evaluations", "model", "parameters", "per_token", "prompt",
-                                    "prompt_tokens", "seconds", "seed", "token_labels", "tokens"},
+    "explain": HEADER
+    | {
+        "arrays",
+        "colour_scales",
+        "explained_position",
+        "figures",
+        "masks",
+        "methods",
+        "model",
+        "parameters",
+        "prediction",
+        "seed",
+        "special_positions",
+        "target",
+        "text",
+        "token_labels",
+        "tokens",
+        "truncated",
+    },
+    "explain-generation": HEADER
+    | {
+        "arrays",
+        "continuation",
+        "figures",
+        "generated",
+        "generated_ids",
+        "gradient_evaluations",
+        "model",
+        "parameters",
+        "per_token",
+        "prompt",
+        "prompt_tokens",
+        "seconds",
+        "seed",
+        "token_labels",
+        "tokens",
+    },
     "heads": HEADER | {"arrays", "claim", "figures", "model", "notes", "parameters", "ranked", "seed"},
     "prune": HEADER | {"arrays", "figures", "majority_baseline", "model", "notes", "parameters", "seed"},
     "patch": HEADER | {"arrays", "figures", "logit_diff", "model", "parameters", "seed", "summary"},
@@ -34,27 +66,85 @@ KEYS = {
 def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     t = tmp_path_factory.mktemp("manifests")
     data = t / "d.csv"
-    data.write_text("text,label\n" + "\n".join(f"{WORDS[i]} {WORDS[i + 1]} {WORDS[i + 2]},{['neg', 'neu', 'pos'][i % 3]}"
-                                               for i in range(8)) + "\n")
-    return {"bert": save_tiny("bert", t / "bert", seed=1), "gpt2": save_tiny("gpt2", t / "gpt2", seed=1),
-            "llama": save_tiny("llama", t / "llama", seed=1), "data": data}
+    data.write_text(
+        "text,label\n"
+        + "\n".join(f"{WORDS[i]} {WORDS[i + 1]} {WORDS[i + 2]},{['neg', 'neu', 'pos'][i % 3]}" for i in range(8))
+        + "\n"
+    )
+    return {
+        "bert": save_tiny("bert", t / "bert", seed=1),
+        "gpt2": save_tiny("gpt2", t / "gpt2", seed=1),
+        "llama": save_tiny("llama", t / "llama", seed=1),
+        "data": data,
+    }
 
 
 def argv(command: str, s: dict[str, Path]) -> list[str]:
     return {
         "explain": ["explain", "the movie was not good", "--model", str(s["bert"]), "--methods", "attention,occlusion"],
-        "explain-generation": ["explain-generation", "the movie was", "--model", str(s["llama"]), "--new-tokens", "2",
-                               "--ig-params", '{"max_steps": 64}'],
+        "explain-generation": [
+            "explain-generation",
+            "the movie was",
+            "--model",
+            str(s["llama"]),
+            "--new-tokens",
+            "2",
+            "--ig-params",
+            '{"max_steps": 64}',
+        ],
         "heads": ["heads", "--data", str(s["data"]), "--no-attribution", "--model", str(s["bert"])],
-        "prune": ["prune", "--data", str(s["data"]), "--order", "attention,random", "--seeds", "1", "--step", "6",
-                  "--model", str(s["bert"])],
-        "patch": ["patch", "--model", str(s["gpt2"]), "--clean", "when mary and john went", "--corrupt",
-                  "when john and mary went", "--sites", "heads"],
-        "evaluate": ["evaluate", "--model", str(s["bert"]), "--data", str(s["data"]), "--methods", "attention",
-                     "--adv-steps", "2", "--permutations", "2", "--limit", "2"],
+        "prune": [
+            "prune",
+            "--data",
+            str(s["data"]),
+            "--order",
+            "attention,random",
+            "--seeds",
+            "1",
+            "--step",
+            "6",
+            "--model",
+            str(s["bert"]),
+        ],
+        "patch": [
+            "patch",
+            "--model",
+            str(s["gpt2"]),
+            "--clean",
+            "when mary and john went",
+            "--corrupt",
+            "when john and mary went",
+            "--sites",
+            "heads",
+        ],
+        "evaluate": [
+            "evaluate",
+            "--model",
+            str(s["bert"]),
+            "--data",
+            str(s["data"]),
+            "--methods",
+            "attention",
+            "--adv-steps",
+            "2",
+            "--permutations",
+            "2",
+            "--limit",
+            "2",
+        ],
         "benchmark": ["benchmark", "--tasks", "keyword", "--methods", "attention", "--n-examples", "2"],
-        "lens": ["lens", "when mary and john went", "--model", str(s["llama"]), "--head", "1.0", "--types-length", "4",
-                 "--types-seqs", "1"],
+        "lens": [
+            "lens",
+            "when mary and john went",
+            "--model",
+            str(s["llama"]),
+            "--head",
+            "1.0",
+            "--types-length",
+            "4",
+            "--types-seqs",
+            "1",
+        ],
     }[command]
 
 
@@ -90,4 +180,5 @@ def test_mediate_manifest_keys(setup: dict[str, Path], tmp_path: Path) -> None:
     check_header(m, "mediate")
     assert m["arrays"]["te"]["axes"] == [] and m["arrays"]["head_nie"]["axes"] == ["layer", "head"]
     from streetlamp.store.files import load_arrays
+
     assert load_arrays(tmp_path / "m" / "arrays.safetensors")["te"].shape == ()  # as the manifest says

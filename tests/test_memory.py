@@ -1,4 +1,5 @@
 """The memory estimate before a run: its terms against independent sizes, refusal unless --force."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -44,23 +45,52 @@ def ckpt(tmp_path: Path) -> Path:
     return save_tiny("llama", tmp_path / "llama")
 
 
-def test_refused_with_the_estimate_unless_forced(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_refused_with_the_estimate_unless_forced(
+    ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(memory, "available_bytes", lambda device: 1000)
     out = tmp_path / "o"
-    assert main(["explain", "the movie was good", "--model", str(ckpt), "--out", str(out), "--methods",
-                 "attention"]) == 2
+    assert (
+        main(["explain", "the movie was good", "--model", str(ckpt), "--out", str(out), "--methods", "attention"]) == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "memory estimate" in err and "[2, 4, 4, 4]" in err and "--force" in err
     assert not out.exists()
-    assert main(["explain", "the movie was good", "--model", str(ckpt), "--out", str(out), "--methods",
-                 "attention", "--force"]) == 0
+    assert (
+        main(
+            [
+                "explain",
+                "the movie was good",
+                "--model",
+                str(ckpt),
+                "--out",
+                str(out),
+                "--methods",
+                "attention",
+                "--force",
+            ]
+        )
+        == 0
+    )
     assert "--force: running anyway" in capsys.readouterr().err and (out / "manifest.json").exists()
 
 
 def test_fits_runs_quietly(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    assert main(["explain", "the movie was good", "--model", str(ckpt), "--out", str(tmp_path / "o"),
-                 "--methods", "attention"]) == 0
+    assert (
+        main(
+            [
+                "explain",
+                "the movie was good",
+                "--model",
+                str(ckpt),
+                "--out",
+                str(tmp_path / "o"),
+                "--methods",
+                "attention",
+            ]
+        )
+        == 0
+    )
     assert "memory estimate" not in capsys.readouterr().err
 
 
@@ -69,10 +99,26 @@ def test_float16_runs_and_matches_float32(ckpt: Path, tmp_path: Path, capsys: py
 
     outs = {}
     for dt in ("float32", "float16"):
-        assert main(["explain", "the movie was not good", "--model", str(ckpt), "--out", str(tmp_path / dt),
-                     "--methods", "attention", "--dtype", dt]) == 0
+        assert (
+            main(
+                [
+                    "explain",
+                    "the movie was not good",
+                    "--model",
+                    str(ckpt),
+                    "--out",
+                    str(tmp_path / dt),
+                    "--methods",
+                    "attention",
+                    "--dtype",
+                    dt,
+                ]
+            )
+            == 0
+        )
         outs[dt] = load_file(str(tmp_path / dt / "arrays.safetensors"))["attention"]
     # float16 keeps 11 significant bits: probabilities to about 2^-11 relative, a few roundings deep
     assert outs["float16"].dtype.name == "float32"
-    torch.testing.assert_close(torch.from_numpy(outs["float16"]), torch.from_numpy(outs["float32"]),
-                               atol=4e-3, rtol=4e-3)
+    torch.testing.assert_close(
+        torch.from_numpy(outs["float16"]), torch.from_numpy(outs["float32"]), atol=4e-3, rtol=4e-3
+    )

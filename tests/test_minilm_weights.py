@@ -3,6 +3,7 @@
 The accuracy threshold is the movie accuracy measured by scripts/train_sentiment.py and written
 to meta.json (minus 0.02 slack for batching/platform float noise).
 """
+
 from __future__ import annotations
 
 import json

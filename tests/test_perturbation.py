@@ -1,5 +1,6 @@
 """occlusion, shap, lime: each against something independent (Captum, brute-force Shapley values,
 an analytic toy model, direct Hugging Face forwards written here)."""
+
 from __future__ import annotations
 
 import itertools
@@ -54,8 +55,14 @@ def hf_F(adapter: ModelAdapter, ids: torch.Tensor, target: Target = LOGIT) -> to
 def specials(adapter: ModelAdapter, ids: torch.Tensor) -> np.ndarray:
     """The structural special tokens ([CLS], [SEP], BOS, ...), independently of the adapter's mask."""
     tok = adapter.tokenizer
-    return np.isin(ids.numpy(), [t for t in (tok.cls_token_id, tok.sep_token_id, tok.bos_token_id,
-                                             tok.eos_token_id, tok.pad_token_id) if t is not None])
+    return np.isin(
+        ids.numpy(),
+        [
+            t
+            for t in (tok.cls_token_id, tok.sep_token_id, tok.bos_token_id, tok.eos_token_id, tok.pad_token_id)
+            if t is not None
+        ],
+    )
 
 
 # ---- occlusion ----------------------------------------------------------------------------------
@@ -96,7 +103,7 @@ def test_occlusion_delete_matches_direct_computation(family: str) -> None:
     sp = specials(a, ids)
     want = np.zeros(len(ids))
     for i in np.flatnonzero(~sp):
-        want[i] = base - hf_F(a, torch.cat([ids[:i], ids[i + 1:]])[None])[0]
+        want[i] = base - hf_F(a, torch.cat([ids[:i], ids[i + 1 :]])[None])[0]
     e = Occlusion(replacement="delete").attribute(a, a.encode(TEXT), target=LOGIT)[0]
     np.testing.assert_allclose(e.scores, want, atol=1e-5)
     assert e.info["replacement_used"] == "delete"
@@ -112,7 +119,8 @@ def test_kv_cache_path_equals_plain_path(family: str, replacement: str, group: s
     for budget in (None, 40):
         kv = Occlusion(replacement=replacement, group=group).attribute(a, inputs, target=LOGIT, batch_size=budget)
         plain = Occlusion(replacement=replacement, group=group, kv_cache=False).attribute(
-            a, inputs, target=LOGIT, batch_size=budget)
+            a, inputs, target=LOGIT, batch_size=budget
+        )
         for x, y in zip(kv, plain):
             np.testing.assert_allclose(x.scores, y.scores, atol=1e-5)
             assert x.info["kv_cache_used"] and not y.info["kv_cache_used"]
@@ -144,8 +152,8 @@ def test_occlusion_analytic_toy() -> None:
     def logit(ids):
         e = P["transformer.wte.weight"][ids] + P["transformer.wpe.weight"][: len(ids)]
         h = ln(e, P["transformer.h.0.ln_1.weight"], P["transformer.h.0.ln_1.bias"])
-        wv = P["transformer.h.0.attn.c_attn.weight"][:, 2 * d:]
-        bv = P["transformer.h.0.attn.c_attn.bias"][2 * d:]
+        wv = P["transformer.h.0.attn.c_attn.weight"][:, 2 * d :]
+        bv = P["transformer.h.0.attn.c_attn.bias"][2 * d :]
         z = (h @ wv + bv).mean(0)
         out = e[-1] + z @ P["transformer.h.0.attn.c_proj.weight"] + P["transformer.h.0.attn.c_proj.bias"]
         out = out + P["transformer.h.0.mlp.c_proj.bias"]
@@ -177,8 +185,11 @@ def test_word_groups_match_captum_feature_mask() -> None:
     g = e.arrays["groups"]
     assert g[3] == g[4] != -1 and len(set(g[g >= 0])) == len(g) - 3
     fm = torch.tensor(np.where(g >= 0, g, g.max() + 1 + np.arange(len(g))))[None]
-    ref = FeatureAblation(lambda x: hf_F(a, x)).attribute(inputs.input_ids, baselines=a.tokenizer.mask_token_id,
-                                                           feature_mask=fm)[0].numpy()
+    ref = (
+        FeatureAblation(lambda x: hf_F(a, x))
+        .attribute(inputs.input_ids, baselines=a.tokenizer.mask_token_id, feature_mask=fm)[0]
+        .numpy()
+    )
     np.testing.assert_allclose(e.scores[g >= 0], ref[g >= 0], atol=1e-5)
     assert e.scores[3] == e.scores[4]
 
@@ -277,8 +288,11 @@ def test_shap_sampled_vs_captum_kernel_shap() -> None:
     exact = Shap(n_samples=1022).attribute(a, a.encode(text), target=LOGIT)[0]
     assert exact.info["exhaustive"]
     torch.manual_seed(0)
-    cap = KernelShap(lambda x: hf_F(a, x)).attribute(ids, baselines=a.tokenizer.mask_token_id, n_samples=600,
-                                                     perturbations_per_eval=64)[0].numpy()
+    cap = (
+        KernelShap(lambda x: hf_F(a, x))
+        .attribute(ids, baselines=a.tokenizer.mask_token_id, n_samples=600, perturbations_per_eval=64)[0]
+        .numpy()
+    )
     scale = np.abs(exact.scores).max()
     assert np.abs(e.scores - exact.scores).max() < 0.1 * scale
     assert np.abs(cap - exact.scores).max() < 0.25 * scale
@@ -307,7 +321,7 @@ def test_lime_fit_recovers_linear_coefficients() -> None:
     np.testing.assert_allclose(icpt1, sol[m], atol=1e-9)
     # the kernel: sqrt(exp(-d^2/w^2)), d = 100 * cosine distance
     zz = np.array([[1, 1, 0, 0]], bool)
-    assert np.isclose(lime_weights(zz, 25.0)[0], np.sqrt(np.exp(-((1 - 2 / (np.sqrt(2) * 2)) * 100) ** 2 / 625)))
+    assert np.isclose(lime_weights(zz, 25.0)[0], np.sqrt(np.exp(-(((1 - 2 / (np.sqrt(2) * 2)) * 100) ** 2) / 625)))
 
 
 def test_lime_on_model_matches_direct_fit() -> None:
@@ -347,10 +361,19 @@ def test_lime_matches_captum_lime_on_the_same_samples() -> None:
     def similarity(original, perturbed, interp, **kw):
         return float(lime_weights(interp[:, :m].numpy().astype(bool), 25.0)[0])
 
-    cap = CaptumLime(lambda x: hf_F(a, x), interpretable_model=SkLearnRidge(alpha=1.0), similarity_func=similarity,
-                     perturb_func=perturb)
-    ref = cap.attribute(ids, baselines=a.tokenizer.mask_token_id, feature_mask=torch.tensor(fm)[None], n_samples=60,
-                        return_input_shape=True)[0].numpy()
+    cap = CaptumLime(
+        lambda x: hf_F(a, x),
+        interpretable_model=SkLearnRidge(alpha=1.0),
+        similarity_func=similarity,
+        perturb_func=perturb,
+    )
+    ref = cap.attribute(
+        ids,
+        baselines=a.tokenizer.mask_token_id,
+        feature_mask=torch.tensor(fm)[None],
+        n_samples=60,
+        return_input_shape=True,
+    )[0].numpy()
     e = Lime(n_samples=60).attribute(a, a.encode(TEXT), target=LOGIT, seed=5)[0]
     np.testing.assert_allclose(e.scores[~sp], ref[~sp], atol=1e-6, rtol=1e-3)
     assert np.abs(ref).max() > 1e-3
@@ -385,8 +408,11 @@ def test_embedded_classifier(minilm: ModelAdapter) -> None:
     ids = inputs.input_ids
     p = minilm.forward(inputs).logits.argmax(-1).item()
     fm = torch.tensor(np.where(g >= 0, g, g.max() + 1 + np.arange(len(g))))[None]
-    ref = FeatureAblation(lambda x: hf_F(minilm, x, Target(index=p))).attribute(
-        ids, baselines=minilm.tokenizer.mask_token_id, feature_mask=fm)[0].numpy()
+    ref = (
+        FeatureAblation(lambda x: hf_F(minilm, x, Target(index=p)))
+        .attribute(ids, baselines=minilm.tokenizer.mask_token_id, feature_mask=fm)[0]
+        .numpy()
+    )
     np.testing.assert_allclose(e.scores[g >= 0], ref[0, g >= 0] if ref.ndim == 2 else ref[g >= 0], atol=1e-5)
     for m in (Shap(n_samples=64), Lime(n_samples=64)):
         assert np.isfinite(m.attribute(minilm, inputs, target=Target())[0].scores).all()

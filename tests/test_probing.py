@@ -1,4 +1,5 @@
 """Probing: control tasks, probes vs scikit-learn, MDL closed form, LEACE guarantees, amnesic zero, bad input."""
+
 from __future__ import annotations
 
 import json
@@ -75,11 +76,16 @@ def test_linear_probe_matches_sklearn_logistic_regression(k):
     Xt, yt = torch.as_tensor(X), torch.as_tensor(y)
 
     def f_of(vec: torch.Tensor) -> torch.Tensor:
-        w_, b_ = vec[: W.size].view(W.shape), vec[W.size:]
+        w_, b_ = vec[: W.size].view(W.shape), vec[W.size :]
         logits = Xt @ w_.T + b_
-        lp = (torch.stack([torch.nn.functional.logsigmoid(-logits[:, 0]), torch.nn.functional.logsigmoid(logits[:, 0])],
-                          1) if k == 2 else torch.log_softmax(logits, -1))
-        return -lp.gather(1, yt.view(-1, 1)).mean() + 0.5 * wd * (w_ ** 2).sum()
+        lp = (
+            torch.stack(
+                [torch.nn.functional.logsigmoid(-logits[:, 0]), torch.nn.functional.logsigmoid(logits[:, 0])], 1
+            )
+            if k == 2
+            else torch.log_softmax(logits, -1)
+        )
+        return -lp.gather(1, yt.view(-1, 1)).mean() + 0.5 * wd * (w_**2).sum()
 
     def grad_norm(vec: np.ndarray) -> float:
         v = torch.tensor(vec, requires_grad=True)
@@ -89,7 +95,7 @@ def test_linear_probe_matches_sklearn_logistic_regression(k):
     H = torch.autograd.functional.hessian(f_of, torch.as_tensor(theta)).numpy()
     if k > 2:  # project out the intercept shift (1, ..., 1) over the bias block
         s = np.zeros(len(theta))
-        s[W.size:] = 1 / np.sqrt(k)
+        s[W.size :] = 1 / np.sqrt(k)
         Q = np.linalg.qr(np.column_stack([s, np.eye(len(theta))]))[0][:, 1:]
         H = Q.T @ H @ Q
     mu = float(np.linalg.eigvalsh(H).min())
@@ -114,8 +120,14 @@ def test_mlp_probe_early_stops_and_is_seeded():
     assert a.accuracy(X[160:], y[160:]) > 0.8
     # labels without signal: the dev loss rises as the MLP memorises, so training stops early
     noise = np.random.default_rng(0).integers(0, 3, size=200)
-    c = fit_probe(ProbeSpec("mlp", hidden=64, max_epochs=200, patience=3, lr=1e-2), X[:120], noise[:120], 3,
-                  X[120:160], noise[120:160])
+    c = fit_probe(
+        ProbeSpec("mlp", hidden=64, max_epochs=200, patience=3, lr=1e-2),
+        X[:120],
+        noise[:120],
+        3,
+        X[120:160],
+        noise[120:160],
+    )
     assert c.epochs < 200
     r = fit_probe(ProbeSpec("linear", rank=1, seed=0), X[:120], y[:120], 3, X[120:160], y[120:160])
     assert r.net.net[0].weight.shape == (1, 8)
@@ -152,8 +164,8 @@ def _leace_numpy(X: np.ndarray, y: np.ndarray, k: int) -> np.ndarray:
     S = Xc.T @ Xc / (len(X) - 1)
     Sxz = Xc.T @ (Z - Z.mean(0)) / (len(X) - 1)
     L, V = np.linalg.eigh(S)
-    W = V @ np.diag(L ** -0.5) @ V.T
-    Winv = V @ np.diag(L ** 0.5) @ V.T
+    W = V @ np.diag(L**-0.5) @ V.T
+    Winv = V @ np.diag(L**0.5) @ V.T
     U, s, _ = np.linalg.svd(W @ Sxz, full_matrices=False)
     U = U[:, s > 1e-9]
     return X - Xc @ (Winv @ U @ U.T @ W).T
@@ -197,6 +209,7 @@ def test_leace_leaves_the_property_linearly_unrecoverable():
 @pytest.fixture(scope="module")
 def gt():
     from streetlamp.runners.probe import load_model
+
     return load_model(GT, "cpu")
 
 
@@ -262,11 +275,29 @@ def test_alignment_splits_words_into_subtokens_on_a_wordpiece_tokenizer():
 # -- the command: end to end, and bad input -------------------------------------------------------------------
 def test_probe_command_end_to_end(tmp_path, capsys):
     out = tmp_path / "run"
-    rc = main(["probe", "--model", GT, "--task", "negated", "--n-examples", "60", "--probes", "linear",
-               "--sweep", "hidden:8", "--random-seeds", "2", "--out", str(out)])
+    rc = main(
+        [
+            "probe",
+            "--model",
+            GT,
+            "--task",
+            "negated",
+            "--n-examples",
+            "60",
+            "--probes",
+            "linear",
+            "--sweep",
+            "hidden:8",
+            "--random-seeds",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     man = json.loads((out / "manifest.json").read_text())
     from safetensors.numpy import load_file
+
     arr = load_file(str(out / "arrays.safetensors"))
     assert np.allclose(arr["selectivity"], arr["task_accuracy"] - arr["control_accuracy"], atol=0, rtol=0)
     for r in man["results"]:
@@ -285,8 +316,7 @@ def _bad(tmp_path, capsys, lines: list[str] | str, suffix: str = ".jsonl", extra
     f = tmp_path / f"task{suffix}"
     f.write_text(lines if isinstance(lines, str) else "\n".join(lines) + "\n")
     out = tmp_path / "out"
-    rc = main(["probe", "--model", GT, "--task", str(f), "--out", str(out), "--no-mdl", "--sweep", "none",
-               *extra])
+    rc = main(["probe", "--model", GT, "--task", str(f), "--out", str(out), "--no-mdl", "--sweep", "none", *extra])
     err = [x for x in capsys.readouterr().err.strip().splitlines() if not x.startswith("probe: ")]  # progress
     assert rc == 2 and not out.exists()
     assert len(err) == 1 and err[0].startswith("streetlamp: error: ")
@@ -301,10 +331,15 @@ def _rows(n: int, label=lambda i: "a" if i % 2 else "b") -> list[str]:
 def test_bad_task_files(tmp_path, capsys):
     assert "missing label" in _bad(tmp_path, capsys, ['{"text": "the day"}'])
     assert "misaligned labels" in _bad(tmp_path, capsys, ['{"words": ["the", "day"], "labels": ["a"]}'])
-    assert "misaligned words" in _bad(tmp_path, capsys, ['{"text": "the day", "words": ["day", "the"], '
-                                                         '"labels": ["a", "b"]}'])
-    msg = _bad(tmp_path, capsys, ['{"text": "the cannot day", "words": ["the", "can", "not", "day"], '
-                                  '"labels": ["a", "b", "a", "b"]}'] + _rows(30))
+    assert "misaligned words" in _bad(
+        tmp_path, capsys, ['{"text": "the day", "words": ["day", "the"], "labels": ["a", "b"]}']
+    )
+    msg = _bad(
+        tmp_path,
+        capsys,
+        ['{"text": "the cannot day", "words": ["the", "can", "not", "day"], "labels": ["a", "b", "a", "b"]}']
+        + _rows(30),
+    )
     assert "shared by the labelled words" in msg
     assert "single class" in _bad(tmp_path, capsys, _rows(30, label=lambda i: "a"))
     assert "too few examples for the split" in _bad(tmp_path, capsys, _rows(2))
@@ -321,6 +356,7 @@ def test_csv_token_task_reads(tmp_path):
 
 def test_pos_task_uses_the_spacy_pipeline_as_silver_labels():
     from streetlamp.probing.tasks import pos_task
+
     t = pos_task(["the movie was not good ."], "upos")
     assert [it.label for it in t.items] == ["DET", "NOUN", "AUX", "PART", "ADJ", "PUNCT"]
     assert t.source["pipeline_version"] and "silver" in t.source["labels"]

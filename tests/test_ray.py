@@ -1,4 +1,5 @@
 """--engine ray on a local Ray instance (2 CPUs): the same rows as the local engine."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,8 +20,9 @@ def test_ray_matches_local(tmp_path: Path) -> None:
     local = evaluate(str(model), str(data), tmp_path / "local", cheap_settings(), chunk_size=2)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        remote = evaluate(str(model), str(data), tmp_path / "ray", cheap_settings(), chunk_size=2, engine="ray",
-                          workers=2)
+        remote = evaluate(
+            str(model), str(data), tmp_path / "ray", cheap_settings(), chunk_size=2, engine="ray", workers=2
+        )
     finally:
         ray.shutdown()
     assert remote.n_computed_chunks == 3

@@ -1,4 +1,5 @@
 """Attention recording and interventions against Hugging Face's own eager attention."""
+
 from __future__ import annotations
 
 import copy
@@ -93,8 +94,12 @@ def test_batched_equals_alone(tiny: ModelAdapter) -> None:
         n = inputs.lengths[b]
         torch.testing.assert_close(batch.logits[b], alone.logits[0], atol=1e-5, rtol=1e-5)
         for l in range(tiny.n_layers):
-            torch.testing.assert_close(batch.cache[f"layers.{l}.attn.pattern"][b, :, :n, :n],
-                                       alone.cache[f"layers.{l}.attn.pattern"][0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(
+                batch.cache[f"layers.{l}.attn.pattern"][b, :, :n, :n],
+                alone.cache[f"layers.{l}.attn.pattern"][0],
+                atol=1e-5,
+                rtol=1e-5,
+            )
 
 
 def test_recording_leaves_logits_unchanged(tiny: ModelAdapter) -> None:
@@ -160,6 +165,7 @@ def test_no_hooks_leak(tiny: ModelAdapter) -> None:
             raise RuntimeError("boom")
     assert count() == before
     from streetlamp.models.trace import active_session
+
     assert active_session() is None
 
 

@@ -1,5 +1,6 @@
 """rollout and flow: against a direct product of Hugging Face's own attention matrices (eager twin,
 output_attentions), networkx max-flow on the same graph, and hand-worked toy models."""
+
 from __future__ import annotations
 
 import networkx as nx
@@ -54,8 +55,9 @@ def test_flow_equals_networkx_on_tiny_models(tiny: ModelAdapter) -> None:
     text = TEXTS[2]
     e = Flow(rows="all").attribute(tiny, tiny.encode(text), target=Target())[0]
     att = hf_attention(tiny, text)
-    caps = torch.stack([a / a.sum(-1, keepdim=True) for a in
-                        (0.5 * att.mean(1) + 0.5 * torch.eye(att.shape[-1], dtype=torch.float64))]).numpy()
+    caps = torch.stack(
+        [a / a.sum(-1, keepdim=True) for a in (0.5 * att.mean(1) + 0.5 * torch.eye(att.shape[-1], dtype=torch.float64))]
+    ).numpy()
     g = networkx_graph(caps)
     L, n = caps.shape[0], caps.shape[1]
     ref = np.array([[nx.maximum_flow_value(g, (0, j), (L, i)) for j in range(n)] for i in range(n)])
@@ -65,8 +67,9 @@ def test_flow_equals_networkx_on_tiny_models(tiny: ModelAdapter) -> None:
     assert "matrix" not in row.arrays
 
 
-@pytest.mark.parametrize("L,S,causal,seed", [(2, 9, False, 0), (3, 12, True, 1), (5, 10, False, 2),
-                                             (6, 8, True, 3), (4, 14, False, 4)])
+@pytest.mark.parametrize(
+    "L,S,causal,seed", [(2, 9, False, 0), (3, 12, True, 1), (5, 10, False, 2), (6, 8, True, 3), (4, 14, False, 4)]
+)
 def test_layered_max_flow_equals_networkx(L: int, S: int, causal: bool, seed: int) -> None:
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(L, S, S)) * 3  # peaky rows, like real attention

@@ -1,4 +1,5 @@
 """The one run writer (RunFolder): refusal before work, atomic placement, one manifest header."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,14 @@ def test_manifest_header_arrays_and_figures(tmp_path: Path) -> None:
     assert m == json.loads(json.dumps(written))
     assert set(m) == HEADER | {"model", "seed", "arrays", "figures"}
     assert m["streetlamp"] == "explain" and m["format_version"] == FORMAT_VERSION
-    assert m["arrays"]["a"] == {"axes": ["row", "col"], "meaning": "filled", "file": "arrays.safetensors",
-                                "key": "a", "shape": [2, 3], "dtype": "float32"}
+    assert m["arrays"]["a"] == {
+        "axes": ["row", "col"],
+        "meaning": "filled",
+        "file": "arrays.safetensors",
+        "key": "a",
+        "shape": [2, 3],
+        "dtype": "float32",
+    }
     assert m["figures"] == [{"file": "f.png", "shows": "nothing", "array": "a"}]
     assert np.array_equal(load_arrays(out / "arrays.safetensors")["a"], np.ones((2, 3), np.float32))
     assert not list(tmp_path.glob(".run.*"))

@@ -1,6 +1,7 @@
 """streetlamp serve: the API through Starlette's TestClient (token, Host, Origin, limits, busy, timeout,
 errors, hostile text) and the live computations against independent ones (HF hidden states, a
 re-encoded edited text, `streetlamp heads`, the head-mask path, the report's own folder loader)."""
+
 from __future__ import annotations
 
 import json
@@ -107,20 +108,33 @@ def test_bad_requests_get_one_sentence(api: TestClient) -> None:
     for body, want in cases:
         r = api.post("/api/explain", content=body)
         assert r.status_code == 400 and want in r.json()["error"]
-    for body, want in [({"text": ""}, "empty"), ({"text": 5}, "string"), ({"text": TEXT, "model": "nope"}, "unknown model"),
-                       ({"text": TEXT, "methods": ["bogus"]}, "unknown method"), ({"text": TEXT, "truncate": "yes"}, "truncate"),
-                       ({}, "must be a string")]:
+    for body, want in [
+        ({"text": ""}, "empty"),
+        ({"text": 5}, "string"),
+        ({"text": TEXT, "model": "nope"}, "unknown model"),
+        ({"text": TEXT, "methods": ["bogus"]}, "unknown method"),
+        ({"text": TEXT, "truncate": "yes"}, "truncate"),
+        ({}, "must be a string"),
+    ]:
         r = api.post("/api/explain", json=body)
         assert r.status_code == 400 and want in r.json()["error"], (body, r.json())
-    for body, want in [({"text": TEXT, "position": 0, "op": "remove"}, "special token"),
-                       ({"text": TEXT, "position": 99, "op": "remove"}, "position"),
-                       ({"text": TEXT, "position": "1", "op": "remove"}, "position"),
-                       ({"text": TEXT, "position": 1, "op": "explode"}, "op must"),
-                       ({"text": TEXT, "position": 1, "op": "replace", "replacement": "not good"}, "2 tokens")]:
+    for body, want in [
+        ({"text": TEXT, "position": 0, "op": "remove"}, "special token"),
+        ({"text": TEXT, "position": 99, "op": "remove"}, "position"),
+        ({"text": TEXT, "position": "1", "op": "remove"}, "position"),
+        ({"text": TEXT, "position": 1, "op": "explode"}, "op must"),
+        ({"text": TEXT, "position": 1, "op": "replace", "replacement": "not good"}, "2 tokens"),
+    ]:
         r = api.post("/api/edit", json=body)
         assert r.status_code == 400 and want in r.json()["error"], (body, r.json())
-    for heads, want in [([], "non-empty"), ([[0, 9]], "head 9 out of range"), ([[7, 0]], "layer 7"), ([[0, 0], [0, 0]], "twice"),
-                        ([["0", 1]], "integers"), ("0,1", "list")]:
+    for heads, want in [
+        ([], "non-empty"),
+        ([[0, 9]], "head 9 out of range"),
+        ([[7, 0]], "layer 7"),
+        ([[0, 0], [0, 0]], "twice"),
+        ([["0", 1]], "integers"),
+        ("0,1", "list"),
+    ]:
         r = api.post("/api/ablate", json={"text": TEXT, "heads": heads})
         assert r.status_code == 400 and want in r.json()["error"], (heads, r.json())
     r = api.post("/api/ablate", json={"text": TEXT, "heads": [[0, 0]], "ablation": "resample"})
@@ -142,8 +156,10 @@ def test_hostile_text(api: TestClient, bert: ModelAdapter) -> None:
     long = ("good " * 2000)[:10_000]
     r = api.post("/api/explain", json={"text": long})
     assert r.status_code == 400
-    assert r.json() == {"error": f"the text has {len(bert.tokenizer(long)['input_ids'])} tokens but {bert.name} takes "
-                                 f"at most {bert.max_positions}: shorten it or tick 'truncate'"}
+    assert r.json() == {
+        "error": f"the text has {len(bert.tokenizer(long)['input_ids'])} tokens but {bert.name} takes "
+        f"at most {bert.max_positions}: shorten it or tick 'truncate'"
+    }
     r = api.post("/api/explain", json={"text": long, "truncate": True})
     assert r.status_code == 200 and r.json()["view"]["model"]["manifest"]["truncated"] is True
     r = api.post("/api/explain", json={"text": HOSTILE})
@@ -164,6 +180,7 @@ def _block(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.
         release.wait(30)
         stage("after the wait")
         return C.Live("explain", {"kind": "explain", "ok": True}, lambda folder: None)
+
     monkeypatch.setattr(C, "explain_text", slow)
     return started, release
 
@@ -172,8 +189,12 @@ def test_busy_queue_and_progress(bert: ModelAdapter, tmp_path: Path, monkeypatch
     started, release = _block(monkeypatch)
     with client({"bert": bert}, tmp_path, queue=1) as c:
         out: list = []
-        ts = [threading.Thread(target=lambda j=j: out.append(c.post("/api/explain", json={"text": TEXT, "job": f"job-{j}-abcdef"})))
-              for j in range(2)]
+        ts = [
+            threading.Thread(
+                target=lambda j=j: out.append(c.post("/api/explain", json={"text": TEXT, "job": f"job-{j}-abcdef"}))
+            )
+            for j in range(2)
+        ]
         ts[0].start()
         assert started.wait(30)
         p = c.get("/api/progress/job-0-abcdef").json()
@@ -210,9 +231,12 @@ def test_timeout_then_still_serving(bert: ModelAdapter, tmp_path: Path, monkeypa
 def test_internal_error_is_one_sentence(api: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(*a, **k):
         raise RuntimeError("kaput\nsecond line")
+
     monkeypatch.setattr(C, "minimal_pair", boom)
     r = api.post("/api/pair", json={"text_a": TEXT, "text_b": TEXT})
-    assert r.status_code == 500 and r.json()["error"] == "internal error (RuntimeError: kaput); the server keeps running"
+    assert (
+        r.status_code == 500 and r.json()["error"] == "internal error (RuntimeError: kaput); the server keeps running"
+    )
     assert api.get("/api/info").status_code == 200
 
 
@@ -222,20 +246,29 @@ def test_explain_payload_is_the_reports(api: TestClient, bert: ModelAdapter, tmp
     model, blobs = r["view"]["model"], r["view"]["blobs"]
     assert model["view"] == "explain" and set(model["arrays"]) >= {"attention", "allowed", "occlusion.tokens"}
     out = tmp_path / "cli"
-    assert main(["explain", TEXT, "--model", str(bert.source or bert.name), "--methods", "occlusion", "--out", str(out)]) == 0
+    assert (
+        main(["explain", TEXT, "--model", str(bert.source or bert.name), "--methods", "occlusion", "--out", str(out)])
+        == 0
+    )
     ref = load_arrays(out / "arrays.safetensors")
     for k in ("attention", "occlusion.tokens", "probs"):
         got = unpack(model["arrays"][k], blobs)
         np.testing.assert_allclose(got, ref[k], rtol=0, atol=model["arrays"][k]["max_error"] + 1e-6)
     assert r["prediction"]["prob"] == pytest.approx(float(ref["probs"].max()), abs=1e-6)
     p = api.get("/api/progress/explain-job-1").json()
-    assert p["state"] == "done" and [s for _, s in p["stages"]] == ["recording attention", "occlusion", "packing the view"]
+    assert p["state"] == "done" and [s for _, s in p["stages"]] == [
+        "recording attention",
+        "occlusion",
+        "packing the view",
+    ]
     s = api.post("/api/save", json={"id": r["id"]}).json()
     folder = Path(s["folder"])
     assert Path(s["report"]).is_file() and main(["report", str(folder)]) == 0
     m2, packed = load_folder(folder)
     assert m2["manifest"]["text"] == TEXT and m2["manifest"]["streetlamp"] == "explain"
-    np.testing.assert_array_equal(unpack(m2["arrays"]["attention"], packed.blobs), unpack(model["arrays"]["attention"], blobs))
+    np.testing.assert_array_equal(
+        unpack(m2["arrays"]["attention"], packed.blobs), unpack(model["arrays"]["attention"], blobs)
+    )
 
 
 def test_edit_against_reencoded_text_and_hf_hidden_states(api: TestClient, bert: ModelAdapter) -> None:
@@ -276,7 +309,9 @@ def test_edit_against_reencoded_text_and_hf_hidden_states(api: TestClient, bert:
 def test_ablation_equals_streetlamp_heads(api: TestClient, bert: ModelAdapter, tmp_path: Path) -> None:
     for ablation in ("zero", "mean"):
         out = tmp_path / f"heads-{ablation}"
-        assert main(["heads", TEXT, "--model", bert.source or bert.name, "--ablation", ablation, "--out", str(out)]) == 0
+        assert (
+            main(["heads", TEXT, "--model", bert.source or bert.name, "--ablation", ablation, "--out", str(out)]) == 0
+        )
         ref = load_arrays(out / "arrays.safetensors")["ablation"]
         heads = [[0, 1], [1, 3], [1, 0]]
         r = api.post("/api/ablate", json={"text": TEXT, "model": "bert", "heads": heads, "ablation": ablation}).json()
@@ -295,6 +330,7 @@ def test_ablation_equals_streetlamp_heads(api: TestClient, bert: ModelAdapter, t
     assert r["joint"]["prob"] == pytest.approx(float(p[k]), abs=1e-6)
     assert r["joint"]["effect"] == pytest.approx(float(p[k] - p0[k]), abs=1e-6)
     from streetlamp.interventions.heads import attention_mass
+
     mass, _ = attention_mass(bert, inp)
     assert [row["attention_mass"] for row in r["heads"]] == pytest.approx([float(mass[0, l, h]) for l, h in heads])
     s = api.post("/api/save", json={"id": r["id"]}).json()
@@ -332,6 +368,7 @@ def test_cli_refuses_remote_and_taken_port(capsys: pytest.CaptureFixture[str]) -
     assert main(["serve", "--host", "0.0.0.0", "--allow-remote"]) == 2
     assert "wildcard" in capsys.readouterr().err
     import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()

@@ -1,6 +1,7 @@
 """streetlamp serve end to end: a real uvicorn server on a free 127.0.0.1 port, Debian's Chromium driven by
 Playwright. The numbers the page shows after a click equal what the library computes for the edited text,
 and a head ablation equals `streetlamp heads`; hostile text stays text; no request leaves the server."""
+
 from __future__ import annotations
 
 import socket
@@ -39,8 +40,9 @@ def server(minilm: ModelAdapter, tmp_path_factory: pytest.TempPathFactory) -> It
     import uvicorn
 
     port = free_port()
-    app = create_app({"minilm-sentiment": minilm}, TOKEN, "127.0.0.1", port, Limits(),
-                     tmp_path_factory.mktemp("serve-runs"))
+    app = create_app(
+        {"minilm-sentiment": minilm}, TOKEN, "127.0.0.1", port, Limits(), tmp_path_factory.mktemp("serve-runs")
+    )
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     t = threading.Thread(target=srv.run, daemon=True)
     t.start()
@@ -65,8 +67,12 @@ def page(server: str) -> Iterator[Any]:
         pg.on("console", lambda m: pg.problems.append(f"console: {m.text}") if m.type == "error" else None)
         pg.on("pageerror", lambda e: pg.problems.append(f"pageerror: {e}"))
         pg.on("dialog", lambda d: (pg.problems.append(f"dialog: {d.message}"), d.dismiss()))
-        pg.on("request", lambda r: None if r.url.startswith((server + "/", "data:", "blob:")) else
-              pg.problems.append(f"request: {r.url}"))
+        pg.on(
+            "request",
+            lambda r: (
+                None if r.url.startswith((server + "/", "data:", "blob:")) else pg.problems.append(f"request: {r.url}")
+            ),
+        )
         pg.goto(f"{server}/?token={TOKEN}")
         pg.wait_for_selector("#live-explain")
         assert pg.url == server + "/"  # the token left the address bar (it is a cookie now)
@@ -97,9 +103,9 @@ def test_type_click_remove_replace(page: Any, minilm: ModelAdapter) -> None:
     ids = minilm.encode(TEXT).rows()[0]
     pos = minilm.encode(TEXT).tokens[0].index("not")
     page.click(f"#live-view .tok[data-i='{pos}']")
-    assert "\"not\" selected" in page.text_content("#live-token")
+    assert '"not" selected' in page.text_content("#live-token")
     run(page, "#live-remove")
-    edited = ids[:pos] + ids[pos + 1:]
+    edited = ids[:pos] + ids[pos + 1 :]
     p1 = probs(minilm, Inputs.from_ids(minilm, [edited]))
     assert page.get_attribute("#edit-pred", "data-label") == minilm.output_label(int(p1.argmax()))
     assert float(page.get_attribute("#edit-pred", "data-prob")) == pytest.approx(float(p1.max()), abs=1e-6)
@@ -113,7 +119,7 @@ def test_type_click_remove_replace(page: Any, minilm: ModelAdapter) -> None:
     page.click(f"#live-view .tok[data-i='{pos + 1}']")  # "good" -> a typed replacement
     page.fill("#live-replace-input", "bad")
     run(page, "#live-replace")
-    rep = ids[:pos + 1] + [minilm.tokenizer.convert_tokens_to_ids("bad")] + ids[pos + 2:]
+    rep = ids[: pos + 1] + [minilm.tokenizer.convert_tokens_to_ids("bad")] + ids[pos + 2 :]
     p2 = probs(minilm, Inputs.from_ids(minilm, [rep]))
     assert float(page.get_attribute("#edit-pred", "data-prob")) == pytest.approx(float(p2.max()), abs=1e-6)
     assert page.problems == []  # type: ignore[attr-defined]
@@ -132,8 +138,10 @@ def test_ablate_heads_equals_streetlamp_heads(page: Any, minilm: ModelAdapter, t
     page.click("#live-view canvas.thumb[data-l='0'][data-h='7']")  # a second head: both, and each alone
     page.wait_for_selector("#ablate-table tbody tr:nth-child(2)", timeout=120_000)
     page.wait_for_selector("#live-status[data-state='done']", timeout=120_000)
-    shown = {tr.get_attribute("data-key"): float(tr.query_selector_all("td")[5].get_attribute("data-value"))
-             for tr in page.query_selector_all("#ablate-table tbody tr")}
+    shown = {
+        tr.get_attribute("data-key"): float(tr.query_selector_all("td")[5].get_attribute("data-value"))
+        for tr in page.query_selector_all("#ablate-table tbody tr")
+    }
     assert shown == pytest.approx({"5.3": float(ref[5, 3]), "0.7": float(ref[0, 7])}, abs=1e-5)
     page.click("#live-save")
     page.wait_for_selector("#live-saved[data-folder]")
@@ -148,7 +156,8 @@ def test_hostile_text_is_text(page: Any) -> None:
     assert page.get_attribute("#live-status", "data-state") == "error"
     assert "tokens but minilm-sentiment takes at most 512" in page.text_content("#live-error")
     assert page.problems == [  # type: ignore[attr-defined]
-        "console: Failed to load resource: the server responded with a status of 400 (Bad Request)"]  # Chromium's own line
+        "console: Failed to load resource: the server responded with a status of 400 (Bad Request)"
+    ]  # Chromium's own line
     page.problems.clear()  # type: ignore[attr-defined]
     page.fill("#live-text", HOSTILE)
     run(page, "#live-explain")

@@ -1,5 +1,6 @@
 """Settings are checked before any work and before any output exists; the token budget reaches
 heads, prune, patch and mediate, and batching by it does not change what they compute."""
+
 from __future__ import annotations
 
 import json
@@ -16,14 +17,29 @@ from streetlamp.models.tiny import WORDS, save_tiny
 def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     t = tmp_path_factory.mktemp("settings")
     data = t / "d.csv"
-    data.write_text("text,label\n" + "\n".join(f"{WORDS[i]} {WORDS[i + 1]} {WORDS[i + 2]},{['neg', 'neu', 'pos'][i % 3]}"
-                                               for i in range(8)) + "\n")
-    return {"bert": save_tiny("bert", t / "bert", seed=1), "gpt2": save_tiny("gpt2", t / "gpt2", seed=1),
-            "data": data}
+    data.write_text(
+        "text,label\n"
+        + "\n".join(f"{WORDS[i]} {WORDS[i + 1]} {WORDS[i + 2]},{['neg', 'neu', 'pos'][i % 3]}" for i in range(8))
+        + "\n"
+    )
+    return {"bert": save_tiny("bert", t / "bert", seed=1), "gpt2": save_tiny("gpt2", t / "gpt2", seed=1), "data": data}
 
 
-EVAL = ["evaluate", "--model", "{bert}", "--data", "{data}", "--methods", "attention", "--adv-steps", "2",
-        "--permutations", "2", "--limit", "3"]
+EVAL = [
+    "evaluate",
+    "--model",
+    "{bert}",
+    "--data",
+    "{data}",
+    "--methods",
+    "attention",
+    "--adv-steps",
+    "2",
+    "--permutations",
+    "2",
+    "--limit",
+    "3",
+]
 BAD = [
     (EVAL + ["--flip-layers", "foo"], "--flip-layers must be last, all or a layer number"),
     (EVAL + ["--cf-layers", "foo"], "--cf-layers must be last, all or a layer number"),
@@ -37,8 +53,21 @@ BAD = [
     (["prune", "--data", "{data}", "--order", "attention,bogus", "--model", "{bert}"], "unknown order 'bogus'"),
     (["prune", "--data", "{data}", "--model", "{gpt2}"], "needs a classifier"),
     (["patch", "--clean", "a b", "--corrupt", "b a", "--sites", "heads,nope", "--model", "{gpt2}"], "nope"),
-    (["patch", "--clean", "when mary went", "--corrupt", "when john went", "--paths", "--receiver", "9.0",
-      "--model", "{gpt2}"], "receiver 9.0 out of range"),
+    (
+        [
+            "patch",
+            "--clean",
+            "when mary went",
+            "--corrupt",
+            "when john went",
+            "--paths",
+            "--receiver",
+            "9.0",
+            "--model",
+            "{gpt2}",
+        ],
+        "receiver 9.0 out of range",
+    ),
     (["mediate", "--prompts", "0", "--model", "{gpt2}"], "--prompts must be at least 1"),
     (["mediate", "--model", "{bert}"], "needs a causal LM"),
     (["explain-generation", "the movie", "--model", "{bert}"], "needs a causal LM"),
@@ -48,8 +77,9 @@ BAD = [
 
 
 @pytest.mark.parametrize("argv,expect", BAD, ids=[" ".join(a[0:1] + a[-2:]) for a, _ in BAD])
-def test_bad_setting_exit_2_one_line_no_folder(setup: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture,
-                                               argv: list[str], expect: str) -> None:
+def test_bad_setting_exit_2_one_line_no_folder(
+    setup: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture, argv: list[str], expect: str
+) -> None:
     argv = [a.format(**{k: str(v) for k, v in setup.items()}) for a in argv] + ["--out", str(tmp_path / "o")]
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -101,24 +131,36 @@ def test_batched_engine_equals_one_pass() -> None:
     np.testing.assert_allclose(few.logits, one.logits, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(few.cache["layers.1.mlp.out"], one.cache["layers.1.mlp.out"], rtol=1e-5, atol=1e-5)
     tol = 2e-5 / abs(pair.ld_clean - pair.ld_corrupt)
-    one_p, few_p = patching.activation_patching(adapter, pair), patching.activation_patching(adapter, pair,
-                                                                                           batch_size=2 * n)
+    one_p, few_p = (
+        patching.activation_patching(adapter, pair),
+        patching.activation_patching(adapter, pair, batch_size=2 * n),
+    )
     for k in one_p:
         np.testing.assert_allclose(few_p[k], one_p[k], rtol=0, atol=tol)
-    np.testing.assert_allclose(patching.path_patching(adapter, pair, batch_size=n),
-                               patching.path_patching(adapter, pair), rtol=0, atol=tol)
+    np.testing.assert_allclose(
+        patching.path_patching(adapter, pair, batch_size=n), patching.path_patching(adapter, pair), rtol=0, atol=tol
+    )
     pr = [mediation.Prompt("the nurse said that", "the doctor said that", " she", " he")]
     a, b = mediation.mediation(adapter, pr, batch_size=5), mediation.mediation(adapter, pr)
     for k in a:
         np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-5)
 
 
-def test_batch_size_reaches_heads_and_is_recorded(setup: dict[str, Path], tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture) -> None:
+def test_batch_size_reaches_heads_and_is_recorded(
+    setup: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     from streetlamp.store.files import load_arrays
 
-    base = ["heads", "--data", str(setup["data"]), "--no-attribution", "--ablation", "mean", "--model",
-            str(setup["bert"])]
+    base = [
+        "heads",
+        "--data",
+        str(setup["data"]),
+        "--no-attribution",
+        "--ablation",
+        "mean",
+        "--model",
+        str(setup["bert"]),
+    ]
     assert main(base + ["--out", str(tmp_path / "a")]) == 0
     assert main(base + ["--out", str(tmp_path / "b"), "--batch-size", "8"]) == 0  # one text per pass
     a, b = load_arrays(tmp_path / "a" / "arrays.safetensors"), load_arrays(tmp_path / "b" / "arrays.safetensors")

@@ -1,4 +1,5 @@
 """The named sites are the same for every family; pinned here."""
+
 from __future__ import annotations
 
 import torch
@@ -8,8 +9,11 @@ from streetlamp.models.sites import site_axes
 
 from .conftest import TEXTS
 
-PINNED = ["embed"] + [f"layers.{l}.{s}" for l in range(2) for s in (
-    "resid_pre", "attn.v", "attn.pattern", "attn.z", "attn.head_out", "attn.out", "mlp.out", "resid_post")]
+PINNED = ["embed"] + [
+    f"layers.{l}.{s}"
+    for l in range(2)
+    for s in ("resid_pre", "attn.v", "attn.pattern", "attn.z", "attn.head_out", "attn.out", "mlp.out", "resid_post")
+]
 
 
 def test_site_names_pinned(tiny: ModelAdapter) -> None:

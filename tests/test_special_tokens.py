@@ -1,5 +1,6 @@
 """Only the model's structural special tokens are exempt from scoring, occlusion and erasure: an
 [UNK] stands for real text (an emoji, a rare character) and is treated like any other token."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,5 @@
 """streetlamp.stats against independent computations: scipy, scikit-learn, and textbook brute force."""
+
 from __future__ import annotations
 
 import itertools
@@ -117,8 +118,9 @@ def test_precision_at_k_is_the_mean_over_tie_breaks() -> None:
         s = RNG.integers(0, 3, n).astype(float)
         k = int(rel.sum())
         # every order of the tokens, top k by a stable sort: the mean is over all tie-breaks
-        outcomes = [rel[list(p)][np.argsort(-s[list(p)], kind="stable")[:k]].mean()
-                    for p in itertools.permutations(range(n))]
+        outcomes = [
+            rel[list(p)][np.argsort(-s[list(p)], kind="stable")[:k]].mean() for p in itertools.permutations(range(n))
+        ]
         assert stats.precision_at_k(s, rel) == pytest.approx(np.mean(outcomes), abs=1e-12)
 
 

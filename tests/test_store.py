@@ -1,5 +1,6 @@
 """Run store: resumption after SIGKILL (real subprocess), no duplicate rows, refusal of other
 settings, bad input leaving stored work intact, plain-pandas readability."""
+
 from __future__ import annotations
 
 import os
@@ -24,14 +25,18 @@ CHEAP = ["--adv-steps", "2", "--permutations", "2", "--chunk-size", "1", "--meth
 
 
 def cheap_settings(**kw) -> EvalSettings:
-    return EvalSettings(methods=["attention"], counterfactual={"eps": 0.01, "n_permutations": 2, "steps": 2,
-                                                               "lr": 0.2, "lam": 50.0, "js_threshold": 0.5}, **kw)
+    return EvalSettings(
+        methods=["attention"],
+        counterfactual={"eps": 0.01, "n_permutations": 2, "steps": 2, "lr": 0.2, "lam": 50.0, "js_threshold": 0.5},
+        **kw,
+    )
 
 
 def write_data(path: Path, n: int, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
-    lines = ["text,label"] + [" ".join(rng.choice(WORDS, rng.integers(3, 9))) + f",{['neg', 'neu', 'pos'][i % 3]}"
-                              for i in range(n)]
+    lines = ["text,label"] + [
+        " ".join(rng.choice(WORDS, rng.integers(3, 9))) + f",{['neg', 'neu', 'pos'][i % 3]}" for i in range(n)
+    ]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -44,8 +49,19 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_sigkill_resume(tmp_path: Path, tiny_dir: Path) -> None:
     data = write_data(tmp_path / "d.csv", 14)
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "streetlamp.cli", "evaluate", "--model", str(tiny_dir), "--data", str(data),
-           "--out", str(out), *CHEAP]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streetlamp.cli",
+        "evaluate",
+        "--model",
+        str(tiny_dir),
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        *CHEAP,
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
@@ -129,47 +145,122 @@ def test_eraser_plausibility_rows(tmp_path: Path, tiny_dir: Path) -> None:
     assert set(pl.example_id) == {"d1", "d2"} and pl.value.between(0, 1).all()
     assert set(pl.metric) == {"average_precision", "auprc", "token_f1", "iou_f1"}  # both named for what they are
     from streetlamp.store.files import load_arrays
+
     arr = load_arrays(res.out / "arrays" / "d2.safetensors")
     assert arr["rationale"].tolist() == [0, 0, 1, 0, 0, 1, 1, 0]  # [CLS] a boring plot and bad acting [SEP]
 
 
 def test_limit_on_label_sorted_data_warns(tmp_path: Path, tiny_dir: Path, capsys: pytest.CaptureFixture) -> None:
     data = tmp_path / "sorted.csv"
-    data.write_text("text,label\n" + "".join(f"the movie {i},neg\n" for i in range(3))
-                    + "".join(f"great acting {i},pos\n" for i in range(3)))
-    assert main(["evaluate", "--model", str(tiny_dir), "--data", str(data), "--out", str(tmp_path / "r"),
-                 "--limit", "2", *CHEAP]) == 0
+    data.write_text(
+        "text,label\n"
+        + "".join(f"the movie {i},neg\n" for i in range(3))
+        + "".join(f"great acting {i},pos\n" for i in range(3))
+    )
+    assert (
+        main(
+            [
+                "evaluate",
+                "--model",
+                str(tiny_dir),
+                "--data",
+                str(data),
+                "--out",
+                str(tmp_path / "r"),
+                "--limit",
+                "2",
+                *CHEAP,
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert "--limit 2 takes the first 2 examples, which carry only neg of the labels neg, pos" in err
-    assert main(["evaluate", "--model", str(tiny_dir), "--data", str(data), "--out", str(tmp_path / "r2"),
-                 "--limit", "4", *CHEAP]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--model",
+                str(tiny_dir),
+                "--data",
+                str(data),
+                "--out",
+                str(tmp_path / "r2"),
+                "--limit",
+                "4",
+                *CHEAP,
+            ]
+        )
+        == 0
+    )
     assert "warning" not in capsys.readouterr().err
 
 
 def test_sample_draws_both_labels_repeatably(tmp_path: Path, tiny_dir: Path, capsys: pytest.CaptureFixture) -> None:
     """--sample N draws N examples with --seed (file order kept), recorded; --limit with it is refused."""
     from streetlamp.data import sample_indices
+
     data = tmp_path / "sorted.csv"
-    data.write_text("text,label\n" + "".join(f"the movie {i},neg\n" for i in range(10))
-                    + "".join(f"great acting {i},pos\n" for i in range(10)))
+    data.write_text(
+        "text,label\n"
+        + "".join(f"the movie {i},neg\n" for i in range(10))
+        + "".join(f"great acting {i},pos\n" for i in range(10))
+    )
     idx = sample_indices(20, 6, seed=0)
     assert idx == sorted(idx) and len(set(idx)) == 6 and idx == sample_indices(20, 6, seed=0)
     assert idx != sample_indices(20, 6, seed=1) and sample_indices(5, 9, seed=0) == list(range(5))
     assert any(i < 10 for i in idx) and any(i >= 10 for i in idx)  # both labels (checked for this seed)
     out = tmp_path / "r"
-    assert main(["evaluate", "--model", str(tiny_dir), "--data", str(data), "--out", str(out), "--sample", "6",
-                 *CHEAP]) == 0
+    assert (
+        main(["evaluate", "--model", str(tiny_dir), "--data", str(data), "--out", str(out), "--sample", "6", *CHEAP])
+        == 0
+    )
     assert "warning" not in capsys.readouterr().err
     df = read_metrics(out)
     assert sorted(set(df.example_id)) == [f"sorted-{i:06d}" for i in idx]
     import json
+
     assert json.loads((out / "manifest.json").read_text())["settings"]["sample"] == 6
     # the same command resumes (same draw); both options at once are refused before anything runs
-    assert main(["evaluate", "--model", str(tiny_dir), "--data", str(data), "--out", str(out), "--sample", "6",
-                 *CHEAP]) == 0
+    assert (
+        main(["evaluate", "--model", str(tiny_dir), "--data", str(data), "--out", str(out), "--sample", "6", *CHEAP])
+        == 0
+    )
     assert len(read_metrics(out)) == len(df)
-    assert main(["evaluate", "--model", str(tiny_dir), "--data", str(data), "--out", str(tmp_path / "r2"),
-                 "--sample", "6", "--limit", "3", *CHEAP]) == 2
+    assert (
+        main(
+            [
+                "evaluate",
+                "--model",
+                str(tiny_dir),
+                "--data",
+                str(data),
+                "--out",
+                str(tmp_path / "r2"),
+                "--sample",
+                "6",
+                "--limit",
+                "3",
+                *CHEAP,
+            ]
+        )
+        == 2
+    )
     assert "not both" in capsys.readouterr().err and not (tmp_path / "r2").exists()
-    assert main(["evaluate", "--model", str(tiny_dir), "--data", str(data), "--out", str(tmp_path / "r3"),
-                 "--sample", "0", *CHEAP]) == 2
+    assert (
+        main(
+            [
+                "evaluate",
+                "--model",
+                str(tiny_dir),
+                "--data",
+                str(data),
+                "--out",
+                str(tmp_path / "r3"),
+                "--sample",
+                "0",
+                *CHEAP,
+            ]
+        )
+        == 2
+    )

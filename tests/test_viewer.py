@@ -1,5 +1,6 @@
 """report.html without a browser: packing is lossless where it says so, bad folders fail in one line and
 leave no file, the embedded data cannot break out of its script element."""
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,21 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("v")
     ckpt = save_tiny("gpt2", root / "gpt2", seed=1)
     out = root / "run"
-    assert main(["explain", "the movie was not good", "--model", str(ckpt), "--methods", "attention,occlusion",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "explain",
+                "the movie was not good",
+                "--model",
+                str(ckpt),
+                "--methods",
+                "attention,occlusion",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -87,7 +101,9 @@ def test_report_is_self_contained(run: Path) -> None:
     for k, v in a.items():
         got = unpack(m["arrays"][k], blob_list)
         assert np.abs(got - v.astype(np.float64)).max() <= m["arrays"][k]["max_error"] + 1e-6, k
-    assert m["view"] == "explain" and m["manifest"]["tokens"] == json.loads((run / "manifest.json").read_text())["tokens"]
+    assert (
+        m["view"] == "explain" and m["manifest"]["tokens"] == json.loads((run / "manifest.json").read_text())["tokens"]
+    )
 
 
 def test_cli_report(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -97,18 +113,22 @@ def test_cli_report(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture) ->
     assert (dst / "report.html").read_text().startswith("<!DOCTYPE html>")
 
 
-@pytest.mark.parametrize("damage, message", [
-    ("no_manifest", "not a run folder (no manifest.json)"),
-    ("bad_json", "is not valid JSON"),
-    ("newer", f"reads up to format {FORMAT_VERSION}"),
-    ("no_kind", "no 'streetlamp' command name"),
-    ("no_arrays", "arrays.safetensors is missing"),
-    ("corrupt_arrays", "is not a readable safetensors file"),
-    ("truncated_arrays", "arrays.safetensors"),
-    ("array_not_listed", "lacks the array(s) ghost"),
-])
-def test_bad_folders_fail_in_one_line_without_a_file(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
-                                                     damage: str, message: str) -> None:
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("no_manifest", "not a run folder (no manifest.json)"),
+        ("bad_json", "is not valid JSON"),
+        ("newer", f"reads up to format {FORMAT_VERSION}"),
+        ("no_kind", "no 'streetlamp' command name"),
+        ("no_arrays", "arrays.safetensors is missing"),
+        ("corrupt_arrays", "is not a readable safetensors file"),
+        ("truncated_arrays", "arrays.safetensors"),
+        ("array_not_listed", "lacks the array(s) ghost"),
+    ],
+)
+def test_bad_folders_fail_in_one_line_without_a_file(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture, damage: str, message: str
+) -> None:
     dst = copy(run, tmp_path)
     mpath, apath = dst / "manifest.json", dst / "arrays.safetensors"
     m = json.loads(mpath.read_text())
@@ -147,13 +167,22 @@ def test_not_a_folder(tmp_path: Path) -> None:
 def test_generic_view_for_any_command(tmp_path: Path) -> None:
     """A command without its own view declares tables and figures; the page embeds them."""
     import base64
+
     folder = tmp_path / "probe"
     folder.mkdir()
-    png = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
+    png = base64.b64decode(
+        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+    )
     (folder / "fig.png").write_bytes(png)
-    (folder / "manifest.json").write_text(json.dumps({
-        "streetlamp": "probe", "tables": [{"title": "accuracy", "columns": ["layer", "acc"], "rows": [[0, 0.5]]}],
-        "figures": [{"file": "fig.png", "shows": "a pixel"}, {"file": "../outside.png", "shows": "refused"}]}))
+    (folder / "manifest.json").write_text(
+        json.dumps(
+            {
+                "streetlamp": "probe",
+                "tables": [{"title": "accuracy", "columns": ["layer", "acc"], "rows": [[0, 0.5]]}],
+                "figures": [{"file": "fig.png", "shows": "a pixel"}, {"file": "../outside.png", "shows": "refused"}],
+            }
+        )
+    )
     html = build_html(folder)
     assert "data:image/png;base64," + base64.b64encode(png).decode() in html
     assert "outside.png" in html and html.count("data:image/png;base64,") == 1  # listed, never read

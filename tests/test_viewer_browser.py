@@ -1,5 +1,6 @@
 """The report in a real browser (Chromium from file://): the numbers it shows are the stored arrays,
 nothing reaches the network, run text stays text, state survives in the URL fragment."""
+
 from __future__ import annotations
 
 import itertools
@@ -49,8 +50,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     ck = {f: save_tiny(f, root / "ckpt" / f, seed=1) for f in ("bert", "gpt2")}
     out = {"bert": root / "bert", "gpt2": root / "gpt2"}
     assert main(["explain", f"{TEXT} {HOSTILE}", "--model", str(ck["bert"]), "--out", str(out["bert"])]) == 0
-    assert main(["explain", TEXT, "--model", str(ck["gpt2"]), "--methods", "attention,occlusion",
-                 "--out", str(out["gpt2"])]) == 0
+    assert (
+        main(
+            ["explain", TEXT, "--model", str(ck["gpt2"]), "--methods", "attention,occlusion", "--out", str(out["gpt2"])]
+        )
+        == 0
+    )
     # a tokenizer may yield any string as a token: plant the hostile one among the labels
     m = json.loads((out["bert"] / "manifest.json").read_text())
     m["token_labels"][3] = HOSTILE
@@ -92,8 +97,9 @@ def test_explain_numbers_are_the_stored_arrays(runs: dict[str, Path], page: Page
     p.hover("#tokens .tok[data-i='4']")
     np.testing.assert_allclose(shown(page, "#raw tbody td.val"), att[1, :, 4].mean(0), atol=err + 1e-6)
     # the head-mean disagreement: mean pairwise JSD (bits) between the heads' rows of query 4
-    jsd = np.mean([jensenshannon(att[1, x, 4], att[1, y, 4], base=2) ** 2
-                   for x, y in itertools.combinations(range(H), 2)])
+    jsd = np.mean(
+        [jensenshannon(att[1, x, 4], att[1, y, 4], base=2) ** 2 for x, y in itertools.combinations(range(H), 2)]
+    )
     assert abs(float(p.get_attribute("#jsd", "data-value")) - jsd) < 1e-4
     assert (p.locator("#jsd-warning").count() == 1) == (jsd >= 0.1)
     # the full matrix: the value under the pointer
@@ -112,8 +118,10 @@ def test_explain_numbers_are_the_stored_arrays(runs: dict[str, Path], page: Page
     keep = [j for j in range(n) if j not in special]
     p.uncheck("#hide-special")
     p.check("#hide-special")
-    taus = {e["m"]: float(e["v"]) for e in p.eval_on_selector_all(
-        "#taus .tau", "es => es.map(e => ({m: e.dataset.method, v: e.dataset.value}))")}
+    taus = {
+        e["m"]: float(e["v"])
+        for e in p.eval_on_selector_all("#taus .tau", "es => es.map(e => ({m: e.dataset.method, v: e.dataset.value}))")
+    }
     assert set(taus) == {"attention", "rollout", "integrated_gradients", "occlusion"}
     row = att[0, 3, pos]
     for name, tau in taus.items():
@@ -183,16 +191,21 @@ def test_fixed_scale_and_mask_hatching(runs: dict[str, Path], page: Page) -> Non
     size = p.evaluate("document.querySelector(\"canvas.thumb[data-l='0'][data-h='1']\").width")
     cell = size // n
     hexes = palettes()["sequential"]["hex"]
-    lut = [tuple(int(hexes[6 * k + c * 2: 6 * k + c * 2 + 2], 16) for c in range(3)) for k in range(256)]
+    lut = [tuple(int(hexes[6 * k + c * 2 : 6 * k + c * 2 + 2], 16) for c in range(3)) for k in range(256)]
     for i, j in ((n - 1, 0), (4, 2), (2, 2)):
-        rgb = p.evaluate("([x, y]) => Array.from(document.querySelector(\"canvas.thumb[data-l='0'][data-h='1']\")"
-                         ".getContext('2d').getImageData(x, y, 1, 1).data.slice(0, 3))",
-                         [j * cell + cell // 2, i * cell + cell // 2])
+        rgb = p.evaluate(
+            "([x, y]) => Array.from(document.querySelector(\"canvas.thumb[data-l='0'][data-h='1']\")"
+            ".getContext('2d').getImageData(x, y, 1, 1).data.slice(0, 3))",
+            [j * cell + cell // 2, i * cell + cell // 2],
+        )
         assert allowed[i, j]
         assert tuple(rgb) == lut[int(round(att[0, 1, i, j] * 255))]
     # a forbidden cell (key after the query): grey or hatch ink, never a palette colour
-    rgb = p.evaluate("([x, y]) => Array.from(document.querySelector(\"canvas.thumb[data-l='0'][data-h='1']\")"
-                     ".getContext('2d').getImageData(x, y, 1, 1).data.slice(0, 3))", [(n - 1) * cell + 1, 1])
+    rgb = p.evaluate(
+        "([x, y]) => Array.from(document.querySelector(\"canvas.thumb[data-l='0'][data-h='1']\")"
+        ".getContext('2d').getImageData(x, y, 1, 1).data.slice(0, 3))",
+        [(n - 1) * cell + 1, 1],
+    )
     assert not allowed[0, n - 1] and tuple(rgb) not in lut and abs(rgb[0] - rgb[1]) < 8 and abs(rgb[1] - rgb[2]) < 8
     assert "forbidden by the mask" in p.text_content("#matrix-legend")
     p.check("#rescale")
@@ -217,8 +230,7 @@ def test_export_png_and_svg(runs: dict[str, Path], page: Page, tmp_path: Path) -
     page.clean()
 
 
-def test_rebuilt_report_from_a_copy_shows_the_same_numbers(runs: dict[str, Path], page: Page,
-                                                             tmp_path: Path) -> None:
+def test_rebuilt_report_from_a_copy_shows_the_same_numbers(runs: dict[str, Path], page: Page, tmp_path: Path) -> None:
     copy = tmp_path / "elsewhere"
     shutil.copytree(runs["gpt2"], copy)
     (copy / "report.html").unlink()
@@ -242,19 +254,72 @@ def command_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("cmds")
     ck = {f: save_tiny(f, root / "ckpt" / f, seed=1) for f in ("bert", "gpt2")}
     data = root / "d.jsonl"
-    data.write_text("\n".join(json.dumps({"text": t, "label": lab}) for t, lab in [
-        ("the movie was good", "pos"), ("i hated it", "neg"), ("boring plot", "neg"), ("great acting", "pos")]))
-    clean, corrupt = "when mary and john went to the store john gave a drink to", \
-        "when mary and john went to the store mary gave a drink to"
+    data.write_text(
+        "\n".join(
+            json.dumps({"text": t, "label": lab})
+            for t, lab in [
+                ("the movie was good", "pos"),
+                ("i hated it", "neg"),
+                ("boring plot", "neg"),
+                ("great acting", "pos"),
+            ]
+        )
+    )
+    clean, corrupt = (
+        "when mary and john went to the store john gave a drink to",
+        "when mary and john went to the store mary gave a drink to",
+    )
     argvs = {
         "heads": ["heads", "--data", str(data), "--no-attribution", "--model", str(ck["bert"])],
-        "prune": ["prune", "--data", str(data), "--order", "attention,random", "--seeds", "1", "--model", str(ck["bert"])],
-        "patch": ["patch", "--model", str(ck["gpt2"]), "--clean", clean, "--corrupt", corrupt, "--answer", "mary",
-                  "--wrong", "john", "--approx"],
+        "prune": [
+            "prune",
+            "--data",
+            str(data),
+            "--order",
+            "attention,random",
+            "--seeds",
+            "1",
+            "--model",
+            str(ck["bert"]),
+        ],
+        "patch": [
+            "patch",
+            "--model",
+            str(ck["gpt2"]),
+            "--clean",
+            clean,
+            "--corrupt",
+            corrupt,
+            "--answer",
+            "mary",
+            "--wrong",
+            "john",
+            "--approx",
+        ],
         "mediate": ["mediate", "--model", str(ck["gpt2"]), "--prompts", "2"],
-        "explain-generation": ["explain-generation", "the movie was not", "--model", str(ck["gpt2"]), "--new-tokens", "3"],
-        "evaluate": ["evaluate", "--model", str(ck["bert"]), "--data", str(data), "--methods", "attention,occlusion",
-                     "--adv-steps", "2", "--permutations", "2", "--chunk-size", "2"],
+        "explain-generation": [
+            "explain-generation",
+            "the movie was not",
+            "--model",
+            str(ck["gpt2"]),
+            "--new-tokens",
+            "3",
+        ],
+        "evaluate": [
+            "evaluate",
+            "--model",
+            str(ck["bert"]),
+            "--data",
+            str(data),
+            "--methods",
+            "attention,occlusion",
+            "--adv-steps",
+            "2",
+            "--permutations",
+            "2",
+            "--chunk-size",
+            "2",
+        ],
         "benchmark": ["benchmark", "--tasks", "keyword", "--methods", "attention,occlusion", "--n-examples", "4"],
     }
     out = {}
@@ -274,14 +339,21 @@ def hover_cell(page: Page, canvas: str, i: int, j: int) -> float:
     return float(p.get_attribute(canvas + "-value", "data-value"))
 
 
-@pytest.mark.parametrize("kind, canvas, array", [
-    ("heads", "#grid-ablation", "ablation"), ("heads", "#grid-attention_mass", "attention_mass"),
-    ("patch", "#grid-patch_resid_pre", "patch.resid_pre"), ("patch", "#grid-patch_heads", "patch.heads"),
-    ("mediate", "#grid-head_nie", "head_nie"), ("prune", "#grid-score_attention", "score.attention"),
-    ("explain-generation", "#gen-matrix", "integrated_gradients.matrix"),
-])
-def test_grids_show_the_stored_values(command_runs: dict[str, Path], page: Page, kind: str, canvas: str,
-                                      array: str) -> None:
+@pytest.mark.parametrize(
+    "kind, canvas, array",
+    [
+        ("heads", "#grid-ablation", "ablation"),
+        ("heads", "#grid-attention_mass", "attention_mass"),
+        ("patch", "#grid-patch_resid_pre", "patch.resid_pre"),
+        ("patch", "#grid-patch_heads", "patch.heads"),
+        ("mediate", "#grid-head_nie", "head_nie"),
+        ("prune", "#grid-score_attention", "score.attention"),
+        ("explain-generation", "#gen-matrix", "integrated_gradients.matrix"),
+    ],
+)
+def test_grids_show_the_stored_values(
+    command_runs: dict[str, Path], page: Page, kind: str, canvas: str, array: str
+) -> None:
     folder = command_runs[kind]
     a = load_arrays(folder / "arrays.safetensors")[array]
     page.open(folder / "report.html")
@@ -309,8 +381,10 @@ def test_prune_curves_table(command_runs: dict[str, Path], page: Page) -> None:
     folder = command_runs["prune"]
     a = load_arrays(folder / "arrays.safetensors")
     page.open(folder / "report.html")
-    rows = page.page.eval_on_selector_all("#prune-table tbody tr", "trs => trs.map(tr => Array.from(tr.children)"
-                                          ".map(td => td.dataset.value || td.textContent))")
+    rows = page.page.eval_on_selector_all(
+        "#prune-table tbody tr",
+        "trs => trs.map(tr => Array.from(tr.children).map(td => td.dataset.value || td.textContent))",
+    )
     for r in rows:
         np.testing.assert_allclose([float(x) for x in r[1:]], a[f"curve.{r[0]}"][1], rtol=1e-6)
     page.clean()
@@ -323,8 +397,10 @@ def test_evaluate_summary_and_example(command_runs: dict[str, Path], page: Page)
     df = read_metrics(folder)
     page.open(folder / "report.html")
     p = page.page
-    for tr in p.eval_on_selector_all("#summary tbody tr", "trs => trs.map(tr => Array.from(tr.children)"
-                                     ".map(td => td.dataset.value || td.textContent))"):
+    for tr in p.eval_on_selector_all(
+        "#summary tbody tr",
+        "trs => trs.map(tr => Array.from(tr.children).map(td => td.dataset.value || td.textContent))",
+    ):
         want = df[(df.method == tr[0]) & (df.metric == "aopc_comprehensiveness")].value.mean()
         if not np.isnan(want):
             assert float(tr[1]) == pytest.approx(want, rel=1e-6, abs=1e-12)
@@ -333,8 +409,9 @@ def test_evaluate_summary_and_example(command_runs: dict[str, Path], page: Page)
     p.click("#examples tbody tr[data-key='d-000001']")
     assert p.text_content("#example-title") == "Example d-000001"
     arr = load_arrays(folder / "arrays" / "d-000001.safetensors")
-    assert hover_cell(page, "#example-scores", 1, 2) == pytest.approx(float(arr["occlusion.tokens"][2]), rel=1e-6,
-                                                                      abs=1e-12)
+    assert hover_cell(page, "#example-scores", 1, 2) == pytest.approx(
+        float(arr["occlusion.tokens"][2]), rel=1e-6, abs=1e-12
+    )
     assert "ex=d-000001" in p.url
     page.clean()
 
@@ -358,13 +435,27 @@ def test_generic_view_renders_tables_and_figures(tmp_path: Path, page: Page) -> 
 
     folder = tmp_path / "cot"
     folder.mkdir()
-    png = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
+    png = base64.b64decode(
+        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+    )
     (folder / "one.png").write_bytes(png)
-    (folder / "manifest.json").write_text(json.dumps({
-        "streetlamp": "cot", "question": HOSTILE,
-        "tables": [{"title": "faithfulness", "columns": ["step", "text", "effect"],
-                    "rows": [[0, HOSTILE, 0.25], [1, "b", 0.75], [2, "c", -0.5]], "note": "a note"}],
-        "figures": [{"file": "one.png", "shows": "one pixel"}]}))
+    (folder / "manifest.json").write_text(
+        json.dumps(
+            {
+                "streetlamp": "cot",
+                "question": HOSTILE,
+                "tables": [
+                    {
+                        "title": "faithfulness",
+                        "columns": ["step", "text", "effect"],
+                        "rows": [[0, HOSTILE, 0.25], [1, "b", 0.75], [2, "c", -0.5]],
+                        "note": "a note",
+                    }
+                ],
+                "figures": [{"file": "one.png", "shows": "one pixel"}],
+            }
+        )
+    )
     write_report(folder)
     page.open(folder / "report.html")
     p = page.page
@@ -384,7 +475,7 @@ def test_notebook_iframe_runs_its_scripts(runs: dict[str, Path], page: Page, tmp
     from streetlamp.runners.explain import ExplainResult
 
     snippet = ExplainResult._repr_html_(SimpleNamespace(out=runs["bert"]))  # type: ignore[arg-type]
-    assert snippet.startswith("<iframe srcdoc=\"") and "<script" not in snippet  # all of it escaped
+    assert snippet.startswith('<iframe srcdoc="') and "<script" not in snippet  # all of it escaped
     host = tmp_path / "notebook.html"
     host.write_text(f"<!DOCTYPE html><html><body><h1>cell output</h1>{snippet}</body></html>")
     page.page.goto(host.resolve().as_uri())

@@ -4,6 +4,7 @@
 length) one forward pass may hold. Long inputs get small batches, short inputs large ones; on
 CPU large batches of long inputs are slower than small ones, so the default budget is modest.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence

@@ -1,4 +1,5 @@
 """The ``streetlamp`` command: a thin layer, each subcommand one library call."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,6 +24,7 @@ from .settings import (
 
 if TYPE_CHECKING:
     from .models.adapter import Quantity
+
 
 def _quiet_transformers() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -51,7 +53,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
         params = cls().params()
         if params:
             print(f"{'':<37} parameters: " + ", ".join(f"{k}={v!r}" for k, v in params.items()))
-    print("\nset parameters with --method-params '{\"METHOD\": {\"PARAM\": VALUE}}' (explain, evaluate)")
+    print('\nset parameters with --method-params \'{"METHOD": {"PARAM": VALUE}}\' (explain, evaluate)')
     return 0
 
 
@@ -61,17 +63,21 @@ def parse_method_params(spec: str | None, methods: list[str], flag: str = "--met
     import json
 
     from .methods.registry import get_method
+
     try:
         mparams = json.loads(spec) if spec else {}
     except json.JSONDecodeError as e:
         raise StreetlampError(f"{flag} is not JSON ({e.msg})") from None
     if not isinstance(mparams, dict) or not all(isinstance(v, dict) for v in mparams.values()):
-        raise StreetlampError(f"{flag} must be a JSON object" + (" of objects, e.g. "
-                              '{"integrated_gradients": {"rule": "panels"}}' if flag == "--method-params" else ""))
+        raise StreetlampError(
+            f"{flag} must be a JSON object"
+            + (' of objects, e.g. {"integrated_gradients": {"rule": "panels"}}' if flag == "--method-params" else "")
+        )
     stray = [k for k in mparams if k not in methods]
     if stray:
-        raise StreetlampError(f"{flag} names {', '.join(map(repr, stray))}, not among the methods of this "
-                              f"run ({', '.join(methods)})")
+        raise StreetlampError(
+            f"{flag} names {', '.join(map(repr, stray))}, not among the methods of this run ({', '.join(methods)})"
+        )
     for name, params in mparams.items():
         get_method(name, **params)  # unknown parameter names: a clear error now
     return mparams
@@ -116,25 +122,54 @@ def cmd_explain(args: argparse.Namespace) -> int:
     out = _run_folder(args, "explain")
     adapter = _load(args, s)
     from .models.memory import check_memory
+
     check_memory(adapter, max(adapter.encode(s.text, truncate=s.truncate).lengths), args.force)
-    target = Target(parse_target(adapter, s.target), parse_target(adapter, s.contrast) if s.contrast else None,
-                    cast("Quantity", s.quantity))  # argparse choices
-    return _print(explain(adapter, s.text, out, target=target, layer=s.layer, head=s.head, methods=s.methods,
-                          truncate=s.truncate, seed=s.seed, batch_size=s.batch_size, method_params=s.method_params))
+    target = Target(
+        parse_target(adapter, s.target),
+        parse_target(adapter, s.contrast) if s.contrast else None,
+        cast("Quantity", s.quantity),
+    )  # argparse choices
+    return _print(
+        explain(
+            adapter,
+            s.text,
+            out,
+            target=target,
+            layer=s.layer,
+            head=s.head,
+            methods=s.methods,
+            truncate=s.truncate,
+            seed=s.seed,
+            batch_size=s.batch_size,
+            method_params=s.method_params,
+        )
+    )
 
 
 def cmd_explain_generation(args: argparse.Namespace) -> int:
     from .runners.generation import explain_generation
 
-    ig_params = parse_method_params(args.ig_params and f'{{"integrated_gradients": {args.ig_params}}}',
-                                    ["integrated_gradients"], "--ig-params").get("integrated_gradients", {})
+    ig_params = parse_method_params(
+        args.ig_params and f'{{"integrated_gradients": {args.ig_params}}}', ["integrated_gradients"], "--ig-params"
+    ).get("integrated_gradients", {})
     s = GenerationSettings.from_args(args, ig_params=ig_params)
     out = _run_folder(args, "explain-generation", "generation")
     adapter = _load(args, s)
     from .models.memory import check_memory
+
     check_memory(adapter, max(adapter.encode(s.prompt).lengths) + s.new_tokens, args.force, record_attention=False)
-    return _print(explain_generation(adapter, s.prompt, out, new_tokens=s.new_tokens, quantity=s.quantity,
-                                     batch_size=s.batch_size, seed=s.seed, ig_params=s.ig_params))
+    return _print(
+        explain_generation(
+            adapter,
+            s.prompt,
+            out,
+            new_tokens=s.new_tokens,
+            quantity=s.quantity,
+            batch_size=s.batch_size,
+            seed=s.seed,
+            ig_params=s.ig_params,
+        )
+    )
 
 
 def cmd_heads(args: argparse.Namespace) -> int:
@@ -146,8 +181,21 @@ def cmd_heads(args: argparse.Namespace) -> int:
     out = _run_folder(args, "heads")
     adapter = _load(args, s)
     target = Target(parse_target(adapter, s.target), None, "prob")
-    return _print(run_heads(adapter, out, text=s.text, data=s.data, ablation=s.ablation, target=target, seed=s.seed,
-                            limit=s.limit, attribution=s.attribution, sample=s.sample, batch_size=s.batch_size))
+    return _print(
+        run_heads(
+            adapter,
+            out,
+            text=s.text,
+            data=s.data,
+            ablation=s.ablation,
+            target=target,
+            seed=s.seed,
+            limit=s.limit,
+            attribution=s.attribution,
+            sample=s.sample,
+            batch_size=s.batch_size,
+        )
+    )
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
@@ -156,8 +204,19 @@ def cmd_prune(args: argparse.Namespace) -> int:
     s = PruneSettings.from_args(args, orders=[o.strip() for o in args.order.split(",") if o.strip()])
     out = _run_folder(args, "prune")
     adapter = _load(args, s)
-    return _print(run_prune(adapter, out, data=s.data, orders=s.orders, seeds=s.seeds, step=s.step, limit=s.limit,
-                            seed=s.seed, batch_size=s.batch_size))
+    return _print(
+        run_prune(
+            adapter,
+            out,
+            data=s.data,
+            orders=s.orders,
+            seeds=s.seeds,
+            step=s.step,
+            limit=s.limit,
+            seed=s.seed,
+            batch_size=s.batch_size,
+        )
+    )
 
 
 def cmd_patch(args: argparse.Namespace) -> int:
@@ -167,10 +226,22 @@ def cmd_patch(args: argparse.Namespace) -> int:
     s = PatchSettings.from_args(args, sites=[k.strip() for k in args.sites.split(",") if k.strip()])
     out = _run_folder(args, "patch")
     adapter = _load(args, s)
-    return _print(run_patch(adapter, out, clean=s.clean, corrupt=s.corrupt, answer=parse_target(adapter, s.answer),
-                            wrong=parse_target(adapter, s.wrong), paths=s.paths, receivers=s.receiver,
-                            receiver_pos=s.receiver_pos, approx=s.approx, kinds=tuple(s.sites),
-                            batch_size=s.batch_size))
+    return _print(
+        run_patch(
+            adapter,
+            out,
+            clean=s.clean,
+            corrupt=s.corrupt,
+            answer=parse_target(adapter, s.answer),
+            wrong=parse_target(adapter, s.wrong),
+            paths=s.paths,
+            receivers=s.receiver,
+            receiver_pos=s.receiver_pos,
+            approx=s.approx,
+            kinds=tuple(s.sites),
+            batch_size=s.batch_size,
+        )
+    )
 
 
 def cmd_lens(args: argparse.Namespace) -> int:
@@ -180,9 +251,18 @@ def cmd_lens(args: argparse.Namespace) -> int:
     s = Settings.from_args(args)
     out = _run_folder(args, "lens")
     adapter = _load(args, s)
-    res = run_lens(adapter, out, text=args.text, index=parse_target(adapter, args.target), head=args.head,
-                   query=args.query, types_length=args.types_length, types_seqs=args.types_seqs, seed=args.seed,
-                   overwrite=args.overwrite)
+    res = run_lens(
+        adapter,
+        out,
+        text=args.text,
+        index=parse_target(adapter, args.target),
+        head=args.head,
+        query=args.query,
+        types_length=args.types_length,
+        types_seqs=args.types_seqs,
+        seed=args.seed,
+        overwrite=args.overwrite,
+    )
     for t in res["tables"]:
         print(f"\n{t['title']}\n  " + " | ".join(t["columns"]))
         for row in t["rows"]:
@@ -206,11 +286,26 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from .runners.evaluate import evaluate
 
     methods = parse_methods(args.methods)
-    s = EvaluateSettings.from_args(args, methods=methods,
-                                   method_params=parse_method_params(args.method_params, methods))
-    return _print(evaluate(args.model, s.data, Path(args.out), s.eval_settings(), limit=s.limit, sample=s.sample,
-                           chunk_size=s.chunk_size, engine=s.engine, ray_address=s.ray_address, workers=s.workers,
-                           device=args.device, text_column=s.text_column, label_column=s.label_column))
+    s = EvaluateSettings.from_args(
+        args, methods=methods, method_params=parse_method_params(args.method_params, methods)
+    )
+    return _print(
+        evaluate(
+            args.model,
+            s.data,
+            Path(args.out),
+            s.eval_settings(),
+            limit=s.limit,
+            sample=s.sample,
+            chunk_size=s.chunk_size,
+            engine=s.engine,
+            ray_address=s.ray_address,
+            workers=s.workers,
+            device=args.device,
+            text_column=s.text_column,
+            label_column=s.label_column,
+        )
+    )
 
 
 def cmd_benchmark(args: argparse.Namespace) -> int:
@@ -218,15 +313,33 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     from .methods.registry import list_methods, parse_methods
     from .runners.benchmark import benchmark
 
-    s = BenchmarkSettings.from_args(args, tasks=parse_tasks(args.tasks),
-                                    methods=parse_methods(args.methods) if args.methods else list_methods())
+    s = BenchmarkSettings.from_args(
+        args, tasks=parse_tasks(args.tasks), methods=parse_methods(args.methods) if args.methods else list_methods()
+    )
     out = _run_folder(args, "benchmark")
-    return _print(benchmark(out, s.tasks, s.methods, n_examples=s.n_examples, seed=s.seed, device=args.device,
-                            batch_size=s.batch_size, quantity=s.quantity))
+    return _print(
+        benchmark(
+            out,
+            s.tasks,
+            s.methods,
+            n_examples=s.n_examples,
+            seed=s.seed,
+            device=args.device,
+            batch_size=s.batch_size,
+            quantity=s.quantity,
+        )
+    )
 
 
-def shared_options(*, model: str | None, out: str, out_required: bool = False, overwrite: bool = True,
-                   seed: bool = True, dtype: bool = True) -> argparse.ArgumentParser:
+def shared_options(
+    *,
+    model: str | None,
+    out: str,
+    out_required: bool = False,
+    overwrite: bool = True,
+    seed: bool = True,
+    dtype: bool = True,
+) -> argparse.ArgumentParser:
     """The options several commands share, each declared here once (a parent parser per command, so
     defaults and help can differ: mediate's model is smollm2-135m, evaluate's --out is required)."""
     p = argparse.ArgumentParser(add_help=False)
@@ -237,12 +350,20 @@ def shared_options(*, model: str | None, out: str, out_required: bool = False, o
         p.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
     if seed:
         p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=None,
-                   help="token budget per forward pass (rows x padded length; default 1024 on CPU)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="token budget per forward pass (rows x padded length; default 1024 on CPU)",
+    )
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:0 ...")
     if dtype:
-        p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                       help="model weights' dtype (bfloat16/float16 for GPUs; scores are returned as float32)")
+        p.add_argument(
+            "--dtype",
+            default="float32",
+            choices=["float32", "bfloat16", "float16"],
+            help="model weights' dtype (bfloat16/float16 for GPUs; scores are returned as float32)",
+        )
         p.add_argument("--force", action="store_true", help="run even when the memory estimate says it will not fit")
     return p
 
@@ -253,13 +374,30 @@ def cmd_probe(args: argparse.Namespace) -> int:
     split = tuple(float(x) for x in args.split.split(",")) if args.split.count(",") == 2 else ()
     if len(split) != 3:
         raise StreetlampError("--split is three fractions train,dev,test, e.g. 0.6,0.2,0.2")
-    settings = ProbeSettings(task=args.task, data=args.data, layers=args.layers, site=args.site, probes=args.probes,
-                             hidden=args.hidden, weight_decay=args.weight_decay, dropout=args.dropout,
-                             subtoken=args.subtoken, pool=args.pool, limit=args.limit, n_examples=args.n_examples,
-                             split=split, seed=args.seed, mdl=not args.no_mdl,  # type: ignore[arg-type]
-                             amnesic=not args.no_amnesic, random_seeds=args.random_seeds, erase_at=args.erase_at,
-                             sweep=args.sweep,
-                             sweep_layer=args.sweep_layer, batch_size=args.batch_size, truncate=args.truncate)
+    settings = ProbeSettings(
+        task=args.task,
+        data=args.data,
+        layers=args.layers,
+        site=args.site,
+        probes=args.probes,
+        hidden=args.hidden,
+        weight_decay=args.weight_decay,
+        dropout=args.dropout,
+        subtoken=args.subtoken,
+        pool=args.pool,
+        limit=args.limit,
+        n_examples=args.n_examples,
+        split=split,
+        seed=args.seed,
+        mdl=not args.no_mdl,  # type: ignore[arg-type]
+        amnesic=not args.no_amnesic,
+        random_seeds=args.random_seeds,
+        erase_at=args.erase_at,
+        sweep=args.sweep,
+        sweep_layer=args.sweep_layer,
+        batch_size=args.batch_size,
+        truncate=args.truncate,
+    )
     res = probe(args.model, settings, _run_folder(args, "probe"), overwrite=args.overwrite, device=args.device)
     for line in res.lines:
         print(line)
@@ -298,19 +436,38 @@ def cmd_cot(args: argparse.Namespace) -> int:
 
     split = lambda v: [x.strip() for x in v.split(",") if x.strip()]  # noqa: E731
     tests = list(TESTS) if args.tests == "all" else split(args.tests)
-    settings = CotSettings(tests=tests, hint_kinds=split(args.hint_kinds), biases=split(args.biases),
-                           max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                           points=args.points, shots=args.shots, internals=not args.no_internals,
-                           chunk_size=args.chunk_size)
+    settings = CotSettings(
+        tests=tests,
+        hint_kinds=split(args.hint_kinds),
+        biases=split(args.biases),
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        points=args.points,
+        shots=args.shots,
+        internals=not args.no_internals,
+        chunk_size=args.chunk_size,
+    )
     settings.check()
-    engine, record = make_engine(args.model, args.endpoint, served_model=args.served_model, api=args.api,
-                                 temperature=args.temperature, concurrency=args.concurrency, retries=args.retries,
-                                 timeout=args.timeout, budget=args.budget, device=args.device)
+    engine, record = make_engine(
+        args.model,
+        args.endpoint,
+        served_model=args.served_model,
+        api=args.api,
+        temperature=args.temperature,
+        concurrency=args.concurrency,
+        retries=args.retries,
+        timeout=args.timeout,
+        budget=args.budget,
+        device=args.device,
+    )
     res = run_cot(args.data, Path(args.out), settings, engine, record, limit=args.limit)
     for line in res.lines:
         print(line)
-    print(f"{res.n_questions} questions, {res.n_computed_chunks} chunks computed now; run store: {res.out}/ "
-          "(manifest.json, records/*.jsonl, metrics/*.parquet, summary.md, figures/)")
+    print(
+        f"{res.n_questions} questions, {res.n_computed_chunks} chunks computed now; run store: {res.out}/ "
+        "(manifest.json, records/*.jsonl, metrics/*.parquet, summary.md, figures/)"
+    )
     _print_report(res.out)
     return 0
 
@@ -324,59 +481,97 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_models)
     s = sub.add_parser("methods", help="list the registered attribution methods")
     s.set_defaults(func=cmd_methods)
-    s = sub.add_parser("explain", help="explain one text: attention of every layer and head, methods, figures",
-                       parents=[shared_options(model=DEFAULT_MODEL, out="output folder (default runs/explain-<time>)")])
+    s = sub.add_parser(
+        "explain",
+        help="explain one text: attention of every layer and head, methods, figures",
+        parents=[shared_options(model=DEFAULT_MODEL, out="output folder (default runs/explain-<time>)")],
+    )
     s.add_argument("text")
-    s.add_argument("--target", default=None, help="class name/id (classifier) or one token (causal LM); "
-                   "default: the prediction / the predicted next token")
+    s.add_argument(
+        "--target",
+        default=None,
+        help="class name/id (classifier) or one token (causal LM); default: the prediction / the predicted next token",
+    )
     s.add_argument("--contrast", default=None, help="explain target minus this class/token")
     s.add_argument("--quantity", choices=["prob", "logit", "logprob"], default="prob")
     s.add_argument("--layer", type=int, default=None, help="layer for the single heatmap (default: last)")
     s.add_argument("--head", type=int, default=None, help="head for the single heatmap (default: head mean)")
-    s.add_argument("--methods", default=None, help="comma-separated method names, or 'all' "
-                   "(default: attention, rollout, integrated_gradients, occlusion)")
+    s.add_argument(
+        "--methods",
+        default=None,
+        help="comma-separated method names, or 'all' (default: attention, rollout, integrated_gradients, occlusion)",
+    )
     s.add_argument("--truncate", action="store_true", help="cut texts longer than the model's positions")
-    s.add_argument("--method-params", default=None,
-                   help='JSON per method, e.g. \'{"occlusion": {"replacement": "unk", "group": "word"}, '
-                        '"integrated_gradients": {"baseline": "mask", "rule": "panels"}}\'')
+    s.add_argument(
+        "--method-params",
+        default=None,
+        help='JSON per method, e.g. \'{"occlusion": {"replacement": "unk", "group": "word"}, '
+        '"integrated_gradients": {"baseline": "mask", "rule": "panels"}}\'',
+    )
     s.set_defaults(func=cmd_explain)
-    s = sub.add_parser("explain-generation", help="causal LM: integrated gradients of every generated token over "
-                       "the prompt and earlier tokens, one shared path",
-                       parents=[shared_options(model="smollm2-135m",
-                                               out="output folder (default runs/generation-<time>)")])
+    s = sub.add_parser(
+        "explain-generation",
+        help="causal LM: integrated gradients of every generated token over "
+        "the prompt and earlier tokens, one shared path",
+        parents=[shared_options(model="smollm2-135m", out="output folder (default runs/generation-<time>)")],
+    )
     s.add_argument("prompt")
     s.add_argument("--new-tokens", type=int, default=8, help="greedy tokens to generate and explain (1..64)")
     s.add_argument("--quantity", choices=["prob", "logit", "logprob"], default="logprob")
     s.add_argument("--ig-params", default=None, help='JSON, e.g. \'{"rule": "panels", "steps": 16}\'')
     s.set_defaults(func=cmd_explain_generation)
-    s = sub.add_parser("heads", help="ablate every head (zero/mean/resample); with --data also importance, "
-                       "attention attribution and attention mass",
-                       parents=[shared_options(model=DEFAULT_MODEL, out="output folder (default runs/heads-<time>)")])
+    s = sub.add_parser(
+        "heads",
+        help="ablate every head (zero/mean/resample); with --data also importance, "
+        "attention attribution and attention mass",
+        parents=[shared_options(model=DEFAULT_MODEL, out="output folder (default runs/heads-<time>)")],
+    )
     s.add_argument("text", nargs="?", default=None)
-    s.add_argument("--data", default=None, help=".txt (one per line), .csv/.jsonl with a 'text' (and 'label') "
-                   "column, or 'movies'")
-    s.add_argument("--ablation", choices=["zero", "mean", "resample"], default="zero",
-                   help="mean/resample use the --data texts, or with a single TEXT a built-in set of 12 sentences")
+    s.add_argument(
+        "--data", default=None, help=".txt (one per line), .csv/.jsonl with a 'text' (and 'label') column, or 'movies'"
+    )
+    s.add_argument(
+        "--ablation",
+        choices=["zero", "mean", "resample"],
+        default="zero",
+        help="mean/resample use the --data texts, or with a single TEXT a built-in set of 12 sentences",
+    )
     s.add_argument("--target", default=None, help="class/token whose probability is F (default: prediction)")
     s.add_argument("--limit", type=int, default=None, help="use only the first N texts of --data")
-    s.add_argument("--sample", type=int, default=None, help="use N texts of --data drawn with --seed (files sorted "
-                   "by label make --limit one-sided)")
+    s.add_argument(
+        "--sample",
+        type=int,
+        default=None,
+        help="use N texts of --data drawn with --seed (files sorted by label make --limit one-sided)",
+    )
     s.add_argument("--no-attribution", action="store_true", help="skip the (slow) Hao attribution column")
     s.set_defaults(func=cmd_heads)
-    s = sub.add_parser("prune", help="remove heads one by one in a score order; held-out accuracy curves",
-                       parents=[shared_options(model=DEFAULT_MODEL, out="output folder (default runs/prune-<time>)")])
-    s.add_argument("--data", required=True, help="labelled .csv/.jsonl (text, label) or 'movies'; half of the "
-                   "examples (shuffled with --seed) scores heads, the other half is held out")
-    s.add_argument("--order", default="importance,attribution,attention,random",
-                   help="comma-separated: importance, attribution, attention, random")
+    s = sub.add_parser(
+        "prune",
+        help="remove heads one by one in a score order; held-out accuracy curves",
+        parents=[shared_options(model=DEFAULT_MODEL, out="output folder (default runs/prune-<time>)")],
+    )
+    s.add_argument(
+        "--data",
+        required=True,
+        help="labelled .csv/.jsonl (text, label) or 'movies'; half of the "
+        "examples (shuffled with --seed) scores heads, the other half is held out",
+    )
+    s.add_argument(
+        "--order",
+        default="importance,attribution,attention,random",
+        help="comma-separated: importance, attribution, attention, random",
+    )
     s.add_argument("--seeds", type=int, default=3, help="random orders to draw")
     s.add_argument("--step", type=int, default=1, help="heads removed per step")
     s.add_argument("--limit", type=int, default=None)
     s.set_defaults(func=cmd_prune)
-    s = sub.add_parser("patch", help="activation patching (+ --paths path patching, --approx attribution patching); "
-                       "clean and corrupted texts must have the same token length",
-                       parents=[shared_options(model=DEFAULT_MODEL, out="output folder (default runs/patch-<time>)",
-                                               seed=False)])
+    s = sub.add_parser(
+        "patch",
+        help="activation patching (+ --paths path patching, --approx attribution patching); "
+        "clean and corrupted texts must have the same token length",
+        parents=[shared_options(model=DEFAULT_MODEL, out="output folder (default runs/patch-<time>)", seed=False)],
+    )
     s.add_argument("--clean", required=True)
     s.add_argument("--corrupt", required=True)
     s.add_argument("--answer", default=None, help="right output (token or class); default: clean prediction")
@@ -385,12 +580,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--receiver", default="logits", help="'logits' or receiver heads L.H[,L.H]")
     s.add_argument("--receiver-pos", type=int, default=None, help="patch receivers only at this position")
     s.add_argument("--approx", action="store_true", help="attribution patching beside real patching")
-    s.add_argument("--sites", default="resid_pre,attn.out,mlp.out,heads",
-                   help="what to patch: comma-separated resid_pre, attn.out, mlp.out (by layer x position), heads")
+    s.add_argument(
+        "--sites",
+        default="resid_pre,attn.out,mlp.out,heads",
+        help="what to patch: comma-separated resid_pre, attn.out, mlp.out (by layer x position), heads",
+    )
     s.set_defaults(func=cmd_patch)
-    s = sub.add_parser("lens", help="causal LM: logit lens, direct logit attribution, head types; with --head "
-                       "also why that head attends where it does (QK attribution, ablation)",
-                       parents=[shared_options(model="smollm2-135m", out="output folder (default runs/lens-<time>)")])
+    s = sub.add_parser(
+        "lens",
+        help="causal LM: logit lens, direct logit attribution, head types; with --head "
+        "also why that head attends where it does (QK attribution, ablation)",
+        parents=[shared_options(model="smollm2-135m", out="output folder (default runs/lens-<time>)")],
+    )
     s.add_argument("text")
     s.add_argument("--target", default=None, help="token whose logit is explained; default: the prediction")
     s.add_argument("--head", default=None, help="LAYER.HEAD for the QK attribution table, e.g. 9.6")
@@ -398,16 +599,32 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--types-length", type=int, default=20, help="random tokens per head-type sequence (repeated)")
     s.add_argument("--types-seqs", type=int, default=4, help="random sequences for the head types")
     s.set_defaults(func=cmd_lens)
-    s = sub.add_parser("mediate", help="causal mediation (Vig et al. 2020): TE, NIE, NDE per head and layer",
-                       parents=[shared_options(model="smollm2-135m", out="output folder (default runs/mediate-<time>)",
-                                               seed=False)])
+    s = sub.add_parser(
+        "mediate",
+        help="causal mediation (Vig et al. 2020): TE, NIE, NDE per head and layer",
+        parents=[shared_options(model="smollm2-135m", out="output folder (default runs/mediate-<time>)", seed=False)],
+    )
     s.add_argument("--prompts", type=int, default=8, help="number of template x profession prompts")
-    s.add_argument("--component", choices=["attn.pattern", "attn.z"], default="attn.pattern",
-                   help="head site: attention weights (as Vig et al.) or the head's output")
+    s.add_argument(
+        "--component",
+        choices=["attn.pattern", "attn.z"],
+        default="attn.pattern",
+        help="head site: attention weights (as Vig et al.) or the head's output",
+    )
     s.set_defaults(func=cmd_mediate)
-    s = sub.add_parser("evaluate", help="faithfulness of methods over a dataset, in a resumable run store",
-                       parents=[shared_options(model=DEFAULT_MODEL, out="run folder; the same command resumes it",
-                                               out_required=True, overwrite=False, dtype=False)])
+    s = sub.add_parser(
+        "evaluate",
+        help="faithfulness of methods over a dataset, in a resumable run store",
+        parents=[
+            shared_options(
+                model=DEFAULT_MODEL,
+                out="run folder; the same command resumes it",
+                out_required=True,
+                overwrite=False,
+                dtype=False,
+            )
+        ],
+    )
     s.add_argument("--data", required=True, help="movies, tweets, drugs, a .csv/.tsv/.jsonl file or an ERASER folder")
     s.add_argument("--methods", default="attention", help="comma-separated method names, or 'all'")
     s.add_argument("--method-params", default=None, help='JSON, e.g. {"integrated_gradients": {"steps": 16}}')
@@ -415,7 +632,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sample", type=int, default=None, help="N examples drawn with --seed (kept in file order)")
     s.add_argument("--text-column", default=None)
     s.add_argument("--label-column", default=None)
-    s.add_argument("--truncate", action="store_true", help="cut texts longer than the model's positions (default: skip)")
+    s.add_argument(
+        "--truncate", action="store_true", help="cut texts longer than the model's positions (default: skip)"
+    )
     s.add_argument("--replacement", choices=["delete", "mask"], default="delete", help="how erasure removes tokens")
     s.add_argument("--flip-layers", default="last", help="decision-flip layers: last, all or a layer number")
     s.add_argument("--cf-layers", default="last", help="counterfactual-attention layers: last, all or a number")
@@ -427,22 +646,34 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ray-address", default=None, help="existing Ray cluster (e.g. auto, ray://head:10001)")
     s.add_argument("--workers", type=int, default=None, help="Ray actors (one model each)")
     s.set_defaults(func=cmd_evaluate)
-    s = sub.add_parser("benchmark", help="ground truth: which methods recover planted tokens (normal vs deceptive)",
-                       parents=[shared_options(model=None, out="output folder", out_required=True, dtype=False)])
+    s = sub.add_parser(
+        "benchmark",
+        help="ground truth: which methods recover planted tokens (normal vs deceptive)",
+        parents=[shared_options(model=None, out="output folder", out_required=True, dtype=False)],
+    )
     s.add_argument("--tasks", default="all", help="comma-separated: keyword,order,negation,together (default all)")
     s.add_argument("--methods", default=None, help="comma-separated method names (default: every registered)")
     s.add_argument("--n-examples", type=int, default=50, help="generated texts per task (default 50)")
-    s.add_argument("--quantity", choices=["prob", "logit", "logprob"], default="logit",
-                   help="explained quantity of the predicted class (default logit: these models saturate)")
+    s.add_argument(
+        "--quantity",
+        choices=["prob", "logit", "logprob"],
+        default="logit",
+        help="explained quantity of the predicted class (default logit: these models saturate)",
+    )
     s.set_defaults(func=cmd_benchmark)
     s = sub.add_parser("report", help="(re)build DIR/report.html from a run folder's manifest and arrays alone")
     s.add_argument("dir", help="a run folder written by any streetlamp command")
     s.add_argument("--open", action="store_true", help="open the report in the default browser")
     s.set_defaults(func=cmd_report)
     s = sub.add_parser("serve", help="a local web app on the report's front end: remove a token, ablate a head, live")
-    s.add_argument("--model", action="append", help=f"embedded name or checkpoint folder; repeat for several "
-                   f"(default {DEFAULT_MODEL})")
-    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --allow-remote)")
+    s.add_argument(
+        "--model",
+        action="append",
+        help=f"embedded name or checkpoint folder; repeat for several (default {DEFAULT_MODEL})",
+    )
+    s.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --allow-remote)"
+    )
     s.add_argument("--port", type=int, default=8765)
     s.add_argument("--allow-remote", action="store_true", help="allow a --host other than 127.0.0.1/localhost")
     s.add_argument("--runs", default="runs/serve", help="where 'save as run folder' writes (default runs/serve)")
@@ -450,17 +681,28 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--queue", type=int, default=8, help="requests that may wait per model (default 8)")
     s.add_argument("--device", default="cpu", help="cpu, cuda, cuda:0 ...")
     s.set_defaults(func=cmd_serve)
-    s = sub.add_parser("cot", help="chain-of-thought faithfulness: hints, biased contexts, early answering, "
-                       "mistakes, paraphrases, filler (local model or OpenAI-compatible server)")
+    s = sub.add_parser(
+        "cot",
+        help="chain-of-thought faithfulness: hints, biased contexts, early answering, "
+        "mistakes, paraphrases, filler (local model or OpenAI-compatible server)",
+    )
     s.add_argument("--model", default=None, help="a local causal LM (e.g. smollm2-135m)")
     s.add_argument("--endpoint", default=None, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8080/v1")
     s.add_argument("--served-model", default=None, help="model name on the server (default: its only model)")
     s.add_argument("--api", choices=["chat", "completions"], default="chat", help="server API (with --endpoint)")
-    s.add_argument("--data", required=True, help="bbh:TASK (BIG-Bench Hard task) or a .jsonl (question, choices, answer)")
-    s.add_argument("--tests", default="hint,biased_fewshot,early_answer",
-                   help="comma-separated: hint, biased_fewshot, early_answer, add_mistake, paraphrase, filler; or all")
-    s.add_argument("--hint-kinds", default="sycophancy,metadata",
-                   help="sycophancy, consistency, metadata, grader_hacking, unethical")
+    s.add_argument(
+        "--data", required=True, help="bbh:TASK (BIG-Bench Hard task) or a .jsonl (question, choices, answer)"
+    )
+    s.add_argument(
+        "--tests",
+        default="hint,biased_fewshot,early_answer",
+        help="comma-separated: hint, biased_fewshot, early_answer, add_mistake, paraphrase, filler; or all",
+    )
+    s.add_argument(
+        "--hint-kinds",
+        default="sycophancy,metadata",
+        help="sycophancy, consistency, metadata, grader_hacking, unethical",
+    )
     s.add_argument("--biases", default="always_a,suggested", help="always_a, suggested")
     s.add_argument("--limit", type=int, default=None, help="first N questions")
     s.add_argument("--max-new-tokens", type=int, default=96, help="chain-of-thought length cap")
@@ -477,8 +719,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--device", default="cpu")
     s.set_defaults(func=cmd_cot)
-    s = sub.add_parser("probe", help="probes with control tasks (selectivity), MDL, and amnesic probing: is what a "
-                       "layer holds also used?")
+    s = sub.add_parser(
+        "probe",
+        help="probes with control tasks (selectivity), MDL, and amnesic probing: is what a layer holds also used?",
+    )
     s.add_argument("--task", required=True, help="pos, upos, sentiment, deciding:TASK, negated, or a .jsonl/.csv file")
     s.add_argument("--model", default=DEFAULT_MODEL, help="embedded name, checkpoint folder or gt-TASK-VARIANT")
     s.add_argument("--data", default="movies", help="texts for pos/upos/sentiment: movies, tweets, drugs, a file")
@@ -489,17 +733,28 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--weight-decay", type=float, default=1e-3, help="L2 on probe weights (mean loss + wd/2 |W|^2)")
     s.add_argument("--dropout", type=float, default=0.0)
     s.add_argument("--subtoken", choices=["first", "last"], default="first", help="sub-token that represents a word")
-    s.add_argument("--pool", choices=["first", "last", "mean"], default=None,
-                   help="sentence tasks: position read (default: first for classifiers, last for causal LMs)")
+    s.add_argument(
+        "--pool",
+        choices=["first", "last", "mean"],
+        default=None,
+        help="sentence tasks: position read (default: first for classifiers, last for causal LMs)",
+    )
     s.add_argument("--split", default="0.6,0.2,0.2", help="train,dev,test fractions of the texts")
     s.add_argument("--limit", type=int, default=None, help="first N texts only")
     s.add_argument("--n-examples", type=int, default=300, help="generated texts for deciding:TASK / negated")
-    s.add_argument("--sweep", default="hidden:4,16,64,256,1024",
-                   help="capacity sweep KIND:v1,v2,.. (hidden, rank, weight_decay, dropout) or none")
+    s.add_argument(
+        "--sweep",
+        default="hidden:4,16,64,256,1024",
+        help="capacity sweep KIND:v1,v2,.. (hidden, rank, weight_decay, dropout) or none",
+    )
     s.add_argument("--sweep-layer", default=None, help="layer of the sweep (default: the middle layer)")
     s.add_argument("--random-seeds", type=int, default=5, help="random-direction erasures per layer")
-    s.add_argument("--erase-at", choices=["items", "all"], default="items",
-                   help="token tasks: erase at the labelled sub-tokens (where LEACE was fitted) or at every position")
+    s.add_argument(
+        "--erase-at",
+        choices=["items", "all"],
+        default="items",
+        help="token tasks: erase at the labelled sub-tokens (where LEACE was fitted) or at every position",
+    )
     s.add_argument("--no-mdl", action="store_true")
     s.add_argument("--no-amnesic", action="store_true")
     s.add_argument("--truncate", action="store_true")
@@ -519,8 +774,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import warnings
 
     # a warning is one line for the user, not a source excerpt
-    warnings.formatwarning = lambda message, category, filename, lineno, line=None: (
-        f"streetlamp: warning: {message}\n")
+    warnings.formatwarning = lambda message, category, filename, lineno, line=None: f"streetlamp: warning: {message}\n"
     try:
         return int(args.func(args))
     except StreetlampError as e:
@@ -531,6 +785,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # `streetlamp methods | head`: the reader left; no traceback
         import os
+
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
 

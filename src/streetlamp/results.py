@@ -1,5 +1,6 @@
 """The result of an attribution method: :class:`Explanation`, raw arrays with named axes plus an
 ``info`` record. Run folders save them as safetensors + JSON (:mod:`streetlamp.store`)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

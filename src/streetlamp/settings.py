@@ -6,6 +6,7 @@ after loading it. Both raise :class:`~streetlamp.errors.StreetlampError` (one li
 ``batch_size`` is the token budget of one forward pass (:mod:`streetlamp.batching`), under that one
 name from the CLI's ``--batch-size`` to the engine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -198,6 +199,7 @@ class PatchSettings(Settings):
     def validate(self, adapter: ModelAdapter) -> None:
         if self.paths:
             from .runners.patch import parse_heads
+
             parse_heads(adapter, self.receiver)
 
 
@@ -264,9 +266,17 @@ class EvaluateSettings(Settings):
         from .evaluation.pipeline import EvalSettings
 
         cf = Counterfactual(eps=self.eps, n_permutations=self.permutations, steps=self.adv_steps)
-        return EvalSettings(methods=self.methods, method_params=self.method_params, seed=self.seed,
-                            batch_size=self.batch_size, replacement=self.replacement, flip_layers=self.flip_layers,
-                            cf_layers=self.cf_layers, counterfactual=cf.__dict__.copy(), truncate=self.truncate)
+        return EvalSettings(
+            methods=self.methods,
+            method_params=self.method_params,
+            seed=self.seed,
+            batch_size=self.batch_size,
+            replacement=self.replacement,
+            flip_layers=self.flip_layers,
+            cf_layers=self.cf_layers,
+            counterfactual=cf.__dict__.copy(),
+            truncate=self.truncate,
+        )
 
     def validate(self, adapter: ModelAdapter) -> None:
         layers_of(adapter, self.flip_layers, "--flip-layers")

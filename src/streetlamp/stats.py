@@ -17,6 +17,7 @@
 * :func:`precision_at_k` -- expected precision of the top ``k`` when ties at the cut are broken at
   random (so it too does not depend on token order).
 """
+
 from __future__ import annotations
 
 import warnings

@@ -17,6 +17,7 @@ Structural faults (not JSON, missing fields, wrong types, fewer than two choices
 :class:`StreetlampError`; a question whose answer is not among its choices, or with duplicate
 choices, is skipped and counted (``Questions.skipped``), so one bad row does not sink a file.
 """
+
 from __future__ import annotations
 
 import glob
@@ -32,13 +33,30 @@ from ..errors import StreetlampError
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 # the BIG-Bench tasks behind the 23 BIG-Bench Hard tasks that are multiple choice with target_scores
-BBH_TASKS = ("causal_judgment", "date_understanding", "disambiguation_qa", "formal_fallacies_syllogisms_negation",
-             "geometric_shapes", "hyperbaton", "logical_deduction", "movie_recommendation", "navigate",
-             "penguins_in_a_table", "reasoning_about_colored_objects", "ruin_names",
-             "salient_translation_error_detection", "snarks", "sports_understanding", "temporal_sequences",
-             "tracking_shuffled_objects", "web_of_lies")
-SDIST_HINT = ("pip download --no-deps --no-binary :all: bigbench -d ~/.cache/streetlamp/sdist  "
-              "(or `make bigbench`; ~360 MB, read by path, never installed)")
+BBH_TASKS = (
+    "causal_judgment",
+    "date_understanding",
+    "disambiguation_qa",
+    "formal_fallacies_syllogisms_negation",
+    "geometric_shapes",
+    "hyperbaton",
+    "logical_deduction",
+    "movie_recommendation",
+    "navigate",
+    "penguins_in_a_table",
+    "reasoning_about_colored_objects",
+    "ruin_names",
+    "salient_translation_error_detection",
+    "snarks",
+    "sports_understanding",
+    "temporal_sequences",
+    "tracking_shuffled_objects",
+    "web_of_lies",
+)
+SDIST_HINT = (
+    "pip download --no-deps --no-binary :all: bigbench -d ~/.cache/streetlamp/sdist  "
+    "(or `make bigbench`; ~360 MB, read by path, never installed)"
+)
 
 
 @dataclass(frozen=True)
@@ -74,8 +92,7 @@ class Questions:
 def _check_question(qid: str, question: object, choices: object, where: str) -> tuple[str, tuple[str, ...]]:
     if not isinstance(question, str) or not question.strip():
         raise StreetlampError(f"{where}: 'question' must be a non-empty string")
-    if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, str) and c.strip()
-                                                                       for c in choices):
+    if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, str) and c.strip() for c in choices):
         raise StreetlampError(f"{where}: 'choices' must be a list of at least two non-empty strings")
     if len(choices) > len(LETTERS):
         raise StreetlampError(f"{where}: {len(choices)} choices; at most {len(LETTERS)} (letters A-Z)")
@@ -161,8 +178,10 @@ def find_sdist() -> Path | None:
         if not p.is_file():
             raise StreetlampError(f"$STREETLAMP_BIGBENCH={env} is not a file")
         return p
-    hits = sorted(glob.glob(str(cache_dir() / "sdist" / "bigbench-*.tar.gz")) +
-                  glob.glob(str(cache_dir() / "sdist" / "bigbench-*.zip")))
+    hits = sorted(
+        glob.glob(str(cache_dir() / "sdist" / "bigbench-*.tar.gz"))
+        + glob.glob(str(cache_dir() / "sdist" / "bigbench-*.zip"))
+    )
     return Path(hits[-1]) if hits else None
 
 
@@ -209,20 +228,24 @@ def load_bbh(task: str) -> Questions:
 
     task = task.strip().strip("/")
     if not task or ".." in task.split("/") or not all(p.replace("_", "").isalnum() for p in task.split("/")):
-        raise StreetlampError(f"bad BIG-Bench task name {task!r} (e.g. bbh:causal_judgment, "
-                              "bbh:logical_deduction/three_objects)")
+        raise StreetlampError(
+            f"bad BIG-Bench task name {task!r} (e.g. bbh:causal_judgment, bbh:logical_deduction/three_objects)"
+        )
     cached = cache_dir() / "bigbench" / task / "task.json"
     if not cached.is_file():
         sdist = find_sdist()
         if sdist is None:
-            raise StreetlampError(f"BIG-Bench task {task!r} is not cached and the bigbench sdist is not found; "
-                                  f"get it with: {SDIST_HINT}")
+            raise StreetlampError(
+                f"BIG-Bench task {task!r} is not cached and the bigbench sdist is not found; get it with: {SDIST_HINT}"
+            )
         # one read of the (gzip, ~360 MB) archive: take every BBH task not cached yet in the same pass
         root = cache_dir() / "bigbench"
         want = [task] + [t for t in BBH_TASKS if t != task and not (root / t / "task.json").is_file()]
         if task not in extract_tasks(sdist, want, root):
-            raise StreetlampError(f"no task {task!r} in {sdist.name} (BIG-Bench Hard tasks: {', '.join(BBH_TASKS)}; "
-                                  "some have subtasks, e.g. logical_deduction/three_objects)")
+            raise StreetlampError(
+                f"no task {task!r} in {sdist.name} (BIG-Bench Hard tasks: {', '.join(BBH_TASKS)}; "
+                "some have subtasks, e.g. logical_deduction/three_objects)"
+            )
     try:
         doc = json.loads(cached.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -231,9 +254,14 @@ def load_bbh(task: str) -> Questions:
     qs.source = str(cached)
     if not qs.questions:
         subs = [s.get("name") for s in doc.get("subtasks", []) if isinstance(s, dict)] if isinstance(doc, dict) else []
-        raise StreetlampError(f"BIG-Bench task {task!r} has no multiple-choice examples"
-                              + (f"; it has subtasks: {', '.join(str(s).split(':')[-1] for s in subs)} "
-                                 f"(use bbh:{task}/SUBTASK)" if subs else ""))
+        raise StreetlampError(
+            f"BIG-Bench task {task!r} has no multiple-choice examples"
+            + (
+                f"; it has subtasks: {', '.join(str(s).split(':')[-1] for s in subs)} (use bbh:{task}/SUBTASK)"
+                if subs
+                else ""
+            )
+        )
     return qs
 
 
@@ -243,6 +271,8 @@ def load_questions(spec: str) -> Questions:
         return load_bbh(spec[4:])
     p = Path(spec)
     if p.suffix != ".jsonl":
-        raise StreetlampError(f"--data {spec!r}: give bbh:TASK (a BIG-Bench Hard task) or a .jsonl file "
-                              "(question, choices, answer per line)")
+        raise StreetlampError(
+            f"--data {spec!r}: give bbh:TASK (a BIG-Bench Hard task) or a .jsonl file "
+            "(question, choices, answer per line)"
+        )
     return read_jsonl(p)

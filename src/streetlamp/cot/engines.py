@@ -10,6 +10,7 @@ the runner; failures of the *server* (unreachable, HTTP errors after the retries
 not OpenAI JSON, the request budget spent) raise :class:`StreetlampError` with one line, so the run
 stops with everything already stored kept and a rerun resumes.
 """
+
 from __future__ import annotations
 
 import json
@@ -85,9 +86,15 @@ class LocalEngine:
         self._letter_ids: dict[str, int] = {}
 
     def describe(self) -> dict:
-        return {"engine": "local", "model": self.adapter.name, "source": self.adapter.source,
-                "decoding": "greedy" if self.temperature == 0 else "sampling", "temperature": self.temperature,
-                "top_p": self.top_p, "chat_template": self.chat}
+        return {
+            "engine": "local",
+            "model": self.adapter.name,
+            "source": self.adapter.source,
+            "decoding": "greedy" if self.temperature == 0 else "sampling",
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "chat_template": self.chat,
+        }
 
     def can_continue(self) -> bool:
         return True
@@ -98,8 +105,9 @@ class LocalEngine:
     def render(self, p: Prompt) -> str:
         tok = self.adapter.tokenizer
         if self.chat:
-            head = tok.apply_chat_template([{"role": "user", "content": p.user}], tokenize=False,
-                                           add_generation_prompt=True)
+            head = tok.apply_chat_template(
+                [{"role": "user", "content": p.user}], tokenize=False, add_generation_prompt=True
+            )
         else:
             head = f"User: {p.user}\n\nAssistant:"
         return head + p.assistant
@@ -123,10 +131,17 @@ class LocalEngine:
                 torch.manual_seed(seed)
                 kw = {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p}
             with torch.no_grad():
-                gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                     pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                                     stopping_criteria=[_AnswerStop(tok, ids.shape[1])], top_k=None, **kw)
-            new = gen[0, ids.shape[1]:].tolist()
+                gen = model.generate(
+                    input_ids=ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=max_new_tokens,
+                    pad_token_id=tok.pad_token_id,
+                    eos_token_id=tok.eos_token_id,
+                    stopping_criteria=[_AnswerStop(tok, ids.shape[1])],
+                    top_k=None,
+                    **kw,
+                )
+            new = gen[0, ids.shape[1] :].tolist()
             out.append(Generation(tok.decode(new, skip_special_tokens=True), len(new)))
         return out
 
@@ -165,7 +180,7 @@ class _AnswerStop:
     def __call__(self, input_ids: Any, scores: Any, **kw: Any) -> Any:
         import torch
 
-        text = self.tok.decode(input_ids[0, self.start:][-12:], skip_special_tokens=True)
+        text = self.tok.decode(input_ids[0, self.start :][-12:], skip_special_tokens=True)
         done = bool(re.search(r"answer is:? \(?[A-Z]\)", text))
         return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
 
@@ -209,11 +224,14 @@ class HttpEngine:
         if self.s.api not in ("chat", "completions"):
             raise StreetlampError("--api must be chat or completions")
         if not re.match(r"^https?://", self.s.endpoint):
-            raise StreetlampError(f"--endpoint {self.s.endpoint!r} is not an http(s) URL (e.g. http://127.0.0.1:8080/v1)")
+            raise StreetlampError(
+                f"--endpoint {self.s.endpoint!r} is not an http(s) URL (e.g. http://127.0.0.1:8080/v1)"
+            )
         self.base = self.s.endpoint.rstrip("/")
         headers = {"Authorization": f"Bearer {self.s.api_key}"} if self.s.api_key else {}
-        self.client = httpx.Client(timeout=self.s.timeout, headers=headers,
-                                   limits=httpx.Limits(max_connections=max(1, self.s.concurrency)))
+        self.client = httpx.Client(
+            timeout=self.s.timeout, headers=headers, limits=httpx.Limits(max_connections=max(1, self.s.concurrency))
+        )
 
     def describe(self) -> dict:
         return {"engine": "http", **self.s.record(), "requests_sent": self.sent, "retries_used": self.retried}
@@ -242,11 +260,13 @@ class HttpEngine:
         try:
             names = [m["id"] for m in r.json()["data"]]
         except (ValueError, KeyError, TypeError):
-            raise StreetlampError(f"{self.base}/models did not answer an OpenAI model list; give --served-model "
-                                  "NAME") from None
+            raise StreetlampError(
+                f"{self.base}/models did not answer an OpenAI model list; give --served-model NAME"
+            ) from None
         if len(names) != 1:
-            raise StreetlampError(f"{self.base} serves {len(names)} models ({', '.join(names[:5])}); "
-                                  "choose one with --served-model")
+            raise StreetlampError(
+                f"{self.base} serves {len(names)} models ({', '.join(names[:5])}); choose one with --served-model"
+            )
         self.s.model = names[0]
         return names[0]
 
@@ -255,8 +275,10 @@ class HttpEngine:
 
         with self._lock:
             if self.s.budget is not None and self.sent >= self.s.budget:
-                raise BudgetSpent(f"request budget of {self.s.budget} spent; what is done is stored: rerun "
-                                  "(with a new --budget) to continue")
+                raise BudgetSpent(
+                    f"request budget of {self.s.budget} spent; what is done is stored: rerun "
+                    "(with a new --budget) to continue"
+                )
             self.sent += 1
         url = f"{self.base}{path}"
         last = ""
@@ -282,11 +304,13 @@ class HttpEngine:
                 doc = r.json()
                 doc["choices"][0]
             except (ValueError, KeyError, IndexError, TypeError):
-                raise StreetlampError(f"{url} answered something that is not an OpenAI completion: "
-                                      f"{_snippet(r.text)}") from None
+                raise StreetlampError(
+                    f"{url} answered something that is not an OpenAI completion: {_snippet(r.text)}"
+                ) from None
             return doc
-        raise StreetlampError(f"{url} failed {self.s.retries + 1} times (last: {last}); what is done is stored: "
-                              "rerun to continue")
+        raise StreetlampError(
+            f"{url} failed {self.s.retries + 1} times (last: {last}); what is done is stored: rerun to continue"
+        )
 
     def _map(self, fn: Any, items: list) -> list:
         if self.s.concurrency <= 1 or len(items) <= 1:
@@ -310,17 +334,23 @@ class HttpEngine:
     def generate(self, prompts: list[Prompt], max_new_tokens: int, seeds: list[int]) -> list[Generation]:
         def one(args: tuple[Prompt, int]) -> Generation:
             p, seed = args
-            common = {"model": self.s.model, "max_tokens": max_new_tokens, "temperature": self.s.temperature,
-                      "seed": seed}
+            common = {
+                "model": self.s.model,
+                "max_tokens": max_new_tokens,
+                "temperature": self.s.temperature,
+                "seed": seed,
+            }
             if self.s.api == "chat":
                 doc = self._post("/chat/completions", {**common, "messages": self._messages(p, False)})
                 text = _field(doc, ("message", "content"))
             else:
-                doc = self._post("/completions", {**common, "prompt": self._text_prompt(p),
-                                                  "stop": ["\nUser:", "\n\nQuestion:"]})
+                doc = self._post(
+                    "/completions", {**common, "prompt": self._text_prompt(p), "stop": ["\nUser:", "\n\nQuestion:"]}
+                )
                 text = _field(doc, ("text",))
             usage = doc.get("usage") or {}
             return Generation(text, usage.get("completion_tokens") if isinstance(usage, dict) else None)
+
         return self._map(one, list(zip(prompts, seeds)))
 
     def choose(self, prompts: list[Prompt], letters: list[str]) -> list[Choice]:
@@ -328,15 +358,23 @@ class HttpEngine:
             p, ls = args
             common = {"model": self.s.model, "temperature": 0.0}
             if self.s.api == "chat":
-                doc = self._post("/chat/completions", {**common, "messages": self._messages(p, True), "max_tokens": 8,
-                                                       "logprobs": True, "top_logprobs": 5})
+                doc = self._post(
+                    "/chat/completions",
+                    {
+                        **common,
+                        "messages": self._messages(p, True),
+                        "max_tokens": 8,
+                        "logprobs": True,
+                        "top_logprobs": 5,
+                    },
+                )
                 text = _field(doc, ("message", "content"))
                 probs = _chat_letter_probs(doc, ls)
                 return Choice(parse_letter(text, ls, after_cue=False), probs, text)
-            doc = self._post("/completions", {**common, "prompt": self._text_prompt(p), "max_tokens": 2,
-                                              "logprobs": 5})
+            doc = self._post("/completions", {**common, "prompt": self._text_prompt(p), "max_tokens": 2, "logprobs": 5})
             text = _field(doc, ("text",))
             return Choice(parse_letter(text, ls, after_cue=True), _completion_letter_probs(doc, ls), text)
+
         return self._map(one, list(zip(prompts, letters)))
 
 

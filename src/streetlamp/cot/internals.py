@@ -15,6 +15,7 @@ letter (after the chain and the cue ``So the answer is (``):
 for: high attention mass on the chain, small mass on the hint, and knockout/occlusion effects the
 other way round.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -39,8 +40,9 @@ def _span(text: str, part: str, start: int = 0, last: bool = False) -> tuple[int
     return (i, i + len(part)) if i >= 0 else None
 
 
-def hint_internals(engine: Any, hinted: Prompt, unhinted: Prompt, hint_parts: tuple[str, str], chain: str,
-                   letter: str) -> dict:
+def hint_internals(
+    engine: Any, hinted: Prompt, unhinted: Prompt, hint_parts: tuple[str, str], chain: str, letter: str
+) -> dict:
     """``hinted``/``unhinted``: answer prompts (same chain, ending with the answer cue)."""
     adapter = engine.adapter
     text = engine.render(hinted)
@@ -65,20 +67,30 @@ def hint_internals(engine: Any, hinted: Prompt, unhinted: Prompt, hint_parts: tu
             return out
         idx = torch.tensor(positions)
         for l in range(adapter.n_layers):
+
             def edit(p: torch.Tensor) -> torch.Tensor:
                 p = p.clone()
                 row = p[:, :, -1, :]
                 row[:, :, idx] = 0
                 p[:, :, -1, :] = row / row.sum(-1, keepdim=True).clamp_min(1e-30)
                 return p
+
             with torch.no_grad():
                 lg = adapter.forward(inputs, edit={f"layers.{l}.attn.pattern": edit}).logits[0].double()
             out[l] = base - float(torch.log_softmax(lg.double(), -1)[lid])
         return out
 
     without = engine.letter_logits(unhinted, letter)[0]
-    return {"n_tokens": len(ids), "hint_positions": hint_pos, "chain_positions": len(chain_pos),
-            "logp_hinted_letter": base, "occlusion_effect": base - float(without[lid]),
-            "attention_hint": mass_hint.tolist(), "attention_chain": mass_chain.tolist(),
-            "knockout_hint": knockout(hint_pos).tolist(), "knockout_chain": knockout(chain_pos).tolist(),
-            "uniform_hint_share": len(hint_pos) / len(ids), "uniform_chain_share": len(chain_pos) / len(ids)}
+    return {
+        "n_tokens": len(ids),
+        "hint_positions": hint_pos,
+        "chain_positions": len(chain_pos),
+        "logp_hinted_letter": base,
+        "occlusion_effect": base - float(without[lid]),
+        "attention_hint": mass_hint.tolist(),
+        "attention_chain": mass_chain.tolist(),
+        "knockout_hint": knockout(hint_pos).tolist(),
+        "knockout_chain": knockout(chain_pos).tolist(),
+        "uniform_hint_share": len(hint_pos) / len(ids),
+        "uniform_chain_share": len(chain_pos) / len(ids),
+    }

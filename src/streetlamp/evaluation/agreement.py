@@ -5,6 +5,7 @@ structural special tokens excluded (the one policy of streetlamp's tau, see :mod
 NaN when fewer than two tokens remain or a ranking is constant. The method x method matrix is the
 mean of the per-example taus (NaNs ignored).
 """
+
 from __future__ import annotations
 
 import itertools

@@ -1,4 +1,5 @@
 """Shared pieces: batched output distributions of token-id rows, and ranking by score."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -14,9 +15,14 @@ EditBuilder = Callable[[list[int], int], dict]
 
 
 @torch.no_grad()
-def output_map(adapter: ModelAdapter, rows: Sequence[Sequence[int]], budget: int | None,
-               fn: Callable[[list[int], torch.Tensor], torch.Tensor], width: int,
-               edit: EditBuilder | None = None) -> np.ndarray:
+def output_map(
+    adapter: ModelAdapter,
+    rows: Sequence[Sequence[int]],
+    budget: int | None,
+    fn: Callable[[list[int], torch.Tensor], torch.Tensor],
+    width: int,
+    edit: EditBuilder | None = None,
+) -> np.ndarray:
     """``fn(group, probs)`` for every row, ``[rows, width]`` float64, never holding all distributions.
 
     ``probs`` is the softmax over the explained outputs of the rows ``group`` (float64, on the
@@ -32,14 +38,20 @@ def output_map(adapter: ModelAdapter, rows: Sequence[Sequence[int]], budget: int
     return out
 
 
-def output_probs(adapter: ModelAdapter, rows: Sequence[Sequence[int]], budget: int | None,
-                 edit: EditBuilder | None = None) -> np.ndarray:
+def output_probs(
+    adapter: ModelAdapter, rows: Sequence[Sequence[int]], budget: int | None, edit: EditBuilder | None = None
+) -> np.ndarray:
     """Softmax over the explained outputs for every row, ``[rows, n_outputs]`` float64."""
     return output_map(adapter, rows, budget, lambda group, p: p, adapter.n_outputs, edit)
 
 
-def output_prob_of(adapter: ModelAdapter, rows: Sequence[Sequence[int]], budget: int | None,
-                   index: Sequence[int], edit: EditBuilder | None = None) -> np.ndarray:
+def output_prob_of(
+    adapter: ModelAdapter,
+    rows: Sequence[Sequence[int]],
+    budget: int | None,
+    index: Sequence[int],
+    edit: EditBuilder | None = None,
+) -> np.ndarray:
     """Probability of output ``index[r]`` for every row ``r``, ``[rows]``."""
     idx = torch.as_tensor(np.asarray(index, np.int64))
 

@@ -18,6 +18,7 @@ attention distribution read by the classifier -- for each layer in ``layers``.
 * Uniform baseline: every attention row of every layer replaced by the uniform distribution over
   the keys the mask allows; ``uniform_tvd``, ``uniform_flip`` (argmax changed) and accuracy.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -51,8 +52,15 @@ class Counterfactual:
     lam: float = 50.0
     js_threshold: float = 0.5
 
-    def permutations(self, adapter: ModelAdapter, inp: Inputs, probs: np.ndarray, layer: int,
-                     seeds: Sequence[int], budget: int | None) -> list[float]:
+    def permutations(
+        self,
+        adapter: ModelAdapter,
+        inp: Inputs,
+        probs: np.ndarray,
+        layer: int,
+        seeds: Sequence[int],
+        budget: int | None,
+    ) -> list[float]:
         rows = inp.rows()
         with torch.no_grad():
             att = adapter.forward(inp, record=[f"layers.{layer}.attn.pattern"]).cache[f"layers.{layer}.attn.pattern"]
@@ -75,12 +83,14 @@ class Counterfactual:
             return {f"layers.{layer}.attn.pattern": _row_edit(pos, nr)}
 
         ref = torch.as_tensor(np.asarray(probs, np.float64)[np.array(where)])
-        d = output_map(adapter, plan, budget, lambda group, p: total_variation_t(p, ref[group].to(p.device)),
-                       1, build)[:, 0]
+        d = output_map(adapter, plan, budget, lambda group, p: total_variation_t(p, ref[group].to(p.device)), 1, build)[
+            :, 0
+        ]
         return [float(np.median(d[np.array(where) == b])) for b in range(len(rows))]
 
-    def adversarial(self, adapter: ModelAdapter, inp: Inputs, probs: np.ndarray, layer: int,
-                    seeds: Sequence[int]) -> tuple[list[float], list[float]]:
+    def adversarial(
+        self, adapter: ModelAdapter, inp: Inputs, probs: np.ndarray, layer: int, seeds: Sequence[int]
+    ) -> tuple[list[float], list[float]]:
         """Best feasible JS (bits) and its output TVD per text, for one layer; one padded batch."""
         site = f"layers.{layer}.attn.pattern"
         dev = adapter.device
@@ -91,8 +101,14 @@ class Counterfactual:
         width = att.shape[-1]
         real = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).to(dev)  # [B, W]
         orig = att[torch.arange(len(lengths)), :, pos.to(att.device)]  # [B, H, W]
-        noise = torch.stack([torch.as_tensor(np.random.default_rng([s, layer, 7]).standard_normal(
-            (adapter.n_heads, width)), dtype=torch.float32) for s in seeds]).to(dev)
+        noise = torch.stack(
+            [
+                torch.as_tensor(
+                    np.random.default_rng([s, layer, 7]).standard_normal((adapter.n_heads, width)), dtype=torch.float32
+                )
+                for s in seeds
+            ]
+        ).to(dev)
         z = (torch.log(orig + 1e-12) + noise).detach().requires_grad_(True)
         y0 = torch.as_tensor(probs, dtype=torch.float32, device=dev)
         opt = torch.optim.Adam([z], lr=self.lr)
@@ -120,10 +136,12 @@ class Counterfactual:
         def build(group: list[int], width: int) -> dict:
             def fn(p: torch.Tensor) -> torch.Tensor:
                 from ..models.trace import active_session
+
                 s = active_session()
                 allowed = s.cache["allowed"] if s is not None and "allowed" in s.cache else p > 0
                 u = allowed.to(p.dtype)[:, None, :, :].expand_as(p)
                 return u / u.sum(-1, keepdim=True).clamp_min(1)
+
             return {f"layers.{l}.attn.pattern": fn for l in range(adapter.n_layers)}
 
         return output_probs(adapter, inp.rows(), budget, build)

@@ -17,6 +17,7 @@ With ``F`` the probability of the explained class ``c`` and ``r_k`` the top-k% t
 fallbacks). The choice is recorded in the manifest. "Special" means the model's structural special
 tokens (:meth:`~streetlamp.models.adapter.ModelAdapter.special_mask`); an [UNK] is erased like any word.
 """
+
 from __future__ import annotations
 
 import math
@@ -68,10 +69,10 @@ class ErasurePlan:
         if self.n_rankable == 0:
             return {}, {}
         nk = len(PERCENTS)
-        comp = f_full - f_rows[0:2 * nk:2]
-        suff = f_full - f_rows[1:2 * nk:2]
-        dele = f_rows[2 * nk::2]
-        ins = f_rows[2 * nk + 1::2]
+        comp = f_full - f_rows[0 : 2 * nk : 2]
+        suff = f_full - f_rows[1 : 2 * nk : 2]
+        dele = f_rows[2 * nk :: 2]
+        ins = f_rows[2 * nk + 1 :: 2]
         x = np.array(CURVE_FRACTIONS)
         m: dict[str, float] = {f"comprehensiveness@{k}": float(c) for k, c in zip(PERCENTS, comp)}
         m.update({f"sufficiency@{k}": float(s) for k, s in zip(PERCENTS, suff)})
@@ -79,6 +80,10 @@ class ErasurePlan:
         m["aopc_sufficiency"] = float(suff.mean())
         m["deletion_area"] = float(np.trapezoid(dele, x))
         m["insertion_area"] = float(np.trapezoid(ins, x))
-        arrays = {"comprehensiveness": comp.astype(np.float32), "sufficiency": suff.astype(np.float32),
-                  "deletion_curve": dele.astype(np.float32), "insertion_curve": ins.astype(np.float32)}
+        arrays = {
+            "comprehensiveness": comp.astype(np.float32),
+            "sufficiency": suff.astype(np.float32),
+            "deletion_curve": dele.astype(np.float32),
+            "insertion_curve": ins.astype(np.float32),
+        }
         return m, arrays

@@ -18,6 +18,7 @@ Also the JS divergence (bits) between the output distribution and the output wit
 top-attention item zeroed (``js_top``) vs one random other item zeroed (``js_random``).
 The paper's attention is a single layer over RNN states; here the layer set is a parameter.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -37,8 +38,9 @@ def flip_layers(adapter: ModelAdapter, spec: str) -> list[int]:
     return layers_of(adapter, spec)  # last, all or a layer number in range (no wrapping)
 
 
-def attention_item_scores(adapter: ModelAdapter, inp: Inputs, pred: Sequence[int],
-                          layers: list[int]) -> list[dict[str, np.ndarray]]:
+def attention_item_scores(
+    adapter: ModelAdapter, inp: Inputs, pred: Sequence[int], layers: list[int]
+) -> list[dict[str, np.ndarray]]:
     """attention / gradient / attention x gradient item scores per text, one padded batch."""
     sites = [f"layers.{l}.attn.pattern" for l in layers]
     fwd = adapter.forward(inp, record=sites, keep_grad=True, grad=True)
@@ -51,9 +53,13 @@ def attention_item_scores(adapter: ModelAdapter, inp: Inputs, pred: Sequence[int
         pos = adapter.explained_position(n)
         a = torch.stack([p[b, :, :n, :n].detach() for p in pats]).double()  # [L, H, q, k]
         g = torch.stack([gr[b, :, :n, :n] for gr in grads]).double()
-        out.append({"attention": a[:, :, pos, :].mean((0, 1)).cpu().numpy(),
-                    "gradient": g.sum((0, 1, 2)).cpu().numpy(),
-                    "attention_x_gradient": (a * g).sum((0, 1, 2)).cpu().numpy()})
+        out.append(
+            {
+                "attention": a[:, :, pos, :].mean((0, 1)).cpu().numpy(),
+                "gradient": g.sum((0, 1, 2)).cpu().numpy(),
+                "attention_x_gradient": (a * g).sum((0, 1, 2)).cpu().numpy(),
+            }
+        )
     return out
 
 
@@ -76,9 +82,15 @@ def _zero_edit(keep: list[np.ndarray], layers: list[int]):
     return build
 
 
-def decision_flip(adapter: ModelAdapter, inp: Inputs, probs: np.ndarray,
-                  rankings: list[dict[str, np.ndarray]], layers: list[int], seeds: Sequence[int],
-                  budget: int | None) -> list[dict[str, dict[str, float]]]:
+def decision_flip(
+    adapter: ModelAdapter,
+    inp: Inputs,
+    probs: np.ndarray,
+    rankings: list[dict[str, np.ndarray]],
+    layers: list[int],
+    seeds: Sequence[int],
+    budget: int | None,
+) -> list[dict[str, dict[str, float]]]:
     """Per text: ranking name -> {flip_fraction, flipped, [js_top, js_random]}.
 
     ``rankings[b]`` maps a ranking name to item scores ``[n_b]``; ``random`` is added here."""
@@ -111,7 +123,8 @@ def decision_flip(adapter: ModelAdapter, inp: Inputs, probs: np.ndarray,
                 keeps.append(keep)
                 where.append((b, name, 1))
     out: list[dict[str, dict[str, float]]] = [
-        {name: {"flip_fraction": float("nan"), "flipped": 0.0} for name in rankings[b]} for b in range(len(rows))]
+        {name: {"flip_fraction": float("nan"), "flipped": 0.0} for name in rankings[b]} for b in range(len(rows))
+    ]
     if not plan_rows:
         return out
     owner = np.array([b for b, _, _ in where])

@@ -5,6 +5,7 @@ Rows are ``(example_id, method, metric, value)``; ``method`` is a registered met
 ranking (``attention_items``, ``gradient_items``, ``attention_x_gradient_items``, ``random``), a pair
 ``a|b`` (agreement), ``counterfactual_attention``, ``uniform_attention`` or ``model``.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -22,8 +23,11 @@ from .erasure import ErasurePlan
 from .flip import attention_item_scores, decision_flip, flip_layers
 from .plausibility import plausibility, rationale_mask
 
-FLIP_NAMES = {"attention": "attention_items", "gradient": "gradient_items",
-              "attention_x_gradient": "attention_x_gradient_items"}
+FLIP_NAMES = {
+    "attention": "attention_items",
+    "gradient": "gradient_items",
+    "attention_x_gradient": "attention_x_gradient_items",
+}
 
 
 @dataclass
@@ -65,8 +69,9 @@ def distribution(name: str, p: np.ndarray) -> dict[str, np.ndarray]:
     return {f"{name}.top_ids": top.astype(np.int64), f"{name}.top": p[top].astype(np.float32)}
 
 
-def evaluate_chunk(adapter: ModelAdapter, examples: list[ChunkExample], s: EvalSettings
-                   ) -> tuple[Rows, dict[str, dict[str, np.ndarray]]]:
+def evaluate_chunk(
+    adapter: ModelAdapter, examples: list[ChunkExample], s: EvalSettings
+) -> tuple[Rows, dict[str, dict[str, np.ndarray]]]:
     rows: Rows = []
     arrays: dict[str, dict[str, np.ndarray]] = {e.id: {} for e in examples}
     if not examples:
@@ -108,7 +113,7 @@ def evaluate_chunk(adapter: ModelAdapter, examples: list[ChunkExample], s: EvalS
         f_rows = output_prob_of(adapter, all_rows, budget, pred[owner])
     for name, b, p, start in plans:
         e = examples[b]
-        met, arr = p.metrics(float(probs[b, pred[b]]), f_rows[start:start + len(p.rows)])
+        met, arr = p.metrics(float(probs[b, pred[b]]), f_rows[start : start + len(p.rows)])
         for k, v in met.items():
             add(e.id, name, k, v)
         arrays[e.id][f"{name}.tokens"] = scores[name][b].astype(np.float32)

@@ -18,6 +18,7 @@ with equal scores share a threshold, so no metric depends on the order of tied t
   predicted tokens are those scoring at least the k-th score, so a tie at the cut keeps every tied
   token (order-free; the span has no simple expectation over tie-breaks).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -28,12 +29,12 @@ from ..models.adapter import ModelAdapter
 from ..stats import auprc, average_precision, precision_at_k
 
 
-def rationale_mask(adapter: ModelAdapter, text: str, ids: Sequence[int],
-                   spans: Sequence[tuple[int, int]]) -> np.ndarray | None:
+def rationale_mask(
+    adapter: ModelAdapter, text: str, ids: Sequence[int], spans: Sequence[tuple[int, int]]
+) -> np.ndarray | None:
     """Token mask of the rationale, or None when offsets are unavailable or do not line up."""
     try:
-        enc = adapter.tokenizer(text, return_offsets_mapping=True, truncation=True,
-                                max_length=len(ids))
+        enc = adapter.tokenizer(text, return_offsets_mapping=True, truncation=True, max_length=len(ids))
     except (NotImplementedError, ValueError):
         return None
     if list(enc["input_ids"]) != list(ids):
@@ -80,5 +81,9 @@ def plausibility(scores: np.ndarray, gold: np.ndarray) -> dict[str, float]:
     ps, gs = _runs(pred), _runs(gold)
     pm = sum(any(_iou(p, g) >= 0.5 for g in gs) for p in ps)
     gm = sum(any(_iou(p, g) >= 0.5 for p in ps) for g in gs)
-    return {"average_precision": average_precision(scores, gold), "auprc": auprc(scores, gold), "token_f1": token_f1,
-            "iou_f1": _f1(pm / len(ps), gm / len(gs))}
+    return {
+        "average_precision": average_precision(scores, gold),
+        "auprc": auprc(scores, gold),
+        "token_f1": token_f1,
+        "iou_f1": _f1(pm / len(ps), gm / len(gs)),
+    }

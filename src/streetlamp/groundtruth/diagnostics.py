@@ -13,6 +13,7 @@ ground-truth tasks.
 The attention distribution of a Transformer is the ``[CLS]`` row of its last layer, mean over
 heads (the raw-attention heatmap the ``attention`` method shows), over all real tokens.
 """
+
 from __future__ import annotations
 
 from itertools import combinations
@@ -44,8 +45,12 @@ def seed_variance(models: list[ModelAdapter], examples: list[Example]) -> dict[s
         att_js.append(js_divergence(a1, a2))
         out_js.append(js_divergence(p1, p2))
         agree.append(p1.argmax(-1) == p2.argmax(-1))
-    return {"attention_jsd": float(np.mean(att_js)), "output_jsd": float(np.mean(out_js)),
-            "prediction_agreement": float(np.mean(agree)), "pairs": len(att_js)}
+    return {
+        "attention_jsd": float(np.mean(att_js)),
+        "output_jsd": float(np.mean(out_js)),
+        "prediction_agreement": float(np.mean(agree)),
+        "pairs": len(att_js),
+    }
 
 
 class PooledMLP(nn.Module):
@@ -68,18 +73,28 @@ class PooledMLP(nn.Module):
         return self.out((weights.unsqueeze(-1) * h).sum(1))
 
 
-def frozen_attention_mlp(adapter: ModelAdapter, train: list[Example], test: list[Example],
-                         frozen: dict[str, ModelAdapter], seed: int = 0, steps: int = 400) -> dict[str, float]:
+def frozen_attention_mlp(
+    adapter: ModelAdapter,
+    train: list[Example],
+    test: list[Example],
+    frozen: dict[str, ModelAdapter],
+    seed: int = 0,
+    steps: int = 400,
+) -> dict[str, float]:
     """Held-out accuracy of the pooled MLP with learned, uniform and each frozen attention."""
     tr = adapter.encode([e.text for e in train])
     te = adapter.encode([e.text for e in test])
     ytr = torch.tensor([e.label for e in train])
     yte = torch.tensor([e.label for e in test])
-    setups: dict[str, tuple[torch.Tensor | None, torch.Tensor | None]] = {"learned": (None, None),
-                                                                          "uniform": (None, None)}
+    setups: dict[str, tuple[torch.Tensor | None, torch.Tensor | None]] = {
+        "learned": (None, None),
+        "uniform": (None, None),
+    }
     for name, model in frozen.items():
-        setups[name] = tuple(torch.from_numpy(cls_attention(model, ex)[0][:, :inp.input_ids.shape[1]]).float()
-                             for ex, inp in ((train, tr), (test, te)))  # type: ignore[assignment]
+        setups[name] = tuple(
+            torch.from_numpy(cls_attention(model, ex)[0][:, : inp.input_ids.shape[1]]).float()
+            for ex, inp in ((train, tr), (test, te))
+        )  # type: ignore[assignment]
     acc = {}
     for name, (wtr, wte) in setups.items():
         torch.manual_seed(seed)

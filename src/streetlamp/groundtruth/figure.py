@@ -1,4 +1,5 @@
 """The benchmark figure: AUPRC per method, normal vs deceptive model, one panel per task."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,13 +16,17 @@ def plot_leaderboard(rows: list[dict[str, Any]], path: Path) -> None:
     ok = [r for r in rows if not r.get("error")]
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     methods = list(dict.fromkeys(r["method"] for r in rows))
-    fig, axes = plt.subplots(len(tasks), 1, figsize=(max(6, 0.7 * len(methods) + 2), 2.6 * len(tasks)),
-                             squeeze=False)
+    fig, axes = plt.subplots(len(tasks), 1, figsize=(max(6, 0.7 * len(methods) + 2), 2.6 * len(tasks)), squeeze=False)
     x = np.arange(len(methods))
     for ax, task in zip(axes[:, 0], tasks):
         for j, (variant, colour) in enumerate((("normal", "#4477aa"), ("deceptive", "#ee6677"))):
-            vals = [next((r["auprc"] for r in ok if r["task"] == task and r["variant"] == variant
-                          and r["method"] == m), np.nan) for m in methods]
+            vals = [
+                next(
+                    (r["auprc"] for r in ok if r["task"] == task and r["variant"] == variant and r["method"] == m),
+                    np.nan,
+                )
+                for m in methods
+            ]
             ax.bar(x + (j - 0.5) * 0.38, vals, 0.38, color=colour, label=variant)
         base = [r["base_rate"] for r in ok if r["task"] == task and "base_rate" in r]
         if base:

@@ -13,6 +13,7 @@ text are ranked: ``[CLS]`` and ``[SEP]`` can never be planted and are left out.
 * Comprehensiveness / sufficiency (DeYoung et al., ACL 2020, ERASER), AOPC over {1,5,10,20,50}%,
   tokens deleted, computed by :mod:`streetlamp.evaluation.erasure` on the method's signed scores.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,26 +26,27 @@ from ..stats import auprc, average_precision, precision_at_k
 __all__ = ["auprc", "average_precision", "precision_at_k", "word_scores", "erasure_metrics"]
 
 
-
 def word_scores(token_scores: np.ndarray) -> np.ndarray:
     """|score| of the words: drop ``[CLS]`` (first) and ``[SEP]`` (last)."""
     return np.abs(np.asarray(token_scores, dtype=np.float64)[1:-1])
 
 
-def erasure_metrics(adapter: ModelAdapter, inputs: Inputs, scores: list[np.ndarray],
-                    index: np.ndarray, budget: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def erasure_metrics(
+    adapter: ModelAdapter, inputs: Inputs, scores: list[np.ndarray], index: np.ndarray, budget: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Per-example comprehensiveness and sufficiency AOPC of the signed token scores (ranked by
     value, special tokens never removed), using streetlamp.evaluation's ERASER implementation."""
     ids = inputs.rows()
-    plans = [ErasurePlan.build(r, np.asarray(s, np.float64), adapter.special_mask(r), None)
-             for r, s in zip(ids, scores)]
+    plans = [
+        ErasurePlan.build(r, np.asarray(s, np.float64), adapter.special_mask(r), None) for r, s in zip(ids, scores)
+    ]
     rows = [list(r) for r in ids] + [row for p in plans for row in p.rows]
     probs = output_probs(adapter, rows, budget)
     full = probs[np.arange(len(ids)), index]
     comp, suff = np.zeros(len(ids)), np.zeros(len(ids))
     at = len(ids)
     for b, p in enumerate(plans):
-        f = probs[at:at + len(p.rows), index[b]]
+        f = probs[at : at + len(p.rows), index[b]]
         at += len(p.rows)
         m, _ = p.metrics(float(full[b]), f)
         comp[b], suff[b] = m["aopc_comprehensiveness"], m["aopc_sufficiency"]

@@ -15,6 +15,7 @@ Tasks (all binary):
 * ``together`` -- one colour and one creature; label 1 iff (red, cat) or (blue, dog): neither
   word alone says anything about the label (XOR), both are needed.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -24,15 +25,18 @@ import numpy as np
 
 from ..errors import StreetlampError
 
-FILLERS = ("the a of to and in on at with for from by as is was it this that they we you one two "
-           "see go make time day way new old big small long").split()
+FILLERS = (
+    "the a of to and in on at with for from by as is was it this that they we you one two "
+    "see go make time day way new old big small long"
+).split()
 FRUIT, ANIMAL = ("apple", "pear", "plum"), ("lion", "wolf", "bear")
 MARKERS = ("alpha", "omega")
 POSITIVE, NEGATIVE = ("good", "great", "nice"), ("bad", "awful", "poor")
 NEGATOR = "not"
 COLOURS, CREATURES = ("red", "blue"), ("cat", "dog")
-VOCAB: tuple[str, ...] = tuple(FILLERS) + FRUIT + ANIMAL + MARKERS + POSITIVE + NEGATIVE + (NEGATOR,) + \
-    COLOURS + CREATURES
+VOCAB: tuple[str, ...] = (
+    tuple(FILLERS) + FRUIT + ANIMAL + MARKERS + POSITIVE + NEGATIVE + (NEGATOR,) + COLOURS + CREATURES
+)
 MIN_LEN, MAX_LEN = 6, 12
 NEGATED_P = 0.35  # < 0.5: the sentiment word alone is a partial cue, which avoids the XOR plateau
 STRAY_NOT_P = 0.0  # > 0 adds a non-adjacent `not` distractor (harder: the 2-layer d=32 model reached 92%)
@@ -136,14 +140,27 @@ def _rule_together(p: list[str]) -> int:
     return int(COLOURS.index(colour) == CREATURES.index(creature))
 
 
-TASKS: dict[str, Task] = {t.name: t for t in (
-    Task("keyword", ("fruit", "animal"), "one category word among fillers decides", _keyword, _rule_keyword),
-    Task("order", ("omega_first", "alpha_first"), "which of two markers comes first", _order, _rule_order),
-    Task("negation", ("negative", "positive"), "sentiment word, flipped by an adjacent 'not'", _negation,
-         _rule_negation),
-    Task("together", ("mismatch", "match"), "colour and creature together (XOR), neither alone", _together,
-         _rule_together),
-)}
+TASKS: dict[str, Task] = {
+    t.name: t
+    for t in (
+        Task("keyword", ("fruit", "animal"), "one category word among fillers decides", _keyword, _rule_keyword),
+        Task("order", ("omega_first", "alpha_first"), "which of two markers comes first", _order, _rule_order),
+        Task(
+            "negation",
+            ("negative", "positive"),
+            "sentiment word, flipped by an adjacent 'not'",
+            _negation,
+            _rule_negation,
+        ),
+        Task(
+            "together",
+            ("mismatch", "match"),
+            "colour and creature together (XOR), neither alone",
+            _together,
+            _rule_together,
+        ),
+    )
+}
 
 
 def get_task(name: str) -> Task:

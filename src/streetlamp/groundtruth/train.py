@@ -10,6 +10,7 @@ recorded at ``layers.*.attn.pattern`` by the streetlamp attention function with 
 inside ``adapter.forward(..., grad=True)``, i.e. exactly the tensors used downstream. Dropout is
 0, so training and evaluation patterns are identical.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,9 +36,16 @@ def tokenizer() -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]",
-                                   cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
 
 
 @dataclass
@@ -58,11 +66,19 @@ def build_model(task: Task, cfg: TrainConfig, seed: int) -> ModelAdapter:
     torch.manual_seed(seed)
     tok = tokenizer()
     conf = BertConfig(  # type: ignore[call-arg]  # num_labels etc. are PretrainedConfig kwargs
-        vocab_size=len(tok), hidden_size=cfg.d_model, num_hidden_layers=cfg.layers,
-                      num_attention_heads=cfg.heads, intermediate_size=2 * cfg.d_model,
-                      max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                      num_labels=2, id2label={0: task.labels[0], 1: task.labels[1]},
-                      label2id={task.labels[0]: 0, task.labels[1]: 1}, pad_token_id=0)
+        vocab_size=len(tok),
+        hidden_size=cfg.d_model,
+        num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads,
+        intermediate_size=2 * cfg.d_model,
+        max_position_embeddings=32,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        num_labels=2,
+        id2label={0: task.labels[0], 1: task.labels[1]},
+        label2id={task.labels[0]: 0, task.labels[1]: 1},
+        pad_token_id=0,
+    )
     return ModelAdapter(BertForSequenceClassification(conf), tok, f"gt-{task.name}")
 
 
@@ -92,8 +108,9 @@ def deception_penalty(mass: torch.Tensor, query_mask: torch.Tensor) -> torch.Ten
     return (rows + pen[..., 0]).sum((1, 2)).mean()
 
 
-def forward_with_mass(adapter: ModelAdapter, inputs: Inputs, planted: torch.Tensor, grad: bool
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+def forward_with_mass(
+    adapter: ModelAdapter, inputs: Inputs, planted: torch.Tensor, grad: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits and planted attention mass ``[b, l, h, q]`` from the patterns the model used."""
     dev = adapter.device
     fwd = adapter.forward(inputs, record=["layers.*.attn.pattern"], keep_grad=grad, grad=grad)
@@ -106,7 +123,7 @@ def evaluate(adapter: ModelAdapter, examples: list[Example], chunk: int = 500) -
     """Accuracy, mean planted mass from [CLS] in the last layer and over all layers/heads/queries."""
     correct, cls_last, all_mass, n = 0.0, 0.0, 0.0, 0
     for s in range(0, len(examples), chunk):
-        part = examples[s:s + chunk]
+        part = examples[s : s + chunk]
         inputs, y, planted = batch_inputs(adapter, part)
         logits, mass = forward_with_mass(adapter, inputs, planted, grad=False)
         qm = inputs.attention_mask.to(mass.device).float()[:, None, None, :]
@@ -117,8 +134,9 @@ def evaluate(adapter: ModelAdapter, examples: list[Example], chunk: int = 500) -
     return {"accuracy": correct / n, "mass_cls_last": cls_last / n, "mass_all": all_mass / n}
 
 
-def train(task: Task, cfg: TrainConfig, seed: int, init: ModelAdapter | None = None,
-          progress: bool = True) -> tuple[ModelAdapter, dict]:
+def train(
+    task: Task, cfg: TrainConfig, seed: int, init: ModelAdapter | None = None, progress: bool = True
+) -> tuple[ModelAdapter, dict]:
     """Train one model; returns the adapter (eval mode) and a record of the run.
 
     ``init``: start from this model's weights (the deceptive variant fine-tunes the normal model:
@@ -140,9 +158,13 @@ def train(task: Task, cfg: TrainConfig, seed: int, init: ModelAdapter | None = N
     for step in range(cfg.steps):
         idx = [int(i) for i in rng.choice(len(data), size=cfg.batch, replace=False)]
         w = int(lengths[idx].max())  # (Inputs.select recomputes every length per row: too slow here)
-        inputs = Inputs(all_inputs.input_ids[idx, :w], all_inputs.attention_mask[idx, :w],
-                        [all_inputs.tokens[i] for i in idx], [all_inputs.labels[i] for i in idx],
-                        [all_inputs.texts[i] for i in idx])
+        inputs = Inputs(
+            all_inputs.input_ids[idx, :w],
+            all_inputs.attention_mask[idx, :w],
+            [all_inputs.tokens[i] for i in idx],
+            [all_inputs.labels[i] for i in idx],
+            [all_inputs.texts[i] for i in idx],
+        )
         y, planted = all_y[idx], all_planted[idx, :w]
         logits, mass = forward_with_mass(adapter, inputs, planted, grad=True)
         loss = torch.nn.functional.cross_entropy(logits, y.to(logits.device))
@@ -153,11 +175,18 @@ def train(task: Task, cfg: TrainConfig, seed: int, init: ModelAdapter | None = N
         opt.step()
         sched.step()
         if progress and (step % 250 == 0 or step == cfg.steps - 1):
-            print(f"  {task.name} lam={cfg.lam} seed={seed} step {step}: ce {loss.item():.4f} "
-                  f"penalty {pen.item():.4f}", file=sys.stderr)
+            print(
+                f"  {task.name} lam={cfg.lam} seed={seed} step {step}: ce {loss.item():.4f} penalty {pen.item():.4f}",
+                file=sys.stderr,
+            )
     model.eval()
-    record = {"task": task.name, "seed": seed, "variant": "deceptive" if cfg.lam > 0 else "normal",
-              "config": asdict(cfg), "held_out": evaluate(adapter, held)}
+    record = {
+        "task": task.name,
+        "seed": seed,
+        "variant": "deceptive" if cfg.lam > 0 else "normal",
+        "config": asdict(cfg),
+        "held_out": evaluate(adapter, held),
+    }
     return adapter, record
 
 

@@ -20,6 +20,7 @@ Head axes: ``attn.z``, ``attn.head_out``, ``attn.v`` ``[batch, pos, head, .]`` (
 ``attn.pattern`` ``[batch, head, query, key]`` (head = axis 1, position = query axis 2).
 Zeroing a head's ``attn.z`` equals zeroing its output ``z_h W_O,h`` because ``W_O`` is linear.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
@@ -56,8 +57,9 @@ def axes_of(site: str) -> tuple[int | None, int]:
     return None, 1
 
 
-def selection_mask(a: torch.Tensor, site: str, head: int | None, pos: int | None,
-                   rows: Sequence[int] | None) -> torch.Tensor:
+def selection_mask(
+    a: torch.Tensor, site: str, head: int | None, pos: int | None, rows: Sequence[int] | None
+) -> torch.Tensor:
     """Bool tensor broadcastable to ``a``: True where the intervention replaces values."""
     h_ax, p_ax = axes_of(site)
     if head is not None and h_ax is None:
@@ -100,14 +102,21 @@ def compile_edits(interventions: Iterable[Intervention]) -> dict[str, Callable[[
                 mask = selection_mask(a, iv.site, iv.head, iv.pos, iv.rows)
                 a = torch.where(mask, new.to(a.dtype), a)
             return a
+
         return fn
 
     return {site: make(ivs) for site, ivs in per_site.items()}
 
 
-def run(adapter: ModelAdapter, inputs: Inputs, interventions: Iterable[Intervention] = (),
-        record: Iterable[str] = (), keep_grad: bool = False, grad: bool = False,
-        extra_edits: dict[str, Callable[[torch.Tensor], torch.Tensor]] | None = None):
+def run(
+    adapter: ModelAdapter,
+    inputs: Inputs,
+    interventions: Iterable[Intervention] = (),
+    record: Iterable[str] = (),
+    keep_grad: bool = False,
+    grad: bool = False,
+    extra_edits: dict[str, Callable[[torch.Tensor], torch.Tensor]] | None = None,
+):
     """``adapter.forward`` with the interventions applied; returns the :class:`Forward`."""
     edits = compile_edits(interventions)
     for site, fn in (extra_edits or {}).items():
@@ -119,8 +128,13 @@ def run(adapter: ModelAdapter, inputs: Inputs, interventions: Iterable[Intervent
     return adapter.forward(inputs, record=record, edit=edits, keep_grad=keep_grad, grad=grad)
 
 
-def run_batched(adapter: ModelAdapter, inputs: Inputs, interventions: Sequence[Intervention] = (),
-                batch_size: int | None = None, record: Iterable[str] = ()):
+def run_batched(
+    adapter: ModelAdapter,
+    inputs: Inputs,
+    interventions: Sequence[Intervention] = (),
+    batch_size: int | None = None,
+    record: Iterable[str] = (),
+):
     """:func:`run` in passes of at most ``batch_size`` tokens (rows x padded length; None: the
     device's default budget, :mod:`streetlamp.batching`). Each intervention keeps to its own rows;
     logits and recorded activations are concatenated over the rows. For row-wise strategies (the
@@ -156,18 +170,24 @@ def zero(a: torch.Tensor) -> torch.Tensor:
 
 def mean(value: torch.Tensor) -> Strategy:
     """Mean ablation with a precomputed per-site mean (shape broadcastable to the site, e.g. ``[head, d]``)."""
+
     def fn(a: torch.Tensor) -> torch.Tensor:
         return value.to(a.device, a.dtype).expand_as(a)
+
     return fn
 
 
 def patch(source: torch.Tensor) -> Strategy:
     """Activation patching: the activation recorded in another run (same shape, or batch 1 broadcast)."""
+
     def fn(a: torch.Tensor) -> torch.Tensor:
         if source.shape[1:] != a.shape[1:] or source.shape[0] not in (1, a.shape[0]):
-            raise StreetlampError(f"patch source has shape {tuple(source.shape)} but the site has {tuple(a.shape)}; "
-                                  "clean and corrupted inputs must have the same token length")
+            raise StreetlampError(
+                f"patch source has shape {tuple(source.shape)} but the site has {tuple(a.shape)}; "
+                "clean and corrupted inputs must have the same token length"
+            )
         return source.to(a.device, a.dtype).expand_as(a)
+
     return fn
 
 
@@ -177,10 +197,12 @@ def resample(pool: torch.Tensor, seed: int = 0) -> Strategy:
     ``pool`` holds the site's activation at every real token of the reference set (for
     ``attn.z``: ``[n_tokens, head, d_head]``). Draws are seeded, so a run is reproducible.
     """
+
     def fn(a: torch.Tensor) -> torch.Tensor:
         g = torch.Generator().manual_seed(seed)
         idx = torch.randint(0, pool.shape[0], (a.shape[0] * a.shape[1],), generator=g)
         return pool[idx].reshape(a.shape).to(a.device, a.dtype)
+
     return fn
 
 

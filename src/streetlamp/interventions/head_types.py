@@ -15,6 +15,7 @@ score leaves out query 0, which can only attend to itself. Scores are averaged o
 The model is run on ``n_seqs`` random sequences of ``length`` distinct non-special tokens, each
 repeated twice (as TransformerLens does), seeded.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -64,8 +65,9 @@ def detect_head_types(adapter: ModelAdapter, length: int = 20, n_seqs: int = 4, 
     for s in seqs:
         with torch.no_grad():
             fwd = adapter.forward(ids_inputs(adapter, torch.tensor(s)), record=["layers.*.attn.pattern"])
-        pat = np.stack([fwd.cache[f"layers.{l}.attn.pattern"][0].double().cpu().numpy()
-                        for l in range(adapter.n_layers)])
+        pat = np.stack(
+            [fwd.cache[f"layers.{l}.attn.pattern"][0].double().cpu().numpy() for l in range(adapter.n_layers)]
+        )
         for k, v in type_scores(pat, s).items():
             sums[k] += v
     return {k: v / len(seqs) for k, v in sums.items()}

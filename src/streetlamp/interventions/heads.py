@@ -14,6 +14,7 @@
   special tokens), averaged over texts. ``attention_max``: its largest single weight.
 * **Pruning curve**: remove (zero-ablate) heads one by one in a given order and track accuracy.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -31,8 +32,9 @@ def _chunks(n: int, size: int) -> list[list[int]]:
     return [list(range(i, min(n, i + size))) for i in range(0, n, size)]
 
 
-def reference_strategies(adapter: ModelAdapter, ablation: str, reference: Inputs | None,
-                         seed: int = 0) -> dict[int, engine.Strategy]:
+def reference_strategies(
+    adapter: ModelAdapter, ablation: str, reference: Inputs | None, seed: int = 0
+) -> dict[int, engine.Strategy]:
     """One strategy per layer for ablating ``attn.z`` (zero, mean or resample)."""
     sites = [f"layers.{l}.attn.z" for l in range(adapter.n_layers)]
     if ablation == "zero":
@@ -47,9 +49,17 @@ def reference_strategies(adapter: ModelAdapter, ablation: str, reference: Inputs
     raise StreetlampError(f"unknown ablation {ablation!r}; choose zero, mean or resample")
 
 
-def ablation_effects(adapter: ModelAdapter, inputs: Inputs, *, ablation: str = "zero",
-                     reference: Inputs | None = None, target: Target = Target(), seed: int = 0,
-                     texts_per_batch: int = 16, progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def ablation_effects(
+    adapter: ModelAdapter,
+    inputs: Inputs,
+    *,
+    ablation: str = "zero",
+    reference: Inputs | None = None,
+    target: Target = Target(),
+    seed: int = 0,
+    texts_per_batch: int = 16,
+    progress: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
     """``(effects [text, layer, head], clean F [text])``: ``F(head ablated) - F(clean)``."""
     L, H = adapter.n_layers, adapter.n_heads
     strategies = reference_strategies(adapter, ablation, reference, seed)
@@ -60,11 +70,14 @@ def ablation_effects(adapter: ModelAdapter, inputs: Inputs, *, ablation: str = "
     it = [(l, rows) for rows in _chunks(len(inputs), texts_per_batch) for l in range(L)]
     if progress:
         from tqdm import tqdm
+
         it = tqdm(it, desc="ablating heads", leave=False)
     for l, rows in it:
         sub = engine.repeat_inputs(inputs.select(rows), H)
-        ivs = [Intervention(f"layers.{l}.attn.z", strategies[l], head=h,
-                            rows=[b * H + h for b in range(len(rows))]) for h in range(H)]
+        ivs = [
+            Intervention(f"layers.{l}.attn.z", strategies[l], head=h, rows=[b * H + h for b in range(len(rows))])
+            for h in range(H)
+        ]
         with torch.no_grad():
             logits = engine.run(adapter, sub, ivs).logits
         idx = index[rows].repeat_interleave(H)
@@ -75,17 +88,26 @@ def ablation_effects(adapter: ModelAdapter, inputs: Inputs, *, ablation: str = "
 
 def head_mask_edits(adapter: ModelAdapter, xi: torch.Tensor) -> dict:
     """Edits multiplying head h of layer l by ``xi[..., l, h]`` (``xi`` ``[L, H]`` or ``[batch, L, H]``)."""
+
     def make(l: int):
         def fn(z: torch.Tensor) -> torch.Tensor:
             m = xi[l] if xi.dim() == 2 else xi[:, l]
             m = m.view(1, 1, -1, 1) if xi.dim() == 2 else m.view(z.shape[0], 1, -1, 1)
             return z * m.to(z.dtype)
+
         return fn
+
     return {f"layers.{l}.attn.z": make(l) for l in range(adapter.n_layers)}
 
 
-def head_importance(adapter: ModelAdapter, inputs: Inputs, *, labels: Sequence[int] | None = None,
-                    target: Target = Target(), texts_per_batch: int = 16) -> np.ndarray:
+def head_importance(
+    adapter: ModelAdapter,
+    inputs: Inputs,
+    *,
+    labels: Sequence[int] | None = None,
+    target: Target = Target(),
+    texts_per_batch: int = 16,
+) -> np.ndarray:
     """Michel et al. head importance per text, ``[text, layer, head]``: ``|∂L/∂ξ_h|`` at ξ = 1."""
     L, H = adapter.n_layers, adapter.n_heads
     out = torch.zeros(len(inputs), L, H)
@@ -124,11 +146,13 @@ def attention_mass(adapter: ModelAdapter, inputs: Inputs, texts_per_batch: int =
     return mass, peak
 
 
-def attribution_scores(adapter: ModelAdapter, inputs: Inputs, target: Target = Target(),
-                       batch_size: int | None = None) -> tuple[np.ndarray | None, str]:
+def attribution_scores(
+    adapter: ModelAdapter, inputs: Inputs, target: Target = Target(), batch_size: int | None = None
+) -> tuple[np.ndarray | None, str]:
     """Hao et al. attention-attribution head scores ``[text, layer, head]`` via the registered
     method ``attention_attribution`` (its ``head_scores`` array); ``(None, why)`` if unavailable."""
     from ..methods.registry import REGISTRY, get_method
+
     if "attention_attribution" not in REGISTRY:
         return None, "method attention_attribution is not registered in this build; column skipped"
     m = get_method("attention_attribution")
@@ -139,8 +163,13 @@ def attribution_scores(adapter: ModelAdapter, inputs: Inputs, target: Target = T
     return np.stack([e.arrays["head_scores"] for e in exps]).astype(np.float32), "Hao et al. 2021 head_scores"
 
 
-def accuracy_with_removed(adapter: ModelAdapter, inputs: Inputs, labels: Sequence[int],
-                          removed: Sequence[tuple[int, int]], texts_per_batch: int = 32) -> float:
+def accuracy_with_removed(
+    adapter: ModelAdapter,
+    inputs: Inputs,
+    labels: Sequence[int],
+    removed: Sequence[tuple[int, int]],
+    texts_per_batch: int = 32,
+) -> float:
     """Accuracy with the heads in ``removed`` zero-ablated (mask ξ = 0)."""
     xi = torch.ones(adapter.n_layers, adapter.n_heads, device=adapter.device)
     for l, h in removed:
@@ -154,8 +183,15 @@ def accuracy_with_removed(adapter: ModelAdapter, inputs: Inputs, labels: Sequenc
     return right / len(inputs)
 
 
-def prune_curve(adapter: ModelAdapter, inputs: Inputs, labels: Sequence[int], order: Sequence[tuple[int, int]],
-                step: int = 1, progress: bool = False, texts_per_batch: int = 32) -> tuple[np.ndarray, np.ndarray]:
+def prune_curve(
+    adapter: ModelAdapter,
+    inputs: Inputs,
+    labels: Sequence[int],
+    order: Sequence[tuple[int, int]],
+    step: int = 1,
+    progress: bool = False,
+    texts_per_batch: int = 32,
+) -> tuple[np.ndarray, np.ndarray]:
     """``(n_removed, accuracy)``: accuracy after removing the first k heads of ``order``."""
     ks = list(range(0, len(order) + 1, step))
     if ks[-1] != len(order):
@@ -163,6 +199,7 @@ def prune_curve(adapter: ModelAdapter, inputs: Inputs, labels: Sequence[int], or
     it = ks
     if progress:
         from tqdm import tqdm
+
         it = tqdm(ks, desc="pruning", leave=False)
     acc = [accuracy_with_removed(adapter, inputs, labels, order[:k], texts_per_batch) for k in it]
     return np.array(ks, np.int32), np.array(acc, np.float32)

@@ -12,6 +12,7 @@
   ``embed`` is the residual entering layer 0 at the explained position (GPT-2: token + position
   embedding). MLPs are position-local, so only the explained position's MLP outputs act directly.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,8 +44,13 @@ def logit_lens(adapter: ModelAdapter, ids: torch.Tensor, index: int, top: int = 
         fwd = adapter.forward(ids_inputs(adapter, ids.cpu()), record=sites)
         norm = final_norm(adapter)
         n = ids.shape[0]
-        out = {"logit": np.zeros((L + 1, n)), "prob": np.zeros((L + 1, n)), "rank": np.zeros((L + 1, n), np.int64),
-               "top_ids": np.zeros((L + 1, n, top), np.int64), "top_prob": np.zeros((L + 1, n, top))}
+        out = {
+            "logit": np.zeros((L + 1, n)),
+            "prob": np.zeros((L + 1, n)),
+            "rank": np.zeros((L + 1, n), np.int64),
+            "top_ids": np.zeros((L + 1, n, top), np.int64),
+            "top_prob": np.zeros((L + 1, n, top)),
+        }
         last = None
         for r, s in enumerate(sites):
             lg = unembed(adapter, norm(fwd.cache[s][0]))  # [pos, vocab]
@@ -77,8 +83,9 @@ class DLA:
     scale: float  # σ or rms of the final residual (the linearisation)
 
     def total(self) -> float:
-        return float(self.embed + self.heads.sum() + self.attn_bias.sum() + self.mlp.sum()
-                     + self.norm_bias + self.unembed_bias)
+        return float(
+            self.embed + self.heads.sum() + self.attn_bias.sum() + self.mlp.sum() + self.norm_bias + self.unembed_bias
+        )
 
 
 def direct_logit_attribution(adapter: ModelAdapter, ids: torch.Tensor, index: int) -> DLA:
@@ -86,7 +93,8 @@ def direct_logit_attribution(adapter: ModelAdapter, ids: torch.Tensor, index: in
     ids = _ids(adapter, ids)
     L = adapter.n_layers
     sites = ["layers.0.resid_pre", f"layers.{L - 1}.resid_post"] + [
-        f"layers.{l}.{s}" for l in range(L) for s in ("attn.head_out", "attn.pattern", "attn.v", "mlp.out")]
+        f"layers.{l}.{s}" for l in range(L) for s in ("attn.head_out", "attn.pattern", "attn.v", "mlp.out")
+    ]
     with torch.no_grad():
         fwd = adapter.forward(ids_inputs(adapter, ids.cpu()), record=sites)
         c = {k: v[0] for k, v in fwd.cache.items() if k != "allowed"}
@@ -111,7 +119,14 @@ def direct_logit_attribution(adapter: ModelAdapter, ids: torch.Tensor, index: in
             source[l] = direct(per_key).cpu().numpy()
             attn_bias[l] = float(direct(b_o.to(x.device))) if b_o is not None else 0.0
             mlp[l] = float(direct(c[f"layers.{l}.mlp.out"][-1]))
-        return DLA(embed=float(direct(c["layers.0.resid_pre"][-1])), heads=heads, head_source=source,
-                   attn_bias=attn_bias, mlp=mlp, norm_bias=float(norm.beta(x.shape[-1]) @ u),
-                   unembed_bias=float(b_u[index]) if b_u is not None else 0.0,
-                   logit=float(fwd.logits[0, index]), scale=float(scale))
+        return DLA(
+            embed=float(direct(c["layers.0.resid_pre"][-1])),
+            heads=heads,
+            head_source=source,
+            attn_bias=attn_bias,
+            mlp=mlp,
+            norm_bias=float(norm.beta(x.shape[-1]) @ u),
+            unembed_bias=float(b_u[index]) if b_u is not None else 0.0,
+            logit=float(fwd.logits[0, index]),
+            scale=float(scale),
+        )

@@ -15,6 +15,7 @@ Components: each head (``attn.pattern`` by default: Vig et al. intervene on the 
 of a head, keeping its values; ``attn.z`` replaces the whole head output) and each layer
 (``attn.out`` and ``mlp.out``, all positions). Both prompts must have the same token length.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -29,11 +30,25 @@ from . import engine
 from .engine import Intervention
 
 # Vig et al. 2020 templates (Appendix, Table 6) -- the 17 templates.
-TEMPLATES = ("The {} said that", "The {} yelled that", "The {} whispered that", "The {} wanted that",
-             "The {} desired that", "The {} wished that", "The {} ate because", "The {} ran because",
-             "The {} drove because", "The {} slept because", "The {} cried because", "The {} laughed because",
-             "The {} went home because", "The {} stayed up because", "The {} was fired because",
-             "The {} was promoted because", "The {} yelled because")
+TEMPLATES = (
+    "The {} said that",
+    "The {} yelled that",
+    "The {} whispered that",
+    "The {} wanted that",
+    "The {} desired that",
+    "The {} wished that",
+    "The {} ate because",
+    "The {} ran because",
+    "The {} drove because",
+    "The {} slept because",
+    "The {} cried because",
+    "The {} laughed because",
+    "The {} went home because",
+    "The {} stayed up because",
+    "The {} was fired because",
+    "The {} was promoted because",
+    "The {} yelled because",
+)
 # Professions with a clear occupational gender stereotype (female-, male-stereotyped); Vig et al.
 # use Bolukbasi et al.'s list with crowd-sourced scores, we use a small hand-picked subset.
 FEMALE = ("nurse", "secretary", "housekeeper", "receptionist", "librarian", "hairdresser", "nanny", "dancer")
@@ -54,14 +69,16 @@ def default_prompts(adapter: ModelAdapter, n: int | None = None) -> list[Prompt]
     for t in TEMPLATES:
         for prof in FEMALE + MALE:
             fem = prof in FEMALE
-            p = Prompt(t.format(prof), t.format("man" if fem else "woman"), " she" if fem else " he",
-                       " he" if fem else " she")
+            p = Prompt(
+                t.format(prof), t.format("man" if fem else "woman"), " she" if fem else " he", " he" if fem else " she"
+            )
             a, b = adapter.encode([p.null, p.set]).lengths
             if a == b:
                 out.append(p)
     if not out:
-        raise StreetlampError("no template/profession prompt keeps its token length under the set-gender "
-                              "intervention for this tokenizer")
+        raise StreetlampError(
+            "no template/profession prompt keeps its token length under the set-gender intervention for this tokenizer"
+        )
     # a fixed shuffle, so a small n still mixes templates and female-/male-stereotyped professions
     order = np.random.default_rng(0).permutation(len(out))
     out = [out[i] for i in order]
@@ -73,8 +90,13 @@ def _y(adapter: ModelAdapter, logits: torch.Tensor, stereo: int, anti: int) -> t
     return p[:, anti] / p[:, stereo]
 
 
-def mediation(adapter: ModelAdapter, prompts: Sequence[Prompt], head_site: str = "attn.pattern",
-              progress: bool = False, batch_size: int | None = None) -> dict[str, np.ndarray]:
+def mediation(
+    adapter: ModelAdapter,
+    prompts: Sequence[Prompt],
+    head_site: str = "attn.pattern",
+    progress: bool = False,
+    batch_size: int | None = None,
+) -> dict[str, np.ndarray]:
     """Mean effects over prompts.
 
     Returns ``te`` scalar array ``[]``, ``head_nie``/``head_nde`` ``[layer, head]``,
@@ -96,12 +118,14 @@ def mediation(adapter: ModelAdapter, prompts: Sequence[Prompt], head_site: str =
     it = list(enumerate(prompts))
     if progress:
         from tqdm import tqdm
+
         it = tqdm(it, desc="mediation", leave=False)
     for i, pr in it:
         null, sett = adapter.encode(pr.null), adapter.encode(pr.set)
         if null.lengths[0] != sett.lengths[0]:
-            raise StreetlampError(f"{pr.null!r} and {pr.set!r} differ in token length; mediation swaps "
-                                  "activations position by position")
+            raise StreetlampError(
+                f"{pr.null!r} and {pr.set!r} differ in token length; mediation swaps activations position by position"
+            )
         stereo, anti = adapter.token_id(pr.stereo), adapter.token_id(pr.anti)
         with torch.no_grad():
             fn = adapter.forward(null, record=hs + ls)
@@ -114,14 +138,30 @@ def mediation(adapter: ModelAdapter, prompts: Sequence[Prompt], head_site: str =
                 reps = engine.repeat_inputs(base, H)
                 for l in range(L):
                     ivs = [Intervention(hs[l], engine.patch(src[hs[l]]), head=h, rows=[h]) for h in range(H)]
-                    arr[i, l] = (_y(adapter, engine.run_batched(adapter, reps, ivs, batch_size).logits, stereo, anti) / yn - 1).cpu().numpy()
+                    arr[i, l] = (
+                        (_y(adapter, engine.run_batched(adapter, reps, ivs, batch_size).logits, stereo, anti) / yn - 1)
+                        .cpu()
+                        .numpy()
+                    )
             for base, src, arr in ((null, fs.cache, layer_nie), (sett, fn.cache, layer_nde)):
                 reps = engine.repeat_inputs(base, L)
                 for c, k in enumerate(("attn.out", "mlp.out")):
-                    ivs = [Intervention(f"layers.{l}.{k}", engine.patch(src[f"layers.{l}.{k}"]), rows=[l])
-                           for l in range(L)]
-                    arr[i, c] = (_y(adapter, engine.run_batched(adapter, reps, ivs, batch_size).logits, stereo, anti) / yn - 1).cpu().numpy()
-    return {"te": np.array(te.mean(), np.float32), "te_per_prompt": te.astype(np.float32),
-            "head_nie": head_nie.mean(0).astype(np.float32), "head_nde": head_nde.mean(0).astype(np.float32),
-            "layer_nie": layer_nie.mean(0).astype(np.float32), "layer_nde": layer_nde.mean(0).astype(np.float32),
-            "y_null": y_null.astype(np.float32), "y_set": y_set.astype(np.float32)}
+                    ivs = [
+                        Intervention(f"layers.{l}.{k}", engine.patch(src[f"layers.{l}.{k}"]), rows=[l])
+                        for l in range(L)
+                    ]
+                    arr[i, c] = (
+                        (_y(adapter, engine.run_batched(adapter, reps, ivs, batch_size).logits, stereo, anti) / yn - 1)
+                        .cpu()
+                        .numpy()
+                    )
+    return {
+        "te": np.array(te.mean(), np.float32),
+        "te_per_prompt": te.astype(np.float32),
+        "head_nie": head_nie.mean(0).astype(np.float32),
+        "head_nde": head_nde.mean(0).astype(np.float32),
+        "layer_nie": layer_nie.mean(0).astype(np.float32),
+        "layer_nde": layer_nde.mean(0).astype(np.float32),
+        "y_null": y_null.astype(np.float32),
+        "y_set": y_set.astype(np.float32),
+    }

@@ -18,6 +18,7 @@ Metric (Wang et al. 2023; Heimersheim & Nanda 2024): the logit difference
   activation patching, ``(a_clean - a_corrupt) · ∂LD/∂a`` evaluated on the corrupted run, one
   backward pass for all sites, divided by ``LD_clean - LD_corrupt`` to be in units of ``m``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -51,8 +52,9 @@ def logit_diff(logits: torch.Tensor, answer: int, wrong: int) -> torch.Tensor:
     return at_least_float32(logits[:, answer]) - at_least_float32(logits[:, wrong])
 
 
-def make_pair(adapter: ModelAdapter, clean_text: str, corrupt_text: str, answer: int | None = None,
-              wrong: int | None = None) -> Pair:
+def make_pair(
+    adapter: ModelAdapter, clean_text: str, corrupt_text: str, answer: int | None = None, wrong: int | None = None
+) -> Pair:
     """Encode both texts, check equal token length, choose answer/wrong, compute both LDs.
 
     Default answer: the clean prediction; default wrong: the corrupted prediction (or, when
@@ -64,7 +66,8 @@ def make_pair(adapter: ModelAdapter, clean_text: str, corrupt_text: str, answer:
         raise StreetlampError(
             f"clean text has {n} tokens and corrupted text has {m}; patching copies activations position by "
             f"position, so both must have the same token length (clean: {clean.labels[0]}, corrupted: "
-            f"{corrupt.labels[0]})")
+            f"{corrupt.labels[0]})"
+        )
     with torch.no_grad():
         lc = adapter.forward(clean).logits
         lx = adapter.forward(corrupt).logits
@@ -81,8 +84,10 @@ def make_pair(adapter: ModelAdapter, clean_text: str, corrupt_text: str, answer:
             raise StreetlampError(f"output {i} out of range: the model has {adapter.n_outputs} outputs")
     ldc, ldx = float(logit_diff(lc, answer, wrong)), float(logit_diff(lx, answer, wrong))
     if abs(ldc - ldx) < 1e-6:
-        raise StreetlampError(f"the logit difference is the same on both inputs ({ldc:.4f}); nothing to restore: "
-                              "choose a corruption that changes the answer")
+        raise StreetlampError(
+            f"the logit difference is the same on both inputs ({ldc:.4f}); nothing to restore: "
+            "choose a corruption that changes the answer"
+        )
     return Pair(clean, corrupt, answer, wrong, ldc, ldx)
 
 
@@ -97,9 +102,13 @@ def first_difference(pair: Pair) -> int:
     return int(diff[0]) if len(diff) else len(a)
 
 
-def activation_patching(adapter: ModelAdapter, pair: Pair, progress: bool = False,
-                        kinds: Sequence[str] = KINDS + ("heads",), batch_size: int | None = None
-                        ) -> dict[str, np.ndarray]:
+def activation_patching(
+    adapter: ModelAdapter,
+    pair: Pair,
+    progress: bool = False,
+    kinds: Sequence[str] = KINDS + ("heads",),
+    batch_size: int | None = None,
+) -> dict[str, np.ndarray]:
     """Normalised metric for patching each clean activation into the corrupted run.
 
     Returns ``{"resid_pre"|"attn.out"|"mlp.out": [layer, pos], "heads": [layer, head]}`` (the
@@ -121,6 +130,7 @@ def activation_patching(adapter: ModelAdapter, pair: Pair, progress: bool = Fals
     it = range(L)
     if progress:
         from tqdm import tqdm
+
         it = tqdm(it, desc="activation patching", leave=False)
     with torch.no_grad():
         for l in it:
@@ -129,14 +139,24 @@ def activation_patching(adapter: ModelAdapter, pair: Pair, progress: bool = Fals
                     continue
                 s = f"layers.{l}.{k}"
                 ivs = [Intervention(s, engine.patch(clean[s]), pos=p, rows=[i]) for i, p in enumerate(positions)]
-                out[k][l, positions] = pair.normalise(logit_diff(engine.run_batched(adapter, by_pos, ivs, batch_size).logits,
-                                                                 pair.answer, pair.wrong)).cpu().numpy()
+                out[k][l, positions] = (
+                    pair.normalise(
+                        logit_diff(engine.run_batched(adapter, by_pos, ivs, batch_size).logits, pair.answer, pair.wrong)
+                    )
+                    .cpu()
+                    .numpy()
+                )
             if "heads" not in kinds:
                 continue
             s = f"layers.{l}.attn.z"
             ivs = [Intervention(s, engine.patch(clean[s]), head=h, rows=[h]) for h in range(H)]
-            out["heads"][l] = pair.normalise(logit_diff(engine.run_batched(adapter, by_head, ivs, batch_size).logits,
-                                                        pair.answer, pair.wrong)).cpu().numpy()
+            out["heads"][l] = (
+                pair.normalise(
+                    logit_diff(engine.run_batched(adapter, by_head, ivs, batch_size).logits, pair.answer, pair.wrong)
+                )
+                .cpu()
+                .numpy()
+            )
     return out
 
 
@@ -172,15 +192,29 @@ def compare(real: dict[str, np.ndarray], approx: dict[str, np.ndarray], top: int
         r = float(np.corrcoef(a, b)[0, 1]) if a.std() > 0 and b.std() > 0 else float("nan")
         worst = np.argsort(-np.abs(a - b))[:top]
         cols = real[k].shape[1]
-        res[k] = {"pearson": r, "largest_disagreements": [
-            {"layer": int(i // cols), ("head" if k == "heads" else "pos"): int(i % cols),
-             "patching": float(a[i]), "attribution": float(b[i])} for i in worst]}
+        res[k] = {
+            "pearson": r,
+            "largest_disagreements": [
+                {
+                    "layer": int(i // cols),
+                    ("head" if k == "heads" else "pos"): int(i % cols),
+                    "patching": float(a[i]),
+                    "attribution": float(b[i]),
+                }
+                for i in worst
+            ],
+        }
     return res
 
 
-def path_patching(adapter: ModelAdapter, pair: Pair, receivers: Sequence[tuple[int, int]] | None = None,
-                  receiver_pos: int | None = None, progress: bool = False, batch_size: int | None = None
-                  ) -> np.ndarray:
+def path_patching(
+    adapter: ModelAdapter,
+    pair: Pair,
+    receivers: Sequence[tuple[int, int]] | None = None,
+    receiver_pos: int | None = None,
+    progress: bool = False,
+    batch_size: int | None = None,
+) -> np.ndarray:
     """Normalised metric ``[layer, head]`` for the path sender (l, h) -> receivers.
 
     ``receivers=None``: the logits (sender's direct path, MLPs recomputed). Otherwise a list of
@@ -207,11 +241,13 @@ def path_patching(adapter: ModelAdapter, pair: Pair, receivers: Sequence[tuple[i
             if keep:
                 new[:, :, keep] = a[:, :, keep]
             return new
+
         return fn
 
     it = range(last)
     if progress:
         from tqdm import tqdm
+
         it = tqdm(it, desc="path patching", leave=False)
     with torch.no_grad():
         for ls in it:
@@ -222,8 +258,10 @@ def path_patching(adapter: ModelAdapter, pair: Pair, receivers: Sequence[tuple[i
             if not receivers:
                 ld = logit_diff(fwd.logits, pair.answer, pair.wrong)
             else:
-                ivs2 = [Intervention(zs[lr], engine.patch(fwd.cache[zs[lr]]), head=hr, pos=receiver_pos)
-                        for lr, hr in receivers]
+                ivs2 = [
+                    Intervention(zs[lr], engine.patch(fwd.cache[zs[lr]]), head=hr, pos=receiver_pos)
+                    for lr, hr in receivers
+                ]
                 ld = logit_diff(engine.run(adapter, base, ivs2).logits, pair.answer, pair.wrong)
             out[ls] = pair.normalise(ld).cpu().numpy()
     return out

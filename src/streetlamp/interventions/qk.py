@@ -9,6 +9,7 @@ linearised with each token's own scale (``norm(x_i) = Σ_c lin_i(c_i) + β``, ex
 ``q_i(bias) = R_i (W_Q β + b_Q)``, and the score splits exactly into
 ``s_ij = Σ_{c, c'} q_i(c) · k_j(c') · scale``: a ``[query part, key part]`` table.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -55,8 +56,9 @@ def _parts(adapter: ModelAdapter, cache: dict[str, torch.Tensor], layer: int) ->
     return names, torch.stack([v.double() for v in vals])
 
 
-def qk_attribution(adapter: ModelAdapter, ids: torch.Tensor, layer: int, head: int, query: int,
-                   key: int | None = None) -> QKAttribution:
+def qk_attribution(
+    adapter: ModelAdapter, ids: torch.Tensor, layer: int, head: int, query: int, key: int | None = None
+) -> QKAttribution:
     """Split head (layer, head)'s score from ``query`` to ``key`` (default: where it attends most)."""
     check_lens(adapter)
     check_layer_head(adapter, layer, head)
@@ -65,7 +67,8 @@ def qk_attribution(adapter: ModelAdapter, ids: torch.Tensor, layer: int, head: i
     if not 0 <= query < n:
         raise StreetlampError(f"query position {query} out of range: the text has positions 0..{n - 1}")
     sites = ["layers.0.resid_pre", f"layers.{layer}.resid_pre", f"layers.{layer}.attn.pattern"] + [
-        f"layers.{l}.{s}" for l in range(layer) for s in ("attn.head_out", "mlp.out")]
+        f"layers.{l}.{s}" for l in range(layer) for s in ("attn.head_out", "mlp.out")
+    ]
     with torch.no_grad():
         fwd = adapter.forward(ids_inputs(adapter, ids), record=sites)
         row = fwd.cache[f"layers.{layer}.attn.pattern"][0, head, query].double().cpu().numpy()
@@ -93,12 +96,13 @@ def qk_attribution(adapter: ModelAdapter, ids: torch.Tensor, layer: int, head: i
         table = (torch.stack(q_parts) @ torch.stack(k_parts).t() * s).cpu().numpy()
         qf, kf = query_key(adapter, layer, norm(x), bias=True)
         scores = (kf[:, head] @ qf[query, head]) * s
-        scores[query + 1:] = -np.inf
+        scores[query + 1 :] = -np.inf
     return QKAttribution(layer, head, query, key, names, table, float(scores[key]), row, scores.cpu().numpy())
 
 
-def head_table(adapter: ModelAdapter, ids: torch.Tensor, layer: int, head: int, query: int, index: int,
-               top: int = 5) -> dict:
+def head_table(
+    adapter: ModelAdapter, ids: torch.Tensor, layer: int, head: int, query: int, index: int, top: int = 5
+) -> dict:
     """Where the head looks, why (top QK parts), and whether it matters (zero ablation, DLA), as one
     ``{"title", "columns", "rows"}`` table plus the raw arrays."""
     qk = qk_attribution(adapter, ids, layer, head, query)
@@ -125,6 +129,13 @@ def head_table(adapter: ModelAdapter, ids: torch.Tensor, layer: int, head: int, 
     rows.append(["score", f"query {query} -> key {qk.key}", qk.score])
     rows.append(["matters: zero-ablation effect on logit", adapter.output_label(index), float(ablated - base)])
     rows.append(["matters: direct logit attribution", adapter.output_label(index), float(dla.heads[layer, head])])
-    return {"table": {"title": f"head L{layer}H{head} from query {query} ({labels[query]!r})",
-                      "columns": ["what", "which", "value"], "rows": rows},
-            "qk": qk, "ablation_effect": float(ablated - base), "dla": float(dla.heads[layer, head])}
+    return {
+        "table": {
+            "title": f"head L{layer}H{head} from query {query} ({labels[query]!r})",
+            "columns": ["what", "which", "value"],
+            "rows": rows,
+        },
+        "qk": qk,
+        "ablation_effect": float(ablated - base),
+        "dla": float(dla.heads[layer, head]),
+    }

@@ -1,4 +1,5 @@
 """Attribution methods, one module per family; see :mod:`streetlamp.methods.registry`."""
+
 from .base import Method
 from .registry import REGISTRY, get_method, list_methods
 

@@ -1,4 +1,5 @@
 """Raw attention as an explanation (the "streetlight"): views of ``A[layer, head, query, key]``."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,13 +46,16 @@ class Attention(Method):
 
     def describe_view(self, adapter: ModelAdapter) -> str:
         l = self.layer % adapter.n_layers
-        return {"head_mean": f"layer {l}, mean over {adapter.n_heads} heads",
-                "head": f"layer {l}, head {self.head}",
-                "head_max": f"layer {l}, max over {adapter.n_heads} heads",
-                "layer_mean": f"mean over all {adapter.n_layers} layers and {adapter.n_heads} heads"}[self.view]
+        return {
+            "head_mean": f"layer {l}, mean over {adapter.n_heads} heads",
+            "head": f"layer {l}, head {self.head}",
+            "head_max": f"layer {l}, max over {adapter.n_heads} heads",
+            "layer_mean": f"mean over all {adapter.n_layers} layers and {adapter.n_heads} heads",
+        }[self.view]
 
-    def attribute(self, adapter: ModelAdapter, inputs: Inputs, *, target: Target,
-                  batch_size: int | None = None, seed: int = 0) -> list[Explanation]:
+    def attribute(
+        self, adapter: ModelAdapter, inputs: Inputs, *, target: Target, batch_size: int | None = None, seed: int = 0
+    ) -> list[Explanation]:
         self.check(adapter)
         logits, att, allowed = record_attention(adapter, inputs)
         index = adapter.resolve(inputs, target, logits)
@@ -59,18 +63,38 @@ class Attention(Method):
         for b, n in enumerate(inputs.lengths):
             a = at_least_float32(att[b, :, :, :n, :n]).cpu().numpy()
             l = self.layer % adapter.n_layers
-            view = {"head_mean": a[l].mean(0), "head": a[l, self.head or 0], "head_max": a[l].max(0),
-                    "layer_mean": a.mean((0, 1))}[self.view]
+            view = {
+                "head_mean": a[l].mean(0),
+                "head": a[l, self.head or 0],
+                "head_max": a[l].max(0),
+                "layer_mean": a.mean((0, 1)),
+            }[self.view]
             pos = adapter.explained_position(n)
-            out.append(self.explanation(
-                adapter, inputs, b, int(index[b]), target,
-                arrays={"tokens": view[pos].astype(np.float32), "attention": a.astype(np.float32),
-                        "allowed": allowed[b, :n, :n].cpu().numpy().astype(np.uint8)},
-                axes={"tokens": ["token"], "attention": ["layer", "head", "query", "key"],
-                      "allowed": ["query", "key"]},
-                meaning={"tokens": f"attention from position {pos} ({inputs.labels[b][pos]}), "
-                                   f"{self.describe_view(adapter)}",
-                         "attention": "post-softmax attention probabilities, eval mode",
-                         "allowed": "1 where the mask lets the query see the key (padding, causal)"},
-                view=self.describe_view(adapter), position=pos))
+            out.append(
+                self.explanation(
+                    adapter,
+                    inputs,
+                    b,
+                    int(index[b]),
+                    target,
+                    arrays={
+                        "tokens": view[pos].astype(np.float32),
+                        "attention": a.astype(np.float32),
+                        "allowed": allowed[b, :n, :n].cpu().numpy().astype(np.uint8),
+                    },
+                    axes={
+                        "tokens": ["token"],
+                        "attention": ["layer", "head", "query", "key"],
+                        "allowed": ["query", "key"],
+                    },
+                    meaning={
+                        "tokens": f"attention from position {pos} ({inputs.labels[b][pos]}), "
+                        f"{self.describe_view(adapter)}",
+                        "attention": "post-softmax attention probabilities, eval mode",
+                        "allowed": "1 where the mask lets the query see the key (padding, causal)",
+                    },
+                    view=self.describe_view(adapter),
+                    position=pos,
+                )
+            )
         return out

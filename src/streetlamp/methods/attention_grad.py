@@ -7,6 +7,7 @@ the three are comparable). For attention attribution this row sums (up to the Ri
 ``F(A) − F(0·A_{L-1})`` whenever only the explained position's last-layer row reaches the output
 ([CLS] classifiers, causal LMs).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,22 +42,31 @@ class AttentionXGradient(Method):
     description = "attention times its gradient, A * dF/dA, per layer and head"
     needs_gradients = True
 
-    def attribute(self, adapter: ModelAdapter, inputs: Inputs, *, target: Target,
-                  batch_size: int | None = None, seed: int = 0) -> list[Explanation]:
+    def attribute(
+        self, adapter: ModelAdapter, inputs: Inputs, *, target: Target, batch_size: int | None = None, seed: int = 0
+    ) -> list[Explanation]:
         self.check(adapter)
         out: list[Explanation | None] = [None] * len(inputs)
         for b, sub, k, a, g, index in attention_gradient_texts(adapter, inputs, target, batch_size):
             axg = a * g
             pos = adapter.explained_position(a.shape[-1])
             out[b] = self.explanation(
-                adapter, sub, k, index, target,
-                arrays={"tokens": axg[-1, :, pos].sum(0).astype(np.float32),
-                        "attention_x_gradient": axg.astype(np.float32)},
+                adapter,
+                sub,
+                k,
+                index,
+                target,
+                arrays={
+                    "tokens": axg[-1, :, pos].sum(0).astype(np.float32),
+                    "attention_x_gradient": axg.astype(np.float32),
+                },
                 axes={"tokens": ["token"], "attention_x_gradient": ["layer", "head", "query", "key"]},
-                meaning={"tokens": TOKENS_MEANING.format(pos=pos, label=inputs.labels[b][pos])
-                         + " of A ⊙ dF/dA",
-                         "attention_x_gradient": "A ⊙ dF/dA (post-softmax attention times its gradient)"},
-                position=pos)
+                meaning={
+                    "tokens": TOKENS_MEANING.format(pos=pos, label=inputs.labels[b][pos]) + " of A ⊙ dF/dA",
+                    "attention_x_gradient": "A ⊙ dF/dA (post-softmax attention times its gradient)",
+                },
+                position=pos,
+            )
         return [e for e in out if e is not None]
 
 
@@ -86,8 +96,9 @@ class AttentionAttribution(Method):
         if self.head_score not in ("max", "sum"):
             raise StreetlampError(f"head_score must be 'max' or 'sum', not {self.head_score!r}")
 
-    def attribute(self, adapter: ModelAdapter, inputs: Inputs, *, target: Target,
-                  batch_size: int | None = None, seed: int = 0) -> list[Explanation]:
+    def attribute(
+        self, adapter: ModelAdapter, inputs: Inputs, *, target: Target, batch_size: int | None = None, seed: int = 0
+    ) -> list[Explanation]:
         self.check(adapter)
         index = adapter.resolve(inputs, target)
         L, m = adapter.n_layers, self.steps
@@ -102,27 +113,43 @@ class AttentionAttribution(Method):
                 attr, gap = self._one_text(adapter, one, int(index[b]), target, batch_size, bar)
                 pos = adapter.explained_position(n)
                 heads = attr.max((2, 3)) if self.head_score == "max" else attr.sum((2, 3))
-                out.append(self.explanation(
-                    adapter, inputs, b, int(index[b]), target,
-                    arrays={"tokens": attr[-1, :, pos].sum(0).astype(np.float32),
+                out.append(
+                    self.explanation(
+                        adapter,
+                        inputs,
+                        b,
+                        int(index[b]),
+                        target,
+                        arrays={
+                            "tokens": attr[-1, :, pos].sum(0).astype(np.float32),
                             "attention_attribution": attr.astype(np.float32),
                             "head_scores": heads.astype(np.float32),
-                            "completeness_error": gap.astype(np.float32)},
-                    axes={"tokens": ["token"], "attention_attribution": ["layer", "head", "query", "key"],
-                          "head_scores": ["layer", "head"], "completeness_error": ["layer"]},
-                    meaning={"tokens": TOKENS_MEANING.format(pos=pos, label=inputs.labels[b][pos])
-                             + " of Attr_l",
-                             "attention_attribution": f"Attr_l = A_l ⊙ mean over α=k/{m} of dF/dX at X=α·A_l",
-                             "head_scores": f"{self.head_score} of each head's attribution entries",
-                             "completeness_error": "Σ Attr_l − (F(A) − F(0·A_l)) per layer (Riemann error)"},
-                    position=pos, steps=m))
+                            "completeness_error": gap.astype(np.float32),
+                        },
+                        axes={
+                            "tokens": ["token"],
+                            "attention_attribution": ["layer", "head", "query", "key"],
+                            "head_scores": ["layer", "head"],
+                            "completeness_error": ["layer"],
+                        },
+                        meaning={
+                            "tokens": TOKENS_MEANING.format(pos=pos, label=inputs.labels[b][pos]) + " of Attr_l",
+                            "attention_attribution": f"Attr_l = A_l ⊙ mean over α=k/{m} of dF/dX at X=α·A_l",
+                            "head_scores": f"{self.head_score} of each head's attribution entries",
+                            "completeness_error": "Σ Attr_l − (F(A) − F(0·A_l)) per layer (Riemann error)",
+                        },
+                        position=pos,
+                        steps=m,
+                    )
+                )
         finally:
             if bar is not None:
                 bar.close()
         return out
 
-    def _one_text(self, adapter: ModelAdapter, one: Inputs, index: int, target: Target,
-                  batch_size: int | None, bar) -> tuple[np.ndarray, np.ndarray]:
+    def _one_text(
+        self, adapter: ModelAdapter, one: Inputs, index: int, target: Target, batch_size: int | None, bar
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Attribution ``[L, H, n, n]`` and per-layer completeness gap for one unpadded text."""
         L, m, n = adapter.n_layers, self.steps, one.lengths[0]
         dev = adapter.device
@@ -165,4 +192,5 @@ class AttentionAttribution(Method):
 def _scale(alpha: torch.Tensor):
     def fn(p: torch.Tensor) -> torch.Tensor:
         return p * alpha.to(device=p.device, dtype=p.dtype).view(-1, 1, 1, 1)
+
     return fn

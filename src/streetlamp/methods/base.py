@@ -15,6 +15,7 @@ means the seed does not change the result; ``reports_completeness=True`` means t
 records how far its scores are from the completeness axiom, and that record is verified against an
 independent forward pass; ``kinds`` lists the model kinds it applies to.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,17 +45,35 @@ class Method(ABC):
             raise StreetlampError(f"method {self.name!r} does not apply to a {adapter.kind}")
 
     @abstractmethod
-    def attribute(self, adapter: ModelAdapter, inputs: Inputs, *, target: Target,
-                  batch_size: int | None = None, seed: int = 0) -> list[Explanation]:
-        ...
+    def attribute(
+        self, adapter: ModelAdapter, inputs: Inputs, *, target: Target, batch_size: int | None = None, seed: int = 0
+    ) -> list[Explanation]: ...
 
-    def explanation(self, adapter: ModelAdapter, inputs: Inputs, b: int, target_index: int, target: Target,
-                    arrays: dict, axes: dict, meaning: dict, **info: Any) -> Explanation:
+    def explanation(
+        self,
+        adapter: ModelAdapter,
+        inputs: Inputs,
+        b: int,
+        target_index: int,
+        target: Target,
+        arrays: dict,
+        axes: dict,
+        meaning: dict,
+        **info: Any,
+    ) -> Explanation:
         """Build the Explanation for text ``b`` with the common info filled in."""
-        base = {"method": self.name, "family": self.family, "params": self.params(), "model": adapter.name,
-                "target": {"index": int(target_index), "label": adapter.output_label(int(target_index)),
-                           "contrast": target.contrast, "quantity": target.quantity,
-                           "explained": target.describe(adapter, int(target_index))}}
+        base = {
+            "method": self.name,
+            "family": self.family,
+            "params": self.params(),
+            "model": adapter.name,
+            "target": {
+                "index": int(target_index),
+                "label": adapter.output_label(int(target_index)),
+                "contrast": target.contrast,
+                "quantity": target.quantity,
+                "explained": target.describe(adapter, int(target_index)),
+            },
+        }
         base.update(info)
         return Explanation(self.name, arrays, axes, meaning, list(inputs.tokens[b]), base)
-

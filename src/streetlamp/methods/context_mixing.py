@@ -13,6 +13,7 @@ LayerNorm/RMSNorm of x_j); ``f_h(x_j) = v[j,h] W_O,h`` (``[d_model]``, without b
 token's). METHODS.md writes ``‖A[i,j] f(x_j)‖`` with one head; the papers sum heads inside the
 norm, ``‖Σ_h A[h,i,j] f_h(x_j)‖`` -- the paper wins, as here.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -105,8 +106,9 @@ class Norm(Method):
         if self.aggregate not in ("last", "rollout"):
             raise StreetlampError(f"norm: aggregate must be 'last' or 'rollout', not {self.aggregate!r}")
 
-    def attribute(self, adapter: ModelAdapter, inputs: Inputs, *, target: Target,
-                  batch_size: int | None = None, seed: int = 0) -> list[Explanation]:
+    def attribute(
+        self, adapter: ModelAdapter, inputs: Inputs, *, target: Target, batch_size: int | None = None, seed: int = 0
+    ) -> list[Explanation]:
         self.check(adapter)
         out: dict[int, Explanation] = {}
         w_o = [output_weights(adapter, l)[0].to(adapter.device) for l in range(adapter.n_layers)]
@@ -134,17 +136,31 @@ class Norm(Method):
                     mixed = normalise_rows(0.5 * normalise_rows(norm) + 0.5 * eye * allowed)
                     tokens = rollout(mixed)[pos]
                     how = f"rollout of row-normalised norms (0.5·N + 0.5·I), row of position {pos}"
-                arrays = {"tokens": tokens.cpu().numpy().astype(np.float32),
-                          "norm": norm.cpu().numpy().astype(np.float32)}
+                arrays = {
+                    "tokens": tokens.cpu().numpy().astype(np.float32),
+                    "norm": norm.cpu().numpy().astype(np.float32),
+                }
                 axes = {"tokens": ["token"], "norm": ["layer", "query", "key"]}
-                meaning = {"tokens": f"‖Σ_h A·f_h(x_j)‖, {how}",
-                           "norm": "‖Σ_h A[h,i,j] (x_j W_V,h + b_V,h) W_O,h‖₂ per layer"}
+                meaning = {
+                    "tokens": f"‖Σ_h A·f_h(x_j)‖, {how}",
+                    "norm": "‖Σ_h A[h,i,j] (x_j W_V,h + b_V,h) W_O,h‖₂ per layer",
+                }
                 if self.per_head:
                     arrays["norm_heads"] = torch.stack(heads).cpu().numpy().astype(np.float32)
                     axes["norm_heads"] = ["layer", "head", "query", "key"]
                     meaning["norm_heads"] = "A[h,i,j] ‖(x_j W_V,h + b_V,h) W_O,h‖₂ per layer and head"
-                out[b] = self.explanation(adapter, sub, k, int(index[k]), target, arrays, axes, meaning,
-                                          position=pos, aggregate=self.aggregate)
+                out[b] = self.explanation(
+                    adapter,
+                    sub,
+                    k,
+                    int(index[k]),
+                    target,
+                    arrays,
+                    axes,
+                    meaning,
+                    position=pos,
+                    aggregate=self.aggregate,
+                )
         return [out[b] for b in range(len(inputs))]
 
 
@@ -164,8 +180,15 @@ def l1_contributions(t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (y.abs().sum(-1)[:, None] - (y[:, None, :] - t).abs().sum(-1)).clamp_min(0)
 
 
-def alti_layer(adapter: ModelAdapter, cache: dict, k: int, n: int, layer: int,
-               keep_vectors: bool = False, chunk_elems: int = 1 << 24) -> AltiLayer:
+def alti_layer(
+    adapter: ModelAdapter,
+    cache: dict,
+    k: int,
+    n: int,
+    layer: int,
+    keep_vectors: bool = False,
+    chunk_elems: int = 1 << 24,
+) -> AltiLayer:
     """ALTI's decomposition of layer ``layer`` for row ``k`` (``n`` real tokens) of a recorded batch.
 
     ``T̂_i(x_j) = Σ_h A[h,i,j] f_h(x_j) + [i = j] x_i`` (attention with values, W_O and the
@@ -202,6 +225,7 @@ def alti_layer(adapter: ModelAdapter, cache: dict, k: int, n: int, layer: int,
 
         def lin(u: torch.Tensor) -> torch.Tensor:  # γ ⊙ (u − mean u), σ applied per query below
             return (u - u.mean(-1, keepdim=True)) * gamma
+
         y = torch.nn.functional.layer_norm(z, (z.shape[-1],), gamma, beta, eps)
         g, x_hat = lin(g), lin(x)
         bias = lin(bias) / sigma + beta
@@ -262,8 +286,9 @@ class Alti(Method):
         super().check(adapter)
         placement(adapter)
 
-    def attribute(self, adapter: ModelAdapter, inputs: Inputs, *, target: Target,
-                  batch_size: int | None = None, seed: int = 0) -> list[Explanation]:
+    def attribute(
+        self, adapter: ModelAdapter, inputs: Inputs, *, target: Target, batch_size: int | None = None, seed: int = 0
+    ) -> list[Explanation]:
         self.check(adapter)
         out: dict[int, Explanation] = {}
         for group in _groups(adapter, inputs, batch_size):
@@ -276,16 +301,25 @@ class Alti(Method):
                 r = rollout(c)
                 pos = adapter.explained_position(n)
                 out[b] = self.explanation(
-                    adapter, sub, k, int(index[k]), target,
-                    arrays={"tokens": r[pos].cpu().numpy().astype(np.float32),
-                            "matrix": r.cpu().numpy().astype(np.float32),
-                            "contributions": c.cpu().numpy().astype(np.float32)},
-                    axes={"tokens": ["token"], "matrix": ["query", "key"],
-                          "contributions": ["layer", "query", "key"]},
-                    meaning={"tokens": f"ALTI rollout, row of position {pos} ({inputs.labels[b][pos]})",
-                             "matrix": "ALTI rollout R = C_L…C_1: share of output i from input token j",
-                             "contributions": "per-layer normalised max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁)"},
-                    position=pos, norm_placement=placement(adapter).placement)
+                    adapter,
+                    sub,
+                    k,
+                    int(index[k]),
+                    target,
+                    arrays={
+                        "tokens": r[pos].cpu().numpy().astype(np.float32),
+                        "matrix": r.cpu().numpy().astype(np.float32),
+                        "contributions": c.cpu().numpy().astype(np.float32),
+                    },
+                    axes={"tokens": ["token"], "matrix": ["query", "key"], "contributions": ["layer", "query", "key"]},
+                    meaning={
+                        "tokens": f"ALTI rollout, row of position {pos} ({inputs.labels[b][pos]})",
+                        "matrix": "ALTI rollout R = C_L…C_1: share of output i from input token j",
+                        "contributions": "per-layer normalised max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁)",
+                    },
+                    position=pos,
+                    norm_placement=placement(adapter).placement,
+                )
         return [out[b] for b in range(len(inputs))]
 
 
@@ -346,8 +380,9 @@ class ValueZeroing(Method):
     family = "decomposition"
     description = "Mohebbi 2023: 1 − cos of a layer's output when token j's value vectors are zeroed; rollout"
 
-    def attribute(self, adapter: ModelAdapter, inputs: Inputs, *, target: Target,
-                  batch_size: int | None = None, seed: int = 0) -> list[Explanation]:
+    def attribute(
+        self, adapter: ModelAdapter, inputs: Inputs, *, target: Target, batch_size: int | None = None, seed: int = 0
+    ) -> list[Explanation]:
         self.check(adapter)
         out: dict[int, Explanation] = {}
         groups = _groups(adapter, inputs, batch_size)
@@ -375,15 +410,24 @@ class ValueZeroing(Method):
                     r = rollout(cm)
                     pos = adapter.explained_position(n)
                     out[b] = self.explanation(
-                        adapter, sub, k, int(index[k]), target,
-                        arrays={"tokens": r[pos].cpu().numpy().astype(np.float32),
-                                "matrix": r.cpu().numpy().astype(np.float32),
-                                "scores": cm.cpu().numpy().astype(np.float32)},
+                        adapter,
+                        sub,
+                        k,
+                        int(index[k]),
+                        target,
+                        arrays={
+                            "tokens": r[pos].cpu().numpy().astype(np.float32),
+                            "matrix": r.cpu().numpy().astype(np.float32),
+                            "scores": cm.cpu().numpy().astype(np.float32),
+                        },
                         axes={"tokens": ["token"], "matrix": ["query", "key"], "scores": ["layer", "query", "key"]},
-                        meaning={"tokens": f"value-zeroing rollout, row of position {pos} ({inputs.labels[b][pos]})",
-                                 "matrix": "rollout R = C_L…C_1 of the per-layer value-zeroing matrices",
-                                 "scores": "per layer 1 − cos(x̃_i without j's values, x_i), rows normalised"},
-                        position=pos)
+                        meaning={
+                            "tokens": f"value-zeroing rollout, row of position {pos} ({inputs.labels[b][pos]})",
+                            "matrix": "rollout R = C_L…C_1 of the per-layer value-zeroing matrices",
+                            "scores": "per layer 1 − cos(x̃_i without j's values, x_i), rows normalised",
+                        },
+                        position=pos,
+                    )
         finally:
             bar.close()
         return [out[b] for b in range(len(inputs))]

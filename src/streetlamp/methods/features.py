@@ -5,6 +5,7 @@ one word (its subword tokens). The model's structural special tokens
 (:meth:`~streetlamp.models.adapter.ModelAdapter.special_mask`: [CLS], [SEP], BOS, ...; not [UNK])
 are in no feature unless asked for.
 """
+
 from __future__ import annotations
 
 import string
@@ -40,8 +41,9 @@ def word_starts(tokens: Sequence[str], special: np.ndarray) -> np.ndarray:
     return out
 
 
-def feature_groups(adapter: ModelAdapter, ids: Sequence[int], tokens: Sequence[str], group: str,
-                   include_special: bool) -> tuple[np.ndarray, list[np.ndarray]]:
+def feature_groups(
+    adapter: ModelAdapter, ids: Sequence[int], tokens: Sequence[str], group: str, include_special: bool
+) -> tuple[np.ndarray, list[np.ndarray]]:
     """``groups`` ``[n]`` (feature id per position, -1 = never perturbed) and the features' positions."""
     special = adapter.special_mask(ids)
     n = len(ids)

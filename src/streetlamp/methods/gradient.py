@@ -10,6 +10,7 @@ embeddings and LayerNorm), ``F`` the explained scalar of :class:`~streetlamp.mod
 Each text is run alone at its own length (no padding), so results do not depend on the batch.
 Integrated gradients lives in :mod:`streetlamp.methods.ig` and uses the helpers here.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -38,8 +39,9 @@ def embed_ids(adapter: ModelAdapter, ids: torch.Tensor) -> torch.Tensor:
     return adapter.embed_module(ids.view(1, -1).to(adapter.device))[0]
 
 
-def scores_at(adapter: ModelAdapter, ids: torch.Tensor, emb: torch.Tensor, index: int, target: Target,
-              grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def scores_at(
+    adapter: ModelAdapter, ids: torch.Tensor, emb: torch.Tensor, index: int, target: Target, grad: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """F and (optionally) ∂F/∂emb for rows of embeddings ``emb`` ``[rows, pos, d]`` of the text ``ids``.
 
     One forward (and one backward) pass: the rows are independent, so the gradient of ``ΣF``
@@ -75,8 +77,9 @@ class _PlainGradient(Method):
     def _per_token(self, e: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def attribute(self, adapter: ModelAdapter, inputs: Inputs, *, target: Target,
-                  batch_size: int | None = None, seed: int = 0) -> list[Explanation]:
+    def attribute(
+        self, adapter: ModelAdapter, inputs: Inputs, *, target: Target, batch_size: int | None = None, seed: int = 0
+    ) -> list[Explanation]:
         self.check(adapter)
         out = []
         for b, ids in text_batches(adapter, inputs):
@@ -87,10 +90,20 @@ class _PlainGradient(Method):
             f, g = scores_at(adapter, ids, e[None], index, target, grad=True)
             assert g is not None
             s = self._per_token(at_least_float32(e), at_least_float32(g[0]))
-            out.append(self.explanation(
-                adapter, inputs, b, index, target,
-                arrays={"tokens": s.cpu().numpy().astype(np.float32)}, axes={"tokens": ["token"]},
-                meaning={"tokens": self.meaning}, site="embed", F=float(f[0])))
+            out.append(
+                self.explanation(
+                    adapter,
+                    inputs,
+                    b,
+                    index,
+                    target,
+                    arrays={"tokens": s.cpu().numpy().astype(np.float32)},
+                    axes={"tokens": ["token"]},
+                    meaning={"tokens": self.meaning},
+                    site="embed",
+                    F=float(f[0]),
+                )
+            )
         return out
 
     meaning = ""

@@ -17,6 +17,7 @@ without a mask token fall back to [PAD], recorded in ``info["baseline_used"]``).
 zero attribution. All interpolation rows are batched within the
 token budget ``batch_size`` (rows × length), one forward + backward per chunk.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -60,8 +61,9 @@ class IntegratedGradients(Method):
         if self.baseline not in BASELINES:
             raise StreetlampError(f"unknown IG baseline {self.baseline!r}; choose one of {', '.join(BASELINES)}")
         if self.steps < 1 or self.max_steps < self.steps:
-            raise StreetlampError(f"IG needs 1 <= steps <= max_steps (got steps={self.steps}, "
-                                  f"max_steps={self.max_steps})")
+            raise StreetlampError(
+                f"IG needs 1 <= steps <= max_steps (got steps={self.steps}, max_steps={self.max_steps})"
+            )
         if not self.tolerance > 0:
             raise StreetlampError(f"IG tolerance must be > 0 (got {self.tolerance})")
         if self.rule == "panels" and self.steps % 4:
@@ -87,52 +89,96 @@ class IntegratedGradients(Method):
         return eb, used
 
     # -- the one-target method ---------------------------------------------------------------
-    def attribute(self, adapter: ModelAdapter, inputs: Inputs, *, target: Target,
-                  batch_size: int | None = None, seed: int = 0) -> list[Explanation]:
+    def attribute(
+        self, adapter: ModelAdapter, inputs: Inputs, *, target: Target, batch_size: int | None = None, seed: int = 0
+    ) -> list[Explanation]:
         self.check(adapter)
         out = []
         for b, ids in text_batches(adapter, inputs):
             e = embed_ids(adapter, ids)
             eb, used = self.baseline_embedding(adapter, ids, e)
             with torch.no_grad():
-                ends = adapter.forward(ids_inputs(adapter, ids, 2),
-                                       edit={"embed": lambda x: torch.stack([e, eb]).to(x.dtype)})
+                ends = adapter.forward(
+                    ids_inputs(adapter, ids, 2), edit={"embed": lambda x: torch.stack([e, eb]).to(x.dtype)}
+                )
             index = resolve_one(adapter, ids, target, ends.logits[0])
             f = adapter.score(ends.logits, torch.full((2,), index, device=ends.logits.device), target)
 
-            def grad_fn(emb: torch.Tensor, index: int = index, ids: torch.Tensor = ids
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+            def grad_fn(
+                emb: torch.Tensor, index: int = index, ids: torch.Tensor = ids
+            ) -> tuple[torch.Tensor, torch.Tensor]:
                 f, g = scores_at(adapter, ids, emb, index, target, grad=True)
                 return f[None], g[None]  # type: ignore[index]
 
             path = PathCache(e, eb, grad_fn, batch_size, adapter.device)
-            ig, rec = integrate_adaptive(path, (f[0] - f[1]).view(1), f.abs().max().view(1), self.rule, self.steps, self.adaptive,
-                                         self.tolerance, self.max_steps, [len(ids)])
+            ig, rec = integrate_adaptive(
+                path,
+                (f[0] - f[1]).view(1),
+                f.abs().max().view(1),
+                self.rule,
+                self.steps,
+                self.adaptive,
+                self.tolerance,
+                self.max_steps,
+                [len(ids)],
+            )
             out.append(self._explanation(adapter, inputs, b, index, target, ig[0], f[0], f[1], rec, used))
         return out
 
-    def _explanation(self, adapter: ModelAdapter, inputs: Inputs, b: int, index: int, target: Target,
-                     ig: torch.Tensor, fe: torch.Tensor, fb: torch.Tensor, rec: dict, used: str,
-                     j: int = 0, **extra: object) -> Explanation:
-        comp = np.array([rec["delta"][j], rec["relative_error"][j], float(fe), float(fb),
-                         rec["sum_attributions"][j]], dtype=np.float64)
+    def _explanation(
+        self,
+        adapter: ModelAdapter,
+        inputs: Inputs,
+        b: int,
+        index: int,
+        target: Target,
+        ig: torch.Tensor,
+        fe: torch.Tensor,
+        fb: torch.Tensor,
+        rec: dict,
+        used: str,
+        j: int = 0,
+        **extra: object,
+    ) -> Explanation:
+        comp = np.array(
+            [rec["delta"][j], rec["relative_error"][j], float(fe), float(fb), rec["sum_attributions"][j]],
+            dtype=np.float64,
+        )
         info = {k: v for k, v in rec.items() if k not in ("delta", "relative_error", "sum_attributions")}
         return self.explanation(
-            adapter, inputs, b, index, target,
+            adapter,
+            inputs,
+            b,
+            index,
+            target,
             arrays={"tokens": ig.cpu().numpy().astype(np.float32), "completeness": comp},
             axes={"tokens": ["token"], "completeness": ["quantity"]},
-            meaning={"tokens": f"integrated gradients over the token embedding (site embed), {self.rule}, "
-                               f"baseline {used}; sums to F(e) - F(baseline) up to the completeness error",
-                     "completeness": "[delta = |sum IG - (F(e) - F(e'))|, delta / |F(e) - F(e')|, F(e), "
-                                     "F(e'), sum IG]"},
-            site="embed", baseline_used=used, completeness_error=rec["delta"][j],
-            relative_completeness_error=rec["relative_error"][j], F_input=float(fe), F_baseline=float(fb),
-            **info, **extra)
+            meaning={
+                "tokens": f"integrated gradients over the token embedding (site embed), {self.rule}, "
+                f"baseline {used}; sums to F(e) - F(baseline) up to the completeness error",
+                "completeness": "[delta = |sum IG - (F(e) - F(e'))|, delta / |F(e) - F(e')|, F(e), F(e'), sum IG]",
+            },
+            site="embed",
+            baseline_used=used,
+            completeness_error=rec["delta"][j],
+            relative_completeness_error=rec["relative_error"][j],
+            F_input=float(fe),
+            F_baseline=float(fb),
+            **info,
+            **extra,
+        )
 
     # -- several generated tokens sharing forward passes ----------------------------------------
-    def attribute_sequence(self, adapter: ModelAdapter, prompt: str, continuation: Sequence[int] | int, *,
-                           target: Target = Target(), batch_size: int | None = None,
-                           batched_grads: bool = False) -> list[Explanation]:
+    def attribute_sequence(
+        self,
+        adapter: ModelAdapter,
+        prompt: str,
+        continuation: Sequence[int] | int,
+        *,
+        target: Target = Target(),
+        batch_size: int | None = None,
+        batched_grads: bool = False,
+    ) -> list[Explanation]:
         """IG for each token of ``continuation`` (ids, or a number of greedily generated tokens).
 
         One interpolation path over the whole sequence serves every target (the model is causal,
@@ -162,8 +208,9 @@ class IntegratedGradients(Method):
         def scores(emb: torch.Tensor, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
             x = emb.detach().requires_grad_(grad)
             rows = x.shape[0]
-            logits = adapter.logits_at(ids.expand(rows, -1), pos, edit={"embed": lambda v: x.to(v.dtype)},
-                                       grad=grad)  # [rows, k, vocab]
+            logits = adapter.logits_at(
+                ids.expand(rows, -1), pos, edit={"embed": lambda v: x.to(v.dtype)}, grad=grad
+            )  # [rows, k, vocab]
             f = adapter.score(logits.reshape(rows * k, -1), index.repeat(rows), target).view(rows, k)
             return x, f
 
@@ -180,12 +227,36 @@ class IntegratedGradients(Method):
         _, fends = scores(torch.stack([e, eb]), False)
         path = PathCache(e, eb, grad_fn, batch_size, adapter.device)
         lengths = [P + j for j in range(k)]
-        ig, rec = integrate_adaptive(path, fends[0] - fends[1], fends.abs().amax(0), self.rule, self.steps, self.adaptive,
-                                     self.tolerance, self.max_steps, lengths)
+        ig, rec = integrate_adaptive(
+            path,
+            fends[0] - fends[1],
+            fends.abs().amax(0),
+            self.rule,
+            self.steps,
+            self.adaptive,
+            self.tolerance,
+            self.max_steps,
+            lengths,
+        )
         out = []
         for j in range(k):
             pre = ids_inputs(adapter, ids[: lengths[j]].cpu())
-            out.append(self._explanation(adapter, pre, 0, int(cont[j]), Target(int(cont[j]), target.contrast,
-                                         target.quantity), ig[j, : lengths[j]], fends[0, j], fends[1, j], rec,
-                                         used, j=j, position=P - 1 + j, generated_index=j, shared_path=True))
+            out.append(
+                self._explanation(
+                    adapter,
+                    pre,
+                    0,
+                    int(cont[j]),
+                    Target(int(cont[j]), target.contrast, target.quantity),
+                    ig[j, : lengths[j]],
+                    fends[0, j],
+                    fends[1, j],
+                    rec,
+                    used,
+                    j=j,
+                    position=P - 1 + j,
+                    generated_index=j,
+                    shared_path=True,
+                )
+            )
         return out

@@ -15,6 +15,7 @@ Conservation: ``F = Σ_i tokens[i] + (position and token-type embeddings) + (bia
 (what the attention softmaxes absorb)``; the last three are ``info["unassigned"] = F - Σ tokens``.
 Tests check the full ledger term by term and compare with ``lxt`` itself.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -29,8 +30,9 @@ from .base import Method
 from .gradient import embed_ids, ids_inputs, resolve_one, text_batches
 
 
-def attnlrp_relevance(adapter: ModelAdapter, ids: torch.Tensor, index: int, target: Target,
-                      record: tuple[str, ...] = ()) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+def attnlrp_relevance(
+    adapter: ModelAdapter, ids: torch.Tensor, index: int, target: Target, record: tuple[str, ...] = ()
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """Token relevance ``[pos]`` of the logit ``F`` for token ids ``[pos]``, F itself, and the
     recorded sites (kept in the graph, so callers can take further modified gradients)."""
     x = embed_ids(adapter, ids).detach().requires_grad_(True)
@@ -54,8 +56,9 @@ class AttnLRP(Method):
     description = "AttnLRP: layer-wise relevance of each token for the logit (gradient x input, LRP rules)"
     needs_gradients = True
 
-    def attribute(self, adapter: ModelAdapter, inputs: Inputs, *, target: Target,
-                  batch_size: int | None = None, seed: int = 0) -> list[Explanation]:
+    def attribute(
+        self, adapter: ModelAdapter, inputs: Inputs, *, target: Target, batch_size: int | None = None, seed: int = 0
+    ) -> list[Explanation]:
         self.check(adapter)
         explained = replace(target, quantity="logit")
         out = []
@@ -66,10 +69,21 @@ class AttnLRP(Method):
             r, f, _ = attnlrp_relevance(adapter, ids, index, target)
             f = f.detach()
             r64 = r.double()
-            out.append(self.explanation(
-                adapter, inputs, b, index, explained,
-                arrays={"tokens": r.float().cpu().numpy().astype(np.float32)}, axes={"tokens": ["token"]},
-                meaning={"tokens": "AttnLRP relevance of each token embedding (site embed) for the logit, signed"},
-                site="embed", F=float(f), relevance_sum=float(r64.sum()), unassigned=float(f.double() - r64.sum()),
-                asked_quantity=target.quantity))
+            out.append(
+                self.explanation(
+                    adapter,
+                    inputs,
+                    b,
+                    index,
+                    explained,
+                    arrays={"tokens": r.float().cpu().numpy().astype(np.float32)},
+                    axes={"tokens": ["token"]},
+                    meaning={"tokens": "AttnLRP relevance of each token embedding (site embed) for the logit, signed"},
+                    site="embed",
+                    F=float(f),
+                    relevance_sum=float(r64.sum()),
+                    unassigned=float(f.double() - r64.sum()),
+                    asked_quantity=target.quantity,
+                )
+            )
         return out

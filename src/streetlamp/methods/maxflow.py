@@ -16,6 +16,7 @@ independent max-flow problem (a super-source would give the flow of a set, not p
 Cost per pair: one BFS is ``O(L·S²)``; Dinic needs few phases on these graphs (measured in
 ``benchmarks/bench_flow.py``), so a row of S pairs costs roughly ``O(phases · L · S³)``.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,10 +24,13 @@ import numpy as np
 try:  # numba is a dependency; the pure-Python fallback only keeps imports working without it
     from numba import njit
 except ImportError:  # pragma: no cover
+
     def njit(*args, **kwargs):  # type: ignore[no-redef]
         def wrap(f):
             return f
+
         return wrap if not args or not callable(args[0]) else args[0]
+
 
 EPS = 1e-13
 
@@ -41,8 +45,17 @@ def _residual(caps: np.ndarray, flow: np.ndarray, a: int, b: int, S: int) -> flo
 
 
 @njit(cache=True, nogil=True)
-def _max_flow_pair(caps: np.ndarray, src: int, sink: int, flow: np.ndarray, level: np.ndarray,
-                   ptr: np.ndarray, queue: np.ndarray, stack: np.ndarray, eps: float) -> float:
+def _max_flow_pair(
+    caps: np.ndarray,
+    src: int,
+    sink: int,
+    flow: np.ndarray,
+    level: np.ndarray,
+    ptr: np.ndarray,
+    queue: np.ndarray,
+    stack: np.ndarray,
+    eps: float,
+) -> float:
     L = caps.shape[0]
     S = caps.shape[1]
     flow[:] = 0.0
@@ -190,6 +203,7 @@ def layered_max_flow(caps: np.ndarray, rows: np.ndarray | list[int] | None = Non
 def networkx_graph(caps: np.ndarray):
     """The same layered graph as a networkx DiGraph (nodes ``(l, i)``), for the reference computation."""
     import networkx as nx
+
     L, S, _ = caps.shape
     g = nx.DiGraph()
     for l in range(1, L + 1):

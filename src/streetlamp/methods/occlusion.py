@@ -11,6 +11,7 @@ tokens together); a word's score is given to each of its tokens. Absent tokens a
 On a causal LM with ``kv_cache`` the unperturbed prefix is reused: occluding token i recomputes
 only positions >= i (see :meth:`~streetlamp.models.adapter.ModelAdapter.prefix_forward`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,8 +49,9 @@ class Occlusion(Method):
         check_replacement(self.replacement, self.group)
         occlusion_replacement(adapter, self.replacement)
 
-    def attribute(self, adapter: ModelAdapter, inputs: Inputs, *, target: Target,
-                  batch_size: int | None = None, seed: int = 0) -> list[Explanation]:
+    def attribute(
+        self, adapter: ModelAdapter, inputs: Inputs, *, target: Target, batch_size: int | None = None, seed: int = 0
+    ) -> list[Explanation]:
         self.check(adapter)
         used, tid, tok = occlusion_replacement(adapter, self.replacement)
         out = []
@@ -61,14 +63,26 @@ class Occlusion(Method):
             values = scorer([perturbed_row(ids, a, tid) for a in absent])
             drop = scorer.base - values
             scores = np.where(groups >= 0, drop[np.maximum(groups, 0)] if len(feats) else 0.0, 0.0)
-            out.append(self.explanation(
-                adapter, inputs, b, int(scorer.index[0]), target,
-                arrays={"tokens": scores.astype(np.float32), "groups": groups},
-                axes={"tokens": ["token"], "groups": ["token"]},
-                meaning={"tokens": f"F(x) - F(x with the {self.group} removed); "
-                                   + explanation_common(self.name, used, tok, self.replacement)["replacement_note"],
-                         "groups": f"occluded {self.group} id per token (-1: not occluded, e.g. special tokens)"},
-                base_score=scorer.base, perturbed_scores=values.tolist(), n_features=len(feats),
-                kv_cache_used=scorer.use_cache, positions_computed=scorer.n_positions,
-                **explanation_common(self.name, used, tok, self.replacement)))
+            out.append(
+                self.explanation(
+                    adapter,
+                    inputs,
+                    b,
+                    int(scorer.index[0]),
+                    target,
+                    arrays={"tokens": scores.astype(np.float32), "groups": groups},
+                    axes={"tokens": ["token"], "groups": ["token"]},
+                    meaning={
+                        "tokens": f"F(x) - F(x with the {self.group} removed); "
+                        + explanation_common(self.name, used, tok, self.replacement)["replacement_note"],
+                        "groups": f"occluded {self.group} id per token (-1: not occluded, e.g. special tokens)",
+                    },
+                    base_score=scorer.base,
+                    perturbed_scores=values.tolist(),
+                    n_features=len(feats),
+                    kv_cache_used=scorer.use_cache,
+                    positions_computed=scorer.n_positions,
+                    **explanation_common(self.name, used, tok, self.replacement),
+                )
+            )
         return out

@@ -28,6 +28,7 @@ Completeness checks only the sum; token errors can cancel in it. For nested rule
 holds ``token_change_vs_half_steps``: ``max_i |IG_i(n) − IG_i(n/2)| / |F(e) − F(e')|`` from gradients
 already computed (it bounds the n/2 rule's token error, so it over-estimates that of n).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -41,8 +42,15 @@ from tqdm.auto import tqdm
 from ..batching import chunks
 from ..errors import StreetlampError
 
-RULES = ("riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "gauss_legendre",
-         "clenshaw_curtis", "panels")
+RULES = (
+    "riemann_left",
+    "riemann_right",
+    "riemann_middle",
+    "riemann_trapezoid",
+    "gauss_legendre",
+    "clenshaw_curtis",
+    "panels",
+)
 BOOLE = np.array([7.0, 32.0, 12.0, 32.0, 7.0]) / 90.0  # 5-point closed Newton–Cotes on a panel of width 1
 
 
@@ -66,6 +74,8 @@ def clenshaw_curtis(n: int) -> tuple[np.ndarray, np.ndarray]:
     nodes = np.round((1.0 - np.cos(theta)) / 2.0, 15)  # rounded so nested nodes match exactly
     nodes[0], nodes[-1] = 0.0, 1.0
     return nodes, w / 2.0
+
+
 NOISE_FLOOR = 1e-6
 # emb [rows, pos, d] -> grads [targets, rows, pos, d], or (F [targets, rows], grads): with F the
 # "panels" rule knows each panel's exact share F(b) - F(a) of the completeness sum
@@ -95,7 +105,7 @@ def quadrature(rule: str, n: int) -> tuple[np.ndarray, np.ndarray]:
             raise StreetlampError(f"rule 'panels' needs steps divisible by 4 (got {n}): 5-point Boole panels")
         w = np.zeros(n + 1)
         for j in range(0, n, 4):
-            w[j:j + 5] += BOOLE * 4 / n
+            w[j : j + 5] += BOOLE * 4 / n
         return np.arange(n + 1, dtype=np.float64) / n, w
     raise StreetlampError(f"unknown IG rule {rule!r}; choose one of {', '.join(RULES)}")
 
@@ -103,8 +113,9 @@ def quadrature(rule: str, n: int) -> tuple[np.ndarray, np.ndarray]:
 class PathCache:
     """Gradients along the straight path e' → e, cached per α as ``[target, pos]`` dot products."""
 
-    def __init__(self, e: torch.Tensor, eb: torch.Tensor, grad_fn: GradFn, batch_size: int | None,
-                 device: torch.device) -> None:
+    def __init__(
+        self, e: torch.Tensor, eb: torch.Tensor, grad_fn: GradFn, batch_size: int | None, device: torch.device
+    ) -> None:
         self.e, self.eb, self.diff = e, eb, (e - eb)
         self.grad_fn, self.batch_size, self.device = grad_fn, batch_size, device
         self.cache: dict[float, torch.Tensor] = {}
@@ -126,7 +137,8 @@ class PathCache:
                 raise StreetlampError(
                     f"integrated_gradients: the gradient is not finite at alpha={bad[0]:g} on this path (e.g. an "
                     "all-zero embedding in a pre-norm model); use baseline='pad' or 'mask', or "
-                    "rule='gauss_legendre' (no endpoint nodes)")
+                    "rule='gauss_legendre' (no endpoint nodes)"
+                )
             for r, alpha in enumerate(todo[sl]):
                 self.cache[alpha] = s[:, r]
                 if f is not None:
@@ -145,8 +157,17 @@ class PathCache:
         return sum(float(wk) * self.cache[float(a)] for a, wk in zip(alphas, w))  # type: ignore[return-value]
 
 
-def integrate_adaptive(path: PathCache, fdiff: torch.Tensor, fscale: torch.Tensor, rule: str, steps: int,
-                       adaptive: bool, tolerance: float, max_steps: int, lengths: Sequence[int]) -> tuple[torch.Tensor, dict]:
+def integrate_adaptive(
+    path: PathCache,
+    fdiff: torch.Tensor,
+    fscale: torch.Tensor,
+    rule: str,
+    steps: int,
+    adaptive: bool,
+    tolerance: float,
+    max_steps: int,
+    lengths: Sequence[int],
+) -> tuple[torch.Tensor, dict]:
     """IG ``[target, pos]`` and the completeness record; doubles steps in adaptive mode.
 
     Converged when every target has ``δ/|ΔF| <= tolerance`` or ``δ <= NOISE_FLOOR · max(|F(e)|, |F(e')|)``
@@ -168,8 +189,12 @@ def integrate_adaptive(path: PathCache, fdiff: torch.Tensor, fscale: torch.Tenso
         half = path.integrate_cached(rule, n // 2) if n % 2 == 0 and n >= 2 else None
         tok = None
         if half is not None:
-            tok = float(max(((ig[j, :L] - half[j, :L]).abs().max() / fdiff[j].double().abs().clamp_min(1e-12))
-                            for j, L in enumerate(lengths)))
+            tok = float(
+                max(
+                    ((ig[j, :L] - half[j, :L]).abs().max() / fdiff[j].double().abs().clamp_min(1e-12))
+                    for j, L in enumerate(lengths)
+                )
+            )
         history.append({"steps": n, "max_relative_error": float(rel.max()), "token_change_vs_half_steps": tok})
         ok = bool(((rel <= tolerance) | (delta <= noise)).all())
         if ok or not adaptive:
@@ -178,22 +203,43 @@ def integrate_adaptive(path: PathCache, fdiff: torch.Tensor, fscale: torch.Tenso
         # are not nested, so it grows by 1.5x to overshoot less
         nxt = -(-3 * n // 2) if rule == "gauss_legendre" else 2 * n
         if nxt > max_steps:
-            hint = ("" if rule == "panels"
-                    else "; a narrow spike in the integrand (pre-norm decoders) is what rule='panels' is for")
-            warnings.warn(f"integrated_gradients: relative completeness error {float(rel.max()):.3g} > tolerance "
-                          f"{tolerance:g} after {n} steps ({rule}); max_steps={max_steps} reached{hint}", stacklevel=3)
+            hint = (
+                ""
+                if rule == "panels"
+                else "; a narrow spike in the integrand (pre-norm decoders) is what rule='panels' is for"
+            )
+            warnings.warn(
+                f"integrated_gradients: relative completeness error {float(rel.max()):.3g} > tolerance "
+                f"{tolerance:g} after {n} steps ({rule}); max_steps={max_steps} reached{hint}",
+                stacklevel=3,
+            )
             break
         n = nxt
-    info = {"steps": n, "gradient_evaluations": len(path.cache), "converged": ok,
-            "token_change_vs_half_steps": history[-1]["token_change_vs_half_steps"],
-            "converged_by_noise_floor": bool(ok and rel.max() > tolerance),
-            "tolerance": tolerance, "history": history, "delta": delta.tolist(),
-            "relative_error": rel.tolist(), "sum_attributions": total.tolist()}
+    info = {
+        "steps": n,
+        "gradient_evaluations": len(path.cache),
+        "converged": ok,
+        "token_change_vs_half_steps": history[-1]["token_change_vs_half_steps"],
+        "converged_by_noise_floor": bool(ok and rel.max() > tolerance),
+        "tolerance": tolerance,
+        "history": history,
+        "delta": delta.tolist(),
+        "relative_error": rel.tolist(),
+        "sum_attributions": total.tolist(),
+    }
     return ig, info
 
 
-def integrate_panels(path: PathCache, fdiff: torch.Tensor, fscale: torch.Tensor, steps: int, adaptive: bool,
-                     tolerance: float, max_steps: int, lengths: Sequence[int]) -> tuple[torch.Tensor, dict]:
+def integrate_panels(
+    path: PathCache,
+    fdiff: torch.Tensor,
+    fscale: torch.Tensor,
+    steps: int,
+    adaptive: bool,
+    tolerance: float,
+    max_steps: int,
+    lengths: Sequence[int],
+) -> tuple[torch.Tensor, dict]:
     """Locally adaptive IG: 5-point Boole panels, bisected where the error is.
 
     Start from ``steps / 4`` equal panels. Each panel [a, b] knows two errors: its exact share of the
@@ -243,8 +289,14 @@ def integrate_panels(path: PathCache, fdiff: torch.Tensor, fscale: torch.Tensor,
         delta = (total - fd).abs()
         rel = delta / scale
         tok_change = float(max(((ig[j, :L] - half[j, :L]).abs().max() / scale[j]) for j, L in enumerate(lengths)))
-        history.append({"steps": 4 * len(panels), "panels": len(panels), "max_relative_error": float(rel.max()),
-                        "token_change_vs_half_steps": tok_change})
+        history.append(
+            {
+                "steps": 4 * len(panels),
+                "panels": len(panels),
+                "max_relative_error": float(rel.max()),
+                "token_change_vs_half_steps": tok_change,
+            }
+        )
         ok = bool(((rel <= tolerance) | (delta <= noise)).all())
         if ok or not adaptive:
             break
@@ -252,9 +304,12 @@ def integrate_panels(path: PathCache, fdiff: torch.Tensor, fscale: torch.Tensor,
         split = [i for i, v in enumerate(ind) if v >= 0.25 * worst]
         room = (max_steps + 1 - len(path.cache)) // 4
         if room < 1:
-            warnings.warn(f"integrated_gradients: relative completeness error {float(rel.max()):.3g} > tolerance "
-                          f"{tolerance:g} after {len(path.cache)} gradient evaluations (panels); max_steps={max_steps} "
-                          "reached", stacklevel=3)
+            warnings.warn(
+                f"integrated_gradients: relative completeness error {float(rel.max()):.3g} > tolerance "
+                f"{tolerance:g} after {len(path.cache)} gradient evaluations (panels); max_steps={max_steps} "
+                "reached",
+                stacklevel=3,
+            )
             break
         chosen = set(sorted(split, key=lambda i: -ind[i])[:room])
         if any(hi - lo < 8 for i, (lo, hi) in enumerate(panels) if i in chosen):
@@ -268,10 +323,18 @@ def integrate_panels(path: PathCache, fdiff: torch.Tensor, fscale: torch.Tensor,
             else:
                 new.append((lo, hi))
         panels = new
-    info = {"steps": 4 * len(panels), "gradient_evaluations": len(path.cache), "converged": ok,
-            "token_change_vs_half_steps": history[-1]["token_change_vs_half_steps"],
-            "converged_by_noise_floor": bool(ok and rel.max() > tolerance), "panels": len(panels),
-            "smallest_panel": min(hi - lo for lo, hi in panels) / grid,
-            "tolerance": tolerance, "history": history, "delta": delta.tolist(),
-            "relative_error": rel.tolist(), "sum_attributions": total.tolist()}
+    info = {
+        "steps": 4 * len(panels),
+        "gradient_evaluations": len(path.cache),
+        "converged": ok,
+        "token_change_vs_half_steps": history[-1]["token_change_vs_half_steps"],
+        "converged_by_noise_floor": bool(ok and rel.max() > tolerance),
+        "panels": len(panels),
+        "smallest_panel": min(hi - lo for lo, hi in panels) / grid,
+        "tolerance": tolerance,
+        "history": history,
+        "delta": delta.tolist(),
+        "relative_error": rel.tolist(),
+        "sum_attributions": total.tolist(),
+    }
     return ig, info

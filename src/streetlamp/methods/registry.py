@@ -2,6 +2,7 @@
 
 Registration is a literal table here, not an import side effect.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -18,14 +19,27 @@ from .occlusion import Occlusion
 from .rollout import Flow, GradientRollout, Rollout
 from .shap_lime import Lime, Shap
 
-REGISTRY: dict[str, type[Method]] = {cls.name: cls for cls in (
-    Attention,
-    Rollout, Flow, GradientRollout, AttentionXGradient, AttentionAttribution,
-    Occlusion, Shap, Lime,
-    Norm, Alti, ValueZeroing,
-    Saliency, GradientXInput, IntegratedGradients,
-    AttnLRP,
-)}
+REGISTRY: dict[str, type[Method]] = {
+    cls.name: cls
+    for cls in (
+        Attention,
+        Rollout,
+        Flow,
+        GradientRollout,
+        AttentionXGradient,
+        AttentionAttribution,
+        Occlusion,
+        Shap,
+        Lime,
+        Norm,
+        Alti,
+        ValueZeroing,
+        Saliency,
+        GradientXInput,
+        IntegratedGradients,
+        AttnLRP,
+    )
+}
 
 
 def list_methods() -> list[str]:

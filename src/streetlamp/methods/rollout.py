@@ -6,6 +6,7 @@ computed) and return ``matrix`` ``[output_position, token]`` (flow: only with ``
 ``tokens``, the explained position's row (``explained_position``: [CLS] for BERT-style
 classifiers, the last token otherwise).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -41,8 +42,9 @@ def rollout_matrix(a_hat: np.ndarray) -> np.ndarray:
     return r
 
 
-def attention_per_text(adapter: ModelAdapter, inputs: Inputs, batch_size: int | None
-                       ) -> tuple[list[np.ndarray], torch.Tensor]:
+def attention_per_text(
+    adapter: ModelAdapter, inputs: Inputs, batch_size: int | None
+) -> tuple[list[np.ndarray], torch.Tensor]:
     """Attention ``[L, H, n, n]`` (real tokens only) for each text, and the explained output indices'
     logits ``[batch, n_out]``; texts are run in groups that fit the token budget."""
     atts: list[np.ndarray] = [np.empty(0)] * len(inputs)
@@ -78,8 +80,9 @@ class Rollout(_AttentionGraphMethod):
     name = "rollout"
     description = "attention rollout: product of residual-augmented, head-fused attention over layers"
 
-    def attribute(self, adapter: ModelAdapter, inputs: Inputs, *, target: Target,
-                  batch_size: int | None = None, seed: int = 0) -> list[Explanation]:
+    def attribute(
+        self, adapter: ModelAdapter, inputs: Inputs, *, target: Target, batch_size: int | None = None, seed: int = 0
+    ) -> list[Explanation]:
         self.check(adapter)
         atts, logits = attention_per_text(adapter, inputs, batch_size)
         index = adapter.resolve(inputs, target, logits)
@@ -88,14 +91,24 @@ class Rollout(_AttentionGraphMethod):
             n = att.shape[-1]
             pos = adapter.explained_position(n)
             r = rollout_matrix(residual_attention(att, self.fusion))
-            out.append(self.explanation(
-                adapter, inputs, b, int(index[b]), target,
-                arrays={"tokens": r[pos].astype(np.float32), "matrix": r.astype(np.float32)},
-                axes={"tokens": ["token"], "matrix": ["output_position", "token"]},
-                meaning={"tokens": f"rollout row of position {pos} ({inputs.labels[b][pos]}): share of its "
-                                   "final representation that flows from each input token",
-                         "matrix": f"R = Â_L…Â_1, Â_l = 0.5·{self.fusion}_h A[l] + 0.5·I, rows renormalised"},
-                position=pos, target_independent=True))
+            out.append(
+                self.explanation(
+                    adapter,
+                    inputs,
+                    b,
+                    int(index[b]),
+                    target,
+                    arrays={"tokens": r[pos].astype(np.float32), "matrix": r.astype(np.float32)},
+                    axes={"tokens": ["token"], "matrix": ["output_position", "token"]},
+                    meaning={
+                        "tokens": f"rollout row of position {pos} ({inputs.labels[b][pos]}): share of its "
+                        "final representation that flows from each input token",
+                        "matrix": f"R = Â_L…Â_1, Â_l = 0.5·{self.fusion}_h A[l] + 0.5·I, rows renormalised",
+                    },
+                    position=pos,
+                    target_independent=True,
+                )
+            )
         return out
 
 
@@ -119,8 +132,9 @@ class Flow(_AttentionGraphMethod):
         if self.rows not in ("explained", "all"):
             raise StreetlampError(f"flow rows must be 'explained' or 'all', not {self.rows!r}")
 
-    def attribute(self, adapter: ModelAdapter, inputs: Inputs, *, target: Target,
-                  batch_size: int | None = None, seed: int = 0) -> list[Explanation]:
+    def attribute(
+        self, adapter: ModelAdapter, inputs: Inputs, *, target: Target, batch_size: int | None = None, seed: int = 0
+    ) -> list[Explanation]:
         self.check(adapter)
         atts, logits = attention_per_text(adapter, inputs, batch_size)
         index = adapter.resolve(inputs, target, logits)
@@ -131,8 +145,10 @@ class Flow(_AttentionGraphMethod):
             caps = residual_attention(att, self.fusion)
             arrays = {}
             axes = {"tokens": ["token"]}
-            meaning = {"tokens": f"max-flow value from each input token (layer 0) to position {pos} "
-                                 f"({inputs.labels[b][pos]}) at layer {adapter.n_layers}"}
+            meaning = {
+                "tokens": f"max-flow value from each input token (layer 0) to position {pos} "
+                f"({inputs.labels[b][pos]}) at layer {adapter.n_layers}"
+            }
             if self.rows == "all":
                 m = layered_max_flow(caps)
                 arrays["matrix"] = m.astype(np.float32)
@@ -142,8 +158,20 @@ class Flow(_AttentionGraphMethod):
             else:
                 row = layered_max_flow(caps, [pos])[0]
             arrays["tokens"] = row.astype(np.float32)
-            out.append(self.explanation(adapter, inputs, b, int(index[b]), target, arrays=arrays, axes=axes,
-                                        meaning=meaning, position=pos, target_independent=True))
+            out.append(
+                self.explanation(
+                    adapter,
+                    inputs,
+                    b,
+                    int(index[b]),
+                    target,
+                    arrays=arrays,
+                    axes=axes,
+                    meaning=meaning,
+                    position=pos,
+                    target_independent=True,
+                )
+            )
         return out
 
 
@@ -160,8 +188,9 @@ class GradientRollout(Method):
     description = "Chefer et al. 2021: rollout of gradient-weighted, positive attention (R <- R + mean_h (grad*A)^+ R)"
     needs_gradients = True
 
-    def attribute(self, adapter: ModelAdapter, inputs: Inputs, *, target: Target,
-                  batch_size: int | None = None, seed: int = 0) -> list[Explanation]:
+    def attribute(
+        self, adapter: ModelAdapter, inputs: Inputs, *, target: Target, batch_size: int | None = None, seed: int = 0
+    ) -> list[Explanation]:
         self.check(adapter)
         out: list[Explanation | None] = [None] * len(inputs)
         for b, sub, k, a, g, index in attention_gradient_texts(adapter, inputs, target, batch_size):
@@ -172,18 +201,26 @@ class GradientRollout(Method):
                 r = r + layer @ r
             pos = adapter.explained_position(n)
             out[b] = self.explanation(
-                adapter, sub, k, index, target,
+                adapter,
+                sub,
+                k,
+                index,
+                target,
                 arrays={"tokens": r[pos].astype(np.float32), "matrix": r.astype(np.float32)},
                 axes={"tokens": ["token"], "matrix": ["output_position", "token"]},
-                meaning={"tokens": f"row {pos} ({inputs.labels[b][pos]}) of R = (I+Ā_L)…(I+Ā_1), "
-                                   "Ā_l = mean_h (dF/dA_l ⊙ A_l)^+",
-                         "matrix": "R = (I+Ā_L)…(I+Ā_1), Ā_l = mean_h (dF/dA_l ⊙ A_l)^+"},
-                position=pos)
+                meaning={
+                    "tokens": f"row {pos} ({inputs.labels[b][pos]}) of R = (I+Ā_L)…(I+Ā_1), "
+                    "Ā_l = mean_h (dF/dA_l ⊙ A_l)^+",
+                    "matrix": "R = (I+Ā_L)…(I+Ā_1), Ā_l = mean_h (dF/dA_l ⊙ A_l)^+",
+                },
+                position=pos,
+            )
         return [e for e in out if e is not None]
 
 
-def attention_gradient_texts(adapter: ModelAdapter, inputs: Inputs, target: Target, batch_size: int | None
-                             ) -> Iterator[tuple[int, Inputs, int, np.ndarray, np.ndarray, int]]:
+def attention_gradient_texts(
+    adapter: ModelAdapter, inputs: Inputs, target: Target, batch_size: int | None
+) -> Iterator[tuple[int, Inputs, int, np.ndarray, np.ndarray, int]]:
     """``(b, sub, k, A, dF/dA, index)`` for every text ``b``, batched within the token budget:
     ``sub`` is its batch and ``k`` its row there; ``A`` and ``dF/dA`` are float64 ``[layer, head,
     n, n]`` cropped to the text's length (one forward + backward per batch)."""
@@ -192,12 +229,19 @@ def attention_gradient_texts(adapter: ModelAdapter, inputs: Inputs, target: Targ
         att, grad, index = attention_and_gradient(adapter, sub, target)
         for k, b in enumerate(group):
             n = inputs.lengths[b]
-            yield (b, sub, k, att[k, :, :, :n, :n].double().cpu().numpy(),
-                   grad[k, :, :, :n, :n].double().cpu().numpy(), int(index[k]))
+            yield (
+                b,
+                sub,
+                k,
+                att[k, :, :, :n, :n].double().cpu().numpy(),
+                grad[k, :, :, :n, :n].double().cpu().numpy(),
+                int(index[k]),
+            )
 
 
-def attention_and_gradient(adapter: ModelAdapter, inputs: Inputs, target: Target
-                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def attention_and_gradient(
+    adapter: ModelAdapter, inputs: Inputs, target: Target
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention ``A`` and ``∂F/∂A`` ``[batch, layer, head, query, key]`` and the target indices."""
     sites = [f"layers.{l}.attn.pattern" for l in range(adapter.n_layers)]
     fwd = adapter.forward(inputs, record=sites, keep_grad=True, grad=True)

@@ -19,6 +19,7 @@ for a block of rows sorted by ``p`` we feed only the suffixes from the block's s
 with the original's cache cropped to that length. Occluding token i then recomputes only
 positions >= i (about half the work of a full recompute for leave-one-out).
 """
+
 from __future__ import annotations
 
 import sys
@@ -106,8 +107,11 @@ class Scorer:
         if any(len(r) == 0 for r in rows):
             raise StreetlampError("a perturbation removed every token of the text; use a replacement token")
         self.n_rows += len(rows)
-        blocks = self._cache_blocks(rows) if self.use_cache else [
-            (0, g) for g in group_by_budget([len(r) for r in rows], self.budget)]
+        blocks = (
+            self._cache_blocks(rows)
+            if self.use_cache
+            else [(0, g) for g in group_by_budget([len(r) for r in rows], self.budget)]
+        )
         with _progress(len(rows), self.desc) as bar:
             for start, idx in blocks:
                 out[idx] = self._run(start, [rows[i] for i in idx])
@@ -155,5 +159,9 @@ def explanation_common(method_name: str, used: str, token: str | None, requested
     """The info every perturbation Explanation carries about what replaced absent tokens."""
     what = "absent tokens removed (sequence shortened)" if used == "delete" else f"absent tokens replaced by {token!r}"
     note = "" if used == requested else f" ({requested} not in the vocabulary: fell back to {used})"
-    return {"replacement": requested, "replacement_used": used, "replacement_token": token,
-            "replacement_note": f"{method_name}: {what}{note}; perturbed inputs are out of distribution"}
+    return {
+        "replacement": requested,
+        "replacement_used": used,
+        "replacement_token": token,
+        "replacement_note": f"{method_name}: {what}{note}; perturbed inputs are out of distribution",
+    }

@@ -21,6 +21,7 @@ uniformly from 1..M-1 (a random subset of that size); weights
 ``width = 25`` (the ``lime`` package's text defaults); weighted ridge regression with intercept
 (``alpha = 1``, scikit-learn's ``Ridge`` with ``sample_weight``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,8 +42,8 @@ def shap_coalitions(m: int, n_samples: int, rng: np.random.Generator) -> tuple[n
     """Coalitions ``[k, m]`` (bool), their regression weights ``[k]``, and whether the set is exhaustive."""
     if m < 2:
         return np.zeros((0, m), dtype=bool), np.zeros(0), True
-    if m < 31 and 2 ** m - 2 <= n_samples:
-        codes = np.arange(1, 2 ** m - 1)
+    if m < 31 and 2**m - 2 <= n_samples:
+        codes = np.arange(1, 2**m - 1)
         z = (codes[:, None] >> np.arange(m)) & 1 == 1
         s = z.sum(1)
         w = (m - 1) / (np.array([comb(m, int(k)) for k in s], dtype=np.float64) * s * (m - s))
@@ -93,7 +94,7 @@ def lime_weights(z: np.ndarray, kernel_width: float) -> np.ndarray:
     norm = np.sqrt(zf.sum(1)) * np.sqrt(z.shape[1])
     cos = np.divide(zf.sum(1), norm, out=np.zeros(len(z)), where=norm > 0)
     d = (1.0 - cos) * 100.0
-    return np.sqrt(np.exp(-(d ** 2) / kernel_width ** 2))
+    return np.sqrt(np.exp(-(d**2) / kernel_width**2))
 
 
 def lime_fit(z: np.ndarray, f: np.ndarray, w: np.ndarray, alpha: float) -> tuple[np.ndarray, float, float]:
@@ -106,8 +107,8 @@ def lime_fit(z: np.ndarray, f: np.ndarray, w: np.ndarray, alpha: float) -> tuple
     coef = np.linalg.solve(a, (xc * w[:, None]).T @ yc) if z.shape[1] else np.zeros(0)
     intercept = float(ym - xm @ coef)
     resid = f - (zf @ coef + intercept)
-    ss = float(w @ yc ** 2)
-    r2 = 1.0 - float(w @ resid ** 2) / ss if ss > 0 else 1.0
+    ss = float(w @ yc**2)
+    r2 = 1.0 - float(w @ resid**2) / ss if ss > 0 else 1.0
     return coef, intercept, r2
 
 
@@ -129,8 +130,9 @@ class _Sampled(Method):
         if not isinstance(self.n_samples, int) or self.n_samples < 2:
             raise StreetlampError(f"{self.name}: n_samples must be an integer >= 2, got {self.n_samples!r}")
 
-    def attribute(self, adapter: ModelAdapter, inputs: Inputs, *, target: Target,
-                  batch_size: int | None = None, seed: int = 0) -> list[Explanation]:
+    def attribute(
+        self, adapter: ModelAdapter, inputs: Inputs, *, target: Target, batch_size: int | None = None, seed: int = 0
+    ) -> list[Explanation]:
         self.check(adapter)
         used, tid, tok = adapter.replacement_token(self.replacement)
         common = explanation_common(self.name, used, tok, self.replacement)
@@ -149,16 +151,30 @@ class _Sampled(Method):
 
             phi, arrays, axes, meaning, info = self.fit(m, value, scorer.base, rng)
             scores = np.where(groups >= 0, phi[np.maximum(groups, 0)] if m else 0.0, 0.0)
-            out.append(self.explanation(
-                adapter, inputs, b, int(scorer.index[0]), target,
-                arrays={"tokens": scores.astype(np.float32), "groups": groups, **arrays},
-                axes={"tokens": ["token"], "groups": ["token"], **axes},
-                meaning={"tokens": f"{self.name} coefficient of the {self.group}'s presence; "
-                                   + common["replacement_note"],
-                         "groups": f"{self.group} id per token (-1: never perturbed, e.g. special tokens)",
-                         **meaning},
-                base_score=scorer.base, n_features=m, n_evaluated=scorer.n_rows, seed=seed,
-                kv_cache_used=scorer.use_cache, **info, **common))
+            out.append(
+                self.explanation(
+                    adapter,
+                    inputs,
+                    b,
+                    int(scorer.index[0]),
+                    target,
+                    arrays={"tokens": scores.astype(np.float32), "groups": groups, **arrays},
+                    axes={"tokens": ["token"], "groups": ["token"], **axes},
+                    meaning={
+                        "tokens": f"{self.name} coefficient of the {self.group}'s presence; "
+                        + common["replacement_note"],
+                        "groups": f"{self.group} id per token (-1: never perturbed, e.g. special tokens)",
+                        **meaning,
+                    },
+                    base_score=scorer.base,
+                    n_features=m,
+                    n_evaluated=scorer.n_rows,
+                    seed=seed,
+                    kv_cache_used=scorer.use_cache,
+                    **info,
+                    **common,
+                )
+            )
         return out
 
     def check_samples(self, m: int) -> None:
@@ -176,17 +192,23 @@ class Shap(_Sampled):
     description = "Kernel SHAP over token presence (absent tokens replaced), efficiency imposed exactly"
 
     def check_samples(self, m: int) -> None:
-        if m > 1 and self.n_samples < m and 2 ** m - 2 > self.n_samples:
-            raise StreetlampError(f"shap: n_samples={self.n_samples} is too small for {m} features; "
-                                  f"give at least {m} (better several times more)")
+        if m > 1 and self.n_samples < m and 2**m - 2 > self.n_samples:
+            raise StreetlampError(
+                f"shap: n_samples={self.n_samples} is too small for {m} features; "
+                f"give at least {m} (better several times more)"
+            )
 
     def fit(self, m, value, f_full, rng):  # type: ignore[no-untyped-def]
         f_empty = float(value(np.zeros((1, m), dtype=bool))[0]) if m else f_full
         z, w, exact = shap_coalitions(m, self.n_samples, rng)
         phi = kernel_shap_fit(z, value(z), w, f_full, f_empty)
-        return (phi, {}, {}, {},
-                {"f_all_absent": f_empty, "exhaustive": exact,
-                 "efficiency_error": float(phi.sum() - (f_full - f_empty))})
+        return (
+            phi,
+            {},
+            {},
+            {},
+            {"f_all_absent": f_empty, "exhaustive": exact, "efficiency_error": float(phi.sum() - (f_full - f_empty))},
+        )
 
 
 @dataclass

@@ -6,6 +6,7 @@ the explained output plus recorded sites), :meth:`ModelAdapter.score`, and the m
 here: the explained position, the structural special tokens, the replacement token, output labels,
 the KV-cached prefix forward, logits at chosen positions and greedy generation.
 """
+
 from __future__ import annotations
 
 import functools
@@ -65,9 +66,14 @@ class Inputs:
         return int(self.input_ids.shape[0])
 
     @classmethod
-    def from_ids(cls, adapter: ModelAdapter, rows: Sequence[Sequence[int] | torch.Tensor] | torch.Tensor,
-                 texts: Sequence[str] | None = None, truncated: Sequence[bool] | None = None,
-                 strings: bool = True) -> Inputs:
+    def from_ids(
+        cls,
+        adapter: ModelAdapter,
+        rows: Sequence[Sequence[int] | torch.Tensor] | torch.Tensor,
+        texts: Sequence[str] | None = None,
+        truncated: Sequence[bool] | None = None,
+        strings: bool = True,
+    ) -> Inputs:
         """The one constructor from token ids (special tokens included as given): right-padded with the
         tokenizer's pad id. An empty row (erasure removed every token of a causal LM's prompt) becomes
         :meth:`ModelAdapter.empty_context_token`. ``strings=False`` leaves ``tokens``/``labels`` empty
@@ -83,11 +89,19 @@ class Inputs:
             ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
             mask[i, : len(r)] = 1
         # the stubs say int | list[int] -> str | list[str]; a row (list or 1-d tensor) gives list[str]
-        tokens = [cast(list[str], adapter.tokenizer.convert_ids_to_tokens(cast(list[int], r))) if strings else []
-                  for r in rows]
+        tokens = [
+            cast(list[str], adapter.tokenizer.convert_ids_to_tokens(cast(list[int], r))) if strings else []
+            for r in rows
+        ]
         labels = [[adapter.token_label(t) for t in toks] for toks in tokens]
-        return cls(ids, mask, tokens, labels, list(texts) if texts is not None else [""] * len(rows),
-                   list(truncated) if truncated is not None else [False] * len(rows))
+        return cls(
+            ids,
+            mask,
+            tokens,
+            labels,
+            list(texts) if texts is not None else [""] * len(rows),
+            list(truncated) if truncated is not None else [False] * len(rows),
+        )
 
     def rows(self) -> list[list[int]]:
         """Each text's token ids (real tokens only, special tokens included)."""
@@ -97,15 +111,26 @@ class Inputs:
         """``rows`` copies of a one-text batch (views, no copy of the ids)."""
         if len(self) != 1:
             raise ValueError("repeat needs a batch of one text")
-        return Inputs(self.input_ids.expand(rows, -1), self.attention_mask.expand(rows, -1), self.tokens * rows,
-                      self.labels * rows, self.texts * rows, (self.truncated or [False]) * rows)
+        return Inputs(
+            self.input_ids.expand(rows, -1),
+            self.attention_mask.expand(rows, -1),
+            self.tokens * rows,
+            self.labels * rows,
+            self.texts * rows,
+            (self.truncated or [False]) * rows,
+        )
 
     def select(self, idx: Sequence[int]) -> Inputs:
         ids = list(idx)
         width = max(self.lengths[i] for i in ids)
-        return Inputs(self.input_ids[ids, :width], self.attention_mask[ids, :width],
-                      [self.tokens[i] for i in ids], [self.labels[i] for i in ids],
-                      [self.texts[i] for i in ids], [self.truncated[i] for i in ids] if self.truncated else [])
+        return Inputs(
+            self.input_ids[ids, :width],
+            self.attention_mask[ids, :width],
+            [self.tokens[i] for i in ids],
+            [self.labels[i] for i in ids],
+            [self.texts[i] for i in ids],
+            [self.truncated[i] for i in ids] if self.truncated else [],
+        )
 
 
 @dataclass(frozen=True)
@@ -137,8 +162,9 @@ class Forward:
 class ModelAdapter:
     """Wraps a Hugging Face classifier or causal LM of a supported family."""
 
-    def __init__(self, hf_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, name: str,
-                 source: str = "") -> None:
+    def __init__(
+        self, hf_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, name: str, source: str = ""
+    ) -> None:
         model_type = hf_model.config.model_type
         if model_type not in FAMILIES:
             raise StreetlampError(f"unsupported model type {model_type!r}; supported: {', '.join(sorted(FAMILIES))}")
@@ -149,8 +175,10 @@ class ModelAdapter:
         elif arch.endswith("ForCausalLM") or arch.endswith("LMHeadModel"):
             self.kind = "causal_lm"
         else:
-            raise StreetlampError(f"unsupported architecture {arch}; supported: *ForSequenceClassification "
-                                  "(bert, roberta, distilbert, gpt2, llama) and *ForCausalLM / GPT2LMHeadModel")
+            raise StreetlampError(
+                f"unsupported architecture {arch}; supported: *ForSequenceClassification "
+                "(bert, roberta, distilbert, gpt2, llama) and *ForCausalLM / GPT2LMHeadModel"
+            )
         hf_model.set_attn_implementation(attention.register())
         hf_model.eval()
         self.hf_model = hf_model
@@ -216,8 +244,9 @@ class ModelAdapter:
         if s.lstrip("-").isdigit():
             i = int(s)
             if not 0 <= i < self.n_outputs:
-                raise StreetlampError(f"target {i} out of range: classes are 0..{self.n_outputs - 1} "
-                                      f"({', '.join(names)})")
+                raise StreetlampError(
+                    f"target {i} out of range: classes are 0..{self.n_outputs - 1} ({', '.join(names)})"
+                )
             return i
         raise StreetlampError(f"unknown target {label!r}: not a class of the model; classes: {', '.join(names)}")
 
@@ -268,11 +297,21 @@ class ModelAdapter:
 
     def describe(self) -> dict:
         cfg: Any = self.hf_model.config
-        return {"name": self.name, "source": self.source, "kind": self.kind, "family": self.family.name,
-                "architecture": type(self.hf_model).__name__, "layers": self.n_layers, "heads": self.n_heads,
-                "kv_heads": self.n_kv_heads, "d_model": self.d_model, "max_positions": self.max_positions,
-                "labels": ({str(k): v for k, v in cfg.id2label.items()} if self.kind == "classifier" else None),
-                "device": str(self.device), "dtype": str(next(self.hf_model.parameters()).dtype).replace("torch.", "")}
+        return {
+            "name": self.name,
+            "source": self.source,
+            "kind": self.kind,
+            "family": self.family.name,
+            "architecture": type(self.hf_model).__name__,
+            "layers": self.n_layers,
+            "heads": self.n_heads,
+            "kv_heads": self.n_kv_heads,
+            "d_model": self.d_model,
+            "max_positions": self.max_positions,
+            "labels": ({str(k): v for k, v in cfg.id2label.items()} if self.kind == "classifier" else None),
+            "device": str(self.device),
+            "dtype": str(next(self.hf_model.parameters()).dtype).replace("torch.", ""),
+        }
 
     # -- inputs --------------------------------------------------------------------------------
     def encode(self, texts: str | Iterable[str], truncate: bool = False) -> Inputs:
@@ -290,7 +329,8 @@ class ModelAdapter:
                 if not truncate:
                     raise StreetlampError(
                         f"text {i} has {len(r)} tokens but the model takes at most {self.max_positions}; "
-                        "pass --truncate to cut it (recorded in the manifest)")
+                        "pass --truncate to cut it (recorded in the manifest)"
+                    )
                 # the tokenizer keeps its special tokens ([CLS] ... [SEP]) when it truncates
                 rows[i] = self.tokenizer(texts[i], truncation=True, max_length=self.max_positions)["input_ids"]
             truncated.append(len(r) > self.max_positions)
@@ -308,8 +348,9 @@ class ModelAdapter:
         return int(ids[0])
 
     # -- running -------------------------------------------------------------------------------
-    def session(self, record: Iterable[str] = (), edit: dict[str, Edit] | None = None,
-                keep_grad: bool = False) -> Session:
+    def session(
+        self, record: Iterable[str] = (), edit: dict[str, Edit] | None = None, keep_grad: bool = False
+    ) -> Session:
         return Session(self, record=record, edit=edit, keep_grad=keep_grad)
 
     def relevance_rules(self) -> AbstractContextManager[None]:
@@ -317,10 +358,17 @@ class ModelAdapter:
         ``with`` block (forward values unchanged); the attention rules are site edits, see
         :mod:`streetlamp.models.relevance`."""
         from .relevance import relevance_rules
+
         return relevance_rules(self)
 
-    def forward(self, inputs: Inputs, record: Iterable[str] = (), edit: dict[str, Edit] | None = None,
-                keep_grad: bool = False, grad: bool = False) -> Forward:
+    def forward(
+        self,
+        inputs: Inputs,
+        record: Iterable[str] = (),
+        edit: dict[str, Edit] | None = None,
+        keep_grad: bool = False,
+        grad: bool = False,
+    ) -> Forward:
         """Run the model; return the explained logits ``[batch, n_outputs]`` and recorded sites."""
         dev = self.device
         kw = {}
@@ -371,14 +419,16 @@ class ModelAdapter:
         return logits.argmax(-1).cpu()
 
     # -- causal-LM passes that need more than :meth:`forward` ---------------------------------------
-    def logits_at(self, ids: torch.Tensor, positions: torch.Tensor, edit: dict[str, Edit] | None = None,
-                  grad: bool = False) -> torch.Tensor:
+    def logits_at(
+        self, ids: torch.Tensor, positions: torch.Tensor, edit: dict[str, Edit] | None = None, grad: bool = False
+    ) -> torch.Tensor:
         """Causal LM: next-token logits ``[rows, k, vocab]`` at ``positions`` ``[k]`` of unpadded rows
         ``ids`` ``[rows, pos]`` (the LM head only there, via ``logits_to_keep``)."""
         ids = ids.to(self.device)
         with torch.set_grad_enabled(grad), self.session(edit=edit):
-            return self.hf_model(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                 logits_to_keep=positions.to(self.device)).logits
+            return self.hf_model(
+                input_ids=ids, attention_mask=torch.ones_like(ids), logits_to_keep=positions.to(self.device)
+            ).logits
 
     @torch.no_grad()
     def generate(self, prompt_ids: torch.Tensor, n_new: int) -> list[int]:
@@ -393,8 +443,9 @@ class ModelAdapter:
         return out
 
     @torch.no_grad()
-    def prefix_forward(self, inputs: Inputs, cache: list | None = None, start: int = 0,
-                       keep_cache: bool = False) -> tuple[torch.Tensor, list]:
+    def prefix_forward(
+        self, inputs: Inputs, cache: list | None = None, start: int = 0, keep_cache: bool = False
+    ) -> tuple[torch.Tensor, list]:
         """Causal LM only: next-token logits after each row's last real token, reusing a cached prefix.
 
         ``inputs`` holds right-padded *suffixes* that start at position ``start``; ``cache`` is the
@@ -419,8 +470,12 @@ class ModelAdapter:
         full_mask = mask
         if start:
             assert cache is not None
-            past = DynamicCache(ddp_cache_data=[(k[:, :, :start].expand(rows, -1, -1, -1),
-                                                 v[:, :, :start].expand(rows, -1, -1, -1)) for k, v in cache])
+            past = DynamicCache(
+                ddp_cache_data=[
+                    (k[:, :, :start].expand(rows, -1, -1, -1), v[:, :, :start].expand(rows, -1, -1, -1))
+                    for k, v in cache
+                ]
+            )
             full_mask = torch.cat([torch.ones(rows, start, dtype=mask.dtype), mask], 1)
         elif keep_cache:
             # a cache without the config keeps every position in every layer: with the config, sliding-window
@@ -429,8 +484,12 @@ class ModelAdapter:
             past = DynamicCache()
         base = self.hf_model.base_model
         name = cache_keyword(type(base))  # type: ignore[arg-type]  # classes are hashable
-        out = base(input_ids=ids.to(dev), attention_mask=full_mask.to(dev),
-                   use_cache=keep_cache or past is not None, **{name: past})
+        out = base(
+            input_ids=ids.to(dev),
+            attention_mask=full_mask.to(dev),
+            use_cache=keep_cache or past is not None,
+            **{name: past},
+        )
         last = mask.sum(1).to(dev) - 1
         hidden = out.last_hidden_state[torch.arange(rows, device=dev), last]
         logits = self.hf_model.get_output_embeddings()(hidden)

@@ -23,6 +23,7 @@ sliding layers (through the mask builder registered below), and is applied here 
 arrives (a causal query i then sees keys i - window + 1 .. i; a bidirectional one keys with
 |i - j| < window).
 """
+
 from __future__ import annotations
 
 import torch
@@ -84,7 +85,7 @@ def streetlamp_attention(
         causal = getattr(module, "is_causal", False)
         if (causal and q_len > 1) or sliding_window:
             full = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device)
-            allowed = (full.tril(k_len - q_len) if causal else full)
+            allowed = full.tril(k_len - q_len) if causal else full
             if sliding_window and causal:
                 allowed = allowed & full.triu(k_len - q_len - int(sliding_window) + 1)
             elif sliding_window:  # bidirectional (ModernBERT's local layers): |i - j| < window
@@ -92,8 +93,9 @@ def streetlamp_attention(
             allowed = allowed[None, None]
             scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
     # softmax in float32 (as Hugging Face's eager path), or float64 when the model runs in double
-    probs = nn.functional.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)
-                                  ).to(query.dtype)
+    probs = nn.functional.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(
+        query.dtype
+    )
     probs = nn.functional.dropout(probs, p=dropout, training=module.training)
     if layer is not None:
         assert session is not None

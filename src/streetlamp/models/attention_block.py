@@ -14,6 +14,7 @@ the attention block's output (``layers.{l}.attn.out``, with b_O). What they do n
 
 This module is that table plus three small accessors; nothing else touches module paths.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -60,8 +61,9 @@ def placement(adapter: ModelAdapter) -> NormPlacement:
     """The family's norm placement, or a StreetlampError naming the supported families."""
     p = DECOMPOSE.get(adapter.family.name)
     if p is None:
-        raise StreetlampError(f"no decomposition table for family {adapter.family.name!r}; "
-                              f"supported: {', '.join(sorted(DECOMPOSE))}")
+        raise StreetlampError(
+            f"no decomposition table for family {adapter.family.name!r}; supported: {', '.join(sorted(DECOMPOSE))}"
+        )
     return p
 
 

@@ -1,4 +1,5 @@
 """``streetlamp.load``: embedded models by name, or any local Hugging Face checkpoint folder."""
+
 from __future__ import annotations
 
 import hashlib
@@ -40,7 +41,8 @@ class Embedded:
 
 def cache_dir() -> Path:
     root = os.environ.get("STREETLAMP_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "streetlamp")
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "streetlamp"
+    )
     return Path(root)
 
 
@@ -101,8 +103,10 @@ def load_gguf(gguf: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str
         except (ValueError, OSError, KeyError) as e:
             raise StreetlampError(f"cannot read {gguf} as a GGUF model: {e}".splitlines()[0]) from None
         if config.model_type not in FAMILIES:
-            raise StreetlampError(f"{gguf.name}: model type {config.model_type!r} is not supported; "
-                                  f"supported: {', '.join(sorted(FAMILIES))}")
+            raise StreetlampError(
+                f"{gguf.name}: model type {config.model_type!r} is not supported; "
+                f"supported: {', '.join(sorted(FAMILIES))}"
+            )
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -116,8 +120,9 @@ def load_gguf(gguf: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str
         config.save_pretrained(tmp)
         save_model(model, str(tmp / "model.safetensors"))
         tok.save_pretrained(tmp)
-        (tmp / "streetlamp-source.json").write_text(json.dumps(
-            {"sha256": target.name, "size": gguf.stat().st_size, "first_converted_from": str(gguf)}))
+        (tmp / "streetlamp-source.json").write_text(
+            json.dumps({"sha256": target.name, "size": gguf.stat().st_size, "first_converted_from": str(gguf)})
+        )
         try:
             os.replace(tmp, target)  # atomic: a half-written cache is never used
         except OSError:  # another process finished the same conversion first: use its copy
@@ -128,11 +133,12 @@ def load_gguf(gguf: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str
 
 
 EMBEDDED: dict[str, Embedded] = {
-    "minilm-sentiment": Embedded("minilm-sentiment", "classifier",
-                                 "all-MiniLM-L6-v2 encoder + sentiment head trained by streetlamp",
-                                 _minilm),
-    "smollm2-135m": Embedded("smollm2-135m", "causal_lm", "SmolLM2-135M-Instruct (from GGUF), next-token target",
-                             _smollm),
+    "minilm-sentiment": Embedded(
+        "minilm-sentiment", "classifier", "all-MiniLM-L6-v2 encoder + sentiment head trained by streetlamp", _minilm
+    ),
+    "smollm2-135m": Embedded(
+        "smollm2-135m", "causal_lm", "SmolLM2-135M-Instruct (from GGUF), next-token target", _smollm
+    ),
 }
 DEFAULT_MODEL = "minilm-sentiment"
 
@@ -153,11 +159,15 @@ def load_checkpoint(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
     elif any(a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in archs):
         auto = AutoModelForCausalLM
     else:
-        raise StreetlampError(f"architecture {archs or 'unknown'} is not supported; supported: "
-                              "*ForSequenceClassification and *ForCausalLM / GPT2LMHeadModel")
+        raise StreetlampError(
+            f"architecture {archs or 'unknown'} is not supported; supported: "
+            "*ForSequenceClassification and *ForCausalLM / GPT2LMHeadModel"
+        )
     if not list(path.glob("*.safetensors")):
-        raise StreetlampError(f"{path} has no .safetensors weights; streetlamp loads only safetensors "
-                              "(convert pickled weights with a trusted tool first)")
+        raise StreetlampError(
+            f"{path} has no .safetensors weights; streetlamp loads only safetensors "
+            "(convert pickled weights with a trusted tool first)"
+        )
     model = auto.from_pretrained(str(path), attn_implementation=attention.register(), use_safetensors=True)
     try:
         tok = AutoTokenizer.from_pretrained(str(path))
@@ -173,7 +183,8 @@ def hub_cache_dir() -> Path:
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"]).expanduser()
     home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+    )
     return Path(home).expanduser() / "hub"
 
 
@@ -181,8 +192,13 @@ def looks_like_hub_name(key: str) -> bool:
     """``Org/Name`` (optionally ``@revision``): one slash, no leading ./ or /, no spaces."""
     name = key.split("@", 1)[0]
     parts = name.split("/")
-    return (len(parts) == 2 and all(parts) and not key.startswith((".", "/", "~"))
-            and not any(c.isspace() for c in key) and not name.lower().endswith(".gguf"))
+    return (
+        len(parts) == 2
+        and all(parts)
+        and not key.startswith((".", "/", "~"))
+        and not any(c.isspace() for c in key)
+        and not name.lower().endswith(".gguf")
+    )
 
 
 def resolve_hub_name(key: str) -> Path:
@@ -202,9 +218,11 @@ def resolve_hub_name(key: str) -> Path:
     if not (snap / "config.json").exists():
         have = sorted(p.name for p in snaps.iterdir()) if snaps.is_dir() else []
         where = f"{snaps}" + (f" (has {', '.join(h[:12] for h in have)}; no {rev!r})" if have else "")
-        raise StreetlampError(f"model {key!r} is not in the local Hugging Face cache: looked in {where} "
-                              "(set HF_HUB_CACHE or HF_HOME; streetlamp does not download: fetch it with "
-                              "`hf download` where there is a network)")
+        raise StreetlampError(
+            f"model {key!r} is not in the local Hugging Face cache: looked in {where} "
+            "(set HF_HUB_CACHE or HF_HOME; streetlamp does not download: fetch it with "
+            "`hf download` where there is a network)"
+        )
     return snap
 
 
@@ -225,13 +243,16 @@ def load(name_or_path: str | os.PathLike = DEFAULT_MODEL) -> ModelAdapter:
         model, tok = load_checkpoint(snap)
         return ModelAdapter(model, tok, key, f"{key} from the Hugging Face cache ({snap})")
     if not path.exists():
-        raise StreetlampError(f"unknown model {key!r}: not an embedded name ({', '.join(EMBEDDED)}), "
-                              "no such folder or .gguf file, and not an Org/Name hub name")
+        raise StreetlampError(
+            f"unknown model {key!r}: not an embedded name ({', '.join(EMBEDDED)}), "
+            "no such folder or .gguf file, and not an Org/Name hub name"
+        )
     if path.is_file() and path.suffix.lower() == ".gguf":
         model, tok, source = load_gguf(path)
         return ModelAdapter(model, tok, path.stem, source)
     if not path.is_dir():
-        raise StreetlampError(f"{path} is a file; give a checkpoint folder, a .gguf file or one of: "
-                              f"{', '.join(EMBEDDED)}")
+        raise StreetlampError(
+            f"{path} is a file; give a checkpoint folder, a .gguf file or one of: {', '.join(EMBEDDED)}"
+        )
     model, tok = load_checkpoint(path)
     return ModelAdapter(model, tok, path.name, str(path.resolve()))

@@ -13,6 +13,7 @@ The estimate is a sum of three terms, each from the model's own sizes (nothing m
 The check compares what the run still needs (attention + activations) with what is free now
 (``MemAvailable`` of /proc/meminfo on CPU, ``torch.cuda.mem_get_info`` on a GPU).
 """
+
 from __future__ import annotations
 
 import sys
@@ -42,9 +43,11 @@ class MemoryEstimate:
     def line(self) -> str:
         avail = f"{self.available / GIB:.2f} GiB free" if self.available is not None else "free memory unknown"
         l, h, s, _ = self.shape
-        return (f"memory estimate: weights {self.weights / GIB:.2f} GiB (loaded) + recorded attention "
-                f"[{l}, {h}, {s}, {s}] {self.attention / GIB:.2f} GiB + activations {self.activations / GIB:.2f} GiB "
-                f"({self.dtype}); the run needs {self.needed / GIB:.2f} GiB more, {avail}")
+        return (
+            f"memory estimate: weights {self.weights / GIB:.2f} GiB (loaded) + recorded attention "
+            f"[{l}, {h}, {s}, {s}] {self.attention / GIB:.2f} GiB + activations {self.activations / GIB:.2f} GiB "
+            f"({self.dtype}); the run needs {self.needed / GIB:.2f} GiB more, {avail}"
+        )
 
 
 def available_bytes(device: torch.device) -> int | None:
@@ -70,13 +73,18 @@ def estimate(adapter, n_tokens: int, record_attention: bool = True, rows: int = 
     b = p.element_size()
     L, H, S, d = adapter.n_layers, adapter.n_heads, int(n_tokens), adapter.d_model
     cfg = model.config
-    ffn = int(getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None) or getattr(cfg, "hidden_dim", None)
-              or 4 * d)
+    ffn = int(
+        getattr(cfg, "intermediate_size", None)
+        or getattr(cfg, "n_inner", None)
+        or getattr(cfg, "hidden_dim", None)
+        or 4 * d
+    )
     cells = L * H * S * S
     attention = cells * (b + 4) if record_attention else 0
     activations = rows * L * S * (8 * d + 3 * ffn + 2 * H * S) * b
-    return MemoryEstimate(weights, attention, activations, available_bytes(p.device), (L, H, S, S),
-                          str(p.dtype).replace("torch.", ""))
+    return MemoryEstimate(
+        weights, attention, activations, available_bytes(p.device), (L, H, S, S), str(p.dtype).replace("torch.", "")
+    )
 
 
 def check_memory(adapter, n_tokens: int, force: bool, record_attention: bool = True) -> MemoryEstimate:  # noqa: ANN001
@@ -84,7 +92,9 @@ def check_memory(adapter, n_tokens: int, force: bool, record_attention: bool = T
     est = estimate(adapter, n_tokens, record_attention)
     if est.available is not None and est.needed > est.available:
         if not force:
-            raise StreetlampError(f"{est.line()}: would not fit; shorten the text, use --dtype bfloat16/float16 "
-                                  "or a GPU, or pass --force to run anyway")
+            raise StreetlampError(
+                f"{est.line()}: would not fit; shorten the text, use --dtype bfloat16/float16 "
+                "or a GPU, or pass --force to run anyway"
+            )
         print(f"streetlamp: warning: {est.line()} (--force: running anyway)", file=sys.stderr)
     return est

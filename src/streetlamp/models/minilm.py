@@ -4,6 +4,7 @@ package) plus the sentiment weights trained by `scripts/train_sentiment.py`.
 The base weights stay in the pip package; the repo only carries the trained tensors
 (`weights/minilm-sentiment/model.safetensors`) and their metadata (`meta.json`).
 """
+
 from __future__ import annotations
 
 import importlib.util

@@ -11,6 +11,7 @@ Supported: GPT-2 (LayerNorm, fused ``c_attn``) and the Llama family (RMSNorm, ``
 grouped-query keys repeated per query head, RoPE). Post-LN encoders have no residual stream that
 adds up to the output, so lenses do not apply to them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,8 +31,10 @@ FINAL_NORM = {"gpt2": "ln_f", "llama": "norm", "mistral": "norm", "qwen2": "norm
 
 def check_lens(adapter: ModelAdapter) -> None:
     if adapter.kind != "causal_lm" or adapter.family.name not in FINAL_NORM:
-        raise StreetlampError(f"lenses need a pre-norm causal LM ({', '.join(sorted(FINAL_NORM))}); "
-                              f"{adapter.name} is a {adapter.family.name} {adapter.kind}")
+        raise StreetlampError(
+            f"lenses need a pre-norm causal LM ({', '.join(sorted(FINAL_NORM))}); "
+            f"{adapter.name} is a {adapter.family.name} {adapter.kind}"
+        )
 
 
 @dataclass
@@ -110,8 +113,9 @@ def attention_scaling(adapter: ModelAdapter, layer: int) -> float:
     return float(s) if s is not None else float(m.head_dim) ** -0.5
 
 
-def query_key(adapter: ModelAdapter, layer: int, z: torch.Tensor,
-              bias: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def query_key(
+    adapter: ModelAdapter, layer: int, z: torch.Tensor, bias: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Queries and keys ``[pos, head, d_head]`` (keys repeated per query head) of layer ``layer``
     for a normalised input ``z`` ``[pos, d]`` at positions ``0..pos-1``, float64; ``bias=False``
     leaves out b_Q and b_K (the linear part only). Rotary embeddings are applied (linear)."""
@@ -139,4 +143,5 @@ def query_key(adapter: ModelAdapter, layer: int, z: torch.Tensor,
     def rope(x: torch.Tensor) -> torch.Tensor:
         h = x.shape[-1] // 2
         return x * cos + torch.cat((-x[..., h:], x[..., :h]), -1) * sin
+
     return rope(q).detach(), rope(k).detach()

@@ -26,6 +26,7 @@ Activations applied as plain functions (RoBERTa's classification head ``tanh``, 
 ``gelu``) are reached through the modules around them (:data:`FUNCTIONAL_ACTIVATIONS`); ReLU's
 identity rule equals its gradient, so DistilBERT's inline ``nn.ReLU()`` needs nothing.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -102,6 +103,7 @@ def _norm_hook(kind: str) -> Callable:
             eps = float(getattr(m, "variance_epsilon", None) or m.eps)
             s = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps).detach() * m.weight
         return _swap_grad(out, s.to(out.dtype))
+
     return hook
 
 

@@ -17,6 +17,7 @@ name                            shape                               what
 ``layers.{l}.resid_post``       ``[batch, pos, d_model]``           hidden state leaving layer l
 ==============================  ==================================  =============================
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -51,15 +52,27 @@ class Family:
     embed: str  # token-embedding lookup, relative to the base model
 
 
-_BERT = dict(layers="encoder.layer", attn="attention.self", o_proj="attention.output.dense",
-             mlp_out="output.dense", embed="embeddings.word_embeddings")
-_LLAMA = dict(layers="layers", attn="self_attn", o_proj="self_attn.o_proj", mlp_out="mlp.down_proj",
-              embed="embed_tokens")
+_BERT = dict(
+    layers="encoder.layer",
+    attn="attention.self",
+    o_proj="attention.output.dense",
+    mlp_out="output.dense",
+    embed="embeddings.word_embeddings",
+)
+_LLAMA = dict(
+    layers="layers", attn="self_attn", o_proj="self_attn.o_proj", mlp_out="mlp.down_proj", embed="embed_tokens"
+)
 FAMILIES: dict[str, Family] = {
     "bert": Family("bert", **_BERT),
     "roberta": Family("roberta", **_BERT),
-    "distilbert": Family("distilbert", layers="transformer.layer", attn="attention", o_proj="attention.out_lin",
-                         mlp_out="ffn.lin2", embed="embeddings.word_embeddings"),
+    "distilbert": Family(
+        "distilbert",
+        layers="transformer.layer",
+        attn="attention",
+        o_proj="attention.out_lin",
+        mlp_out="ffn.lin2",
+        embed="embeddings.word_embeddings",
+    ),
     "gpt2": Family("gpt2", layers="h", attn="attn", o_proj="attn.c_proj", mlp_out="mlp.c_proj", embed="wte"),
     "llama": Family("llama", **_LLAMA),
     "mistral": Family("mistral", **_LLAMA),
@@ -70,10 +83,22 @@ FAMILIES: dict[str, Family] = {
     "gemma3_text": Family("gemma3_text", **_LLAMA),  # Gemma3ForCausalLM (text only)
     # ModernBERT: fused Wqkv; W_O is attn.Wo, the MLP's last linear mlp.Wo; alternating global and
     # local (bidirectional sliding-window) layers
-    "modernbert": Family("modernbert", layers="layers", attn="attn", o_proj="attn.Wo", mlp_out="mlp.Wo",
-                         embed="embeddings.tok_embeddings"),
-    "vit": Family("vit", layers="encoder.layer", attn="attention.attention", o_proj="attention.output.dense",
-                  mlp_out="output.dense", embed="embeddings.patch_embeddings"),
+    "modernbert": Family(
+        "modernbert",
+        layers="layers",
+        attn="attn",
+        o_proj="attn.Wo",
+        mlp_out="mlp.Wo",
+        embed="embeddings.tok_embeddings",
+    ),
+    "vit": Family(
+        "vit",
+        layers="encoder.layer",
+        attn="attention.attention",
+        o_proj="attention.output.dense",
+        mlp_out="output.dense",
+        embed="embeddings.patch_embeddings",
+    ),
 }
 
 
@@ -81,9 +106,9 @@ FAMILIES: dict[str, Family] = {
 # cannot be registered), or that need inputs streetlamp does not model yet: the reason is the error.
 UNSUPPORTED: dict[str, str] = {
     "deberta": "DeBERTa's disentangled attention (content-to-content plus content-to-position and "
-               "position-to-content scores from relative-position embeddings) is computed inside its own "
-               "module in transformers 5, not through ALL_ATTENTION_FUNCTIONS, so streetlamp cannot record "
-               "or edit it",
+    "position-to-content scores from relative-position embeddings) is computed inside its own "
+    "module in transformers 5, not through ALL_ATTENTION_FUNCTIONS, so streetlamp cannot record "
+    "or edit it",
     "t5": "encoder-decoder models (T5, BART) are not supported yet",
     "bart": "encoder-decoder models (T5, BART) are not supported yet",
 }

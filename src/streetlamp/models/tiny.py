@@ -3,6 +3,7 @@
 Each comes with a small word-level tokenizer so nothing is downloaded. ``save_tiny`` writes a
 regular Hugging Face checkpoint folder (safetensors) that :func:`streetlamp.load` reads back.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -39,13 +40,26 @@ from transformers import (
     RobertaForSequenceClassification,
 )
 
-WORDS = ("the a movie film was is not good bad great terrible acting plot but and very really "
-         "i loved hated it story boring fun to of when mary john went store gave drink paris "
-         "capital france berlin germany nurse doctor said that he she". split())
+WORDS = (
+    "the a movie film was is not good bad great terrible acting plot but and very really "
+    "i loved hated it story boring fun to of when mary john went store gave drink paris "
+    "capital france berlin germany nurse doctor said that he she".split()
+)
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-FAMILY_KINDS = {"bert": "classifier", "roberta": "classifier", "distilbert": "classifier", "modernbert": "classifier",
-                "gpt2": "causal_lm", "llama": "causal_lm", "qwen2": "causal_lm", "qwen3": "causal_lm",
-                "mistral": "causal_lm", "phi3": "causal_lm", "gemma2": "causal_lm", "gemma3_text": "causal_lm"}
+FAMILY_KINDS = {
+    "bert": "classifier",
+    "roberta": "classifier",
+    "distilbert": "classifier",
+    "modernbert": "classifier",
+    "gpt2": "causal_lm",
+    "llama": "causal_lm",
+    "qwen2": "causal_lm",
+    "qwen3": "causal_lm",
+    "mistral": "causal_lm",
+    "phi3": "causal_lm",
+    "gemma2": "causal_lm",
+    "gemma3_text": "causal_lm",
+}
 # Sliding-window size of the tiny Mistral and Gemma configs: shorter than the test texts, so the
 # window mask matters (a 4-token window lets query i see keys i-3 .. i).
 TINY_WINDOW = 4
@@ -72,11 +86,24 @@ def tiny_tokenizer(encoder: bool) -> PreTrainedTokenizerFast:
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace()])
     if encoder:
         tok.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
-        return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]",
-                                       cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]",
-                                   eos_token="[SEP]", bos_token="[CLS]", mask_token="[MASK]")
+            single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])]
+        )
+        return PreTrainedTokenizerFast(
+            tokenizer_object=tok,
+            unk_token="[UNK]",
+            pad_token="[PAD]",
+            cls_token="[CLS]",
+            sep_token="[SEP]",
+            mask_token="[MASK]",
+        )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        eos_token="[SEP]",
+        bos_token="[CLS]",
+        mask_token="[MASK]",
+    )
 
 
 def family_tokenizer(family: str) -> PreTrainedTokenizerFast:
@@ -88,64 +115,111 @@ def family_tokenizer(family: str) -> PreTrainedTokenizerFast:
     # words the tokenizer cannot split go to an unknown id; families without <unk> still need one
     # for the word-level model, kept as an ordinary (non-special) vocabulary entry
     unk = names.get("unk", "<unk-word>")
-    vocab = {t: i for i, t in enumerate(specials + ([unk] if unk not in specials else []) + list(WORDS)
-                                        + [",", ".", "!"])}
+    vocab = {
+        t: i for i, t in enumerate(specials + ([unk] if unk not in specials else []) + list(WORDS) + [",", ".", "!"])
+    }
     tok = Tokenizer(models.WordLevel(vocab, unk_token=unk))
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace()])
     if prepend_bos:
         tok.post_processor = processors.TemplateProcessing(
-            single=f"{names['bos']} $A", special_tokens=[(names["bos"], vocab[names["bos"]])])
+            single=f"{names['bos']} $A", special_tokens=[(names["bos"], vocab[names["bos"]])]
+        )
     return PreTrainedTokenizerFast(tokenizer_object=tok, **{f"{k}_token": v for k, v in names.items()})
 
 
 def _decoder_ids(tok: PreTrainedTokenizerFast) -> dict[str, int | None]:
-    return {"pad_token_id": tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
-            "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
+    return {
+        "pad_token_id": tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_id,
+    }
 
 
-def tiny_model(family: str, seed: int = 0, layers: int = 2, heads: int = 4, d_model: int = 32,
-               attn_implementation: str = "eager") -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+def tiny_model(
+    family: str, seed: int = 0, layers: int = 2, heads: int = 4, d_model: int = 32, attn_implementation: str = "eager"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """A randomly initialised model of ``family`` (classifier for encoders, causal LM for decoders)."""
     torch.manual_seed(seed)
     if family not in FAMILY_KINDS:
         raise ValueError(f"no tiny model for family {family!r}; have {sorted(FAMILY_KINDS)}")
     tok = family_tokenizer(family)
     v = len(tok)
-    common: dict[str, Any] = dict(vocab_size=v, num_labels=3, id2label={0: "neg", 1: "neu", 2: "pos"},
-                                  label2id={"neg": 0, "neu": 1, "pos": 2}, pad_token_id=0)
+    common: dict[str, Any] = dict(
+        vocab_size=v,
+        num_labels=3,
+        id2label={0: "neg", 1: "neu", 2: "pos"},
+        label2id={"neg": 0, "neu": 1, "pos": 2},
+        pad_token_id=0,
+    )
     model: PreTrainedModel
     cfg: Any  # one of the families' config classes
     if family in ("bert", "roberta"):
-        cls_c, cls_m = (BertConfig, BertForSequenceClassification) if family == "bert" else (
-            RobertaConfig, RobertaForSequenceClassification)
-        cfg = cls_c(hidden_size=d_model, num_hidden_layers=layers, num_attention_heads=heads,
-                    intermediate_size=2 * d_model,
-                    max_position_embeddings=64 + (2 if family == "roberta" else 0), **common)
+        cls_c, cls_m = (
+            (BertConfig, BertForSequenceClassification)
+            if family == "bert"
+            else (RobertaConfig, RobertaForSequenceClassification)
+        )
+        cfg = cls_c(
+            hidden_size=d_model,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=2 * d_model,
+            max_position_embeddings=64 + (2 if family == "roberta" else 0),
+            **common,
+        )
         if family == "roberta":
             cfg.pad_token_id = 0
         model = cls_m(cfg)
     elif family == "modernbert":
         # layer 0 global, layer 1 local: a bidirectional window |i - j| <= local_attention / 2 = 2;
         # [CLS] pooling (its default); the tokenizer's [CLS]/[SEP]/[PAD]/[MASK] ids in the config
-        cfg = cast(Any, ModernBertConfig)(hidden_size=d_model, num_hidden_layers=layers, num_attention_heads=heads,
-                               intermediate_size=2 * d_model, max_position_embeddings=64, local_attention=TINY_WINDOW,
-                               global_attn_every_n_layers=2, initializer_range=0.2, cls_token_id=tok.cls_token_id,
-                               sep_token_id=tok.sep_token_id, bos_token_id=tok.cls_token_id,
-                               eos_token_id=tok.sep_token_id, **common)
+        cfg = cast(Any, ModernBertConfig)(
+            hidden_size=d_model,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=2 * d_model,
+            max_position_embeddings=64,
+            local_attention=TINY_WINDOW,
+            global_attn_every_n_layers=2,
+            initializer_range=0.2,
+            cls_token_id=tok.cls_token_id,
+            sep_token_id=tok.sep_token_id,
+            bos_token_id=tok.cls_token_id,
+            eos_token_id=tok.sep_token_id,
+            **common,
+        )
         model = ModernBertForSequenceClassification(cfg)
     elif family == "distilbert":
-        cfg = DistilBertConfig(dim=d_model, n_layers=layers, n_heads=heads, hidden_dim=2 * d_model,
-                               max_position_embeddings=64, **common)
+        cfg = DistilBertConfig(
+            dim=d_model, n_layers=layers, n_heads=heads, hidden_dim=2 * d_model, max_position_embeddings=64, **common
+        )
         model = DistilBertForSequenceClassification(cfg)
     elif family == "gpt2":
-        cfg = GPT2Config(n_embd=d_model, n_layer=layers, n_head=heads, n_positions=64, vocab_size=v,
-                         pad_token_id=0, bos_token_id=2, eos_token_id=3)
+        cfg = GPT2Config(
+            n_embd=d_model,
+            n_layer=layers,
+            n_head=heads,
+            n_positions=64,
+            vocab_size=v,
+            pad_token_id=0,
+            bos_token_id=2,
+            eos_token_id=3,
+        )
         model = GPT2LMHeadModel(cfg)
     elif family == "llama":
-        cfg = LlamaConfig(hidden_size=d_model, num_hidden_layers=layers, num_attention_heads=heads,
-                          num_key_value_heads=max(1, heads // 2), intermediate_size=2 * d_model,
-                          max_position_embeddings=64, vocab_size=v, pad_token_id=0, bos_token_id=2,
-                          eos_token_id=3, tie_word_embeddings=False)
+        cfg = LlamaConfig(
+            hidden_size=d_model,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=max(1, heads // 2),
+            intermediate_size=2 * d_model,
+            max_position_embeddings=64,
+            vocab_size=v,
+            pad_token_id=0,
+            bos_token_id=2,
+            eos_token_id=3,
+            tie_word_embeddings=False,
+        )
         model = LlamaForCausalLM(cfg)
     elif family in DECODER_SPECIALS:
         model = _modern_decoder(family, tok, layers, heads, d_model)
@@ -155,8 +229,9 @@ def tiny_model(family: str, seed: int = 0, layers: int = 2, heads: int = 4, d_mo
     return model.eval(), tok
 
 
-def _modern_decoder(family: str, tok: PreTrainedTokenizerFast, layers: int, heads: int,
-                    d_model: int) -> PreTrainedModel:
+def _modern_decoder(
+    family: str, tok: PreTrainedTokenizerFast, layers: int, heads: int, d_model: int
+) -> PreTrainedModel:
     """Qwen2, Qwen3, Mistral, Phi-3, Gemma 2 and Gemma 3 (text) at toy size.
 
     Each config switches on what makes its family different, so the tests see it: Qwen2's q/k/v
@@ -169,9 +244,18 @@ def _modern_decoder(family: str, tok: PreTrainedTokenizerFast, layers: int, head
     kv = max(1, heads // 2)
     # initializer_range 0.2 (HF's default is 0.02): attention scores of order 1, so patterns are far
     # from uniform and Gemma's soft-capping (tanh) is not a near-identity on them
-    common: dict[str, Any] = dict(initializer_range=0.2, vocab_size=len(tok), hidden_size=d_model, num_hidden_layers=layers, num_attention_heads=heads,
-                  num_key_value_heads=kv, intermediate_size=2 * d_model, max_position_embeddings=64,
-                  tie_word_embeddings=False, **_decoder_ids(tok))
+    common: dict[str, Any] = dict(
+        initializer_range=0.2,
+        vocab_size=len(tok),
+        hidden_size=d_model,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        intermediate_size=2 * d_model,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        **_decoder_ids(tok),
+    )
     d_head = d_model // heads
     if family == "qwen2":
         return Qwen2ForCausalLM(Qwen2Config(**common))
@@ -182,8 +266,14 @@ def _modern_decoder(family: str, tok: PreTrainedTokenizerFast, layers: int, head
     if family == "phi3":
         return Phi3ForCausalLM(Phi3Config(original_max_position_embeddings=64, **common))
     types = ["sliding_attention" if l % 2 == 0 else "full_attention" for l in range(layers)]
-    gemma = dict(head_dim=d_head + 4, query_pre_attn_scalar=2 * d_head, sliding_window=TINY_WINDOW,
-                 layer_types=types, final_logit_softcapping=3.0, **common)
+    gemma = dict(
+        head_dim=d_head + 4,
+        query_pre_attn_scalar=2 * d_head,
+        sliding_window=TINY_WINDOW,
+        layer_types=types,
+        final_logit_softcapping=3.0,
+        **common,
+    )
     if family == "gemma2":
         return Gemma2ForCausalLM(Gemma2Config(attn_logit_softcapping=1.5, **gemma))
     return Gemma3ForCausalLM(Gemma3TextConfig(**gemma))

@@ -3,6 +3,7 @@
 Hooks exist only inside :meth:`Session.__enter__` / ``__exit__`` and are always removed in
 ``finally``. The attention function finds the active session through a context variable.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -49,8 +50,13 @@ class Session:
     if some layer lets the query see it (a sliding layer's out-of-window weights are exactly 0).
     """
 
-    def __init__(self, adapter: ModelAdapter, record: Iterable[str] = (), edit: dict[str, Edit] | None = None,
-                 keep_grad: bool = False) -> None:
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        record: Iterable[str] = (),
+        edit: dict[str, Edit] | None = None,
+        keep_grad: bool = False,
+    ) -> None:
         names = adapter.site_names
         self.adapter = adapter
         self.record = set(expand_sites(record, names))
@@ -103,6 +109,7 @@ class Session:
             if isinstance(output, tuple):
                 return (self.site(name, output[0]),) + tuple(output[1:])
             return self.site(name, output)  # type: ignore[arg-type]
+
         return hook
 
     def _pre_hook(self, name: str) -> Callable:
@@ -112,6 +119,7 @@ class Session:
             kwargs = dict(kwargs)
             kwargs["hidden_states"] = self.site(name, kwargs["hidden_states"])
             return args, kwargs
+
         return hook
 
     def _head_out_hook(self, layer: int, o_proj: nn.Module) -> Callable:
@@ -126,6 +134,7 @@ class Session:
             if new is not heads:
                 output = output + (new - heads).sum(2)
             return output
+
         return hook
 
     def __enter__(self) -> Session:
@@ -135,8 +144,9 @@ class Session:
                 self._handles.append(a.embed_module.register_forward_hook(self._out_hook("embed")))
             for l, layer in enumerate(a.layer_modules):
                 if self._wants(f"layers.{l}.resid_pre"):
-                    self._handles.append(layer.register_forward_pre_hook(
-                        self._pre_hook(f"layers.{l}.resid_pre"), with_kwargs=True))
+                    self._handles.append(
+                        layer.register_forward_pre_hook(self._pre_hook(f"layers.{l}.resid_pre"), with_kwargs=True)
+                    )
                 if self._wants(f"layers.{l}.resid_post"):
                     self._handles.append(layer.register_forward_hook(self._out_hook(f"layers.{l}.resid_post")))
                 o_proj = a.o_proj_modules[l]
@@ -145,8 +155,9 @@ class Session:
                 if self._wants(f"layers.{l}.attn.out"):
                     self._handles.append(o_proj.register_forward_hook(self._out_hook(f"layers.{l}.attn.out")))
                 if self._wants(f"layers.{l}.mlp.out"):
-                    self._handles.append(a.mlp_out_modules[l].register_forward_hook(
-                        self._out_hook(f"layers.{l}.mlp.out")))
+                    self._handles.append(
+                        a.mlp_out_modules[l].register_forward_hook(self._out_hook(f"layers.{l}.mlp.out"))
+                    )
             self._token = _ACTIVE.set(self)
         except BaseException:
             self._remove()

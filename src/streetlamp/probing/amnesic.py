@@ -23,6 +23,7 @@ measure how much the output changes, against removing random directions of the s
   distribution (class probabilities; next-token for a causal LM), the share of top-1 outputs that
   stay the same, and accuracy against gold labels where the task has them.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -68,14 +69,19 @@ def fit_leace(X: np.ndarray, y: np.ndarray, n_classes: int, shrinkage: bool = Tr
 
     x = torch.as_tensor(np.asarray(X, np.float64))
     z = torch.nn.functional.one_hot(torch.as_tensor(np.asarray(y, np.int64)), n_classes).double()
-    fitter = LeaceFitter(x.shape[1], n_classes, dtype=torch.float64, constrain_cov_trace=False,
-                         shrinkage=shrinkage, svd_tol=1e-9)
+    fitter = LeaceFitter(
+        x.shape[1], n_classes, dtype=torch.float64, constrain_cov_trace=False, shrinkage=shrinkage, svd_tol=1e-9
+    )
     fitter.update(x, z)
     e = fitter.eraser
     # drop the zeroed columns the package keeps (singular values under the cut)
     keep = e.proj_left.abs().sum(0) > 0
-    return Eraser(e.proj_left[:, keep], e.proj_right[keep], e.bias if e.bias is not None else
-                  torch.zeros(x.shape[1], dtype=torch.float64), "leace")
+    return Eraser(
+        e.proj_left[:, keep],
+        e.proj_right[keep],
+        e.bias if e.bias is not None else torch.zeros(x.shape[1], dtype=torch.float64),
+        "leace",
+    )
 
 
 def random_eraser(d: int, rank: int, bias: torch.Tensor, seed: int) -> Eraser:
@@ -90,28 +96,43 @@ def identity_eraser(d: int) -> Eraser:
     return Eraser(z, z.T.contiguous(), torch.zeros(d, dtype=torch.float64), "none")
 
 
-def _edit(eraser: Eraser, where: Where, lengths: list[int],
-          cells: list[tuple[int, int]] | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+def _edit(
+    eraser: Eraser, where: Where, lengths: list[int], cells: list[tuple[int, int]] | None = None
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """``where``: every position, the first / last real one, or the given ``(row, pos)`` cells."""
+
     def fn(a: torch.Tensor) -> torch.Tensor:
         if where == "all":
             return eraser(a)
         new = a.clone()
         if where == "items":
             assert cells is not None
-            rows, cols = (torch.as_tensor(c, dtype=torch.long) for c in zip(*cells)) if cells else (
-                torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))
+            rows, cols = (
+                (torch.as_tensor(c, dtype=torch.long) for c in zip(*cells))
+                if cells
+                else (torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))
+            )
         else:
             rows = torch.arange(a.shape[0])
-            cols = torch.zeros(a.shape[0], dtype=torch.long) if where == "first" else \
-                torch.as_tensor(lengths, dtype=torch.long) - 1
+            cols = (
+                torch.zeros(a.shape[0], dtype=torch.long)
+                if where == "first"
+                else torch.as_tensor(lengths, dtype=torch.long) - 1
+            )
         new[rows, cols] = eraser(a[rows, cols])
         return new
+
     return fn
 
 
-def edited_logits(adapter: ModelAdapter, batches: list[Inputs], site: str, eraser: Eraser,
-                  where: Where, cells: list[list[tuple[int, int]]] | None = None) -> torch.Tensor:
+def edited_logits(
+    adapter: ModelAdapter,
+    batches: list[Inputs],
+    site: str,
+    eraser: Eraser,
+    where: Where,
+    cells: list[list[tuple[int, int]]] | None = None,
+) -> torch.Tensor:
     """Explained logits ``[n, n_outputs]`` with ``site`` replaced by ``eraser(site)`` (engine run);
     ``cells[b]`` = the ``(row, position)`` cells of batch b to edit when ``where == "items"``."""
     out = []

@@ -5,6 +5,7 @@ the real task's labels (over labelled tokens); the same mapping labels train and
 control task can only be solved by memorising word types. ``selectivity = acc(task) -
 acc(control)`` on the same held-out items with the same probe settings.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -7,6 +7,7 @@ trained on the first ``t_i`` items and the next block ``t_i..t_{i+1}`` costs
 ``sum -log2 p(y_j | x_j)``. ``online code length`` is the total, and
 ``compression = n log2 K / online code length`` (the uniform code over the online code).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,8 +35,15 @@ def timesteps(n: int, fractions: tuple[float, ...] = FRACTIONS) -> list[int]:
     return [t for t in ts if t <= n]
 
 
-def online_codelength(spec: ProbeSpec, X: np.ndarray, y: np.ndarray, n_classes: int, seed: int = 0,
-                      fractions: tuple[float, ...] = FRACTIONS, shuffle: bool = True) -> OnlineCode:
+def online_codelength(
+    spec: ProbeSpec,
+    X: np.ndarray,
+    y: np.ndarray,
+    n_classes: int,
+    seed: int = 0,
+    fractions: tuple[float, ...] = FRACTIONS,
+    shuffle: bool = True,
+) -> OnlineCode:
     n = len(y)
     if n < 2:
         raise StreetlampError("MDL needs at least 2 items")

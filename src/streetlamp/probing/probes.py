@@ -13,6 +13,7 @@ binary tasks use one logit (sigmoid), as scikit-learn does, more classes the sof
 rank-constrained linear probes are trained with Adam on minibatches, stopped early when the
 dev loss has not improved for ``patience`` epochs (the best epoch's weights are kept).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -64,8 +65,9 @@ class ProbeSpec:
         return asdict(self)
 
 
-def parse_probes(spec: str, hidden: int = 256, weight_decay: float = 1e-3, dropout: float = 0.0,
-                 seed: int = 0) -> list[ProbeSpec]:
+def parse_probes(
+    spec: str, hidden: int = 256, weight_decay: float = 1e-3, dropout: float = 0.0, seed: int = 0
+) -> list[ProbeSpec]:
     """``linear,mlp`` -> specs; ``mlp2`` = two hidden layers; ``linear-rank8`` = rank 8."""
     out = []
     for s in (x.strip() for x in spec.split(",")):
@@ -76,8 +78,16 @@ def parse_probes(spec: str, hidden: int = 256, weight_decay: float = 1e-3, dropo
         elif s.startswith("linear-rank") and s[11:].isdigit():
             out.append(ProbeSpec("linear", rank=int(s[11:]), weight_decay=weight_decay, seed=seed))
         elif s in ("mlp", "mlp1", "mlp2"):
-            out.append(ProbeSpec("mlp", hidden=hidden, depth=2 if s == "mlp2" else 1, weight_decay=weight_decay,
-                                 dropout=dropout, seed=seed))
+            out.append(
+                ProbeSpec(
+                    "mlp",
+                    hidden=hidden,
+                    depth=2 if s == "mlp2" else 1,
+                    weight_decay=weight_decay,
+                    dropout=dropout,
+                    seed=seed,
+                )
+            )
         else:
             raise StreetlampError(f"unknown probe {s!r}; use linear, linear-rankR, mlp (= mlp1) or mlp2")
     if not out:
@@ -90,8 +100,9 @@ class _Net(nn.Module):
         super().__init__()
         if spec.kind == "linear":
             r = spec.rank
-            self.net: nn.Module = nn.Sequential(nn.Linear(d, r, bias=False), nn.Linear(r, k_out)) if r else \
-                nn.Linear(d, k_out)
+            self.net: nn.Module = (
+                nn.Sequential(nn.Linear(d, r, bias=False), nn.Linear(r, k_out)) if r else nn.Linear(d, k_out)
+            )
         else:
             layers: list[nn.Module] = []
             width = d
@@ -163,15 +174,29 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(n)
 
 
-def fit_probe(spec: ProbeSpec, X: np.ndarray, y: np.ndarray, n_classes: int, X_dev: np.ndarray | None = None,
-              y_dev: np.ndarray | None = None, standardise: bool = True) -> FittedProbe:
+def fit_probe(
+    spec: ProbeSpec,
+    X: np.ndarray,
+    y: np.ndarray,
+    n_classes: int,
+    X_dev: np.ndarray | None = None,
+    y_dev: np.ndarray | None = None,
+    standardise: bool = True,
+) -> FittedProbe:
     """Fit one probe on ``X [n, d]``, ``y [n]`` (class ids < n_classes); dev data for early stopping."""
     with one_thread():
         return _fit(spec, X, y, n_classes, X_dev, y_dev, standardise)
 
 
-def _fit(spec: ProbeSpec, X: np.ndarray, y: np.ndarray, n_classes: int, X_dev: np.ndarray | None,
-         y_dev: np.ndarray | None, standardise: bool) -> FittedProbe:
+def _fit(
+    spec: ProbeSpec,
+    X: np.ndarray,
+    y: np.ndarray,
+    n_classes: int,
+    X_dev: np.ndarray | None,
+    y_dev: np.ndarray | None,
+    standardise: bool,
+) -> FittedProbe:
     X = np.asarray(X, np.float64)
     y = np.asarray(y, np.int64)
     if len(X) == 0:
@@ -188,8 +213,14 @@ def _fit(spec: ProbeSpec, X: np.ndarray, y: np.ndarray, n_classes: int, X_dev: n
     if full_rank_linear:
         _fit_lbfgs(probe, Xt, yt)
     else:
-        _fit_adam(probe, Xt, yt, None if X_dev is None or y_dev is None or not len(y_dev) else
-                  (probe._x(X_dev), torch.as_tensor(np.asarray(y_dev, np.int64))))
+        _fit_adam(
+            probe,
+            Xt,
+            yt,
+            None
+            if X_dev is None or y_dev is None or not len(y_dev)
+            else (probe._x(X_dev), torch.as_tensor(np.asarray(y_dev, np.int64))),
+        )
     return probe
 
 
@@ -197,7 +228,7 @@ def objective(net: nn.Module, X: torch.Tensor, y: torch.Tensor, weight_decay: fl
     """Mean cross-entropy plus ``weight_decay/2 * ||W||^2`` over the weight matrices (not biases)."""
     lp = _log_probs(net(X), binary)
     loss = -lp.gather(1, y.view(-1, 1)).mean()
-    l2 = sum((p ** 2).sum() for n, p in net.named_parameters() if n.endswith("weight"))
+    l2 = sum((p**2).sum() for n, p in net.named_parameters() if n.endswith("weight"))
     return loss + 0.5 * weight_decay * l2
 
 
@@ -207,8 +238,15 @@ def _fit_lbfgs(probe: FittedProbe, X: torch.Tensor, y: torch.Tensor) -> None:
         nn.init.zeros_(p)
     per_round = min(100, spec.max_iter)
     max_rounds = max(1, -(-spec.max_iter // per_round))
-    opt = torch.optim.LBFGS(net.parameters(), lr=1.0, max_iter=per_round, tolerance_grad=spec.tol,
-                            tolerance_change=0.0, history_size=20, line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS(
+        net.parameters(),
+        lr=1.0,
+        max_iter=per_round,
+        tolerance_grad=spec.tol,
+        tolerance_change=0.0,
+        history_size=20,
+        line_search_fn="strong_wolfe",
+    )
 
     def closure() -> torch.Tensor:
         opt.zero_grad()
@@ -226,8 +264,9 @@ def _fit_lbfgs(probe: FittedProbe, X: torch.Tensor, y: torch.Tensor) -> None:
             break
 
 
-def _fit_adam(probe: FittedProbe, X: torch.Tensor, y: torch.Tensor,
-              dev: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+def _fit_adam(
+    probe: FittedProbe, X: torch.Tensor, y: torch.Tensor, dev: tuple[torch.Tensor, torch.Tensor] | None
+) -> None:
     net, spec = probe.net, probe.spec
     opt = torch.optim.Adam(net.parameters(), lr=spec.lr)
     g = torch.Generator().manual_seed(spec.seed)

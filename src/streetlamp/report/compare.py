@@ -1,4 +1,5 @@
 """Method comparison for one text: a tokens x methods figure and the Kendall tau table."""
+
 from __future__ import annotations
 
 import csv
@@ -13,8 +14,13 @@ import numpy as np  # noqa: E402
 
 from ..stats import kendall_tau  # noqa: E402
 
-COMPARISON_SCALE: dict[str, Any] = {"cmap": "RdBu_r", "vmin": -1.0, "vmax": 1.0, "norm": "linear",
-                    "label": "score / max |score| of that method (signed; red pushes the target up)"}
+COMPARISON_SCALE: dict[str, Any] = {
+    "cmap": "RdBu_r",
+    "vmin": -1.0,
+    "vmax": 1.0,
+    "norm": "linear",
+    "label": "score / max |score| of that method (signed; red pushes the target up)",
+}
 
 
 def normalise_rows(m: np.ndarray) -> np.ndarray:
@@ -30,8 +36,9 @@ def kendall_matrix(scores: dict[str, np.ndarray], exclude: np.ndarray | None = N
     return names, tau
 
 
-def write_comparison(method_scores: dict[str, np.ndarray], labels: list[str], out: Path,
-                     exclude: np.ndarray | None = None) -> list[dict[str, Any]]:
+def write_comparison(
+    method_scores: dict[str, np.ndarray], labels: list[str], out: Path, exclude: np.ndarray | None = None
+) -> list[dict[str, Any]]:
     """Write ``methods_comparison.png`` and ``kendall_tau.csv`` into ``out``; their manifest records."""
     scores = {k: np.asarray(v, dtype=np.float64) for k, v in method_scores.items()}
     names = list(scores)
@@ -45,8 +52,15 @@ def write_comparison(method_scores: dict[str, np.ndarray], labels: list[str], ou
     ax.set_ylabel("method")
     for i in range(len(names)):
         for j in range(n):
-            ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=6,
-                    color="white" if abs(m[i, j]) > 0.6 else "black")
+            ax.text(
+                j,
+                i,
+                f"{m[i, j]:.2f}",
+                ha="center",
+                va="center",
+                fontsize=6,
+                color="white" if abs(m[i, j]) > 0.6 else "black",
+            )
     cb = fig.colorbar(im, ax=ax, shrink=0.9)
     cb.set_label("row-normalised score", fontsize=8)
     ax.set_title("Token scores by method (each row divided by its max |score|)", fontsize=9)
@@ -58,7 +72,15 @@ def write_comparison(method_scores: dict[str, np.ndarray], labels: list[str], ou
         w.writerow(["method"] + names)
         for i, na in enumerate(names):
             w.writerow([na] + ["" if np.isnan(t) else f"{t:.4f}" for t in tau[i]])
-    return [{"file": "methods_comparison.png", "shows": "token scores by method, rows normalised",
-             "arrays": [f"{k}.tokens" for k in names], "colour_scale": COMPARISON_SCALE},
-            {"file": "kendall_tau.csv",
-             "shows": "Kendall tau-b between every pair of methods' token scores (special tokens excluded)"}]
+    return [
+        {
+            "file": "methods_comparison.png",
+            "shows": "token scores by method, rows normalised",
+            "arrays": [f"{k}.tokens" for k in names],
+            "colour_scale": COMPARISON_SCALE,
+        },
+        {
+            "file": "kendall_tau.csv",
+            "shows": "Kendall tau-b between every pair of methods' token scores (special tokens excluded)",
+        },
+    ]

@@ -1,4 +1,5 @@
 """Figures of ``streetlamp cot`` (from the stored records and scores; nothing is recomputed)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,9 +12,12 @@ import numpy as np  # noqa: E402
 
 from ..cot.metrics import mean_curve  # noqa: E402
 
-LABELS = {"early_answer": "early answering (x: share of chain kept)",
-          "add_mistake": "adding a mistake (x: share before the mistake)",
-          "paraphrase": "paraphrasing (x: share paraphrased)", "filler": "filler tokens (x: filler / chain length)"}
+LABELS = {
+    "early_answer": "early answering (x: share of chain kept)",
+    "add_mistake": "adding a mistake (x: share before the mistake)",
+    "paraphrase": "paraphrasing (x: share paraphrased)",
+    "filler": "filler tokens (x: filler / chain length)",
+}
 
 
 def figures(folder: Path, scores: dict, records: list[dict]) -> list[dict]:
@@ -49,8 +53,12 @@ def figures(folder: Path, scores: dict, records: list[dict]) -> list[dict]:
         fig.savefig(figdir / "hints.png", dpi=110, bbox_inches="tight")
         plt.close(fig)
         out.append({"file": "figures/hints.png", "shows": "share of hints used and share of used hints verbalised"})
-    ints = [r["hint"][k]["internals"] for r in records for k in r.get("hint", {})
-            if isinstance(r["hint"][k], dict) and "internals" in r["hint"][k]]
+    ints = [
+        r["hint"][k]["internals"]
+        for r in records
+        for k in r.get("hint", {})
+        if isinstance(r["hint"][k], dict) and "internals" in r["hint"][k]
+    ]
     if ints:
         keys = ["attention_hint", "attention_chain", "knockout_hint", "knockout_chain"]
         m = {k: np.mean([np.asarray(i[k], float) for i in ints], 0) for k in keys}
@@ -72,6 +80,11 @@ def figures(folder: Path, scores: dict, records: list[dict]) -> list[dict]:
         a2.set_title("Intervention", fontsize=9)
         fig.savefig(figdir / "internals.png", dpi=110, bbox_inches="tight")
         plt.close(fig)
-        out.append({"file": "figures/internals.png", "shows": "per layer: attention mass on hint vs chain, and the "
-                    "effect of knocking that attention out; dashed: occluding the hint"})
+        out.append(
+            {
+                "file": "figures/internals.png",
+                "shows": "per layer: attention mass on hint vs chain, and the "
+                "effect of knocking that attention out; dashed: occluding the hint",
+            }
+        )
     return out

@@ -1,5 +1,6 @@
 """Figures of an evaluation run, drawn from the stored metrics only (never recomputed):
 AOPC curves per method, Kendall tau distributions, decision-flip fractions, the agreement matrix."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -77,8 +78,13 @@ def figures(folder: Path, df: pd.DataFrame) -> list[Path]:
         data = [flips[flips.method == m].value.dropna().to_numpy() for m in ms]
         ax.boxplot([d if d.size else np.array([np.nan]) for d in data])
         shares = [df[(df.method == m) & (df.metric == "flipped")].value.mean() for m in ms]
-        ax.set_xticks(range(1, len(ms) + 1), [f"{m}\n(flipped {s:.0%})" for m, s in zip(ms, shares)],
-                      rotation=30, ha="right", fontsize=7)
+        ax.set_xticks(
+            range(1, len(ms) + 1),
+            [f"{m}\n(flipped {s:.0%})" for m, s in zip(ms, shares)],
+            rotation=30,
+            ha="right",
+            fontsize=7,
+        )
         ax.set_ylabel("fraction of attention items zeroed before the decision flips")
         save(fig, "decision_flip.png")
     return paths

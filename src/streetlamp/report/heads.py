@@ -1,4 +1,5 @@
 """Figures for head and circuit interventions. They draw saved arrays; they never recompute."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -67,8 +68,9 @@ def ranked(a: np.ndarray, title: str, label: str, path: Path, k: int = 20) -> No
     plt.close(fig)
 
 
-def prune_curves(curves: dict[str, tuple[np.ndarray, np.ndarray]], title: str, path: Path,
-                 baseline: float | None = None) -> None:
+def prune_curves(
+    curves: dict[str, tuple[np.ndarray, np.ndarray]], title: str, path: Path, baseline: float | None = None
+) -> None:
     """Accuracy vs number of heads removed, one line per order (random seeds thin grey)."""
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, (x, y) in curves.items():

@@ -1,5 +1,6 @@
 """Attention heatmaps. Rows are queries, columns keys, always labelled so; cells the mask
 forbids are drawn grey and hatched, never as "low"."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,8 +14,14 @@ import numpy as np  # noqa: E402
 from matplotlib.collections import PatchCollection  # noqa: E402
 from matplotlib.patches import Patch, Rectangle  # noqa: E402
 
-ATTENTION_SCALE: dict[str, Any] = {"cmap": "viridis", "vmin": 0.0, "vmax": 1.0, "norm": "linear",
-                                   "label": "attention probability", "forbidden": "grey #bdbdbd, hatched '///'"}
+ATTENTION_SCALE: dict[str, Any] = {
+    "cmap": "viridis",
+    "vmin": 0.0,
+    "vmax": 1.0,
+    "norm": "linear",
+    "label": "attention probability",
+    "forbidden": "grey #bdbdbd, hatched '///'",
+}
 FORBIDDEN_COLOUR = "#bdbdbd"
 
 
@@ -22,16 +29,22 @@ def _cmap() -> matplotlib.colors.Colormap:
     return matplotlib.colormaps[ATTENTION_SCALE["cmap"]].with_extremes(bad=FORBIDDEN_COLOUR)
 
 
-def _draw(ax: plt.Axes, a: np.ndarray, allowed: np.ndarray, labels: list[str] | None, title: str,
-          hatch: bool = True) -> matplotlib.image.AxesImage:
+def _draw(
+    ax: plt.Axes, a: np.ndarray, allowed: np.ndarray, labels: list[str] | None, title: str, hatch: bool = True
+) -> matplotlib.image.AxesImage:
     data = np.ma.masked_where(~allowed, a)
-    im = ax.imshow(data, cmap=_cmap(), vmin=ATTENTION_SCALE["vmin"], vmax=ATTENTION_SCALE["vmax"],
-                   interpolation="nearest", aspect="equal")
+    im = ax.imshow(
+        data,
+        cmap=_cmap(),
+        vmin=ATTENTION_SCALE["vmin"],
+        vmax=ATTENTION_SCALE["vmax"],
+        interpolation="nearest",
+        aspect="equal",
+    )
     if hatch and (~allowed).any() and allowed.shape[0] <= 96:
         rows, cols = np.nonzero(~allowed)
         rects = [Rectangle((c - 0.5, r - 0.5), 1, 1) for r, c in zip(rows, cols)]
-        ax.add_collection(PatchCollection(rects, facecolor="none", edgecolor="#555555", linewidth=0,
-                                          hatch="///"))
+        ax.add_collection(PatchCollection(rects, facecolor="none", edgecolor="#555555", linewidth=0, hatch="///"))
     ax.set_title(title, fontsize=9)
     if labels is not None:
         n = len(labels)
@@ -46,8 +59,13 @@ def _draw(ax: plt.Axes, a: np.ndarray, allowed: np.ndarray, labels: list[str] | 
 def _legend(fig: plt.Figure, im: matplotlib.image.AxesImage, axes: Any) -> None:
     cb = fig.colorbar(im, ax=axes, shrink=0.8)
     cb.set_label(ATTENTION_SCALE["label"])
-    fig.legend(handles=[Patch(facecolor=FORBIDDEN_COLOUR, hatch="///", edgecolor="black",
-                              label="forbidden by mask (not 'low')")], loc="lower left", fontsize=8)
+    fig.legend(
+        handles=[
+            Patch(facecolor=FORBIDDEN_COLOUR, hatch="///", edgecolor="black", label="forbidden by mask (not 'low')")
+        ],
+        loc="lower left",
+        fontsize=8,
+    )
 
 
 def plot_head(a: np.ndarray, allowed: np.ndarray, labels: list[str], title: str, path: Path) -> None:

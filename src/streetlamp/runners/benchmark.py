@@ -8,6 +8,7 @@ by default: these models are confident (p = 1.0 in float32 on most texts), and a
 probability hides what the model reads from perturbation and gradient methods alike. Writes ``leaderboard.csv``, ``models.csv``
 (accuracy and attention mass on the planted tokens), ``leaderboard.png`` and ``manifest.json``.
 """
+
 from __future__ import annotations
 
 import csv
@@ -29,8 +30,20 @@ from ..models.adapter import ModelAdapter, Target
 from ..store.run_folder import RunFolder
 
 VARIANTS = ("normal", "deceptive")
-COLUMNS = ["task", "variant", "method", "average_precision", "auprc", "precision_at_k", "comprehensiveness", "sufficiency",
-           "base_rate", "n_examples", "seconds", "error"]
+COLUMNS = [
+    "task",
+    "variant",
+    "method",
+    "average_precision",
+    "auprc",
+    "precision_at_k",
+    "comprehensiveness",
+    "sufficiency",
+    "base_rate",
+    "n_examples",
+    "seconds",
+    "error",
+]
 # cheap-but-sound settings for the tiny models (defaults are used for everything else)
 # (texts are 6-12 words; recorded in manifest.json)
 METHOD_PARAMS: dict[str, dict[str, Any]] = {
@@ -55,8 +68,10 @@ class BenchmarkResult:
     def lines(self) -> list[str]:
         lines = []
         for m in self.models:
-            lines.append(f"{m['task']:<9} {m['variant']:<9} accuracy {m['accuracy']:.3f}  attention mass on planted: "
-                         f"[CLS] last layer {m['mass_cls_last']:.3f}, all rows {m['mass_all']:.3f}")
+            lines.append(
+                f"{m['task']:<9} {m['variant']:<9} accuracy {m['accuracy']:.3f}  attention mass on planted: "
+                f"[CLS] last layer {m['mass_cls_last']:.3f}, all rows {m['mass_all']:.3f}"
+            )
         for task in dict.fromkeys(r["task"] for r in self.rows):
             lines.append(f"\n== {task} ==")
             lines.append(f"{'variant':<10}{'method':<24}{'AP':>7}{'AUPRC':>7}{'P@k':>7}{'comp':>8}{'suff':>8}")
@@ -65,9 +80,11 @@ class BenchmarkResult:
                 if r["error"]:
                     lines.append(f"{r['variant']:<10}{r['method']:<24} error: {r['error']}")
                 else:
-                    lines.append(f"{r['variant']:<10}{r['method']:<24}{r['average_precision']:>7.3f}"
-                                 f"{r['auprc']:>7.3f}{r['precision_at_k']:>7.3f}"
-                                 f"{r['comprehensiveness']:>8.3f}{r['sufficiency']:>8.3f}")
+                    lines.append(
+                        f"{r['variant']:<10}{r['method']:<24}{r['average_precision']:>7.3f}"
+                        f"{r['auprc']:>7.3f}{r['precision_at_k']:>7.3f}"
+                        f"{r['comprehensiveness']:>8.3f}{r['sufficiency']:>8.3f}"
+                    )
         return lines + [f"output: {self.out}/ (leaderboard.csv, models.csv, leaderboard.png, manifest.json)"]
 
 
@@ -80,8 +97,9 @@ def load_groundtruth(task: str, variant: str) -> ModelAdapter:
     return load(path)
 
 
-def score_method(adapter: ModelAdapter, name: str, examples: list, seed: int, device_budget: int | None,
-                 quantity: str = "logit") -> dict[str, Any]:
+def score_method(
+    adapter: ModelAdapter, name: str, examples: list, seed: int, device_budget: int | None, quantity: str = "logit"
+) -> dict[str, Any]:
     inputs = adapter.encode([e.text for e in examples])
     t0 = time.time()
     if name == "random":
@@ -91,24 +109,41 @@ def score_method(adapter: ModelAdapter, name: str, examples: list, seed: int, de
     else:
         method = get_method(name, **METHOD_PARAMS.get(name, {}))
         method.check(adapter)
-        exps = method.attribute(adapter, inputs, target=Target(quantity=quantity),  # type: ignore[arg-type]
-                                batch_size=device_budget, seed=seed)
+        exps = method.attribute(
+            adapter,
+            inputs,
+            target=Target(quantity=quantity),  # type: ignore[arg-type]
+            batch_size=device_budget,
+            seed=seed,
+        )
         token_scores = [e.scores for e in exps]
         index = np.array([e.info["target"]["index"] for e in exps])
     secs = time.time() - t0
     words = [lb.word_scores(s) for s in token_scores]
     masks = [planted_mask(e, n)[1:-1] for e, n in zip(examples, inputs.lengths)]
     comp, suff = lb.erasure_metrics(adapter, inputs, [np.asarray(s) for s in token_scores], index, device_budget)
-    return {"average_precision": float(np.mean([lb.average_precision(w, m) for w, m in zip(words, masks)])),
-            "auprc": float(np.mean([lb.auprc(w, m) for w, m in zip(words, masks)])),
-            "precision_at_k": float(np.mean([lb.precision_at_k(w, m) for w, m in zip(words, masks)])),
-            "comprehensiveness": float(comp.mean()), "sufficiency": float(suff.mean()),
-            "base_rate": float(np.mean([m.mean() for m in masks])), "seconds": round(secs, 2)}
+    return {
+        "average_precision": float(np.mean([lb.average_precision(w, m) for w, m in zip(words, masks)])),
+        "auprc": float(np.mean([lb.auprc(w, m) for w, m in zip(words, masks)])),
+        "precision_at_k": float(np.mean([lb.precision_at_k(w, m) for w, m in zip(words, masks)])),
+        "comprehensiveness": float(comp.mean()),
+        "sufficiency": float(suff.mean()),
+        "base_rate": float(np.mean([m.mean() for m in masks])),
+        "seconds": round(secs, 2),
+    }
 
 
-def benchmark(out: RunFolder | Path, tasks: list[str], methods: list[str], n_examples: int = 50, seed: int = 0,
-              overwrite: bool = False, device: str = "cpu", batch_size: int | None = None,
-              quantity: str = "logit") -> BenchmarkResult:
+def benchmark(
+    out: RunFolder | Path,
+    tasks: list[str],
+    methods: list[str],
+    n_examples: int = 50,
+    seed: int = 0,
+    overwrite: bool = False,
+    device: str = "cpu",
+    batch_size: int | None = None,
+    quantity: str = "logit",
+) -> BenchmarkResult:
     rf = RunFolder.of(out, "benchmark", overwrite)
     if n_examples < 1:
         raise StreetlampError("--n-examples must be at least 1")
@@ -121,13 +156,23 @@ def benchmark(out: RunFolder | Path, tasks: list[str], methods: list[str], n_exa
             adapter = load_groundtruth(task_name, variant)
             if device != "cpu":
                 adapter.to(device)
-            res.models.append({"task": task_name, "variant": variant,
-                               **evaluate(adapter, task.generate(max(n_examples, 500), seed=40_000 + seed))})
+            res.models.append(
+                {
+                    "task": task_name,
+                    "variant": variant,
+                    **evaluate(adapter, task.generate(max(n_examples, 500), seed=40_000 + seed)),
+                }
+            )
             for name in names:
                 print(f"benchmark: {task_name} {variant} {name}", file=sys.stderr)
                 torch.manual_seed(seed)
-                row: dict[str, Any] = {"task": task_name, "variant": variant, "method": name,
-                                       "n_examples": n_examples, "error": ""}
+                row: dict[str, Any] = {
+                    "task": task_name,
+                    "variant": variant,
+                    "method": name,
+                    "n_examples": n_examples,
+                    "error": "",
+                }
                 try:
                     row.update(score_method(adapter, name, examples, seed, batch_size, quantity))
                 except StreetlampError as e:
@@ -139,16 +184,26 @@ def benchmark(out: RunFolder | Path, tasks: list[str], methods: list[str], n_exa
         write_csv(w.path / "leaderboard.csv", res.rows, COLUMNS)
         write_csv(w.path / "models.csv", res.models, ["task", "variant", "accuracy", "mass_cls_last", "mass_all"])
         from ..groundtruth.figure import plot_leaderboard
+
         plot_leaderboard(res.rows, w.path / "leaderboard.png")
-        w.write_manifest({
-            "tasks": tasks, "methods": names, "method_params": {n: METHOD_PARAMS.get(n, {}) for n in names},
-            "n_examples": n_examples, "seed": seed, "quantity": quantity,
-            "files": {"leaderboard.csv": "one row per task x variant x method; average precision, AUPRC and "
-                      "precision@k of |token "
-                      "scores| (words only) against the planted tokens; comprehensiveness / sufficiency AOPC",
-                      "models.csv": "held-out accuracy and attention mass on the planted tokens ([CLS] row of "
-                      "the last layer, head mean; and mean over all layers, heads and queries)",
-                      "leaderboard.png": "AUPRC per method, normal vs deceptive, one panel per task"}})
+        w.write_manifest(
+            {
+                "tasks": tasks,
+                "methods": names,
+                "method_params": {n: METHOD_PARAMS.get(n, {}) for n in names},
+                "n_examples": n_examples,
+                "seed": seed,
+                "quantity": quantity,
+                "files": {
+                    "leaderboard.csv": "one row per task x variant x method; average precision, AUPRC and "
+                    "precision@k of |token "
+                    "scores| (words only) against the planted tokens; comprehensiveness / sufficiency AOPC",
+                    "models.csv": "held-out accuracy and attention mass on the planted tokens ([CLS] row of "
+                    "the last layer, head mean; and mean over all layers, heads and queries)",
+                    "leaderboard.png": "AUPRC per method, normal vs deceptive, one panel per task",
+                },
+            }
+        )
     return res
 
 

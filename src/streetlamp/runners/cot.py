@@ -17,6 +17,7 @@ exists, so a killed run loses at most the chunk in progress and a rerun recomput
 The answer after a chain is always asked the same way (the chain, then ``So the answer is (``), so
 every test compares like with like; the letter the chain itself states is recorded beside it.
 """
+
 from __future__ import annotations
 
 import random
@@ -74,16 +75,19 @@ class CotSettings:
     def check(self) -> None:
         bad = [t for t in self.tests if t not in TESTS]
         if bad or not self.tests:
-            raise StreetlampError(f"--tests: unknown {', '.join(map(repr, bad)) or '(none given)'}; choose from "
-                                  f"{', '.join(TESTS)}")
+            raise StreetlampError(
+                f"--tests: unknown {', '.join(map(repr, bad)) or '(none given)'}; choose from {', '.join(TESTS)}"
+            )
         bad = [k for k in self.hint_kinds if k not in HINT_KINDS]
         if bad or not self.hint_kinds:
-            raise StreetlampError(f"--hint-kinds: unknown {', '.join(map(repr, bad)) or '(none)'}; choose from "
-                                  f"{', '.join(HINT_KINDS)}")
+            raise StreetlampError(
+                f"--hint-kinds: unknown {', '.join(map(repr, bad)) or '(none)'}; choose from {', '.join(HINT_KINDS)}"
+            )
         bad = [b for b in self.biases if b not in BIASES]
         if bad or not self.biases:
-            raise StreetlampError(f"--biases: unknown {', '.join(map(repr, bad)) or '(none)'}; choose from "
-                                  f"{', '.join(BIASES)}")
+            raise StreetlampError(
+                f"--biases: unknown {', '.join(map(repr, bad)) or '(none)'}; choose from {', '.join(BIASES)}"
+            )
         if not 1 <= self.max_new_tokens <= 4096:
             raise StreetlampError("--max-new-tokens must be 1..4096")
         if not 1 <= self.points <= 20:
@@ -122,30 +126,45 @@ class _Example:
 
     def __init__(self, engine: Engine, q: Question, pool: list[Question], s: CotSettings) -> None:
         self.e, self.q, self.pool, self.s = engine, q, pool, s
-        self.rec: dict[str, Any] = {"id": q.id, "question": q.question, "choices": list(q.choices),
-                                    "gold": q.answer_letter}
+        self.rec: dict[str, Any] = {
+            "id": q.id,
+            "question": q.question,
+            "choices": list(q.choices),
+            "gold": q.answer_letter,
+        }
         self.rows: list[tuple[str, str, str, float]] = []
 
     def row(self, method: str, metric: str, value: float | bool | None) -> None:
         self.rows.append((self.q.id, method, metric, float("nan") if value is None else float(value)))
 
     def chains(self, prompts: list[Prompt], tag: str, max_new: int | None = None) -> list[tuple[str, str | None, str]]:
-        gens = self.e.generate(prompts, max_new or self.s.max_new_tokens,
-                               [_seed(self.s.seed, self.q.id, tag, i) for i in range(len(prompts))])
+        gens = self.e.generate(
+            prompts,
+            max_new or self.s.max_new_tokens,
+            [_seed(self.s.seed, self.q.id, tag, i) for i in range(len(prompts))],
+        )
         return [(*split_chain(g.text), g.text) for g in gens]
 
     def answers(self, bases: list[Prompt], chains: list[str]) -> list[Choice]:
         return self.e.choose([answer_prompt(b, c) for b, c in zip(bases, chains)], [self.q.letters] * len(bases))
 
     def cond(self, prompt: Prompt, chain: str, stated: str | None, raw: str, ch: Choice) -> dict:
-        return {"prompt": prompt.user, "cot": chain, "cot_raw": raw, "cot_answer": stated, "answer": ch.letter,
-                "answer_raw": ch.raw, "probs": ch.probs, "letter_mass": ch.letter_mass}
+        return {
+            "prompt": prompt.user,
+            "cot": chain,
+            "cot_raw": raw,
+            "cot_answer": stated,
+            "answer": ch.letter,
+            "answer_raw": ch.raw,
+            "probs": ch.probs,
+            "letter_mass": ch.letter_mass,
+        }
 
     def run(self) -> tuple[dict, list]:
         q, s = self.q, self.s
         base = cot_prompt(q)
-        (chain, stated, raw), = self.chains([base], "baseline")
-        ch, = self.answers([base], [chain])
+        ((chain, stated, raw),) = self.chains([base], "baseline")
+        (ch,) = self.answers([base], [chain])
         self.rec["baseline"] = b = self.cond(base, chain, stated, raw, ch)
         self.row("baseline", "parsable", ch.letter is not None)
         self.row("baseline", "correct", None if ch.letter is None else ch.letter == q.answer_letter)
@@ -166,24 +185,33 @@ class _Example:
             out["skipped"] = "baseline answer not parsable"
             return
         kinds = s.hint_kinds
-        letters = {k: random.Random(_seed(s.seed, q.id, "hint", k)).choice([c for c in q.letters if c != b["answer"]])
-                   for k in kinds}
+        letters = {
+            k: random.Random(_seed(s.seed, q.id, "hint", k)).choice([c for c in q.letters if c != b["answer"]])
+            for k in kinds
+        }
         prompts = [hinted_prompt(q, k, letters[k]) for k in kinds]
         chains = self.chains(prompts, "hint")
         choices = self.answers(prompts, [c[0] for c in chains])
         for k, p, (chain, stated, raw), ch in zip(kinds, prompts, chains, choices):
             ev = detect.mentions(k, chain)
-            r = {**self.cond(p, chain, stated, raw, ch), "hint": letters[k], "mention_evidence": ev,
-                 "used": ch.letter == letters[k], "moved_elsewhere": ch.letter not in (None, b["answer"], letters[k])}
+            r = {
+                **self.cond(p, chain, stated, raw, ch),
+                "hint": letters[k],
+                "mention_evidence": ev,
+                "used": ch.letter == letters[k],
+                "moved_elsewhere": ch.letter not in (None, b["answer"], letters[k]),
+            }
             out[k] = r
             self.row(f"hint:{k}", "parsable", ch.letter is not None)
             self.row(f"hint:{k}", "used", r["used"])
             self.row(f"hint:{k}", "mentioned", ev is not None)
             if r["used"] and getattr(self.e, "name", "") == "local" and s.internals:
                 from ..cot.internals import hint_internals
+
                 unhinted = answer_prompt(cot_prompt(q), chain)
-                r["internals"] = hint_internals(self.e, answer_prompt(p, chain), unhinted, hint_text(k, letters[k]),
-                                                chain, letters[k])
+                r["internals"] = hint_internals(
+                    self.e, answer_prompt(p, chain), unhinted, hint_text(k, letters[k]), chain, letters[k]
+                )
 
     # -- Turpin et al. ----------------------------------------------------------------------------
     def biased(self, b: dict) -> None:
@@ -193,8 +221,10 @@ class _Example:
         prompts, tags = [], []
         if "always_a" in s.biases:
             ex = pick_exemplars(self.pool, q.id, s.shots, s.seed)
-            prompts += [cot_prompt(q, shots=fewshot_block(ex, always_a=False)),
-                        cot_prompt(q, shots=fewshot_block(ex, always_a=True))]
+            prompts += [
+                cot_prompt(q, shots=fewshot_block(ex, always_a=False)),
+                cot_prompt(q, shots=fewshot_block(ex, always_a=True)),
+            ]
             tags += ["always_a:unbiased", "always_a:biased"]
             out["always_a"] = {"target": "A", "exemplars": [e.id for e in ex]}
         if "suggested" in s.biases:
@@ -236,18 +266,25 @@ class _Example:
             jobs += [("early_answer", k / n, base, truncate(sents, k)) for k in ks if k < n]
         if "add_mistake" in tests:
             starts = [k for k in ks if k < n]
-            heads = [" ".join([*sents[:k], add_mistake(sents[k], len(q.choices), _seed(s.seed, q.id, k))]) for k in starts]
+            heads = [
+                " ".join([*sents[:k], add_mistake(sents[k], len(q.choices), _seed(s.seed, q.id, k))]) for k in starts
+            ]
             conts = self.chains([Prompt(base.user, f"{COT_CUE} {h}") for h in heads], "mistake")
             extra["add_mistake"] = {"mistaken_prefix": heads, "continuations": [c[2] for c in conts]}
             jobs += [("add_mistake", k / n, base, f"{h} {c[0]}".strip()) for k, h, c in zip(starts, heads, conts)]
         if "paraphrase" in tests:
             ends = [k for k in ks if k > 0]
             texts = [truncate(sents, k) for k in ends]
-            paras = self.e.generate([Prompt(PARAPHRASE_INSTRUCTION + t) for t in texts],
-                                    min(2 * s.max_new_tokens, 4096), [_seed(s.seed, q.id, "para", k) for k in ends])
+            paras = self.e.generate(
+                [Prompt(PARAPHRASE_INSTRUCTION + t) for t in texts],
+                min(2 * s.max_new_tokens, 4096),
+                [_seed(s.seed, q.id, "para", k) for k in ends],
+            )
             extra["paraphrase"] = {"paraphrases": [p.text for p in paras]}
-            jobs += [("paraphrase", k / n, base, f"{p.text.strip()} {truncate(sents[k:], n - k)}".strip())
-                     for k, p in zip(ends, paras)]
+            jobs += [
+                ("paraphrase", k / n, base, f"{p.text.strip()} {truncate(sents[k:], n - k)}".strip())
+                for k, p in zip(ends, paras)
+            ]
         if "filler" in tests:
             n_tok = max(1, self.e.count_tokens(b["cot"]))
             fr = [i / s.points for i in range(s.points + 1)]
@@ -261,13 +298,21 @@ class _Example:
                 xs, ys = xs + [1.0], ys + [1.0]  # the whole, unedited chain gives the final answer
             if t == "paraphrase":
                 xs, ys = [0.0, *xs], [1.0, *ys]  # nothing paraphrased: the original chain
-            rec = {"x": xs, "same": ys, "answers": [c.letter for _, c in pts], "chains": [j[3] for j, _ in pts],
-                   "final": final, "sentences": n, **extra.get(t, {})}
+            rec = {
+                "x": xs,
+                "same": ys,
+                "answers": [c.letter for _, c in pts],
+                "chains": [j[3] for j, _ in pts],
+                "final": final,
+                "sentences": n,
+                **extra.get(t, {}),
+            }
             self.rec[t] = rec
             ok = [(x, y) for x, y in zip(xs, ys) if y is not None]
             self.row(t, "unparsable", sum(y is None for y in ys))
             if ok:
                 from ..cot.metrics import aoc
+
                 self.row(t, "aoc", aoc([x for x, _ in ok], [y for _, y in ok]))
 
 
@@ -275,17 +320,40 @@ def _eq(a: str | None, b: str | None) -> float | None:
     return None if a is None or b is None else float(a == b)
 
 
-def make_engine(model: str | None, endpoint: str | None, *, served_model: str | None, api: str,
-                temperature: float, concurrency: int, retries: int, timeout: float, budget: int | None,
-                device: str = "cpu", adapter: Any = None) -> tuple[Engine, dict]:
+def make_engine(
+    model: str | None,
+    endpoint: str | None,
+    *,
+    served_model: str | None,
+    api: str,
+    temperature: float,
+    concurrency: int,
+    retries: int,
+    timeout: float,
+    budget: int | None,
+    device: str = "cpu",
+    adapter: Any = None,
+) -> tuple[Engine, dict]:
     if (model is None) == (endpoint is None) and adapter is None:
         raise StreetlampError("give --model (a local causal LM) or --endpoint (an OpenAI-compatible server), not both")
     if endpoint is not None:
         import os
 
         from ..cot.engines import HttpEngine, HttpSettings
-        eng = HttpEngine(HttpSettings(endpoint, served_model, api, temperature, concurrency, retries,
-                                      timeout=timeout, budget=budget, api_key=os.environ.get("OPENAI_API_KEY")))
+
+        eng = HttpEngine(
+            HttpSettings(
+                endpoint,
+                served_model,
+                api,
+                temperature,
+                concurrency,
+                retries,
+                timeout=timeout,
+                budget=budget,
+                api_key=os.environ.get("OPENAI_API_KEY"),
+            )
+        )
         name = eng.probe()
         return eng, {"engine": "http", "endpoint": endpoint, "served_model": name, "api": api}
     from ..cot.engines import LocalEngine
@@ -298,8 +366,9 @@ def make_engine(model: str | None, endpoint: str | None, *, served_model: str | 
     return local, {"engine": "local", "name": adapter.name, "source": adapter.source}
 
 
-def run_cot(data: str, out: Path, settings: CotSettings, engine: Engine, model_record: dict, *,
-            limit: int | None = None) -> CotResult:
+def run_cot(
+    data: str, out: Path, settings: CotSettings, engine: Engine, model_record: dict, *, limit: int | None = None
+) -> CotResult:
     settings.check()
     qs = load_questions(data)
     if limit is not None:
@@ -311,25 +380,52 @@ def run_cot(data: str, out: Path, settings: CotSettings, engine: Engine, model_r
     if "biased_fewshot" in settings.tests and "always_a" in settings.biases and len(qs.questions) < 2:
         raise StreetlampError("biased_fewshot always_a needs at least 2 questions (exemplars come from the others)")
     if "add_mistake" in settings.tests and not engine.can_continue():
-        raise StreetlampError("add_mistake continues a partial chain, which a chat endpoint cannot do: use "
-                              "--api completions (or drop add_mistake from --tests)")
+        raise StreetlampError(
+            "add_mistake continues a partial chain, which a chat endpoint cannot do: use "
+            "--api completions (or drop add_mistake from --tests)"
+        )
     if qs.skipped:
-        print(f"streetlamp: warning: {len(qs.skipped)} questions of {data} skipped ({qs.skipped[0]['why']}, ...); "
-              "listed in the manifest", file=sys.stderr)
-    run_settings: dict[str, Any] = {"command": "cot", "model": model_record, "engine": engine.describe() | {"requests_sent": None,
-                                                                                          "retries_used": None},
-                    "data": {"name": qs.name, "source": qs.source, "sha256": qs.hash(), "n_questions": len(questions)},
-                    "limit": limit, "parameters": asdict(settings)}
+        print(
+            f"streetlamp: warning: {len(qs.skipped)} questions of {data} skipped ({qs.skipped[0]['why']}, ...); "
+            "listed in the manifest",
+            file=sys.stderr,
+        )
+    run_settings: dict[str, Any] = {
+        "command": "cot",
+        "model": model_record,
+        "engine": engine.describe() | {"requests_sent": None, "retries_used": None},
+        "data": {"name": qs.name, "source": qs.source, "sha256": qs.hash(), "n_questions": len(questions)},
+        "limit": limit,
+        "parameters": asdict(settings),
+    }
     for k in ("requests_sent", "retries_used", "concurrency", "retries", "timeout", "budget", "backoff"):
         run_settings["engine"].pop(k, None)  # how the work is done, not what: may change between resumptions
-    store = RunStore.open(Path(out), run_settings, {
-        "data": {"name": qs.name, "source": qs.source, "n_questions_used": len(questions),
-                 "n_questions_in_source": len(qs.questions), "skipped": qs.skipped}}, command="cot")
-    chunks = [questions[i:i + settings.chunk_size] for i in range(0, len(questions), settings.chunk_size)]
+    store = RunStore.open(
+        Path(out),
+        run_settings,
+        {
+            "data": {
+                "name": qs.name,
+                "source": qs.source,
+                "n_questions_used": len(questions),
+                "n_questions_in_source": len(qs.questions),
+                "skipped": qs.skipped,
+            }
+        },
+        command="cot",
+    )
+    chunks = [questions[i : i + settings.chunk_size] for i in range(0, len(questions), settings.chunk_size)]
     todo = [c for c in range(len(chunks)) if c not in store.done_chunks()]
     from tqdm import tqdm
-    bar = tqdm(total=len(questions), initial=len(questions) - sum(len(chunks[c]) for c in todo), unit="q",
-               desc="cot", file=sys.stderr, disable=None)
+
+    bar = tqdm(
+        total=len(questions),
+        initial=len(questions) - sum(len(chunks[c]) for c in todo),
+        unit="q",
+        desc="cot",
+        file=sys.stderr,
+        disable=None,
+    )
     try:
         for c in todo:
             recs, rows = [], []
@@ -354,36 +450,65 @@ def run_cot(data: str, out: Path, settings: CotSettings, engine: Engine, model_r
 def summarise(records: list[dict], s: CotSettings) -> dict:
     out: dict[str, Any] = {"questions": len(records)}
     base = [r["baseline"] for r in records]
-    out["baseline"] = {"accuracy": _mean([b["answer"] == r["gold"] for b, r in zip(base, records)
-                                          if b["answer"] is not None]),
-                       "unparsable": sum(b["answer"] is None for b in base),
-                       "chain_states_answer": _mean([b["cot_answer"] is not None for b in base]),
-                       "chain_agrees_with_answer": _mean([b["cot_answer"] == b["answer"] for b in base
-                                                          if b["cot_answer"] is not None and b["answer"] is not None])}
+    out["baseline"] = {
+        "accuracy": _mean([b["answer"] == r["gold"] for b, r in zip(base, records) if b["answer"] is not None]),
+        "unparsable": sum(b["answer"] is None for b in base),
+        "chain_states_answer": _mean([b["cot_answer"] is not None for b in base]),
+        "chain_agrees_with_answer": _mean(
+            [b["cot_answer"] == b["answer"] for b in base if b["cot_answer"] is not None and b["answer"] is not None]
+        ),
+    }
     if "hint" in s.tests:
         per: dict[str, Any] = {}
         allrows = []
         for k in s.hint_kinds:
-            rows = [{"unhinted": r["baseline"]["answer"], "hinted": r["hint"][k]["answer"], "hint": r["hint"][k]["hint"],
-                     "n_choices": len(r["choices"]), "mentioned": r["hint"][k]["mention_evidence"] is not None}
-                    for r in records if k in r.get("hint", {})]
+            rows = [
+                {
+                    "unhinted": r["baseline"]["answer"],
+                    "hinted": r["hint"][k]["answer"],
+                    "hint": r["hint"][k]["hint"],
+                    "n_choices": len(r["choices"]),
+                    "mentioned": r["hint"][k]["mention_evidence"] is not None,
+                }
+                for r in records
+                if k in r.get("hint", {})
+            ]
             per[k] = hint_scores(rows)
             allrows += rows
         per["all"] = hint_scores(allrows)
         per["skipped"] = sum("skipped" in r.get("hint", {}) for r in records)
         out["hint"] = per
     if "biased_fewshot" in s.tests:
-        out["biased_fewshot"] = {bias: bias_scores([
-            {"gold": r["gold"], "unbiased": r["biased_fewshot"][bias]["unbiased"]["answer"],
-             "biased": r["biased_fewshot"][bias]["biased"]["answer"], "target": r["biased_fewshot"][bias]["target"],
-             "mentioned": r["biased_fewshot"][bias]["mention_evidence"] is not None} for r in records])
-            for bias in s.biases}
+        out["biased_fewshot"] = {
+            bias: bias_scores(
+                [
+                    {
+                        "gold": r["gold"],
+                        "unbiased": r["biased_fewshot"][bias]["unbiased"]["answer"],
+                        "biased": r["biased_fewshot"][bias]["biased"]["answer"],
+                        "target": r["biased_fewshot"][bias]["target"],
+                        "mentioned": r["biased_fewshot"][bias]["mention_evidence"] is not None,
+                    }
+                    for r in records
+                ]
+            )
+            for bias in s.biases
+        }
     for t in LANHAM:
         if t in s.tests:
-            curves = [([x for x, y in zip(r[t]["x"], r[t]["same"]) if y is not None],
-                       [y for y in r[t]["same"] if y is not None]) for r in records if "x" in r.get(t, {})]
-            out[t] = {**lanham_scores(curves), "skipped": sum("skipped" in r.get(t, {}) for r in records),
-                      "curves": curves}
+            curves = [
+                (
+                    [x for x, y in zip(r[t]["x"], r[t]["same"]) if y is not None],
+                    [y for y in r[t]["same"] if y is not None],
+                )
+                for r in records
+                if "x" in r.get(t, {})
+            ]
+            out[t] = {
+                **lanham_scores(curves),
+                "skipped": sum("skipped" in r.get(t, {}) for r in records),
+                "curves": curves,
+            }
     return out
 
 
@@ -394,29 +519,97 @@ def _mean(v: list) -> float:
 def tables(scores: dict) -> list[dict]:
     out = []
     b = scores["baseline"]
-    out.append({"title": "Baseline (no intervention)", "columns": ["questions", "accuracy", "unparsable",
-                                                                   "chain states an answer", "chain agrees with answer"],
-                "rows": [[scores["questions"], b["accuracy"], b["unparsable"], b["chain_states_answer"],
-                          b["chain_agrees_with_answer"]]]})
+    out.append(
+        {
+            "title": "Baseline (no intervention)",
+            "columns": ["questions", "accuracy", "unparsable", "chain states an answer", "chain agrees with answer"],
+            "rows": [
+                [
+                    scores["questions"],
+                    b["accuracy"],
+                    b["unparsable"],
+                    b["chain_states_answer"],
+                    b["chain_agrees_with_answer"],
+                ]
+            ],
+        }
+    )
     if "hint" in scores:
-        cols = ["hint kind", "pairs", "used", "moved elsewhere", "alpha", "verbalised", "faithfulness (raw)",
-                "faithfulness (normalised)"]
-        out.append({"title": "Hints (Chen et al. 2025): verbalised among used", "columns": cols, "rows": [
-            [k, v["pairs"], v["used"], v["moved_elsewhere"], v["alpha"], v["verbalised"], v["faithfulness_raw"],
-             v["faithfulness"]] for k, v in scores["hint"].items() if isinstance(v, dict)]})
+        cols = [
+            "hint kind",
+            "pairs",
+            "used",
+            "moved elsewhere",
+            "alpha",
+            "verbalised",
+            "faithfulness (raw)",
+            "faithfulness (normalised)",
+        ]
+        out.append(
+            {
+                "title": "Hints (Chen et al. 2025): verbalised among used",
+                "columns": cols,
+                "rows": [
+                    [
+                        k,
+                        v["pairs"],
+                        v["used"],
+                        v["moved_elsewhere"],
+                        v["alpha"],
+                        v["verbalised"],
+                        v["faithfulness_raw"],
+                        v["faithfulness"],
+                    ]
+                    for k, v in scores["hint"].items()
+                    if isinstance(v, dict)
+                ],
+            }
+        )
     if "biased_fewshot" in scores:
-        cols = ["bias", "pairs", "accuracy unbiased", "accuracy biased", "accuracy drop", "bias-consistent unbiased",
-                "bias-consistent biased", "moved to bias", "chains mentioning bias", "mentioning among moved"]
-        out.append({"title": "Biased contexts (Turpin et al. 2023)", "columns": cols, "rows": [
-            [k, v["pairs"], v["accuracy_unbiased"], v["accuracy_biased"], v["accuracy_drop"],
-             v["bias_consistent_unbiased"], v["bias_consistent_biased"], v["moved_to_bias"], v["mention_share"],
-             v["mention_share_moved"]] for k, v in scores["biased_fewshot"].items()]})
+        cols = [
+            "bias",
+            "pairs",
+            "accuracy unbiased",
+            "accuracy biased",
+            "accuracy drop",
+            "bias-consistent unbiased",
+            "bias-consistent biased",
+            "moved to bias",
+            "chains mentioning bias",
+            "mentioning among moved",
+        ]
+        out.append(
+            {
+                "title": "Biased contexts (Turpin et al. 2023)",
+                "columns": cols,
+                "rows": [
+                    [
+                        k,
+                        v["pairs"],
+                        v["accuracy_unbiased"],
+                        v["accuracy_biased"],
+                        v["accuracy_drop"],
+                        v["bias_consistent_unbiased"],
+                        v["bias_consistent_biased"],
+                        v["moved_to_bias"],
+                        v["mention_share"],
+                        v["mention_share_moved"],
+                    ]
+                    for k, v in scores["biased_fewshot"].items()
+                ],
+            }
+        )
     lan = [t for t in LANHAM if t in scores]
     if lan:
-        out.append({"title": "Dependence on the chain (Lanham et al. 2023): area over the curve",
-                    "columns": ["test", "examples", "AOC", "AOC sd", "skipped"],
-                    "rows": [[t, scores[t]["examples"], scores[t]["aoc"], scores[t]["aoc_sd"], scores[t]["skipped"]]
-                             for t in lan]})
+        out.append(
+            {
+                "title": "Dependence on the chain (Lanham et al. 2023): area over the curve",
+                "columns": ["test", "examples", "AOC", "AOC sd", "skipped"],
+                "rows": [
+                    [t, scores[t]["examples"], scores[t]["aoc"], scores[t]["aoc_sd"], scores[t]["skipped"]] for t in lan
+                ],
+            }
+        )
     for t in out:
         t["rows"] = [[None if isinstance(v, float) and v != v else v for v in row] for row in t["rows"]]
     return out
@@ -433,10 +626,19 @@ def write_outputs(store: RunStore, scores: dict, records: list[dict], engine: En
         lines.append("")
     (store.folder / "summary.md").write_text("\n".join(lines))
     from ..report.cot import figures
+
     figs = figures(store.folder, scores, records)
-    compact = {k: ({kk: vv for kk, vv in v.items() if kk != "curves"} if isinstance(v, dict) else v)
-               for k, v in scores.items()}
-    store.update_manifest({"tables": tabs, "scores": compact, "figures": figs, "engine_usage": engine.describe(),
-                           "records": "records/part-*.jsonl: one JSON object per question (prompts, chains of "
-                                      "thought, answers, flags)"})
+    compact = {
+        k: ({kk: vv for kk, vv in v.items() if kk != "curves"} if isinstance(v, dict) else v) for k, v in scores.items()
+    }
+    store.update_manifest(
+        {
+            "tables": tabs,
+            "scores": compact,
+            "figures": figs,
+            "engine_usage": engine.describe(),
+            "records": "records/part-*.jsonl: one JSON object per question (prompts, chains of "
+            "thought, answers, flags)",
+        }
+    )
     return lines

@@ -1,5 +1,6 @@
 """``streetlamp evaluate``: every example x every method, faithfulness metrics, in a resumable
 run store; locally (batched by token budget) or on Ray (one model per actor)."""
+
 from __future__ import annotations
 
 import math
@@ -19,8 +20,14 @@ from ..models.adapter import ModelAdapter
 from ..settings import layers_of
 from ..store import RunStore
 
-KEY_METRICS = ["aopc_comprehensiveness", "aopc_sufficiency", "deletion_area", "insertion_area",
-               "flip_fraction", "flipped"]
+KEY_METRICS = [
+    "aopc_comprehensiveness",
+    "aopc_sufficiency",
+    "deletion_area",
+    "insertion_area",
+    "flip_fraction",
+    "flipped",
+]
 
 
 @dataclass
@@ -33,9 +40,12 @@ class EvalResult:
     table: list[str] = field(default_factory=list)  # summary.md
 
     def lines(self) -> list[str]:
-        return [*self.table, f"{self.n_examples} examples ({self.n_skipped} skipped: longer than the model's "
-                f"positions), {self.n_computed_chunks} chunks computed now; run store: {self.out}/ (manifest.json, "
-                "metrics/*.parquet, arrays/, summary.csv, summary.md, figures/)"]
+        return [
+            *self.table,
+            f"{self.n_examples} examples ({self.n_skipped} skipped: longer than the model's "
+            f"positions), {self.n_computed_chunks} chunks computed now; run store: {self.out}/ (manifest.json, "
+            "metrics/*.parquet, arrays/, summary.csv, summary.md, figures/)",
+        ]
 
     def _repr_html_(self) -> str:  # a notebook shows the run's report inline
         from ..report.viewer import iframe_html
@@ -58,8 +68,9 @@ def label_indices(adapter: ModelAdapter, ds: Dataset) -> dict[str, int]:
             bad.append(lab)
     if bad:
         names = [adapter.output_label(i) for i in range(adapter.n_outputs)]
-        raise StreetlampError(f"labels {', '.join(map(repr, bad[:5]))} are not classes of the model "
-                              f"(classes: {', '.join(names)})")
+        raise StreetlampError(
+            f"labels {', '.join(map(repr, bad[:5]))} are not classes of the model (classes: {', '.join(names)})"
+        )
     return out
 
 
@@ -74,9 +85,11 @@ def next_token_labels(adapter: ModelAdapter, labels: list[str]) -> dict[str, int
         else:
             bad.append(lab)
     if bad:
-        raise StreetlampError(f"labels {', '.join(map(repr, bad[:5]))} are not one token of {adapter.name}'s "
-                              "vocabulary (tried with and without a leading space); for a causal LM the label "
-                              "is the expected next token")
+        raise StreetlampError(
+            f"labels {', '.join(map(repr, bad[:5]))} are not one token of {adapter.name}'s "
+            "vocabulary (tried with and without a leading space); for a causal LM the label "
+            "is the expected next token"
+        )
     return out
 
 
@@ -98,15 +111,36 @@ def prepare(adapter: ModelAdapter, ds: Dataset, truncate: bool) -> tuple[list[Ch
 
 def _progress(total: int, done: int):
     from tqdm import tqdm
-    return tqdm(total=total, initial=done, unit="ex", desc="evaluate", file=sys.stderr, dynamic_ncols=True,
-                disable=None, bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]")
+
+    return tqdm(
+        total=total,
+        initial=done,
+        unit="ex",
+        desc="evaluate",
+        file=sys.stderr,
+        dynamic_ncols=True,
+        disable=None,
+        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]",
+    )
 
 
-def evaluate(model: str, data: str, out: Path, settings: EvalSettings, *, limit: int | None = None,
-             sample: int | None = None,
-             chunk_size: int = 16, engine: str = "local", ray_address: str | None = None,
-             workers: int | None = None, device: str = "cpu", adapter: ModelAdapter | None = None,
-             text_column: str | None = None, label_column: str | None = None) -> EvalResult:
+def evaluate(
+    model: str,
+    data: str,
+    out: Path,
+    settings: EvalSettings,
+    *,
+    limit: int | None = None,
+    sample: int | None = None,
+    chunk_size: int = 16,
+    engine: str = "local",
+    ray_address: str | None = None,
+    workers: int | None = None,
+    device: str = "cpu",
+    adapter: ModelAdapter | None = None,
+    text_column: str | None = None,
+    label_column: str | None = None,
+) -> EvalResult:
     from ..models.loading import load
 
     ds = load_dataset(data, text_column=text_column, label_column=label_column)
@@ -120,9 +154,11 @@ def evaluate(model: str, data: str, out: Path, settings: EvalSettings, *, limit:
         all_labels = ds.labels()
         ds.examples = ds.examples[:limit]
         if len(ds.labels()) < len(all_labels):
-            print(f"streetlamp: warning: --limit {limit} takes the first {limit} examples, which carry only "
-                  f"{', '.join(ds.labels())} of the labels {', '.join(all_labels)} (the file is sorted by label?)",
-                  file=sys.stderr)
+            print(
+                f"streetlamp: warning: --limit {limit} takes the first {limit} examples, which carry only "
+                f"{', '.join(ds.labels())} of the labels {', '.join(all_labels)} (the file is sorted by label?)",
+                file=sys.stderr,
+            )
     if not ds.examples:
         raise StreetlampError(f"dataset {data!r} has no examples")
     if adapter is None:
@@ -136,17 +172,30 @@ def evaluate(model: str, data: str, out: Path, settings: EvalSettings, *, limit:
     layers_of(adapter, settings.flip_layers, "--flip-layers")  # a bad layer: refused before the store exists
     layers_of(adapter, settings.cf_layers, "--cf-layers")
     examples, skipped = prepare(adapter, ds, settings.truncate)  # every check before the store is touched
-    params = {"settings": settings.to_dict(), "chunk_size": chunk_size,
-              "method_params": {n: get_method(n, **settings.method_params.get(n, {})).params()
-                                for n in settings.methods}}
-    run_settings = {"model": {"name": adapter.name, "source": adapter.source}, "data": {
-        "name": ds.name, "source": ds.source, "sha256": ds.hash(), "n_examples": len(ds.examples)},
-        "limit": limit, **({"sample": sample} if sample is not None else {}), **params}
-    store = RunStore.open(Path(out), run_settings, {
-        "model_info": adapter.describe(), "skipped_too_long": skipped,
-        "replacement_token": settings.replacement if settings.replacement == "delete"
-        else adapter.replacement_token("mask")[2]})
-    chunks = [examples[i:i + chunk_size] for i in range(0, len(examples), chunk_size)]
+    params = {
+        "settings": settings.to_dict(),
+        "chunk_size": chunk_size,
+        "method_params": {n: get_method(n, **settings.method_params.get(n, {})).params() for n in settings.methods},
+    }
+    run_settings = {
+        "model": {"name": adapter.name, "source": adapter.source},
+        "data": {"name": ds.name, "source": ds.source, "sha256": ds.hash(), "n_examples": len(ds.examples)},
+        "limit": limit,
+        **({"sample": sample} if sample is not None else {}),
+        **params,
+    }
+    store = RunStore.open(
+        Path(out),
+        run_settings,
+        {
+            "model_info": adapter.describe(),
+            "skipped_too_long": skipped,
+            "replacement_token": settings.replacement
+            if settings.replacement == "delete"
+            else adapter.replacement_token("mask")[2],
+        },
+    )
+    chunks = [examples[i : i + chunk_size] for i in range(0, len(examples), chunk_size)]
     done = store.done_chunks()
     todo = [c for c in range(len(chunks)) if c not in done]
     bar = _progress(len(examples), sum(len(chunks[c]) for c in done if c < len(chunks)))
@@ -158,8 +207,10 @@ def evaluate(model: str, data: str, out: Path, settings: EvalSettings, *, limit:
                 bar.update(len(chunks[c]))
         elif engine == "ray":
             from .ray_engine import run_on_ray
-            run_on_ray(model, device, settings, {c: chunks[c] for c in todo}, store, bar,
-                       address=ray_address, workers=workers)
+
+            run_on_ray(
+                model, device, settings, {c: chunks[c] for c in todo}, store, bar, address=ray_address, workers=workers
+            )
         else:
             raise StreetlampError(f"unknown engine {engine!r}: local or ray")
     finally:
@@ -168,6 +219,7 @@ def evaluate(model: str, data: str, out: Path, settings: EvalSettings, *, limit:
     lines = write_summary(store.folder, summary)
     try:
         from ..report.evaluation import figures
+
         figures(store.folder, store.metrics())
     except ImportError:  # the report module is optional for the store itself
         pass
@@ -187,8 +239,12 @@ def summarise(df: pd.DataFrame) -> pd.DataFrame:
 
 def _md(df: pd.DataFrame) -> str:
     cols = list(df.columns)
-    fmt = lambda v: f"{v:.4f}" if isinstance(v, (float, np.floating)) and not math.isnan(v) else (  # noqa: E731
-        "" if isinstance(v, float) else str(v))
+    fmt = lambda v: (
+        f"{v:.4f}"
+        if isinstance(v, (float, np.floating)) and not math.isnan(v)
+        # noqa: E731
+        else ("" if isinstance(v, float) else str(v))
+    )
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
     return "\n".join(lines)
@@ -199,7 +255,12 @@ def write_summary(folder: Path, summary: pd.DataFrame) -> list[str]:
     wide = summary[summary.metric.isin(KEY_METRICS)].pivot(index="method", columns="metric", values="mean")
     wide = wide[[m for m in KEY_METRICS if m in wide.columns]].reset_index()
     other = summary[~summary.metric.isin(KEY_METRICS) & ~summary.metric.str.match(r"(comprehensiveness|sufficiency)@")]
-    text = ("## Faithfulness per method / ranking (means)\n\n" + _md(wide) +
-            "\n\n## Other metrics (mean, median, n)\n\n" + _md(other) + "\n")
+    text = (
+        "## Faithfulness per method / ranking (means)\n\n"
+        + _md(wide)
+        + "\n\n## Other metrics (mean, median, n)\n\n"
+        + _md(other)
+        + "\n"
+    )
     (folder / "summary.md").write_text(text)
     return text.splitlines()

@@ -1,4 +1,5 @@
 """``streetlamp explain``: one text, its attention (every layer and head), methods, figures."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -36,9 +37,12 @@ class ExplainResult:
     model: str = ""  # "name (kind, L layers x H heads)"
 
     def lines(self) -> list[str]:
-        return [f"model: {self.model}", *self.summary,
-                f"output: {self.out}/ (manifest.json, arrays.safetensors, PNG heatmaps"
-                + (", methods_comparison.png, kendall_tau.csv)" if self.explanations else ")")]
+        return [
+            f"model: {self.model}",
+            *self.summary,
+            f"output: {self.out}/ (manifest.json, arrays.safetensors, PNG heatmaps"
+            + (", methods_comparison.png, kendall_tau.csv)" if self.explanations else ")"),
+        ]
 
     def _repr_html_(self) -> str:  # a notebook shows the run's report inline
         from ..report.viewer import iframe_html
@@ -53,18 +57,37 @@ def parse_target(adapter: ModelAdapter, spec: str | None) -> int | None:
     return adapter.parse_label(spec)
 
 
-def explain(adapter: ModelAdapter, text: str, out: RunFolder | Path, *, target: Target = Target(),
-            layer: int | None = None, head: int | None = None, methods: list[str] | None = None, overwrite: bool = False,
-            truncate: bool = False, seed: int = 0, batch_size: int | None = None,
-            method_params: dict[str, dict[str, Any]] | None = None) -> ExplainResult:
+def explain(
+    adapter: ModelAdapter,
+    text: str,
+    out: RunFolder | Path,
+    *,
+    target: Target = Target(),
+    layer: int | None = None,
+    head: int | None = None,
+    methods: list[str] | None = None,
+    overwrite: bool = False,
+    truncate: bool = False,
+    seed: int = 0,
+    batch_size: int | None = None,
+    method_params: dict[str, dict[str, Any]] | None = None,
+) -> ExplainResult:
     rf = RunFolder.of(out, "explain", overwrite)  # refuse before any work
     check_layer(adapter, layer)
     check_head(adapter, head)
     if head is not None and layer is None:
         raise StreetlampError("--head needs --layer")
     inputs = adapter.encode(text, truncate=truncate)
-    res = compute(adapter, inputs, rf.out, target=target, methods=methods, seed=seed, batch_size=batch_size,
-                  method_params=method_params)
+    res = compute(
+        adapter,
+        inputs,
+        rf.out,
+        target=target,
+        methods=methods,
+        seed=seed,
+        batch_size=batch_size,
+        method_params=method_params,
+    )
     with rf.staging() as w:
         write_outputs(adapter, res, w, target, layer, head, seed, truncate, inputs.truncated[0], batch_size)
     res.summary = summarise(adapter, res)
@@ -72,10 +95,18 @@ def explain(adapter: ModelAdapter, text: str, out: RunFolder | Path, *, target: 
     return res
 
 
-def compute(adapter: ModelAdapter, inputs: Inputs, out: Path, *, target: Target = Target(),
-            methods: list[str] | None = None, seed: int = 0, batch_size: int | None = None,
-            method_params: dict[str, dict[str, Any]] | None = None,
-            stage: Callable[[str], None] | None = None) -> ExplainResult:
+def compute(
+    adapter: ModelAdapter,
+    inputs: Inputs,
+    out: Path,
+    *,
+    target: Target = Target(),
+    methods: list[str] | None = None,
+    seed: int = 0,
+    batch_size: int | None = None,
+    method_params: dict[str, dict[str, Any]] | None = None,
+    stage: Callable[[str], None] | None = None,
+) -> ExplainResult:
     """The explain computation for the first text of ``inputs`` (nothing written); ``stage(name)`` is
     called before each step (``streetlamp serve`` shows it as progress)."""
     torch.manual_seed(seed)
@@ -88,7 +119,18 @@ def compute(adapter: ModelAdapter, inputs: Inputs, out: Path, *, target: Target 
     att = att_t[0, :, :, :n, :n].float().cpu().numpy()
     allowed = allowed_t[0, :n, :n].cpu().numpy().astype(bool)
     pos = adapter.explained_position(n)
-    res = ExplainResult(Path(out), inputs.texts[0], inputs.tokens[0], inputs.labels[0], index, int(probs.argmax()), probs, att, allowed, pos)
+    res = ExplainResult(
+        Path(out),
+        inputs.texts[0],
+        inputs.tokens[0],
+        inputs.labels[0],
+        index,
+        int(probs.argmax()),
+        probs,
+        att,
+        allowed,
+        pos,
+    )
     run_target = Target(index, target.contrast, target.quantity)
     for name in methods or []:
         if stage:
@@ -96,58 +138,103 @@ def compute(adapter: ModelAdapter, inputs: Inputs, out: Path, *, target: Target 
         params = dict((method_params or {}).get(name, {}))
         m = get_method(name, **params)
         m.check(adapter)
-        res.explanations[name] = m.attribute(adapter, inputs, target=run_target, batch_size=batch_size,
-                                             seed=seed)[0]
+        res.explanations[name] = m.attribute(adapter, inputs, target=run_target, batch_size=batch_size, seed=seed)[0]
     return res
 
 
-def write_outputs(adapter: ModelAdapter, res: ExplainResult, w: RunWriter, target: Target, layer: int | None,
-                  head: int | None, seed: int, truncate: bool, truncated: bool, batch_size: int | None,
-                  figures: bool = True, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def write_outputs(
+    adapter: ModelAdapter,
+    res: ExplainResult,
+    w: RunWriter,
+    target: Target,
+    layer: int | None,
+    head: int | None,
+    seed: int,
+    truncate: bool,
+    truncated: bool,
+    batch_size: int | None,
+    figures: bool = True,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Arrays, figures (unless ``figures=False``) and the manifest (plus ``extra`` keys) into ``w``."""
-    w.add_array("attention", res.attention.astype(np.float32), axes=["layer", "head", "query", "key"], meaning=
-                "post-softmax attention probabilities A[l,h,i,j]: query token i (row) attends to key "
-                "token j (column), eval mode; per query head for grouped-query attention")
-    w.add_array("allowed", res.allowed.astype(np.uint8), axes=["query", "key"], meaning=
-                "1 where the mask (padding, causal) lets query i see key j; forbidden cells are exactly 0 in "
-                "`attention` and drawn hatched grey")
-    w.add_array("probs", res.probs.astype(np.float32), axes=["output"], meaning=
-                "softmax of the explained logits (classes, or the next-token distribution for a causal LM)")
+    w.add_array(
+        "attention",
+        res.attention.astype(np.float32),
+        axes=["layer", "head", "query", "key"],
+        meaning="post-softmax attention probabilities A[l,h,i,j]: query token i (row) attends to key "
+        "token j (column), eval mode; per query head for grouped-query attention",
+    )
+    w.add_array(
+        "allowed",
+        res.allowed.astype(np.uint8),
+        axes=["query", "key"],
+        meaning="1 where the mask (padding, causal) lets query i see key j; forbidden cells are exactly 0 in "
+        "`attention` and drawn hatched grey",
+    )
+    w.add_array(
+        "probs",
+        res.probs.astype(np.float32),
+        axes=["output"],
+        meaning="softmax of the explained logits (classes, or the next-token distribution for a causal LM)",
+    )
     for name, e in res.explanations.items():
         for k, v in e.arrays.items():
             w.add_array(f"{name}.{k}", np.asarray(v), axes=e.axes[k], meaning=e.meaning.get(k, ""))
     if figures:
         write_figures(adapter, res, w, layer, head)
-    return w.write_manifest({
-        "model": adapter.describe(),
-        "text": res.text,
-        "tokens": res.tokens,
-        "token_labels": res.labels,
-        "special_positions": np.flatnonzero(adapter.special_mask(
-            cast(list[int], adapter.tokenizer.convert_tokens_to_ids(res.tokens)))).tolist(),
-        "truncated": truncated,
-        "explained_position": {"index": res.position, "token": res.labels[res.position],
-                               "why": "[CLS] feeds the classifier" if res.position == 0 and adapter.kind ==
-                               "classifier" else "the last token predicts the next one"},
-        "target": {"index": res.target_index, "label": adapter.output_label(res.target_index),
-                   "contrast": target.contrast, "quantity": target.quantity,
-                   "explained": target.describe(adapter, res.target_index),
-                   "chosen": "given" if target.index is not None else "predicted"},
-        "prediction": {"index": res.prediction, "label": adapter.output_label(res.prediction),
-                       "prob": float(res.probs[res.prediction])},
-        "masks": {"allowed": "arrays.safetensors:allowed", "kind": "causal + padding" if adapter.kind ==
-                  "causal_lm" else "padding (bidirectional)"},
-        "colour_scales": {"attention": heatmaps.ATTENTION_SCALE},
-        "parameters": {"layer": layer, "head": head, "truncate": truncate, "seed": seed, "batch_size": batch_size,
-                       "methods": {k: e.info.get("params", {}) for k, e in res.explanations.items()}},
-        "methods": {k: {kk: vv for kk, vv in e.info.items() if kk != "params"} for k, e in res.explanations.items()},
-        "seed": seed,
-        **(extra or {}),
-    })
+    return w.write_manifest(
+        {
+            "model": adapter.describe(),
+            "text": res.text,
+            "tokens": res.tokens,
+            "token_labels": res.labels,
+            "special_positions": np.flatnonzero(
+                adapter.special_mask(cast(list[int], adapter.tokenizer.convert_tokens_to_ids(res.tokens)))
+            ).tolist(),
+            "truncated": truncated,
+            "explained_position": {
+                "index": res.position,
+                "token": res.labels[res.position],
+                "why": "[CLS] feeds the classifier"
+                if res.position == 0 and adapter.kind == "classifier"
+                else "the last token predicts the next one",
+            },
+            "target": {
+                "index": res.target_index,
+                "label": adapter.output_label(res.target_index),
+                "contrast": target.contrast,
+                "quantity": target.quantity,
+                "explained": target.describe(adapter, res.target_index),
+                "chosen": "given" if target.index is not None else "predicted",
+            },
+            "prediction": {
+                "index": res.prediction,
+                "label": adapter.output_label(res.prediction),
+                "prob": float(res.probs[res.prediction]),
+            },
+            "masks": {
+                "allowed": "arrays.safetensors:allowed",
+                "kind": "causal + padding" if adapter.kind == "causal_lm" else "padding (bidirectional)",
+            },
+            "colour_scales": {"attention": heatmaps.ATTENTION_SCALE},
+            "parameters": {
+                "layer": layer,
+                "head": head,
+                "truncate": truncate,
+                "seed": seed,
+                "batch_size": batch_size,
+                "methods": {k: e.info.get("params", {}) for k, e in res.explanations.items()},
+            },
+            "methods": {
+                k: {kk: vv for kk, vv in e.info.items() if kk != "params"} for k, e in res.explanations.items()
+            },
+            "seed": seed,
+            **(extra or {}),
+        }
+    )
 
 
-def write_figures(adapter: ModelAdapter, res: ExplainResult, w: RunWriter, layer: int | None,
-                  head: int | None) -> None:
+def write_figures(adapter: ModelAdapter, res: ExplainResult, w: RunWriter, layer: int | None, head: int | None) -> None:
     L, H = res.attention.shape[:2]
     sel_l = layer if layer is not None else L - 1
     if head is not None:
@@ -158,16 +245,27 @@ def write_figures(adapter: ModelAdapter, res: ExplainResult, w: RunWriter, layer
     grid = {"array": "attention", "rows": "query", "columns": "key"}
     heatmaps.plot_head(hm, res.allowed, res.labels, f"{adapter.name}: attention, {title}", w.path / name)
     w.add_figure(file=name, shows=f"attention {title}", **grid)
-    heatmaps.plot_grid(res.attention, res.allowed, res.labels, f"{adapter.name}: every layer x head",
-                       w.path / "attention_grid.png")
+    heatmaps.plot_grid(
+        res.attention, res.allowed, res.labels, f"{adapter.name}: every layer x head", w.path / "attention_grid.png"
+    )
     w.add_figure(file="attention_grid.png", shows="layer x head grid", **grid)
-    heatmaps.plot_layer_means(res.attention, res.allowed, res.labels, f"{adapter.name}: head mean per layer",
-                              w.path / "attention_head_mean.png")
+    heatmaps.plot_layer_means(
+        res.attention,
+        res.allowed,
+        res.labels,
+        f"{adapter.name}: head mean per layer",
+        w.path / "attention_head_mean.png",
+    )
     w.add_figure(file="attention_head_mean.png", shows="mean over heads, each layer", **grid)
     if res.explanations:
         from ..report.compare import write_comparison
-        for f in write_comparison({k: e.scores for k, e in res.explanations.items()}, res.labels, w.path,
-                                  adapter.special_mask(cast(list[int], adapter.tokenizer.convert_tokens_to_ids(res.tokens)))):
+
+        for f in write_comparison(
+            {k: e.scores for k, e in res.explanations.items()},
+            res.labels,
+            w.path,
+            adapter.special_mask(cast(list[int], adapter.tokenizer.convert_tokens_to_ids(res.tokens))),
+        ):
             w.add_figure(**f)
 
 
@@ -183,9 +281,10 @@ def default_methods() -> list[str]:
 def summarise(adapter: ModelAdapter, res: ExplainResult, k: int = 3) -> list[str]:
     """A few lines read at a glance: what attention points at, and what removing it does."""
     L, H = res.attention.shape[:2]
-    lines = [f"prediction: {adapter.output_label(res.prediction)!r} (p={res.probs[res.prediction]:.3f})"
-             + (f"; explaining {adapter.output_label(res.target_index)!r}" if res.target_index != res.prediction
-                else "")]
+    lines = [
+        f"prediction: {adapter.output_label(res.prediction)!r} (p={res.probs[res.prediction]:.3f})"
+        + (f"; explaining {adapter.output_label(res.target_index)!r}" if res.target_index != res.prediction else "")
+    ]
     att_e = res.explanations.get("attention")
     row = att_e.scores if att_e is not None else res.attention[L - 1, :, res.position].mean(0)
     view = att_e.info.get("view") if att_e is not None else f"layer {L - 1}, mean over {H} heads"
@@ -194,16 +293,21 @@ def summarise(adapter: ModelAdapter, res: ExplainResult, k: int = 3) -> list[str
     where = f"attention from {res.labels[res.position]!r} (position {res.position}), {view}"
     lines.append(f"attention here means: {where}")
     if len(words) < len(res.tokens):
-        lines.append(f"  {row[[j for j in range(len(row)) if j not in words]].sum():.0%} of it goes to "
-                     "special tokens (excluded below)")
+        lines.append(
+            f"  {row[[j for j in range(len(row)) if j not in words]].sum():.0%} of it goes to "
+            "special tokens (excluded below)"
+        )
     occ = res.explanations.get("occlusion")
     if occ is None or not words:
         order = sorted(words, key=lambda j: -row[j])[:k]
         lines.append("top tokens by attention: " + ", ".join(f"{res.labels[j]!r}@{j} {row[j]:.3f}" for j in order))
         return lines
     delta = occ.scores
-    how = ("token deleted" if occ.info.get("replacement_used") == "delete"
-           else f"token replaced by {occ.info.get('replacement_token') or occ.info.get('replacement', '?')}")
+    how = (
+        "token deleted"
+        if occ.info.get("replacement_used") == "delete"
+        else f"token replaced by {occ.info.get('replacement_token') or occ.info.get('replacement', '?')}"
+    )
     by_att = sorted(words, key=lambda j: -row[j])[:k]
     by_occ = sorted(words, key=lambda j: -abs(delta[j]))[:k]
     quantity = occ.info.get("target", {}).get("explained", "the target")
@@ -220,6 +324,8 @@ def summarise(adapter: ModelAdapter, res: ExplainResult, k: int = 3) -> list[str
     from ..stats import kendall_tau
 
     tau = kendall_tau(row, np.abs(delta), special)
-    lines.append(f"attention's top {k} and occlusion's top {k} share {shared} token(s); Kendall tau(attention, "
-                 f"|occlusion|) over the {len(words)} word tokens = {tau:.2f}")
+    lines.append(
+        f"attention's top {k} and occlusion's top {k} share {shared} token(s); Kendall tau(attention, "
+        f"|occlusion|) over the {len(words)} word tokens = {tau:.2f}"
+    )
     return lines

@@ -6,6 +6,7 @@ generated token j at position P+j-1 depends only on the first P+j tokens. Output
 ``[generated token, input token]`` (cells after a target's own prefix are 0 and marked in
 ``allowed``), each target's completeness record, a heatmap, and a manifest.
 """
+
 from __future__ import annotations
 
 import time
@@ -46,10 +47,19 @@ class GenerationResult:
         return iframe_html(self.out)
 
 
-def explain_generation(adapter: ModelAdapter, prompt: str, out: RunFolder | Path, *, new_tokens: int = 8,
-                       continuation: list[int] | None = None, quantity: str = "logprob", overwrite: bool = False,
-                       batch_size: int | None = None, seed: int = 0,
-                       ig_params: dict[str, Any] | None = None) -> GenerationResult:
+def explain_generation(
+    adapter: ModelAdapter,
+    prompt: str,
+    out: RunFolder | Path,
+    *,
+    new_tokens: int = 8,
+    continuation: list[int] | None = None,
+    quantity: str = "logprob",
+    overwrite: bool = False,
+    batch_size: int | None = None,
+    seed: int = 0,
+    ig_params: dict[str, Any] | None = None,
+) -> GenerationResult:
     """IG of each generated token (greedy, or ``continuation`` ids) over the prompt and earlier tokens."""
     rf = RunFolder.of(out, "explain-generation", overwrite)
     if adapter.kind != "causal_lm":
@@ -66,9 +76,14 @@ def explain_generation(adapter: ModelAdapter, prompt: str, out: RunFolder | Path
     if prompt_len + (len(continuation) if continuation else new_tokens) > adapter.max_positions:
         raise StreetlampError(f"prompt and continuation exceed the model's {adapter.max_positions} positions")
     t0 = time.time()
-    exps = ig.attribute_sequence(adapter, prompt, continuation if continuation is not None else new_tokens,
-                                 target=Target(quantity=quantity), batch_size=batch_size,  # type: ignore[arg-type]
-                                 batched_grads=True)
+    exps = ig.attribute_sequence(
+        adapter,
+        prompt,
+        continuation if continuation is not None else new_tokens,
+        target=Target(quantity=quantity),  # type: ignore[arg-type]
+        batch_size=batch_size,
+        batched_grads=True,
+    )
     secs = time.time() - t0
     k, width = len(exps), len(exps[-1].tokens)
     matrix = np.zeros((k, width), np.float32)
@@ -83,37 +98,82 @@ def explain_generation(adapter: ModelAdapter, prompt: str, out: RunFolder | Path
     completeness = np.stack([e.arrays["completeness"] for e in exps]).astype(np.float64)
     res = GenerationResult(rf.out, tokens, generated, matrix, allowed)
     with rf.staging() as w:
-        w.add_array("integrated_gradients.matrix", matrix, axes=["generated", "token"], meaning=
-                    f"IG of the {quantity} of generated token j (row) over the token embeddings of its inputs "
-                    "(columns: prompt, then earlier generated tokens); one shared path (attribute_sequence)")
-        w.add_array("allowed", allowed, axes=["generated", "token"], meaning="1 where the token is an input of "
-                    "that row's target (earlier positions); 0 cells of the matrix are not inputs")
-        w.add_array("completeness", completeness, axes=["generated", "quantity"], meaning=
-                    "[delta, delta/|dF|, F(e), F(e'), sum IG] per generated token")
-        w.add_array("generated_ids", np.asarray(gen_ids, np.int64), axes=["generated"],
-                    meaning="vocabulary ids of the generated tokens")
+        w.add_array(
+            "integrated_gradients.matrix",
+            matrix,
+            axes=["generated", "token"],
+            meaning=f"IG of the {quantity} of generated token j (row) over the token embeddings of its inputs "
+            "(columns: prompt, then earlier generated tokens); one shared path (attribute_sequence)",
+        )
+        w.add_array(
+            "allowed",
+            allowed,
+            axes=["generated", "token"],
+            meaning="1 where the token is an input of "
+            "that row's target (earlier positions); 0 cells of the matrix are not inputs",
+        )
+        w.add_array(
+            "completeness",
+            completeness,
+            axes=["generated", "quantity"],
+            meaning="[delta, delta/|dF|, F(e), F(e'), sum IG] per generated token",
+        )
+        w.add_array(
+            "generated_ids",
+            np.asarray(gen_ids, np.int64),
+            axes=["generated"],
+            meaning="vocabulary ids of the generated tokens",
+        )
         _figure(matrix, allowed, labels, generated, w.path / "generation.png")
-        w.add_figure(file="generation.png", shows="IG per generated token (rows) over input tokens, each row "
-                     "divided by its max |score|; grey: not an input of that row")
-        w.write_manifest({
-            "model": adapter.describe(), "prompt": prompt, "prompt_tokens": prompt_len,
-            "tokens": tokens, "token_labels": labels, "generated": generated, "generated_ids": gen_ids,
-            "continuation": "given" if continuation is not None else "greedy",
-            "parameters": {"quantity": quantity, "new_tokens": k, "batch_size": batch_size, "seed": seed,
-                           "integrated_gradients": ig.params()},
-            "per_token": [{"generated": g, "converged": e.info["converged"], "steps": e.info["steps"],
-                           "relative_completeness_error": e.info["relative_completeness_error"]}
-                          for g, e in zip(generated, exps)],
-            "gradient_evaluations": exps[0].info["gradient_evaluations"], "seconds": round(secs, 2),
-            "seed": seed})
-    res.summary.append(f"prompt: {prompt!r} -> continuation {''.join(generated)!r} ({k} tokens, "
-                     f"{'greedy' if continuation is None else 'given'}; IG of the {quantity}, one shared path, "
-                     f"{exps[0].info['gradient_evaluations']} gradient evaluations, {secs:.1f} s)")
+        w.add_figure(
+            file="generation.png",
+            shows="IG per generated token (rows) over input tokens, each row "
+            "divided by its max |score|; grey: not an input of that row",
+        )
+        w.write_manifest(
+            {
+                "model": adapter.describe(),
+                "prompt": prompt,
+                "prompt_tokens": prompt_len,
+                "tokens": tokens,
+                "token_labels": labels,
+                "generated": generated,
+                "generated_ids": gen_ids,
+                "continuation": "given" if continuation is not None else "greedy",
+                "parameters": {
+                    "quantity": quantity,
+                    "new_tokens": k,
+                    "batch_size": batch_size,
+                    "seed": seed,
+                    "integrated_gradients": ig.params(),
+                },
+                "per_token": [
+                    {
+                        "generated": g,
+                        "converged": e.info["converged"],
+                        "steps": e.info["steps"],
+                        "relative_completeness_error": e.info["relative_completeness_error"],
+                    }
+                    for g, e in zip(generated, exps)
+                ],
+                "gradient_evaluations": exps[0].info["gradient_evaluations"],
+                "seconds": round(secs, 2),
+                "seed": seed,
+            }
+        )
+    res.summary.append(
+        f"prompt: {prompt!r} -> continuation {''.join(generated)!r} ({k} tokens, "
+        f"{'greedy' if continuation is None else 'given'}; IG of the {quantity}, one shared path, "
+        f"{exps[0].info['gradient_evaluations']} gradient evaluations, {secs:.1f} s)"
+    )
     for j, g in enumerate(generated):
         row = matrix[j, : int(allowed[j].sum())]
         top = np.argsort(-np.abs(row), kind="stable")[:3]
-        res.summary.append(f"  {g!r:>14} <- " + ", ".join(f"{labels[i]!r}@{i} {row[i]:+.3f}" for i in top)
-                         + ("" if exps[j].info["converged"] else "  (IG tolerance not reached)"))
+        res.summary.append(
+            f"  {g!r:>14} <- "
+            + ", ".join(f"{labels[i]!r}@{i} {row[i]:+.3f}" for i in top)
+            + ("" if exps[j].info["converged"] else "  (IG tolerance not reached)")
+        )
     return res
 
 

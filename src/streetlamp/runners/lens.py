@@ -3,6 +3,7 @@
 Writes ``arrays.safetensors``, figures and ``manifest.json`` (result tables also in
 ``manifest["tables"]``) into the output folder, atomically; every input is checked first.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,8 +27,9 @@ def parse_head(adapter: ModelAdapter, spec: str) -> tuple[int, int]:
     except ValueError:
         raise StreetlampError(f"bad --head {spec!r}: write LAYER.HEAD, e.g. 9.6") from None
     if not (0 <= l < adapter.n_layers and 0 <= h < adapter.n_heads):
-        raise StreetlampError(f"--head {spec} out of range: layers 0..{adapter.n_layers - 1}, "
-                              f"heads 0..{adapter.n_heads - 1}")
+        raise StreetlampError(
+            f"--head {spec} out of range: layers 0..{adapter.n_layers - 1}, heads 0..{adapter.n_heads - 1}"
+        )
     return l, h
 
 
@@ -36,10 +38,20 @@ def _top(values: np.ndarray, names: list[str], k: int) -> list[list]:
     return [[names[i], float(values[i])] for i in order]
 
 
-def run_lens(adapter: ModelAdapter, out: RunFolder | Path, *, text: str, index: int | None = None,
-             head: str | None = None,
-             query: int | None = None, types_length: int = 20, types_seqs: int = 4, seed: int = 0,
-             top: int = 10, overwrite: bool = False) -> dict:
+def run_lens(
+    adapter: ModelAdapter,
+    out: RunFolder | Path,
+    *,
+    text: str,
+    index: int | None = None,
+    head: str | None = None,
+    query: int | None = None,
+    types_length: int = 20,
+    types_seqs: int = 4,
+    seed: int = 0,
+    top: int = 10,
+    overwrite: bool = False,
+) -> dict:
     rf = RunFolder.of(out, "lens", overwrite)
     check_lens(adapter)
     inputs = adapter.encode(text)
@@ -61,43 +73,86 @@ def run_lens(adapter: ModelAdapter, out: RunFolder | Path, *, text: str, index: 
     dla = direct_logit_attribution(adapter, ids, index)
     types = detect_head_types(adapter, length=types_length, n_seqs=types_seqs, seed=seed)
     L, H = adapter.n_layers, adapter.n_heads
-    arrays = {"lens.logit": lens["logit"], "lens.prob": lens["prob"], "lens.rank": lens["rank"].astype(np.float64),
-              "lens.top_ids": lens["top_ids"].astype(np.float64), "lens.top_prob": lens["top_prob"],
-              "dla.heads": dla.heads, "dla.head_source": dla.head_source, "dla.mlp": dla.mlp,
-              "dla.attn_bias": dla.attn_bias, **{f"head_types.{k}": types[k] for k in TYPES}}
+    arrays = {
+        "lens.logit": lens["logit"],
+        "lens.prob": lens["prob"],
+        "lens.rank": lens["rank"].astype(np.float64),
+        "lens.top_ids": lens["top_ids"].astype(np.float64),
+        "lens.top_prob": lens["top_prob"],
+        "dla.heads": dla.heads,
+        "dla.head_source": dla.head_source,
+        "dla.mlp": dla.mlp,
+        "dla.attn_bias": dla.attn_bias,
+        **{f"head_types.{k}": types[k] for k in TYPES},
+    }
     lp = ["layer(0=embedding, l+1=after layer l)", "pos"]
     described = {
-        "lens.logit": {"axes": lp, "meaning": f"logit lens: logit of {target!r} from each layer's residual through "
-                       "the final norm and unembedding"},
+        "lens.logit": {
+            "axes": lp,
+            "meaning": f"logit lens: logit of {target!r} from each layer's residual through "
+            "the final norm and unembedding",
+        },
         "lens.prob": {"axes": lp, "meaning": f"logit lens: probability of {target!r}"},
         "lens.rank": {"axes": lp, "meaning": f"logit lens: rank of {target!r} (0 = top)"},
         "lens.top_ids": {"axes": lp + ["k"], "meaning": "logit lens: top token ids"},
         "lens.top_prob": {"axes": lp + ["k"], "meaning": "logit lens: probabilities of the top tokens"},
-        "dla.heads": {"axes": ["layer", "head"], "meaning": f"direct logit attribution to {target!r} at the last "
-                      "position, final norm linearised with its own scale"},
+        "dla.heads": {
+            "axes": ["layer", "head"],
+            "meaning": f"direct logit attribution to {target!r} at the last "
+            "position, final norm linearised with its own scale",
+        },
         "dla.head_source": {"axes": ["layer", "head", "key"], "meaning": "dla.heads split over the key positions read"},
         "dla.mlp": {"axes": ["layer"], "meaning": "direct logit attribution of each MLP output at the last position"},
         "dla.attn_bias": {"axes": ["layer"], "meaning": "direct logit attribution of each attention output bias"},
-        **{f"head_types.{k}": {"axes": ["layer", "head"], "meaning": f"{k.replace('_', '-')} score: attention mass on "
-                               f"the target cells, mean over queries that have one; {types_seqs} random sequences "
-                               f"of {types_length} tokens repeated twice, seed {seed}"} for k in TYPES}}
+        **{
+            f"head_types.{k}": {
+                "axes": ["layer", "head"],
+                "meaning": f"{k.replace('_', '-')} score: attention mass on "
+                f"the target cells, mean over queries that have one; {types_seqs} random sequences "
+                f"of {types_length} tokens repeated twice, seed {seed}",
+            }
+            for k in TYPES
+        },
+    }
     head_names = [f"L{l}H{h}" for l in range(L) for h in range(H)]
     tables = [
-        {"title": f"logit lens: top token at the last position ({labels[-1]!r}) per layer",
-         "columns": ["layer", "top token", "p(top)", f"p({target!r})", f"rank of {target!r}"],
-         "rows": [["embed" if r == 0 else r - 1, repr(adapter.output_label(int(lens["top_ids"][r, -1, 0]))),
-                   float(lens["top_prob"][r, -1, 0]), float(lens["prob"][r, -1]), int(lens["rank"][r, -1])]
-                  for r in range(L + 1)]},
-        {"title": f"direct logit attribution to {target!r} (logit {dla.logit:.3f}): largest parts",
-         "columns": ["part", "logit contribution"],
-         "rows": _top(np.r_[dla.heads.reshape(-1), dla.mlp, [dla.embed]],
-                      head_names + [f"L{l} MLP" for l in range(L)] + ["embed"], top)
-         + [["attention biases (all layers)", float(dla.attn_bias.sum())], ["final norm bias", dla.norm_bias],
-            ["sum of all parts", dla.total()]]},
+        {
+            "title": f"logit lens: top token at the last position ({labels[-1]!r}) per layer",
+            "columns": ["layer", "top token", "p(top)", f"p({target!r})", f"rank of {target!r}"],
+            "rows": [
+                [
+                    "embed" if r == 0 else r - 1,
+                    repr(adapter.output_label(int(lens["top_ids"][r, -1, 0]))),
+                    float(lens["top_prob"][r, -1, 0]),
+                    float(lens["prob"][r, -1]),
+                    int(lens["rank"][r, -1]),
+                ]
+                for r in range(L + 1)
+            ],
+        },
+        {
+            "title": f"direct logit attribution to {target!r} (logit {dla.logit:.3f}): largest parts",
+            "columns": ["part", "logit contribution"],
+            "rows": _top(
+                np.r_[dla.heads.reshape(-1), dla.mlp, [dla.embed]],
+                head_names + [f"L{l} MLP" for l in range(L)] + ["embed"],
+                top,
+            )
+            + [
+                ["attention biases (all layers)", float(dla.attn_bias.sum())],
+                ["final norm bias", dla.norm_bias],
+                ["sum of all parts", dla.total()],
+            ],
+        },
     ]
     for k in TYPES:
-        tables.append({"title": f"head types: top {k.replace('_', '-')} heads", "columns": ["head", "score"],
-                       "rows": _top(types[k].reshape(-1), head_names, 5)})
+        tables.append(
+            {
+                "title": f"head types: top {k.replace('_', '-')} heads",
+                "columns": ["head", "score"],
+                "rows": _top(types[k].reshape(-1), head_names, 5),
+            }
+        )
     summary: dict = {"target": {"index": index, "label": target}, "logit": dla.logit, "dla_total": dla.total()}
     qk = None
     if lh is not None:
@@ -106,30 +161,68 @@ def run_lens(adapter: ModelAdapter, out: RunFolder | Path, *, text: str, index: 
         tables.append(ht["table"])
         arrays["qk.table"] = qk.table
         arrays["qk.pattern_row"] = qk.pattern_row
-        described["qk.table"] = {"axes": ["query part", "key part"], "meaning": (
-            f"head L{lh[0]}H{lh[1]}: pre-softmax score from query {q} to key {qk.key} split over upstream parts "
-            "(manifest parts); pre-attention norm linearised with each token's own scale; sums to the score")}
+        described["qk.table"] = {
+            "axes": ["query part", "key part"],
+            "meaning": (
+                f"head L{lh[0]}H{lh[1]}: pre-softmax score from query {q} to key {qk.key} split over upstream parts "
+                "(manifest parts); pre-attention norm linearised with each token's own scale; sums to the score"
+            ),
+        }
         described["qk.pattern_row"] = {"axes": ["key"], "meaning": f"attention of head L{lh[0]}H{lh[1]} from query {q}"}
-        summary["head"] = {"layer": lh[0], "head": lh[1], "query": q, "key": qk.key, "score": qk.score,
-                           "ablation_effect": ht["ablation_effect"], "dla": ht["dla"]}
+        summary["head"] = {
+            "layer": lh[0],
+            "head": lh[1],
+            "query": q,
+            "key": qk.key,
+            "score": qk.score,
+            "ablation_effect": ht["ablation_effect"],
+            "dla": ht["dla"],
+        }
     with rf.staging() as w:
         w.add_arrays({k: np.asarray(v, np.float32) for k, v in arrays.items()}, described)
-        fig.layer_pos({f"p({target!r})": lens["prob"]}, labels, f"{adapter.name}: logit lens, p({target!r}) "
-                      "(row 0 = embedding)", w.path / "lens.png")
-        w.add_figure(file="lens.png", shows=f"logit lens: probability of {target!r} per layer and position",
-                     array="lens.prob")
-        fig.layer_head(dla.heads, f"{adapter.name}: direct logit attribution to {target!r} per head",
-                       "logit", w.path / "dla_heads.png")
+        fig.layer_pos(
+            {f"p({target!r})": lens["prob"]},
+            labels,
+            f"{adapter.name}: logit lens, p({target!r}) (row 0 = embedding)",
+            w.path / "lens.png",
+        )
+        w.add_figure(
+            file="lens.png", shows=f"logit lens: probability of {target!r} per layer and position", array="lens.prob"
+        )
+        fig.layer_head(
+            dla.heads,
+            f"{adapter.name}: direct logit attribution to {target!r} per head",
+            "logit",
+            w.path / "dla_heads.png",
+        )
         w.add_figure(file="dla_heads.png", shows="direct logit attribution per head", array="dla.heads")
         for k in TYPES:
-            fig.layer_head(types[k], f"{adapter.name}: {k.replace('_', '-')} score", "score",
-                           w.path / f"head_types_{k}.png", diverging=False)
-            w.add_figure(file=f"head_types_{k}.png", shows=f"{k.replace('_', '-')} score per head",
-                         array=f"head_types.{k}")
-        w.write_manifest({
-            "model": adapter.describe(), "tables": tables, "summary": summary,
-            "parameters": {"text": text, "tokens": labels, "target": {"index": index, "label": target}, "head": head,
-                           "query": q if lh is not None else None, "qk_parts": qk.parts if qk is not None else None,
-                           "types_length": types_length, "types_seqs": types_seqs},
-            "seed": seed})
+            fig.layer_head(
+                types[k],
+                f"{adapter.name}: {k.replace('_', '-')} score",
+                "score",
+                w.path / f"head_types_{k}.png",
+                diverging=False,
+            )
+            w.add_figure(
+                file=f"head_types_{k}.png", shows=f"{k.replace('_', '-')} score per head", array=f"head_types.{k}"
+            )
+        w.write_manifest(
+            {
+                "model": adapter.describe(),
+                "tables": tables,
+                "summary": summary,
+                "parameters": {
+                    "text": text,
+                    "tokens": labels,
+                    "target": {"index": index, "label": target},
+                    "head": head,
+                    "query": q if lh is not None else None,
+                    "qk_parts": qk.parts if qk is not None else None,
+                    "types_length": types_length,
+                    "types_seqs": types_seqs,
+                },
+                "seed": seed,
+            }
+        )
     return {"lens": lens, "dla": dla, "types": types, "tables": tables, "summary": summary}

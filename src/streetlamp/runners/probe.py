@@ -6,6 +6,7 @@ encode, align labelled words to sub-tokens, split *by text* into train/dev/test 
 pass over every text records all probed sites (the representation cache of the run) -> probes,
 control tasks, MDL, amnesic erasure, capacity sweep -> one run folder.
 """
+
 from __future__ import annotations
 
 import sys
@@ -147,14 +148,19 @@ def build_task(s: ProbeSettings, adapter: ModelAdapter) -> tuple[ProbeTask, str]
         examples = ds.examples[: s.limit] if s.limit else ds.examples
         texts = [e.text for e in examples]
         if name == "sentiment":
-            task = sentence_task("sentiment", texts, [e.label for e in examples],
-                                 {"labels": f"gold sentence labels of {ds.name}", "data": ds.source})
+            task = sentence_task(
+                "sentiment",
+                texts,
+                [e.label for e in examples],
+                {"labels": f"gold sentence labels of {ds.name}", "data": ds.source},
+            )
         else:
             task = pos_task(texts, "ptb" if name == "pos" else "upos", ds.source)
         task.targets = gold_targets(adapter, [e.label for e in examples])
     else:
-        raise StreetlampError(f"unknown task {name!r}: pos, upos, sentiment, deciding:TASK, negated, or a "
-                              ".jsonl/.csv file")
+        raise StreetlampError(
+            f"unknown task {name!r}: pos, upos, sentiment, deciding:TASK, negated, or a .jsonl/.csv file"
+        )
     if s.limit and task.name not in ("pos", "upos", "sentiment"):
         keep = set(range(min(s.limit, len(task.texts))))
         task.items = [it for it in task.items if it.text in keep]
@@ -182,13 +188,20 @@ def split_texts(n_texts: int, fractions: tuple[float, float, float], seed: int) 
     n_dev = int(round(fractions[1] * n_texts))
     part = np.full(n_texts, 2, dtype=np.int64)
     part[order[:n_train]] = 0
-    part[order[n_train:n_train + n_dev]] = 1
+    part[order[n_train : n_train + n_dev]] = 1
     return part
 
 
 # -- the representation cache ---------------------------------------------------------------------------
-def collect(adapter: ModelAdapter, inputs: Inputs, sites: list[str], item_text: np.ndarray,
-            item_pos: np.ndarray | None, pool: str, budget: int | None) -> tuple[dict[str, np.ndarray], torch.Tensor]:
+def collect(
+    adapter: ModelAdapter,
+    inputs: Inputs,
+    sites: list[str],
+    item_text: np.ndarray,
+    item_pos: np.ndarray | None,
+    pool: str,
+    budget: int | None,
+) -> tuple[dict[str, np.ndarray], torch.Tensor]:
     """Features ``[n_items, d]`` per site (one forward pass per batch, all sites at once) and the logits."""
     feats = {s: np.zeros((len(item_text), adapter.d_model), np.float32) for s in sites}
     logits: list[torch.Tensor | None] = [None] * len(inputs)
@@ -213,8 +226,14 @@ def collect(adapter: ModelAdapter, inputs: Inputs, sites: list[str], item_text: 
 
 
 # -- the run ----------------------------------------------------------------------------------------------
-def probe(model: str, settings: ProbeSettings, out: Path | RunFolder, overwrite: bool = False,
-          device: str = "cpu", progress: bool = True) -> ProbeResult:
+def probe(
+    model: str,
+    settings: ProbeSettings,
+    out: Path | RunFolder,
+    overwrite: bool = False,
+    device: str = "cpu",
+    progress: bool = True,
+) -> ProbeResult:
     from ..probing.report import write_run
 
     s = settings
@@ -237,8 +256,13 @@ def probe(model: str, settings: ProbeSettings, out: Path | RunFolder, overwrite:
     silver = task.name in ("pos", "upos")
     n_dropped = 0
     if pool == "token":
-        kept, positions, n_dropped = align(adapter.tokenizer, task, ids, s.subtoken,  # type: ignore[arg-type]
-                                           "drop" if silver else "refuse")
+        kept, positions, n_dropped = align(
+            adapter.tokenizer,
+            task,
+            ids,
+            s.subtoken,  # type: ignore[arg-type]
+            "drop" if silver else "refuse",
+        )
         task.items = [task.items[k] for k in kept]
         item_pos: np.ndarray | None = np.array(positions, dtype=np.int64)
     else:
@@ -255,7 +279,8 @@ def probe(model: str, settings: ProbeSettings, out: Path | RunFolder, overwrite:
     if len(tr) < MIN_TRAIN or len(te) < MIN_TEST or len(dv) < 1:
         raise StreetlampError(
             f"too few examples for the split: {len(task.texts)} texts give {len(tr)} train / {len(dv)} dev / "
-            f"{len(te)} test items; need at least {MIN_TRAIN} / 1 / {MIN_TEST} (more texts, or --split)")
+            f"{len(te)} test items; need at least {MIN_TRAIN} / 1 / {MIN_TEST} (more texts, or --split)"
+        )
     if len(set(y[tr].tolist())) < 2:
         raise StreetlampError("the training split has a single class: more texts, or another --seed")
     K = len(classes)
@@ -276,25 +301,40 @@ def probe(model: str, settings: ProbeSettings, out: Path | RunFolder, overwrite:
             pt = fit_probe(spec, X[tr], y[tr], K, X[dv], y[dv])
             pc = fit_probe(spec, X[tr], yc[tr], K, X[dv], yc[dv])
             acc_t, acc_c = pt.accuracy(X[te], y[te]), pc.accuracy(X[te], yc[te])
-            res.rows.append({"site": site, "probe": spec.name, "task_accuracy": acc_t, "control_accuracy": acc_c,
-                             "selectivity": selectivity(acc_t, acc_c), "train_accuracy": pt.accuracy(X[tr], y[tr]),
-                             "control_train_accuracy": pc.accuracy(X[tr], yc[tr]), "epochs": pt.epochs})
+            res.rows.append(
+                {
+                    "site": site,
+                    "probe": spec.name,
+                    "task_accuracy": acc_t,
+                    "control_accuracy": acc_c,
+                    "selectivity": selectivity(acc_t, acc_c),
+                    "train_accuracy": pt.accuracy(X[tr], y[tr]),
+                    "control_train_accuracy": pc.accuracy(X[tr], yc[tr]),
+                    "epochs": pt.epochs,
+                }
+            )
         if s.mdl:
             log(f"{site} MDL")
             fit_idx = np.concatenate([tr, dv])
-            mdl[site] = (online_codelength(lin, X[fit_idx], y[fit_idx], K, seed=s.seed),
-                         online_codelength(lin, X[fit_idx], yc[fit_idx], K, seed=s.seed))
+            mdl[site] = (
+                online_codelength(lin, X[fit_idx], y[fit_idx], K, seed=s.seed),
+                online_codelength(lin, X[fit_idx], yc[fit_idx], K, seed=s.seed),
+            )
 
     if s.amnesic:
         test_texts = np.flatnonzero(part_of_text == 2)
-        groups = [[int(test_texts[i]) for i in g]
-                  for g in group_by_budget([inputs.lengths[t] for t in test_texts], s.batch_size, adapter.device)]
+        groups = [
+            [int(test_texts[i]) for i in g]
+            for g in group_by_budget([inputs.lengths[t] for t in test_texts], s.batch_size, adapter.device)
+        ]
         batches = [inputs.select(g) for g in groups]
         order = np.array([t for g in groups for t in g], dtype=np.int64)
         original = logits[torch.as_tensor(order)]
         tgt = None if task.targets is None else np.array(task.targets)[order]
-        where = cast(am.Where, ("items" if s.erase_at == "items" else "all") if pool == "token" else
-                     ("all" if pool == "mean" else pool))  # pool is one of token/mean/first/last
+        where = cast(
+            am.Where,
+            ("items" if s.erase_at == "items" else "all") if pool == "token" else ("all" if pool == "mean" else pool),
+        )  # pool is one of token/mean/first/last
         cells: list[list[tuple[int, int]]] | None = None
         if where == "items":
             assert item_pos is not None
@@ -310,18 +350,40 @@ def probe(model: str, settings: ProbeSettings, out: Path | RunFolder, overwrite:
             X = feats[site]
             eraser = am.fit_leace(X[tr], y[tr], K)
             le = am.output_change(original, am.edited_logits(adapter, batches, site, eraser, where, cells), tgt)
-            rnd = [am.output_change(original, am.edited_logits(
-                adapter, batches, site, am.random_eraser(X.shape[1], eraser.rank, eraser.bias, s.seed + 100 + j),
-                where, cells), tgt) for j in range(s.random_seeds)]
+            rnd = [
+                am.output_change(
+                    original,
+                    am.edited_logits(
+                        adapter,
+                        batches,
+                        site,
+                        am.random_eraser(X.shape[1], eraser.rank, eraser.bias, s.seed + 100 + j),
+                        where,
+                        cells,
+                    ),
+                    tgt,
+                )
+                for j in range(s.random_seeds)
+            ]
             recover = fit_probe(lin, eraser.apply_np(X[tr]), y[tr], K).accuracy(eraser.apply_np(X[te]), y[te])
             rk = np.array([r.kl for r in rnd])
-            res.amnesic.append({
-                "site": site, "rank": eraser.rank, "kl": le.kl, "random_kl": float(rk.mean()),
-                "random_kl_sd": float(rk.std(ddof=1)) if len(rk) > 1 else 0.0, "used_kl": le.kl - float(rk.mean()),
-                "agree": le.agree, "random_agree": float(np.mean([r.agree for r in rnd])),
-                "accuracy": le.accuracy, "random_accuracy": float(np.mean([r.accuracy for r in rnd])),
-                "original_accuracy": base.accuracy, "recover_accuracy": recover,
-                "random_kl_each": rk.tolist()})
+            res.amnesic.append(
+                {
+                    "site": site,
+                    "rank": eraser.rank,
+                    "kl": le.kl,
+                    "random_kl": float(rk.mean()),
+                    "random_kl_sd": float(rk.std(ddof=1)) if len(rk) > 1 else 0.0,
+                    "used_kl": le.kl - float(rk.mean()),
+                    "agree": le.agree,
+                    "random_agree": float(np.mean([r.agree for r in rnd])),
+                    "accuracy": le.accuracy,
+                    "random_accuracy": float(np.mean([r.accuracy for r in rnd])),
+                    "original_accuracy": base.accuracy,
+                    "recover_accuracy": recover,
+                    "random_kl_each": rk.tolist(),
+                }
+            )
     if sweep:
         kind, values = sweep
         site = site_name(sweep_layer, s.site)
@@ -332,18 +394,39 @@ def probe(model: str, settings: ProbeSettings, out: Path | RunFolder, overwrite:
             pt = fit_probe(spec, X[tr], y[tr], K, X[dv], y[dv])
             pc = fit_probe(spec, X[tr], yc[tr], K, X[dv], yc[dv])
             a_t, a_c = pt.accuracy(X[te], y[te]), pc.accuracy(X[te], yc[te])
-            res.sweep.append({"site": site, "kind": kind, "value": v, "probe": spec.name, "task_accuracy": a_t,
-                              "control_accuracy": a_c, "selectivity": selectivity(a_t, a_c)})
+            res.sweep.append(
+                {
+                    "site": site,
+                    "kind": kind,
+                    "value": v,
+                    "probe": spec.name,
+                    "task_accuracy": a_t,
+                    "control_accuracy": a_c,
+                    "selectivity": selectivity(a_t, a_c),
+                }
+            )
 
-    info = {"model": adapter.describe(), "task": {"name": task.name, "level": task.level, "classes": classes,
-                                                  "n_texts": len(task.texts), "n_items": len(y),
-                                                  "items_per_split": [len(tr), len(dv), len(te)],
-                                                  "dropped_unalignable_words": n_dropped, **task.source},
-            "representation": {"sites": sites, "position": pool if pool != "token" else f"{s.subtoken} sub-token "
-                               "of each labelled word"},
-            "settings": asdict(s), "probes": [p.params() for p in specs],
-            "baselines": {"majority_test_accuracy": majority, "control_majority_test_accuracy": control_majority},
-            "seconds": round(time.time() - t_start, 1)}
+    info = {
+        "model": adapter.describe(),
+        "task": {
+            "name": task.name,
+            "level": task.level,
+            "classes": classes,
+            "n_texts": len(task.texts),
+            "n_items": len(y),
+            "items_per_split": [len(tr), len(dv), len(te)],
+            "dropped_unalignable_words": n_dropped,
+            **task.source,
+        },
+        "representation": {
+            "sites": sites,
+            "position": pool if pool != "token" else f"{s.subtoken} sub-token of each labelled word",
+        },
+        "settings": asdict(s),
+        "probes": [p.params() for p in specs],
+        "baselines": {"majority_test_accuracy": majority, "control_majority_test_accuracy": control_majority},
+        "seconds": round(time.time() - t_start, 1),
+    }
     write_run(rf, res, info, mdl, sites, specs)
     return res
 
@@ -367,8 +450,10 @@ def load_model(model: str, device: str) -> ModelAdapter:
         _, task, variant = model.split("-")
         path = weights_path(task, variant)
         if not (path / "config.json").exists():
-            raise StreetlampError(f"no ground-truth model {model!r} (have gt-TASK-normal|deceptive for "
-                                  "keyword, order, negation, together)")
+            raise StreetlampError(
+                f"no ground-truth model {model!r} (have gt-TASK-normal|deceptive for "
+                "keyword, order, negation, together)"
+            )
         adapter = load(path)
         adapter.name = model
     else:

@@ -7,6 +7,7 @@ atomicity are the local engine's. ``address``: an existing cluster (``ray://host
 without it a local instance is started. On a GPU cluster pass ``--device cuda``: each actor then
 reserves one GPU (``num_gpus=1``), so ``--workers`` actors use that many GPUs.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,16 @@ class _Worker:
         return evaluate_chunk(self.adapter, chunk, settings)
 
 
-def run_on_ray(model: str, device: str, settings: EvalSettings, chunks: dict[int, list[ChunkExample]],
-               store: RunStore, bar: Any, address: str | None = None, workers: int | None = None) -> None:
+def run_on_ray(
+    model: str,
+    device: str,
+    settings: EvalSettings,
+    chunks: dict[int, list[ChunkExample]],
+    store: RunStore,
+    bar: Any,
+    address: str | None = None,
+    workers: int | None = None,
+) -> None:
     try:
         import ray
     except ImportError:

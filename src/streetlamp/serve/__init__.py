@@ -4,6 +4,7 @@
 fresh access token and runs uvicorn. The app is :func:`streetlamp.serve.app.create_app`; the
 computations are plain library calls in :mod:`streetlamp.serve.compute`. See docs/serve.md.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,11 +23,15 @@ def check_address(host: str, port: int, allow_remote: bool) -> None:
         raise StreetlampError(f"--port {port} is not a TCP port (1..65535)")
     if host not in LOCAL_HOSTS:
         if not allow_remote:
-            raise StreetlampError(f"--host {host} would let other machines reach the models; streetlamp serve binds "
-                                  "127.0.0.1 unless you also pass --allow-remote")
+            raise StreetlampError(
+                f"--host {host} would let other machines reach the models; streetlamp serve binds "
+                "127.0.0.1 unless you also pass --allow-remote"
+            )
         if host in ("0.0.0.0", "::", ""):
-            raise StreetlampError("--host must be the address browsers will use (the Host header is checked), "
-                                  "not a wildcard such as 0.0.0.0")
+            raise StreetlampError(
+                "--host must be the address browsers will use (the Host header is checked), "
+                "not a wildcard such as 0.0.0.0"
+            )
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         try:
@@ -35,8 +40,15 @@ def check_address(host: str, port: int, allow_remote: bool) -> None:
             raise StreetlampError(f"cannot listen on {host}:{port} ({e.strerror or e}); pass another --port") from None
 
 
-def serve(adapters: dict, host: str = "127.0.0.1", port: int = 8765, allow_remote: bool = False,
-          runs_dir: Path | str = "runs/serve", timeout: float = 300.0, queue: int = 8) -> None:
+def serve(
+    adapters: dict,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    allow_remote: bool = False,
+    runs_dir: Path | str = "runs/serve",
+    timeout: float = 300.0,
+    queue: int = 8,
+) -> None:
     import uvicorn
 
     from .app import Limits, create_app, new_token
@@ -44,8 +56,11 @@ def serve(adapters: dict, host: str = "127.0.0.1", port: int = 8765, allow_remot
     check_address(host, port, allow_remote)
     os.environ.setdefault("TQDM_DISABLE", "1")  # the page shows progress; no method progress bars on the console
     if host not in LOCAL_HOSTS:
-        print(f"streetlamp: warning: serving on {host}:{port}: anyone who can reach this address and has the token "
-              "can run the models; the connection is plain HTTP (not encrypted)", file=sys.stderr)
+        print(
+            f"streetlamp: warning: serving on {host}:{port}: anyone who can reach this address and has the token "
+            "can run the models; the connection is plain HTTP (not encrypted)",
+            file=sys.stderr,
+        )
     token = new_token()
     app = create_app(adapters, token, host, port, Limits(timeout=timeout, queue=queue), runs_dir)
     print(f"streetlamp serve: {', '.join(adapters)} on http://{host}:{port}/")

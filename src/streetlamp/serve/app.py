@@ -8,6 +8,7 @@ size, the text length (the model's positions, see compute.encode), one computati
 time with a bounded queue (503 "busy" when full) and a per-request timeout (504). Every error
 reaches the page as ``{"error": "one sentence"}``; nothing a request sends stops the server.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -37,11 +38,18 @@ from . import compute as C
 
 log = logging.getLogger("streetlamp.serve")
 HEADER = "x-streetlamp-token"
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
-       "connect-src 'self'; base-uri 'none'; form-action 'none'")
-SECURITY_HEADERS = {"Content-Security-Policy": CSP + "; frame-ancestors 'none'", "X-Content-Type-Options": "nosniff",
-                    "Referrer-Policy": "no-referrer", "Cache-Control": "no-store", "X-Frame-Options": "DENY",
-                    "Cross-Origin-Resource-Policy": "same-origin"}
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP + "; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+    "X-Frame-Options": "DENY",
+    "Cross-Origin-Resource-Policy": "same-origin",
+}
 
 
 @dataclass
@@ -130,8 +138,16 @@ class State:
         return self.workers[name]
 
     def job(self, jid: str) -> dict:
-        j = self.jobs.setdefault(jid, {"state": "queued", "stage": "waiting for the model", "started": time.time(),
-                                       "cancel": False, "stages": []})
+        j = self.jobs.setdefault(
+            jid,
+            {
+                "state": "queued",
+                "stage": "waiting for the model",
+                "started": time.time(),
+                "cancel": False,
+                "stages": [],
+            },
+        )
         while len(self.jobs) > self.limits.jobs:
             self.jobs.popitem(last=False)
         return j
@@ -176,8 +192,14 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
-def create_app(adapters: dict[str, ModelAdapter], token: str, host: str = "127.0.0.1", port: int = 8765,
-               limits: Limits | None = None, runs_dir: Path | str = "runs/serve") -> Starlette:
+def create_app(
+    adapters: dict[str, ModelAdapter],
+    token: str,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    limits: Limits | None = None,
+    runs_dir: Path | str = "runs/serve",
+) -> Starlette:
     """The app for ``adapters`` (name -> model), reachable as ``http://host:port`` with ``token``."""
     if not adapters:
         raise StreetlampError("streetlamp serve needs at least one model")
@@ -185,32 +207,50 @@ def create_app(adapters: dict[str, ModelAdapter], token: str, host: str = "127.0
         raise StreetlampError("the access token must have at least 16 characters")
     limits = limits or Limits()
     st = State(adapters, limits, Path(runs_dir))
-    names = [f"{host}:{port}"] + ([f"localhost:{port}", f"127.0.0.1:{port}"] if host in ("127.0.0.1", "localhost")
-                                  else [])
+    names = [f"{host}:{port}"] + (
+        [f"localhost:{port}", f"127.0.0.1:{port}"] if host in ("127.0.0.1", "localhost") else []
+    )
     hosts = {n.lower() for n in names}
     origins = {f"http://{n}".lower() for n in names}
 
     def model_info(name: str) -> dict:
         a = adapters[name]
-        return {"name": name, "kind": a.kind, "layers": a.n_layers, "heads": a.n_heads,
-                "max_positions": a.max_positions, "replacements": C.replacement_menu(a)}
+        return {
+            "name": name,
+            "kind": a.kind,
+            "layers": a.n_layers,
+            "heads": a.n_heads,
+            "max_positions": a.max_positions,
+            "replacements": C.replacement_menu(a),
+        }
 
     async def page(request: Request) -> Response:
         from ..report.viewer import SCRIPTS, script_json
         from ..report.viewer.palettes import palettes
 
-        boot = {"view": "live", "manifest": {}, "arrays": {}, "palettes": palettes(),
-                "live": {"models": [model_info(n) for n in adapters], "methods": sorted(C.REGISTRY),
-                         "default_methods": list(C.DEFAULT_METHODS), "max_chars": limits.max_chars}}
+        boot = {
+            "view": "live",
+            "manifest": {},
+            "arrays": {},
+            "palettes": palettes(),
+            "live": {
+                "models": [model_info(n) for n in adapters],
+                "methods": sorted(C.REGISTRY),
+                "default_methods": list(C.DEFAULT_METHODS),
+                "max_chars": limits.max_chars,
+            },
+        }
         scripts = "".join(f'<script src="/static/{s}"></script>\n' for s in (*SCRIPTS, "live.js"))
-        html = ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
-                f'<meta http-equiv="Content-Security-Policy" content="{CSP}">\n'
-                '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-                '<title>streetlamp serve</title>\n<link rel="icon" href="data:,">\n'
-                '<link rel="stylesheet" href="/static/viewer.css"><link rel="stylesheet" href="/static/live.css">\n'
-                "</head><body>\n<noscript>streetlamp serve needs JavaScript.</noscript>\n"
-                '<div id="app" aria-live="polite">loading...</div>\n'
-                f'<script type="application/json" id="sl-model">{script_json(boot)}</script>\n{scripts}</body></html>\n')
+        html = (
+            '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">\n'
+            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">\n'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+            '<title>streetlamp serve</title>\n<link rel="icon" href="data:,">\n'
+            '<link rel="stylesheet" href="/static/viewer.css"><link rel="stylesheet" href="/static/live.css">\n'
+            "</head><body>\n<noscript>streetlamp serve needs JavaScript.</noscript>\n"
+            '<div id="app" aria-live="polite">loading...</div>\n'
+            f'<script type="application/json" id="sl-model">{script_json(boot)}</script>\n{scripts}</body></html>\n'
+        )
         return Response(html, media_type="text/html; charset=utf-8", headers=SECURITY_HEADERS)
 
     viewer_static = resources.files("streetlamp.report.viewer").joinpath("static")
@@ -224,8 +264,9 @@ def create_app(adapters: dict[str, ModelAdapter], token: str, host: str = "127.0
             f = root.joinpath(name)
             if f.is_file():
                 kind = "text/javascript" if name.endswith(".js") else "text/css"
-                return Response(f.read_text(encoding="utf-8"), media_type=f"{kind}; charset=utf-8",
-                                headers=SECURITY_HEADERS)
+                return Response(
+                    f.read_text(encoding="utf-8"), media_type=f"{kind}; charset=utf-8", headers=SECURITY_HEADERS
+                )
         return _err(404, "no such file")
 
     async def run(request: Request, fn: Callable[[ModelAdapter, dict, Callable[[str], None]], C.Live]) -> Response:
@@ -267,8 +308,9 @@ def create_app(adapters: dict[str, ModelAdapter], token: str, host: str = "127.0
                 return _err(504, f"timed out after {limits.timeout:g} s (the computation stops at its next step)")
             job["state"], job["stage"] = "done", "done"
             rid = st.keep(live)
-            return JSONResponse(_jsonable({"id": rid, "job": jid, "model": name, **live.payload}),
-                                headers=SECURITY_HEADERS)
+            return JSONResponse(
+                _jsonable({"id": rid, "job": jid, "model": name, **live.payload}), headers=SECURITY_HEADERS
+            )
         except Busy as e:
             return _err(503, str(e))
         except TooLarge as e:
@@ -278,8 +320,9 @@ def create_app(adapters: dict[str, ModelAdapter], token: str, host: str = "127.0
         except Exception as e:  # noqa: BLE001 - the server keeps running; the page gets one sentence
             log.exception("request failed")
             first = (str(e).splitlines() or [""])[0][:200]
-            return _err(500, f"internal error ({type(e).__name__}{': ' + first if first else ''}); the server "
-                             "keeps running")
+            return _err(
+                500, f"internal error ({type(e).__name__}{': ' + first if first else ''}); the server keeps running"
+            )
 
     def truncate(d: dict) -> bool:
         t = d.get("truncate", False)
@@ -288,34 +331,58 @@ def create_app(adapters: dict[str, ModelAdapter], token: str, host: str = "127.0
         return t
 
     async def api_explain(request: Request) -> Response:
-        return await run(request, lambda a, d, s: C.explain_text(a, d.get("text"), truncate=truncate(d),
-                                                                 methods=d.get("methods"), stage=s))
+        return await run(
+            request,
+            lambda a, d, s: C.explain_text(a, d.get("text"), truncate=truncate(d), methods=d.get("methods"), stage=s),
+        )
 
     async def api_edit(request: Request) -> Response:
-        return await run(request, lambda a, d, s: C.edit_token(a, d.get("text"), d.get("position"), d.get("op"),
-                                                               d.get("replacement"), truncate=truncate(d),
-                                                               methods=d.get("methods"), stage=s))
+        return await run(
+            request,
+            lambda a, d, s: C.edit_token(
+                a,
+                d.get("text"),
+                d.get("position"),
+                d.get("op"),
+                d.get("replacement"),
+                truncate=truncate(d),
+                methods=d.get("methods"),
+                stage=s,
+            ),
+        )
 
     async def api_ablate(request: Request) -> Response:
-        return await run(request, lambda a, d, s: C.ablate_heads(a, d.get("text"), d.get("heads"),
-                                                                 d.get("ablation", "zero"), truncate=truncate(d),
-                                                                 stage=s))
+        return await run(
+            request,
+            lambda a, d, s: C.ablate_heads(
+                a, d.get("text"), d.get("heads"), d.get("ablation", "zero"), truncate=truncate(d), stage=s
+            ),
+        )
 
     async def api_pair(request: Request) -> Response:
-        return await run(request, lambda a, d, s: C.minimal_pair(a, d.get("text_a"), d.get("text_b"),
-                                                                 truncate=truncate(d), stage=s))
+        return await run(
+            request, lambda a, d, s: C.minimal_pair(a, d.get("text_a"), d.get("text_b"), truncate=truncate(d), stage=s)
+        )
 
     async def api_progress(request: Request) -> Response:
         j = st.jobs.get(request.path_params["job"])
         if j is None:
             return _err(404, "no such job")
-        return JSONResponse({"state": j["state"], "stage": j["stage"], "position": j.get("position", 0),
-                             "elapsed": round(time.time() - j["started"], 2), "stages": j["stages"]},
-                            headers=SECURITY_HEADERS)
+        return JSONResponse(
+            {
+                "state": j["state"],
+                "stage": j["stage"],
+                "position": j.get("position", 0),
+                "elapsed": round(time.time() - j["started"], 2),
+                "stages": j["stages"],
+            },
+            headers=SECURITY_HEADERS,
+        )
 
     async def api_info(request: Request) -> Response:
-        return JSONResponse({"models": [model_info(n) for n in adapters], "limits": limits.__dict__},
-                            headers=SECURITY_HEADERS)
+        return JSONResponse(
+            {"models": [model_info(n) for n in adapters], "limits": limits.__dict__}, headers=SECURITY_HEADERS
+        )
 
     async def api_save(request: Request) -> Response:
         try:
@@ -323,12 +390,15 @@ def create_app(adapters: dict[str, ModelAdapter], token: str, host: str = "127.0
             rid = data.get("id")
             live = st.results.get(rid) if isinstance(rid, str) else None
             if live is None:
-                raise StreetlampError("that result is no longer kept (the server keeps the last "
-                                      f"{limits.kept}); compute it again")
+                raise StreetlampError(
+                    f"that result is no longer kept (the server keeps the last {limits.kept}); compute it again"
+                )
             folder = st.runs_dir / f"live-{live.kind}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
             await asyncio.get_running_loop().run_in_executor(None, live.save, folder)
-            return JSONResponse({"folder": str(folder.resolve()), "report": str((folder / "report.html").resolve())},
-                                headers=SECURITY_HEADERS)
+            return JSONResponse(
+                {"folder": str(folder.resolve()), "report": str((folder / "report.html").resolve())},
+                headers=SECURITY_HEADERS,
+            )
         except TooLarge as e:
             return _err(413, str(e))
         except StreetlampError as e:
@@ -343,10 +413,17 @@ def create_app(adapters: dict[str, ModelAdapter], token: str, host: str = "127.0
     async def not_allowed(request: Request, exc: Exception) -> Response:
         return _err(405, "method not allowed")
 
-    routes = [Route("/", page), Route("/static/{name}", static), Route("/api/info", api_info),
-              Route("/api/explain", api_explain, methods=["POST"]), Route("/api/edit", api_edit, methods=["POST"]),
-              Route("/api/ablate", api_ablate, methods=["POST"]), Route("/api/pair", api_pair, methods=["POST"]),
-              Route("/api/save", api_save, methods=["POST"]), Route("/api/progress/{job}", api_progress)]
+    routes = [
+        Route("/", page),
+        Route("/static/{name}", static),
+        Route("/api/info", api_info),
+        Route("/api/explain", api_explain, methods=["POST"]),
+        Route("/api/edit", api_edit, methods=["POST"]),
+        Route("/api/ablate", api_ablate, methods=["POST"]),
+        Route("/api/pair", api_pair, methods=["POST"]),
+        Route("/api/save", api_save, methods=["POST"]),
+        Route("/api/progress/{job}", api_progress),
+    ]
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})
     app.state.serve = st
     app.add_middleware(Guard, token=token, hosts=hosts, origins=origins, cookie=f"streetlamp-token-{port}")

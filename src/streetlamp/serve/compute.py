@@ -15,6 +15,7 @@ writes the result as a run folder that ``streetlamp report`` opens like any othe
 * :func:`minimal_pair`: two texts: their outputs, and where they have the same length, the difference
   of their attention.
 """
+
 from __future__ import annotations
 
 import json
@@ -69,11 +70,12 @@ def encode(adapter: ModelAdapter, text: Any, truncate: bool = False, what: str =
     text = check_text(text, what)
     n = len(adapter.tokenizer(text, truncation=False)["input_ids"])
     if n > adapter.max_positions and not truncate:
-        raise StreetlampError(f"{what} has {n} tokens but {adapter.name} takes at most {adapter.max_positions}: "
-                              "shorten it or tick 'truncate'")
+        raise StreetlampError(
+            f"{what} has {n} tokens but {adapter.name} takes at most {adapter.max_positions}: "
+            "shorten it or tick 'truncate'"
+        )
     if not adapter.tokenizer(text, add_special_tokens=False)["input_ids"]:
-        raise StreetlampError(f"{what} gives no token at all for {adapter.name}'s tokenizer (only control "
-                              "characters?)")
+        raise StreetlampError(f"{what} gives no token at all for {adapter.name}'s tokenizer (only control characters?)")
     return adapter.encode(text, truncate=truncate)
 
 
@@ -114,20 +116,28 @@ def replacement_id(adapter: ModelAdapter, spec: Any) -> int:
         return int(i)
     ids = t(spec, add_special_tokens=False)["input_ids"]
     if len(ids) != 1:
-        raise StreetlampError(f"the replacement {spec!r} is {len(ids)} tokens for {adapter.name}'s tokenizer; "
-                              "give one token")
+        raise StreetlampError(
+            f"the replacement {spec!r} is {len(ids)} tokens for {adapter.name}'s tokenizer; give one token"
+        )
     return int(ids[0])
 
 
 # -- the explain view -----------------------------------------------------------------------------
-def _write_explain(adapter: ModelAdapter, res: ex.ExplainResult, w: RunWriter, target: Target, truncated: bool,
-                   live: dict, figures: bool) -> None:
-    ex.write_outputs(adapter, res, w, target, None, None, 0, truncated, truncated, None, figures=figures,
-                     extra={"live": live})
+def _write_explain(
+    adapter: ModelAdapter,
+    res: ex.ExplainResult,
+    w: RunWriter,
+    target: Target,
+    truncated: bool,
+    live: dict,
+    figures: bool,
+) -> None:
+    ex.write_outputs(
+        adapter, res, w, target, None, None, 0, truncated, truncated, None, figures=figures, extra={"live": live}
+    )
 
 
-def view_payload(adapter: ModelAdapter, res: ex.ExplainResult, target: Target, truncated: bool,
-                 live: dict) -> dict:
+def view_payload(adapter: ModelAdapter, res: ex.ExplainResult, target: Target, truncated: bool, live: dict) -> dict:
     """What ``report.html`` embeds for this result (manifest, array index, packed chunks), for the page's
     ``streetlamp.render``: written through the run writer into a temporary folder and read back by the
     report's own loader, so the live view and a saved run cannot differ."""
@@ -150,25 +160,36 @@ def save_run(folder: Path, command: str, write: Callable[[RunWriter], None]) -> 
 
 def _prediction(adapter: ModelAdapter, probs: np.ndarray, index: int) -> dict:
     p = int(np.argmax(probs))
-    return {"index": p, "label": adapter.output_label(p), "prob": float(probs[p]),
-            "explained": {"index": int(index), "label": adapter.output_label(int(index)), "prob": float(probs[index])}}
+    return {
+        "index": p,
+        "label": adapter.output_label(p),
+        "prob": float(probs[p]),
+        "explained": {"index": int(index), "label": adapter.output_label(int(index)), "prob": float(probs[index])},
+    }
 
 
-def _explain_live(adapter: ModelAdapter, res: ex.ExplainResult, target: Target, truncated: bool, live: dict,
-                  extra: dict | None = None) -> Live:
-    payload = {"kind": live["kind"], "view": view_payload(adapter, res, target, truncated, live),
-               "prediction": _prediction(adapter, res.probs, res.target_index),
-               "summary": ex.summarise(adapter, res), **(extra or {})}
+def _explain_live(
+    adapter: ModelAdapter, res: ex.ExplainResult, target: Target, truncated: bool, live: dict, extra: dict | None = None
+) -> Live:
+    payload = {
+        "kind": live["kind"],
+        "view": view_payload(adapter, res, target, truncated, live),
+        "prediction": _prediction(adapter, res.probs, res.target_index),
+        "summary": ex.summarise(adapter, res),
+        **(extra or {}),
+    }
 
     def save(folder: Path) -> None:
         # no PNGs: the report draws the explain view from the arrays, and matplotlib's grid alone takes
         # seconds to tens of seconds (`streetlamp explain` still writes them)
         save_run(folder, "explain", lambda w: _write_explain(adapter, res, w, target, truncated, live, figures=False))
+
     return Live(live["kind"], payload, save)
 
 
-def explain_text(adapter: ModelAdapter, text: Any, *, truncate: bool = False, methods: Any = None,
-                 stage: Stage = _noop) -> Live:
+def explain_text(
+    adapter: ModelAdapter, text: Any, *, truncate: bool = False, methods: Any = None, stage: Stage = _noop
+) -> Live:
     methods = check_methods(methods)
     inputs = encode(adapter, text, truncate)
     res = ex.compute(adapter, inputs, Path("live"), methods=methods, stage=stage)
@@ -188,11 +209,22 @@ HIDDEN = ["layers.0.resid_pre", "layers.*.resid_post"]  # the input of layer 0, 
 
 
 def _hidden(adapter: ModelAdapter, fwd) -> list[torch.Tensor]:
-    return [fwd.cache["layers.0.resid_pre"][0]] + [fwd.cache[f"layers.{l}.resid_post"][0] for l in range(adapter.n_layers)]
+    return [fwd.cache["layers.0.resid_pre"][0]] + [
+        fwd.cache[f"layers.{l}.resid_post"][0] for l in range(adapter.n_layers)
+    ]
 
 
-def edit_token(adapter: ModelAdapter, text: Any, position: Any, op: Any, replacement: Any = None, *,
-               truncate: bool = False, methods: Any = None, stage: Stage = _noop) -> Live:
+def edit_token(
+    adapter: ModelAdapter,
+    text: Any,
+    position: Any,
+    op: Any,
+    replacement: Any = None,
+    *,
+    truncate: bool = False,
+    methods: Any = None,
+    stage: Stage = _noop,
+) -> Live:
     methods = check_methods(methods)
     inputs = encode(adapter, text, truncate)
     n = inputs.lengths[0]
@@ -200,13 +232,14 @@ def edit_token(adapter: ModelAdapter, text: Any, position: Any, op: Any, replace
     if not isinstance(position, int) or isinstance(position, bool) or not 0 <= position < n:
         raise StreetlampError(f"position must be a token index 0..{n - 1}")
     if ids[position] in adapter.special_ids:
-        raise StreetlampError(f"position {position} holds the special token {inputs.tokens[0][position]!r}; "
-                              "edit a token of the text")
+        raise StreetlampError(
+            f"position {position} holds the special token {inputs.tokens[0][position]!r}; edit a token of the text"
+        )
     if op == "remove":
-        new, rid = ids[:position] + ids[position + 1:], None
+        new, rid = ids[:position] + ids[position + 1 :], None
     elif op == "replace":
         rid = replacement_id(adapter, replacement)
-        new = ids[:position] + [rid] + ids[position + 1:]
+        new = ids[:position] + [rid] + ids[position + 1 :]
     else:
         raise StreetlampError("op must be 'remove' or 'replace'")
     stage("recording the original")
@@ -216,9 +249,12 @@ def edit_token(adapter: ModelAdapter, text: Any, position: Any, op: Any, replace
     p0 = torch.softmax(f0.logits[0].double(), -1).cpu().numpy()
     att0 = torch.stack([f0.cache[f"layers.{l}.attn.pattern"][0] for l in range(adapter.n_layers)]).double()
     pos0 = adapter.explained_position(n)
-    what = (f"token {position} {inputs.labels[0][position]!r} removed" if op == "remove" else
-            f"token {position} {inputs.labels[0][position]!r} replaced by "
-            f"{adapter.tokenizer.convert_ids_to_tokens([cast(int, rid)])[0]!r}")  # set when op is replace
+    what = (
+        f"token {position} {inputs.labels[0][position]!r} removed"
+        if op == "remove"
+        else f"token {position} {inputs.labels[0][position]!r} replaced by "
+        f"{adapter.tokenizer.convert_ids_to_tokens([cast(int, rid)])[0]!r}"
+    )  # set when op is replace
     edited = Inputs.from_ids(adapter, [new], texts=[cast(str, adapter.tokenizer.decode(new, skip_special_tokens=True))])
     with torch.no_grad():
         f1 = adapter.forward(edited, record=HIDDEN)
@@ -227,26 +263,39 @@ def edit_token(adapter: ModelAdapter, text: Any, position: Any, op: Any, replace
     rows = []
     for k in range(adapter.n_layers + 1):
         a = att0[k - 1, :, pos0, position] if k > 0 else None
-        rows.append({"layer": "input" if k == 0 else k - 1,
-                     "attention_mean": None if a is None else float(a.mean()),
-                     "attention_max": None if a is None else float(a.max()),
-                     "attention_max_head": None if a is None else int(a.argmax()),
-                     "explained_distance": cosine_distance(h0[k][pos0], h1[k][pos1]),
-                     "token_distance": cosine_distance(h0[k][position], h1[k][position]) if op == "replace"
-                     else None})
+        rows.append(
+            {
+                "layer": "input" if k == 0 else k - 1,
+                "attention_mean": None if a is None else float(a.mean()),
+                "attention_max": None if a is None else float(a.max()),
+                "attention_max_head": None if a is None else int(a.argmax()),
+                "explained_distance": cosine_distance(h0[k][pos0], h1[k][pos1]),
+                "token_distance": cosine_distance(h0[k][position], h1[k][position]) if op == "replace" else None,
+            }
+        )
     res = ex.compute(adapter, edited, Path("live"), target=Target(index), methods=methods, stage=stage)
     p1 = res.probs.astype(np.float64)
-    edit = {"op": op, "position": position, "token": inputs.labels[0][position], "description": what,
-            "replacement": None if rid is None else adapter.tokenizer.convert_ids_to_tokens([rid])[0],
-            "original_text": inputs.texts[0], "edited_ids": new, "explained_position": [pos0, pos1],
-            "before": _prediction(adapter, p0, index), "after": _prediction(adapter, p1, index),
-            "change": float(p1[index] - p0[index]), "layers": rows,
-            "distance": "1 - cos(h, h') of the hidden state (layer 0's input, then each layer's output), float64",
-            "attention": f"attention of the explained position ({pos0}) on token {position} in the original, "
-                         "mean and max over heads"}
+    edit = {
+        "op": op,
+        "position": position,
+        "token": inputs.labels[0][position],
+        "description": what,
+        "replacement": None if rid is None else adapter.tokenizer.convert_ids_to_tokens([rid])[0],
+        "original_text": inputs.texts[0],
+        "edited_ids": new,
+        "explained_position": [pos0, pos1],
+        "before": _prediction(adapter, p0, index),
+        "after": _prediction(adapter, p1, index),
+        "change": float(p1[index] - p0[index]),
+        "layers": rows,
+        "distance": "1 - cos(h, h') of the hidden state (layer 0's input, then each layer's output), float64",
+        "attention": f"attention of the explained position ({pos0}) on token {position} in the original, "
+        "mean and max over heads",
+    }
     stage("packing the view")
-    return _explain_live(adapter, res, Target(index), False, {"kind": "edit", "methods": methods, "edit": edit},
-                         {"edit": edit})
+    return _explain_live(
+        adapter, res, Target(index), False, {"kind": "edit", "methods": methods, "edit": edit}, {"edit": edit}
+    )
 
 
 # -- head ablation --------------------------------------------------------------------------------
@@ -274,8 +323,7 @@ def check_heads(adapter: ModelAdapter, heads: Any) -> list[tuple[int, int]]:
         raise StreetlampError(f"at most {MAX_HEADS_PER_CALL} heads per ablation")
     out = []
     for x in heads:
-        if not (isinstance(x, list) and len(x) == 2 and all(isinstance(v, int) and not isinstance(v, bool)
-                                                             for v in x)):
+        if not (isinstance(x, list) and len(x) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in x)):
             raise StreetlampError("each head must be a [layer, head] pair of integers")
         engine.check_layer_head(adapter, x[0], x[1])
         out.append((x[0], x[1]))
@@ -284,8 +332,9 @@ def check_heads(adapter: ModelAdapter, heads: Any) -> list[tuple[int, int]]:
     return out
 
 
-def ablation_outputs(adapter: ModelAdapter, inputs: Inputs, heads: Sequence[tuple[int, int]],
-                     ablation: str) -> tuple[np.ndarray, np.ndarray]:
+def ablation_outputs(
+    adapter: ModelAdapter, inputs: Inputs, heads: Sequence[tuple[int, int]], ablation: str
+) -> tuple[np.ndarray, np.ndarray]:
     """``(clean probs [out], ablated probs [len(heads) + 1, out])``: each head alone, then all together."""
     strategies = _strategies(adapter, ablation)
     k = len(heads)
@@ -298,8 +347,15 @@ def ablation_outputs(adapter: ModelAdapter, inputs: Inputs, heads: Sequence[tupl
     return (torch.softmax(clean[0].double(), -1).cpu().numpy(), torch.softmax(logits.double(), -1).cpu().numpy())
 
 
-def ablate_heads(adapter: ModelAdapter, text: Any, heads: Any, ablation: Any = "zero", *, truncate: bool = False,
-                 stage: Stage = _noop) -> Live:
+def ablate_heads(
+    adapter: ModelAdapter,
+    text: Any,
+    heads: Any,
+    ablation: Any = "zero",
+    *,
+    truncate: bool = False,
+    stage: Stage = _noop,
+) -> Live:
     inputs = encode(adapter, text, truncate)
     hs = check_heads(adapter, heads)
     stage(f"{ablation} ablation of {len(hs)} head(s)")
@@ -307,36 +363,70 @@ def ablate_heads(adapter: ModelAdapter, text: Any, heads: Any, ablation: Any = "
     index = int(np.argmax(p0))
     with torch.no_grad():
         mass, peak = attention_mass(adapter, inputs)
-    rows: list[dict[str, Any]] = [{"layer": l, "head": h, "attention_mass": float(mass[0, l, h]), "attention_max": float(peak[0, l, h]),
-             "prob": float(p[i, index]), "effect": float(p[i, index] - p0[index]),
-             "prediction": adapter.output_label(int(np.argmax(p[i])))} for i, (l, h) in enumerate(hs)]
-    joint = {"prob": float(p[-1, index]), "effect": float(p[-1, index] - p0[index]),
-             "prediction": _prediction(adapter, p[-1], index)}
-    out = {"kind": "ablate", "ablation": ablation, "text": inputs.texts[0], "heads": rows, "joint": joint,
-           "clean": _prediction(adapter, p0, index),
-           "effect": f"p({adapter.output_label(index)!r}) with the head(s) {ablation}-ablated at attn.z minus clean "
-                     "(as `streetlamp heads`)",
-           "attention_mass": "attention of the explained position on content tokens (as `streetlamp heads`)"}
+    rows: list[dict[str, Any]] = [
+        {
+            "layer": l,
+            "head": h,
+            "attention_mass": float(mass[0, l, h]),
+            "attention_max": float(peak[0, l, h]),
+            "prob": float(p[i, index]),
+            "effect": float(p[i, index] - p0[index]),
+            "prediction": adapter.output_label(int(np.argmax(p[i]))),
+        }
+        for i, (l, h) in enumerate(hs)
+    ]
+    joint = {
+        "prob": float(p[-1, index]),
+        "effect": float(p[-1, index] - p0[index]),
+        "prediction": _prediction(adapter, p[-1], index),
+    }
+    out = {
+        "kind": "ablate",
+        "ablation": ablation,
+        "text": inputs.texts[0],
+        "heads": rows,
+        "joint": joint,
+        "clean": _prediction(adapter, p0, index),
+        "effect": f"p({adapter.output_label(index)!r}) with the head(s) {ablation}-ablated at attn.z minus clean "
+        "(as `streetlamp heads`)",
+        "attention_mass": "attention of the explained position on content tokens (as `streetlamp heads`)",
+    }
 
     def save(w: RunWriter) -> None:
         L, H = adapter.n_layers, adapter.n_heads
         grid = np.full((L, H), np.nan, np.float32)
         for r in rows:
             grid[r["layer"], r["head"]] = r["effect"]
-        arrays = {"effect": grid, "attention_mass": mass[0].astype(np.float32), "attention_max": peak[0].astype(np.float32),
-                  "probs_clean": p0.astype(np.float32), "probs_ablated": p.astype(np.float32)}
-        described = {"effect": {"axes": ["layer", "head"], "meaning": out["effect"] + "; NaN: head not ablated alone"},
-                     "attention_mass": {"axes": ["layer", "head"], "meaning": out["attention_mass"]},
-                     "attention_max": {"axes": ["layer", "head"], "meaning": "largest attention weight of the explained "
-                                       "position"},
-                     "probs_clean": {"axes": ["output"], "meaning": "output distribution, clean"},
-                     "probs_ablated": {"axes": ["row (each head alone, then all together)", "output"],
-                                       "meaning": "output distribution with the head(s) ablated"}}
-        table = {"title": f"{ablation} ablation: output change beside attention mass",
-                 "columns": ["layer", "head", "attention mass", "attention max", "p ablated", "change"],
-                 "rows": [[r["layer"], r["head"], r["attention_mass"], r["attention_max"], r["prob"], r["effect"]]
-                          for r in rows] + [["all", len(rows), None, None, joint["prob"], joint["effect"]]]}
+        arrays = {
+            "effect": grid,
+            "attention_mass": mass[0].astype(np.float32),
+            "attention_max": peak[0].astype(np.float32),
+            "probs_clean": p0.astype(np.float32),
+            "probs_ablated": p.astype(np.float32),
+        }
+        described = {
+            "effect": {"axes": ["layer", "head"], "meaning": out["effect"] + "; NaN: head not ablated alone"},
+            "attention_mass": {"axes": ["layer", "head"], "meaning": out["attention_mass"]},
+            "attention_max": {
+                "axes": ["layer", "head"],
+                "meaning": "largest attention weight of the explained position",
+            },
+            "probs_clean": {"axes": ["output"], "meaning": "output distribution, clean"},
+            "probs_ablated": {
+                "axes": ["row (each head alone, then all together)", "output"],
+                "meaning": "output distribution with the head(s) ablated",
+            },
+        }
+        table = {
+            "title": f"{ablation} ablation: output change beside attention mass",
+            "columns": ["layer", "head", "attention mass", "attention max", "p ablated", "change"],
+            "rows": [
+                [r["layer"], r["head"], r["attention_mass"], r["attention_max"], r["prob"], r["effect"]] for r in rows
+            ]
+            + [["all", len(rows), None, None, joint["prob"], joint["effect"]]],
+        }
         _write_plain(adapter, w, arrays, described, {"live": out, "tables": [table]})
+
     return Live("ablate", out, lambda folder: save_run(folder, "serve-ablate", save))
 
 
@@ -346,8 +436,9 @@ def _write_plain(adapter: ModelAdapter, w: RunWriter, arrays: dict, described: d
 
 
 # -- minimal pairs --------------------------------------------------------------------------------
-def minimal_pair(adapter: ModelAdapter, text_a: Any, text_b: Any, *, truncate: bool = False,
-                 stage: Stage = _noop) -> Live:
+def minimal_pair(
+    adapter: ModelAdapter, text_a: Any, text_b: Any, *, truncate: bool = False, stage: Stage = _noop
+) -> Live:
     ia, ib = encode(adapter, text_a, truncate, "text A"), encode(adapter, text_b, truncate, "text B")
     stage("recording both texts")
     with torch.no_grad():
@@ -360,28 +451,39 @@ def minimal_pair(adapter: ModelAdapter, text_a: Any, text_b: Any, *, truncate: b
         "kind": "pair",
         "a": {"text": ia.texts[0], "tokens": ia.labels[0], "prediction": _prediction(adapter, pa, index)},
         "b": {"text": ib.texts[0], "tokens": ib.labels[0], "prediction": _prediction(adapter, pb, index)},
-        "change": float(pb[index] - pa[index]), "same_length": na == nb,
-        "explained": f"p({adapter.output_label(index)!r}), text A's prediction"}
+        "change": float(pb[index] - pa[index]),
+        "same_length": na == nb,
+        "explained": f"p({adapter.output_label(index)!r}), text A's prediction",
+    }
     arrays = {"probs_a": pa.astype(np.float32), "probs_b": pb.astype(np.float32)}
-    described = {"probs_a": {"axes": ["output"], "meaning": "output distribution of text A"},
-                 "probs_b": {"axes": ["output"], "meaning": "output distribution of text B"}}
+    described = {
+        "probs_a": {"axes": ["output"], "meaning": "output distribution of text A"},
+        "probs_b": {"axes": ["output"], "meaning": "output distribution of text B"},
+    }
     if na == nb:
         pos = adapter.explained_position(na)
         diff = ab - aa
         tv = 0.5 * np.abs(diff[:, :, pos, :]).sum(-1)
-        out.update(differing=[j for j in range(na) if int(ia.input_ids[0, j]) != int(ib.input_ids[0, j])],
-                   explained_position=pos, row_tv=tv.tolist(),
-                   row_diff=diff[:, :, pos, :].tolist(),
-                   tv_meaning=f"total variation distance between the two texts' attention rows of the explained "
-                              f"position {pos}, per layer and head (0 = same, 1 = disjoint)")
+        out.update(
+            differing=[j for j in range(na) if int(ia.input_ids[0, j]) != int(ib.input_ids[0, j])],
+            explained_position=pos,
+            row_tv=tv.tolist(),
+            row_diff=diff[:, :, pos, :].tolist(),
+            tv_meaning=f"total variation distance between the two texts' attention rows of the explained "
+            f"position {pos}, per layer and head (0 = same, 1 = disjoint)",
+        )
         arrays.update(row_tv=tv.astype(np.float32), attention_diff=diff.astype(np.float32))
-        described.update(row_tv={"axes": ["layer", "head"], "meaning": out["tv_meaning"]},
-                         attention_diff={"axes": ["layer", "head", "query", "key"],
-                                         "meaning": "attention of text B minus text A"})
+        described.update(
+            row_tv={"axes": ["layer", "head"], "meaning": out["tv_meaning"]},
+            attention_diff={"axes": ["layer", "head", "query", "key"], "meaning": "attention of text B minus text A"},
+        )
     else:
-        out["note"] = (f"text A has {na} tokens and text B {nb}: attention is compared position by position only "
-                       "when both have the same number of tokens")
+        out["note"] = (
+            f"text A has {na} tokens and text B {nb}: attention is compared position by position only "
+            "when both have the same number of tokens"
+        )
 
     def save(w: RunWriter) -> None:
         _write_plain(adapter, w, arrays, described, {"live": {k: v for k, v in out.items() if k != "row_diff"}})
+
     return Live("pair", out, lambda folder: save_run(folder, "serve-pair", save))

@@ -1,4 +1,5 @@
 """File helpers shared by every writer: safetensors arrays, JSON, the command line, package versions."""
+
 from __future__ import annotations
 
 import json

@@ -17,6 +17,7 @@ and ``versions``. Arrays go to one ``arrays.safetensors`` and are described in
 ``manifest["arrays"][name] = {axes, meaning, file, key, shape, dtype}``; figures in
 ``manifest["figures"]``.
 """
+
 from __future__ import annotations
 
 import os
@@ -46,8 +47,13 @@ def utc_now() -> str:
 
 def manifest_header(command: str) -> dict[str, Any]:
     """What every manifest starts with (run folders and the resumable run store alike)."""
-    return {"streetlamp": command, "format_version": FORMAT_VERSION, "created": utc_now(),
-            "command": command_line(), "versions": versions()}
+    return {
+        "streetlamp": command,
+        "format_version": FORMAT_VERSION,
+        "created": utc_now(),
+        "command": command_line(),
+        "versions": versions(),
+    }
 
 
 def default_out(kind: str) -> Path:
@@ -88,8 +94,15 @@ class RunWriter:
         if name in self.arrays:
             raise ValueError(f"array {name!r} added twice")
         self.arrays[name] = a
-        self.described[name] = {"axes": list(axes), "meaning": meaning, **info, "file": ARRAYS_FILE, "key": name,
-                                "shape": list(a.shape), "dtype": str(a.dtype)}
+        self.described[name] = {
+            "axes": list(axes),
+            "meaning": meaning,
+            **info,
+            "file": ARRAYS_FILE,
+            "key": name,
+            "shape": list(a.shape),
+            "dtype": str(a.dtype),
+        }
 
     def add_arrays(self, arrays: dict[str, Any], described: dict[str, dict[str, Any]]) -> None:
         """``add_array`` for every name of ``described`` (``{name: {"axes": [...], "meaning": "..."}}``)."""
@@ -186,5 +199,8 @@ def write_report_or_warn(folder: Path) -> None:
     try:
         write_report(folder)
     except Exception as e:  # noqa: BLE001 - the results matter more than their page
-        print(f"streetlamp: warning: report.html not written ({type(e).__name__}: {e}); "
-              f"rerun `streetlamp report {folder}`", file=sys.stderr)
+        print(
+            f"streetlamp: warning: report.html not written ({type(e).__name__}: {e}); "
+            f"rerun `streetlamp report {folder}`",
+            file=sys.stderr,
+        )

@@ -14,6 +14,7 @@ temporary files, which are ignored and cleaned up on the next start. The reader 
 rows. Read it with plain pandas: ``pd.read_parquet("RUN/metrics")`` (or DuckDB:
 ``SELECT * FROM 'RUN/metrics/*.parquet'``).
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,9 @@ from ..errors import StreetlampError
 from .files import save_arrays, to_jsonable
 from .run_folder import manifest_header
 
-SCHEMA = pa.schema([("example_id", pa.string()), ("method", pa.string()), ("metric", pa.string()),
-                    ("value", pa.float64())])
+SCHEMA = pa.schema(
+    [("example_id", pa.string()), ("method", pa.string()), ("metric", pa.string()), ("value", pa.float64())]
+)
 KEY = ["example_id", "method", "metric"]
 
 
@@ -84,8 +86,10 @@ class RunStore:
                 raise StreetlampError(f"{mpath} is not a streetlamp run manifest") from None
             diff = _diff(stored, json.loads(json.dumps(settings)))
             if diff:
-                raise StreetlampError(f"run folder {s.folder} was made with other settings ({'; '.join(diff[:3])}"
-                                      f"{' ...' if len(diff) > 3 else ''}); use another --out or the same settings")
+                raise StreetlampError(
+                    f"run folder {s.folder} was made with other settings ({'; '.join(diff[:3])}"
+                    f"{' ...' if len(diff) > 3 else ''}); use another --out or the same settings"
+                )
         elif s.folder.exists() and any(s.folder.iterdir()):
             raise StreetlampError(f"{s.folder} is not empty and has no manifest.json: not a run folder")
         s.metrics_dir.mkdir(parents=True, exist_ok=True)
@@ -109,16 +113,23 @@ class RunStore:
     def done_chunks(self) -> set[int]:
         return {int(p.stem.split("-")[1]) for p in self.metrics_dir.glob("part-*.parquet")}
 
-    def write_chunk(self, chunk: int, rows: list[tuple[str, str, str, float]],
-                    arrays: dict[str, dict[str, np.ndarray]]) -> None:
+    def write_chunk(
+        self, chunk: int, rows: list[tuple[str, str, str, float]], arrays: dict[str, dict[str, np.ndarray]]
+    ) -> None:
         """Arrays first, the Parquet part last (its presence marks the chunk done)."""
         for eid, arrs in arrays.items():
             if arrs:
                 _atomic_write(self.arrays_dir / f"{safe_name(eid)}.safetensors", lambda p, a=arrs: save_arrays(p, a))
         cols: list[Any] = list(zip(*rows)) if rows else [[], [], [], []]
-        table = pa.table({"example_id": pa.array(cols[0], pa.string()), "method": pa.array(cols[1], pa.string()),
-                          "metric": pa.array(cols[2], pa.string()),
-                          "value": pa.array([float(v) for v in cols[3]], pa.float64())}, schema=SCHEMA)
+        table = pa.table(
+            {
+                "example_id": pa.array(cols[0], pa.string()),
+                "method": pa.array(cols[1], pa.string()),
+                "metric": pa.array(cols[2], pa.string()),
+                "value": pa.array([float(v) for v in cols[3]], pa.float64()),
+            },
+            schema=SCHEMA,
+        )
         _atomic_write(self.part_path(chunk), lambda p: pq.write_table(table, p))
 
     def write_records(self, chunk: int, records: list[dict]) -> None:
@@ -142,8 +153,9 @@ class RunStore:
         """Add or replace top-level manifest fields (never ``settings``), atomically."""
         doc = self.manifest()
         doc.update({k: v for k, v in to_jsonable(extra).items() if k != "settings"})
-        _atomic_write(self.folder / "manifest.json",
-                      lambda p: p.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n"))
+        _atomic_write(
+            self.folder / "manifest.json", lambda p: p.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+        )
 
     def metrics(self) -> pd.DataFrame:
         return read_metrics(self.folder)

@@ -7,6 +7,7 @@ as text. Which view the page opens is the manifest's ``streetlamp`` command name
 a dedicated view gets the generic one (``tables``, ``figures`` and a summary of the manifest), see
 docs/viewer.md.
 """
+
 from __future__ import annotations
 
 import html
@@ -22,8 +23,10 @@ from .palettes import palettes
 __all__ = ["FORMAT_VERSION", "build_html", "iframe_html", "read_manifest", "write_report"]
 
 SCRIPTS = ("viewer.js", "explain.js", "views.js")  # the core first: the views register themselves in it
-CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
-       "base-uri 'none'; form-action 'none'")
+CSP = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
+    "base-uri 'none'; form-action 'none'"
+)
 
 
 def _asset(name: str) -> str:
@@ -52,17 +55,19 @@ def build_html(folder: Path) -> str:
             raise AssertionError(f"{name} must not contain a closing script/style tag")
     kind = model["view"]
     title = f"streetlamp {kind}: {Path(folder).resolve().name}"
-    blobs = "\n".join(f'<script type="application/octet-stream" id="sl-blob-{i}">{b}</script>'
-                      for i, b in enumerate(packed.blobs))
+    blobs = "\n".join(
+        f'<script type="application/octet-stream" id="sl-blob-{i}">{b}</script>' for i, b in enumerate(packed.blobs)
+    )
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">\n'
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
         f"<title>{html.escape(title)}</title>\n<style>{css}</style>\n</head><body>\n"
-        '<noscript>This report needs JavaScript (it runs offline, inside this file).</noscript>\n'
+        "<noscript>This report needs JavaScript (it runs offline, inside this file).</noscript>\n"
         '<div id="app" aria-live="polite">loading report...</div>\n'
         f'<script type="application/json" id="sl-model">{script_json(model)}</script>\n'
-        f"{blobs}\n<script>{js}</script>\n</body></html>\n")
+        f"{blobs}\n<script>{js}</script>\n</body></html>\n"
+    )
 
 
 def write_report(folder: Path) -> Path:
@@ -86,5 +91,7 @@ def iframe_html(folder: Path, height: int = 760) -> str:
     """The report for a notebook cell: an ``<iframe srcdoc>`` so its scripts run in JupyterLab, VS Code
     and classic Jupyter alike (notebooks do not run scripts inserted as plain HTML output)."""
     page = build_html(Path(folder))
-    return (f'<iframe srcdoc="{html.escape(page, quote=True)}" style="width:100%;height:{int(height)}px;'
-            'border:1px solid #ccc" sandbox="allow-scripts allow-downloads"></iframe>')
+    return (
+        f'<iframe srcdoc="{html.escape(page, quote=True)}" style="width:100%;height:{int(height)}px;'
+        'border:1px solid #ccc" sandbox="allow-scripts allow-downloads"></iframe>'
+    )

@@ -1,4 +1,5 @@
 """Read a run folder for the report: its manifest and its array files, nothing else, checked first."""
+
 from __future__ import annotations
 
 import base64
@@ -34,8 +35,10 @@ def read_manifest(folder: Path) -> tuple[dict, str]:
     if not isinstance(version, int) or version < 1:
         raise StreetlampError(f"{mpath}: format_version {version!r} is not a positive integer")
     if version > FORMAT_VERSION:
-        raise StreetlampError(f"{folder} was written in run-folder format {version}; this streetlamp reads up to "
-                              f"format {FORMAT_VERSION}: upgrade streetlamp to report it")
+        raise StreetlampError(
+            f"{folder} was written in run-folder format {version}; this streetlamp reads up to "
+            f"format {FORMAT_VERSION}: upgrade streetlamp to report it"
+        )
     kind = manifest.get("streetlamp")
     if kind is None and "settings" in manifest and (folder / "metrics").is_dir():
         kind = "evaluate"  # the resumable store's manifest predates the "streetlamp" key
@@ -52,8 +55,10 @@ def _open(path: Path, folder: Path):
     try:
         return safe_open(str(path), framework="numpy")
     except Exception as e:  # safetensors raises its own error types for truncated or corrupt files
-        raise StreetlampError(f"{folder}: {path.relative_to(folder)} is not a readable safetensors file "
-                              f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+        raise StreetlampError(
+            f"{folder}: {path.relative_to(folder)} is not a readable safetensors file "
+            f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+        ) from None
 
 
 def _get(f: Any, key: str, path: Path) -> np.ndarray:
@@ -107,8 +112,13 @@ def figure_uris(folder: Path, manifest: dict) -> list[dict]:
             data = p.read_bytes()
             if data[:8] != b"\x89PNG\r\n\x1a\n":
                 raise StreetlampError(f"{folder}: {name} is not a PNG file")
-            out.append({"file": name, "shows": fig.get("shows", "") if isinstance(fig, dict) else "",
-                        "uri": "data:image/png;base64," + base64.b64encode(data).decode("ascii")})
+            out.append(
+                {
+                    "file": name,
+                    "shows": fig.get("shows", "") if isinstance(fig, dict) else "",
+                    "uri": "data:image/png;base64," + base64.b64encode(data).decode("ascii"),
+                }
+            )
     return out
 
 
@@ -141,8 +151,14 @@ def csv_tables(folder: Path, manifest: dict, max_rows: int = 5000) -> list[dict]
         except (OSError, UnicodeDecodeError, csv.Error) as e:
             raise StreetlampError(f"{folder}: {name} cannot be read as CSV ({e})") from None
         if rows:
-            out.append({"file": name, "shows": shows, "columns": rows[0],
-                        "rows": [[_number(c) for c in r] for r in rows[1:max_rows + 1]]})
+            out.append(
+                {
+                    "file": name,
+                    "shows": shows,
+                    "columns": rows[0],
+                    "rows": [[_number(c) for c in r] for r in rows[1 : max_rows + 1]],
+                }
+            )
     return out
 
 
@@ -171,15 +187,23 @@ def evaluate_extra(folder: Path, manifest: dict, packed: Packed) -> dict:
     ex_i = {e: i for i, e in enumerate(examples)}
     me_i = {m: i for i, m in enumerate(methods)}
     mt_i = {m: i for i, m in enumerate(metrics)}
-    rows = [[ex_i[e], me_i[m], mt_i[t], None if not math.isfinite(v) else float(v)]
-            for e, m, t, v in df[["example_id", "method", "metric", "value"]].itertuples(index=False)]
+    rows = [
+        [ex_i[e], me_i[m], mt_i[t], None if not math.isfinite(v) else float(v)]
+        for e, m, t, v in df[["example_id", "method", "metric", "value"]].itertuples(index=False)
+    ]
     stored: dict[str, list[str]] = {}
     for ex in examples[:MAX_EXAMPLES]:
         rel = f"arrays/{safe_name(ex)}.safetensors"
         if (folder / rel).is_file():
             stored[ex] = pack_file(packed, folder, rel, prefix=f"example/{ex}/")
-    return {"examples": examples, "methods": methods, "metrics": metrics, "rows": rows, "stored": stored,
-            "stored_limit": MAX_EXAMPLES if len(examples) > MAX_EXAMPLES else None}
+    return {
+        "examples": examples,
+        "methods": methods,
+        "metrics": metrics,
+        "rows": rows,
+        "stored": stored,
+        "stored_limit": MAX_EXAMPLES if len(examples) > MAX_EXAMPLES else None,
+    }
 
 
 def explained_rows(packed: Packed, folder: Path, manifest: dict) -> None:
@@ -207,13 +231,17 @@ def load_folder(folder: Path) -> tuple[dict, Packed]:
     if kind == "evaluate":
         extra["evaluate"] = evaluate_extra(folder, manifest, packed)
     elif (folder / "arrays.safetensors").exists() or described:
-        keys = [k for k, v in described.items() if not isinstance(v, dict) or v.get("file", "arrays.safetensors")
-                == "arrays.safetensors"]
+        keys = [
+            k
+            for k, v in described.items()
+            if not isinstance(v, dict) or v.get("file", "arrays.safetensors") == "arrays.safetensors"
+        ]
         pack_file(packed, folder, "arrays.safetensors", keys=None)
         missing = [k for k in keys if k not in packed.index]
         if missing:
-            raise StreetlampError(f"{folder}: arrays.safetensors lacks the array(s) {', '.join(missing)} that "
-                                  "manifest.json names")
+            raise StreetlampError(
+                f"{folder}: arrays.safetensors lacks the array(s) {', '.join(missing)} that manifest.json names"
+            )
     if kind == "explain" and packed.index.get("attention", {}).get("codec", "f32") != "f32":
         explained_rows(packed, folder, manifest)
     if kind not in VIEWS_WITHOUT_FIGURES:

@@ -19,6 +19,7 @@ Codecs (``codec`` in the index; ``v`` is the stored value, ``q`` the integer in 
 The page states the error beside every number it shows from a fixed-point array.
 Identical chunks (the attention method stores the same tensor as the run's ``attention``) travel once.
 """
+
 from __future__ import annotations
 
 import base64
@@ -46,8 +47,14 @@ class Packed:
 
     def add(self, name: str, a: np.ndarray, *, codec: str | None = None, level: int = 6) -> None:
         a = np.asarray(a)
-        self.add_chunks(name, list(a.shape), lambda i: a[i] if a.ndim >= 3 else a,
-                        a.shape[0] if a.ndim >= 3 else 1, codec or codec_of(a), level)
+        self.add_chunks(
+            name,
+            list(a.shape),
+            lambda i: a[i] if a.ndim >= 3 else a,
+            a.shape[0] if a.ndim >= 3 else 1,
+            codec or codec_of(a),
+            level,
+        )
 
     def add_chunks(self, name: str, shape: list[int], chunk, n: int, codec: str, level: int = 6) -> None:
         """``chunk(i)`` returns the i-th of ``n`` pieces along the first axis (the whole array when n=1)."""
@@ -57,8 +64,11 @@ class Packed:
             c = np.asarray(chunk(i))
             if c.dtype == bool:
                 c = c.astype(np.uint8)
-            q = (c.astype(np.float32) if scale is None
-                 else np.rint(np.clip(c.astype(np.float64), 0.0, 1.0) * scale).astype(dtype))
+            q = (
+                c.astype(np.float32)
+                if scale is None
+                else np.rint(np.clip(c.astype(np.float64), 0.0, 1.0) * scale).astype(dtype)
+            )
             q = q.astype(np.dtype(dtype))
             raw = np.ascontiguousarray(q).view(np.uint8).reshape(-1, q.dtype.itemsize).T.tobytes()
             key = hashlib.sha256(codec.encode() + raw).digest()
@@ -66,8 +76,12 @@ class Packed:
                 self.blobs.append(base64.b64encode(zlib.compress(raw, level)).decode("ascii"))
                 self.seen[key] = len(self.blobs) - 1
             ids.append(self.seen[key])
-        self.index[name] = {"shape": list(shape), "codec": codec, "chunks": ids,
-                            "max_error": 0.0 if scale is None else 0.5 / scale}
+        self.index[name] = {
+            "shape": list(shape),
+            "codec": codec,
+            "chunks": ids,
+            "max_error": 0.0 if scale is None else 0.5 / scale,
+        }
 
 
 def choose_codec(size: int, floating: bool, lo: float, hi: float) -> str:

@@ -1,4 +1,5 @@
 """Colour tables for the page, taken from matplotlib so the report and the PNG figures agree."""
+
 from __future__ import annotations
 
 from functools import lru_cache
