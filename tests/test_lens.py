@@ -15,6 +15,7 @@ from streetlamp.interventions.head_types import (
 from streetlamp.interventions.lens import direct_logit_attribution, logit_lens
 from streetlamp.interventions.qk import head_table, qk_attribution
 from streetlamp.models.adapter import ModelAdapter
+from streetlamp.models.readout import FINAL_NORM
 from streetlamp.models.tiny import tiny_model
 
 TEXT = "when mary and john went to the store , john gave a drink to"
@@ -102,7 +103,7 @@ def test_qk_parts_sum_to_the_score(family: str) -> None:
 
 def test_head_table_and_errors(tiny: ModelAdapter) -> None:
     ids = tiny.encode(TEXT).input_ids[0]
-    if tiny.kind == "classifier":
+    if tiny.kind == "classifier" or tiny.family.name not in FINAL_NORM:
         with pytest.raises(StreetlampError, match="pre-norm causal LM"):
             qk_attribution(tiny, ids, 0, 0, 3)
         return

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from ..errors import StreetlampError
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..models.relevance import attention_edits
 from ..results import Explanation
@@ -46,6 +47,10 @@ def attnlrp_relevance(
     return (x.detach() * g).sum(-1), f, fwd.cache
 
 
+# families whose norms, activations and gated products have rules (the conservation test passes on each)
+RULE_FAMILIES = ("bert", "roberta", "distilbert", "gpt2", "llama", "mistral", "qwen2")
+
+
 @dataclass
 class AttnLRP(Method):
     """AttnLRP relevance of each token embedding for the explained logit (signed; conserving up
@@ -55,6 +60,14 @@ class AttnLRP(Method):
     family = "gradient"
     description = "AttnLRP: layer-wise relevance of each token for the logit (gradient x input, LRP rules)"
     needs_gradients = True
+
+    def check(self, adapter: ModelAdapter) -> None:
+        super().check(adapter)
+        if adapter.family.name not in RULE_FAMILIES:
+            raise StreetlampError(
+                f"attnlrp's rules cover {', '.join(RULE_FAMILIES)}; not {adapter.family.name} (its norms, q/k norms or "
+                "fused gates have no rule yet: conservation fails there)"
+            )
 
     def attribute(
         self, adapter: ModelAdapter, inputs: Inputs, *, target: Target, batch_size: int | None = None, seed: int = 0
