@@ -37,7 +37,7 @@ def test_site_shapes(tiny: ModelAdapter) -> None:
         for k in ("attn.out", "mlp.out", "resid_post", "resid_pre"):
             assert f.cache[f"layers.{l}.{k}"].shape == (b, s, d)
     assert f.cache["embed"].shape == (b, s, d)
-    sizes = {"batch": b, "pos": s, "query": s, "key": s, "head": h, "d_head": d // h, "d_model": d}
+    sizes = {"batch": b, "pos": s, "query": s, "key": s, "head": h, "d_head": d_head, "d_model": d}
     for name in tiny.site_names:  # the documented axes of every site are its real axes
         assert f.cache[name].shape == tuple(sizes[a] for a in site_axes(name)), name
     # resid_post of layer 0 is what enters layer 1
