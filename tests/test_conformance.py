@@ -30,6 +30,14 @@ def hook_count(adapter: ModelAdapter) -> int:
     )
 
 
+def runs_on(method, adapter: ModelAdapter) -> bool:
+    """Skip a method that does not apply to the model's kind; assert the one-line refusal of a method
+    that does not cover its family (True: the method runs on this model)."""
+    if adapter.kind not in method.kinds:
+        pytest.skip(f"{method.name} does not apply to {adapter.kind}")
+    return not refuses(method, adapter)
+
+
 def refuses(method, adapter: ModelAdapter) -> bool:
     """A method that does not cover a family must say so in one line, from check() and from attribute()."""
     try:
@@ -49,9 +57,7 @@ def make(name: str):
 @pytest.mark.parametrize("name", list(REGISTRY))
 def test_conformance(name: str, tiny: ModelAdapter) -> None:
     method = make(name)
-    if tiny.kind not in method.kinds:
-        pytest.skip(f"{name} does not apply to {tiny.kind}")
-    if refuses(method, tiny):
+    if not runs_on(method, tiny):
         return
     inputs = tiny.encode(TEXTS)
     before = hook_count(tiny)
@@ -91,9 +97,7 @@ def test_conformance(name: str, tiny: ModelAdapter) -> None:
 @pytest.mark.parametrize("name", list(REGISTRY))
 def test_explicit_target(name: str, tiny: ModelAdapter) -> None:
     method = make(name)
-    if tiny.kind not in method.kinds:
-        pytest.skip(f"{name} does not apply to {tiny.kind}")
-    if refuses(method, tiny):
+    if not runs_on(method, tiny):
         return
     inputs = tiny.encode(TEXTS[:1])
     e = method.attribute(tiny, inputs, target=Target(index=1), seed=0)[0]
@@ -151,9 +155,7 @@ def test_reported_completeness_is_true(name: str, tiny: ModelAdapter) -> None:
 @pytest.mark.parametrize("name", [n for n, c in REGISTRY.items() if not c.needs_gradients])
 def test_methods_without_gradients_run_in_inference_mode(name: str, tiny: ModelAdapter) -> None:
     method = make(name)
-    if tiny.kind not in method.kinds:
-        pytest.skip(f"{name} does not apply to {tiny.kind}")
-    if refuses(method, tiny):
+    if not runs_on(method, tiny):
         return
     inputs = tiny.encode(TEXTS[:2])
     with torch.inference_mode():
@@ -166,9 +168,7 @@ def test_methods_without_gradients_run_in_inference_mode(name: str, tiny: ModelA
 @pytest.mark.parametrize("name", list(REGISTRY))
 def test_seed_matters_only_for_stochastic_methods(name: str, tiny: ModelAdapter) -> None:
     method = make(name)
-    if tiny.kind not in method.kinds:
-        pytest.skip(f"{name} does not apply to {tiny.kind}")
-    if refuses(method, tiny):
+    if not runs_on(method, tiny):
         return
     inputs = tiny.encode(TEXTS[:1])
     a = method.attribute(tiny, inputs, target=Target(), seed=1)[0].scores
