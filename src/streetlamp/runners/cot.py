@@ -366,10 +366,57 @@ def make_engine(
     return local, {"engine": "local", "name": adapter.name, "source": adapter.source}
 
 
+@dataclass
+class ChunkJob:
+    """What a Ray actor needs besides its chunk (the actor holds the model): the settings and the
+    question pool (few-shot exemplars come from the other questions)."""
+
+    settings: CotSettings
+    pool: list[Question]
+
+
+def run_chunk(engine: Engine, chunk: list[Question], pool: list[Question], s: CotSettings) -> tuple[list[dict], list]:
+    """Records and metric rows of one chunk of questions: what the local loop and each Ray actor run."""
+    recs, rows = [], []
+    for q in chunk:
+        r, m = _Example(engine, q, pool, s).run()
+        recs.append(r)
+        rows += m
+    return recs, rows
+
+
+def cot_chunk(adapter: Any, chunk: list[Question], job: ChunkJob) -> tuple[list[dict], list]:
+    """``--engine ray``: one chunk on an actor's model (the local engine, same decoding settings)."""
+    from ..cot.engines import LocalEngine
+
+    return run_chunk(LocalEngine(adapter, temperature=job.settings.temperature), chunk, job.pool, job.settings)
+
+
 def run_cot(
-    data: str, out: Path, settings: CotSettings, engine: Engine, model_record: dict, *, limit: int | None = None
+    data: str,
+    out: Path,
+    settings: CotSettings,
+    engine: Engine,
+    model_record: dict,
+    *,
+    limit: int | None = None,
+    fan_out: str = "local",
+    model: str | None = None,
+    ray_address: str | None = None,
+    workers: int | None = None,
+    device: str = "cpu",
 ) -> CotResult:
+    """``fan_out="ray"`` runs the chunks on Ray actors that each load ``model`` (a local model only:
+    a served model already runs requests in parallel, ``--concurrency``)."""
     settings.check()
+    if fan_out not in ("local", "ray"):
+        raise StreetlampError(f"unknown engine {fan_out!r}: local or ray")
+    if fan_out == "ray" and (getattr(engine, "name", "") != "local" or not model):
+        raise StreetlampError(
+            "--engine ray fans a local --model out over Ray actors; with --endpoint use --concurrency instead"
+        )
+    if workers is not None and workers < 1:
+        raise StreetlampError("--workers must be at least 1")
     qs = load_questions(data)
     if limit is not None:
         if limit < 1:
@@ -426,16 +473,32 @@ def run_cot(
         file=sys.stderr,
         disable=None,
     )
+
+    def write(c: int, result: tuple[list[dict], list]) -> None:
+        store.write_records(c, result[0])
+        store.write_chunk(c, result[1], {})
+
     try:
-        for c in todo:
-            recs, rows = [], []
-            for q in chunks[c]:
-                r, m = _Example(engine, q, qs.questions, settings).run()
-                recs.append(r)
-                rows += m
-            store.write_records(c, recs)
-            store.write_chunk(c, rows, {})
-            bar.update(len(chunks[c]))
+        if fan_out == "ray":
+            from .ray_engine import run_on_ray
+
+            job = ChunkJob(settings, qs.questions)
+            run_on_ray(
+                model,  # type: ignore[arg-type]  # checked above
+                device,
+                job,
+                {c: chunks[c] for c in todo},
+                store,
+                bar,
+                address=ray_address,
+                workers=workers,
+                work=cot_chunk,
+                write=write,
+            )
+        else:
+            for c in todo:
+                write(c, run_chunk(engine, chunks[c], qs.questions, settings))
+                bar.update(len(chunks[c]))
     finally:
         bar.close()
     records = store.records()
