@@ -41,8 +41,12 @@ def test_ray_matches_local_and_resumes(tmp_path: Path, capsys: pytest.CaptureFix
     ray = pytest.importorskip("ray")  # installed by the test extra (pyproject), so this runs in CI
     model = save_tiny_lm(tmp_path / "tiny-lm", seed=3)
     data = write_questions(tmp_path / "q.jsonl", 4)
+    judge = RuleModel("ok")  # the judge's settings travel to the actors with the chunks
+    srv, jurl = serve(judge)
     args = [
         "cot",
+        "--judge-endpoint",
+        jurl,
         "--model",
         str(model),
         "--data",
@@ -76,9 +80,12 @@ def test_ray_matches_local_and_resumes(tmp_path: Path, capsys: pytest.CaptureFix
         assert "0 chunks computed now" in capsys.readouterr().out
     finally:
         ray.shutdown()
+        srv.shutdown()
     local, far = _records(tmp_path / "local"), _records(tmp_path / "ray")
     assert [r["id"] for r in far] == ["q0", "q1", "q2", "q3"]
     _same(local, far)
+    assert judge.calls == 2 * 4 * 4  # both runs: 2 hint kinds + 2 biases per question, judged once each
+    assert all(r["hint"][k]["judge"]["raw"] for r in far for k in ("sycophancy", "metadata"))
     a = read_metrics(tmp_path / "local").sort_values(["example_id", "method", "metric"]).reset_index(drop=True)
     b = read_metrics(tmp_path / "ray").sort_values(["example_id", "method", "metric"]).reset_index(drop=True)
     assert len(a) > 20 and a.drop(columns="value").equals(b.drop(columns="value"))

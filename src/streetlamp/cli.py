@@ -449,6 +449,24 @@ def cmd_cot(args: argparse.Namespace) -> int:
         chunk_size=args.chunk_size,
     )
     settings.check()
+    judge = None
+    if args.judge_endpoint:
+        import os
+
+        from .cot.engines import HttpSettings
+
+        judge = HttpSettings(
+            args.judge_endpoint,
+            args.judge_model,
+            "chat",
+            0.0,
+            args.concurrency,
+            args.retries,
+            timeout=args.timeout,
+            api_key=os.environ.get("OPENAI_API_KEY"),
+        )
+    elif args.judge_model:
+        raise StreetlampError("--judge-model needs --judge-endpoint")
     engine, record = make_engine(
         args.model,
         args.endpoint,
@@ -473,6 +491,7 @@ def cmd_cot(args: argparse.Namespace) -> int:
         ray_address=args.ray_address,
         workers=args.workers,
         device=args.device,
+        judge_http=judge,
     )
     for line in res.lines:
         print(line)
@@ -732,6 +751,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--ray-address", default=None, help="existing Ray cluster (e.g. auto, ray://head:10001)")
     s.add_argument("--workers", type=int, default=None, help="Ray actors (one model each)")
+    s.add_argument(
+        "--judge-endpoint",
+        default=None,
+        help="OpenAI-compatible base URL of a judge model asked whether each hinted/biased chain mentions the cue",
+    )
+    s.add_argument("--judge-model", default=None, help="model name on the judge server (default: its only model)")
     s.add_argument("--out", required=True, help="run folder; the same command resumes it")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--device", default="cpu")
