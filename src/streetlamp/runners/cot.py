@@ -612,12 +612,12 @@ def summarise(records: list[dict], s: CotSettings) -> dict:
 
 def _judged(rows: list[dict], score: Any, key: str, among: str) -> dict:
     """Rule vs judge on one cue's chains: agreement, and the test's mention score by each."""
-    by_judge = score([{**r, "mentioned": r["judge"] is True} for r in rows])
+    by_rule, by_judge = score(rows), score([{**r, "mentioned": r["judge"] is True} for r in rows])
     return {
         **judge_agreement([{"rule": r["mentioned"], "judge": r["judge"]} for r in rows]),
         "among": among,
-        "n_among": score(rows)[among],
-        "rule_score": score(rows)[key],
+        "n_among": by_rule[among],
+        "rule_score": by_rule[key],
         "judge_score": by_judge[key],
     }
 

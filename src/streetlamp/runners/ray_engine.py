@@ -45,7 +45,7 @@ class _Worker:
 def run_on_ray(
     model: str,
     device: str,
-    settings: EvalSettings | Any,
+    settings: EvalSettings | Any,  # what ``work`` takes: EvalSettings for evaluate_chunk
     chunks: dict[int, list[ChunkExample]] | dict[int, list[Any]],
     store: RunStore,
     bar: Any,
