@@ -35,7 +35,9 @@ def _gguf() -> Path:
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory: pytest.TempPathFactory):
     if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("uvicorn") is None:
-        pytest.skip("llama-cpp-python[server] not installed (make test-server builds it; it compiles llama.cpp)")
+        pytest.skip(
+            "llama.cpp server not installed: make test-server builds llama-cpp-python[server] (compiles llama.cpp)"
+        )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -104,7 +106,8 @@ def test_cot_against_llama_cpp(
     man = json.loads((out / "manifest.json").read_text())
     recs = _records(out)
     assert len(recs) == 3 and all(r["baseline"]["cot_raw"] for r in recs)  # the server generated text
-    assert man["engine_usage"]["requests_sent"] >= 3 * 4
+    hinted = 3 - man["scores"]["hint"]["skipped"]  # a baseline without a parsable answer gets no hint
+    assert man["engine_usage"]["requests_sent"] >= 2 * 3 + 2 * hinted  # chain + answer each
     h = man["scores"]["hint"]["sycophancy"]
     assert h["pairs"] + h["unparsable"] == 3 - man["scores"]["hint"]["skipped"]
     assert main(_args(llama_server, api, data, tests, out)) == 0
