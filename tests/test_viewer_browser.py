@@ -168,8 +168,13 @@ def test_keyboard_lock_fragment_and_special_toggle(runs: dict[str, Path], page: 
     assert p.is_hidden("#tokens .tok[data-i='0']") is False  # the explained position stays visible
     last = len(json.loads((runs["bert"] / "manifest.json").read_text())["tokens"]) - 1
     assert p.is_hidden(f"#tokens .tok[data-i='{last}']")  # [SEP] hidden by default
+    # as keys, every special token leaves the numbers, the explained [CLS] too; the hidden ones are listed
+    assert p.is_hidden("#raw tbody tr[data-j='0']") and p.is_hidden(f"#raw tbody tr[data-j='{last}']")
+    assert '"[CLS]"@0' in p.text_content("#hidden-keys") and f'"[SEP]"@{last}' in p.text_content("#hidden-keys")
+    assert 0 not in {int(k) for k in p.eval_on_selector_all("#compare-table tbody tr", "es => es.map(e => e.dataset.key)")}
     p.uncheck("#hide-special")
-    assert p.is_visible(f"#tokens .tok[data-i='{last}']")
+    assert p.is_visible(f"#tokens .tok[data-i='{last}']") and p.is_visible("#raw tbody tr[data-j='0']")
+    assert p.text_content("#hidden-keys") == ""
     page2 = Page(p.context.new_page()).open(runs["bert"] / "report.html", "#" + url.split("#", 1)[1])
     q = page2.page
     assert q.input_value("#layer") == "0" and q.input_value("#head") == "1"
@@ -413,6 +418,12 @@ def test_evaluate_summary_and_example(command_runs: dict[str, Path], page: Page)
         float(arr["occlusion.tokens"][2]), rel=1e-6, abs=1e-12
     )
     assert "ex=d-000001" in p.url
+    # the tokens as text (stored beside the ids), not token ids
+    from streetlamp.store.files import TOKEN_LABELS, labels_of
+
+    labels = labels_of(arr[TOKEN_LABELS])
+    assert len(labels) == len(arr["input_ids"])
+    assert p.eval_on_selector_all("#example-tokens .tok", "es => es.map(e => e.textContent)") == labels
     page.clean()
 
 
