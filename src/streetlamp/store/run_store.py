@@ -39,7 +39,6 @@ SCHEMA = pa.schema(
 KEY = ["example_id", "method", "metric"]
 
 
-
 def _atomic_write(path: Path, write) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:

@@ -30,6 +30,9 @@
     const ok = (i, j) => allowed[i * n + j] > 0;
     const dec = err > 5e-5 ? 3 : 4, fv = (v) => (Number.isFinite(v) ? v.toFixed(dec) : fmt(v)); // no digits beyond the stored precision
 
+    const BG = [], FG = []; // the sequential palette (and the mask's grey, index 256) as CSS colours, text ink to match
+    for (let k = 0; k <= 256; k++) { const c = k < 256 ? L.seq(k / 255) : L.FORBID; BG.push(L.css(c)); FG.push(L.ink(c)); }
+
     // layers decoded on demand; head means cached
     const means = new Map();
     async function layer(l) { return S.slab("attention", l); }
@@ -101,14 +104,29 @@
       strip, selLine, tokLegend));
 
     // ---- raw numbers + head disagreement ----
-    const rawBody = el("tbody");
-    const rawRows = labels.map((t, j) => { const v = el("td", { cls: "val" }); const tr = el("tr", { "data-j": j }, el("td", { text: j }), el("td", { cls: "t", text: t }), v); rawBody.appendChild(tr); return { tr, v }; });
+    // the raw numbers: a virtual list (only the rows in view exist), so a 1,024-token text costs what 30 rows cost
+    const ROW_H = 21, BOX_H = 360, rawBody = el("tbody"), rawBox = el("div", { cls: "scroll", id: "raw-box", style: `height:${BOX_H}px` });
+    let rawVals = null, rawOk = null, rawKeys = []; // the values shown, which are allowed, and which keys are listed
+    function drawRaw() {
+      const first = Math.max(0, Math.floor(rawBox.scrollTop / ROW_H) - 4), last = Math.min(rawKeys.length, first + Math.ceil(BOX_H / ROW_H) + 8);
+      rawBody.textContent = "";
+      rawBody.appendChild(el("tr", { cls: "pad", style: `height:${first * ROW_H}px` }, el("td", { colspan: 3 })));
+      for (let k = first; k < last; k++) {
+        const j = rawKeys[k], ok_ = rawOk(j);
+        rawBody.appendChild(el("tr", { "data-j": j, cls: j === st.t ? "hl" : null }, el("td", { text: j }), el("td", { cls: "t", text: labels[j] }),
+          el("td", { cls: "val", "data-value": ok_ ? String(rawVals[j]) : "", text: ok_ ? fv(rawVals[j]) : "masked" })));
+      }
+      rawBody.appendChild(el("tr", { cls: "pad", style: `height:${(rawKeys.length - last) * ROW_H}px` }, el("td", { colspan: 3 })));
+    }
+    rawBox.appendChild(el("table", { id: "raw" }, el("thead", {}, el("tr", {}, el("th", { text: "pos" }), el("th", { cls: "t", text: "token" }), el("th", { text: "attention" }))), rawBody));
+    let scrollFrame = 0;
+    rawBox.addEventListener("scroll", () => { if (!scrollFrame) scrollFrame = requestAnimationFrame(() => { scrollFrame = 0; drawRaw(); }); });
     const rawTitle = el("h2", {});
     const hiddenNote = el("div", { cls: "note", id: "hidden-keys" });
     const jsdBox = el("div", { id: "disagreement" });
     root.appendChild(el("div", { cls: "row" },
       el("div", { cls: "panel", style: "flex:1 1 340px" }, rawTitle, el("div", { cls: "note", text: "raw stored attention probabilities" + errNote }),
-        el("div", { cls: "scroll" }, el("table", { id: "raw" }, el("thead", {}, el("tr", {}, el("th", { text: "pos" }), el("th", { cls: "t", text: "token" }), el("th", { text: "attention" }))), rawBody)), hiddenNote),
+        rawBox, hiddenNote),
       el("div", { cls: "panel", style: "flex:1 1 420px" }, el("h2", { text: "What the head mean hides" }), jsdBox)));
 
     // ---- grid of thumbnails ----
@@ -224,16 +242,19 @@
       const sameRow = shown.t === t && shown.mode === st.mode && shown.cur === cur;
       const layout = shown.sinks !== curSinks || shown.hide !== st.hide; // which tokens are hidden
       if (layout) spans.forEach((s, j) => { s.classList.toggle("sink", curSinks.has(j)); s.classList.toggle("hidden", st.hide && hidden(j)); });
-      if (!sameRow) spans.forEach((s, j) => { const c = okv(j) ? L.seq(vals[j]) : L.FORBID; s.style.background = L.css(c); s.style.color = L.ink(c); });
+      if (!sameRow) spans.forEach((s, j) => { // 257 colour strings made once; a span is touched only when its colour changes
+        const k = okv(j) ? Math.max(0, Math.min(255, Math.round(vals[j] * 255))) : 256;
+        if (s._c !== k) { s._c = k; s.style.background = BG[k]; s.style.color = FG[k]; }
+      });
       if (shown.t !== t || shown.lock !== st.lock) {
-        if (shown.t >= 0) { spans[shown.t].classList.remove("sel", "lock"); rawRows[shown.t].tr.classList.remove("hl"); }
-        spans[t].classList.add("sel"); spans[t].classList.toggle("lock", st.lock); rawRows[t].tr.classList.add("hl");
+        if (shown.t >= 0) spans[shown.t].classList.remove("sel", "lock");
+        spans[t].classList.add("sel"); spans[t].classList.toggle("lock", st.lock);
       }
       const what = st.mode === "row" ? `Query row ${t} ${q(labels[t])}: what it reads` : `Key column ${t} ${q(labels[t])}: who reads it`;
       selLine.textContent = `${what} in layer ${st.l}, ${headName(st.h)}${st.lock ? " (locked; click again or Escape to unlock)" : ""}`;
       rawTitle.textContent = st.mode === "row" ? `Row ${t} ${q(labels[t])}: attention to each key` : `Column ${t} ${q(labels[t])}: attention from each query`;
-      if (!sameRow) rawRows.forEach((r, j) => { const v = okv(j) ? fv(vals[j]) : "masked"; if (r.v.textContent !== v) r.v.textContent = v; r.v.dataset.value = okv(j) ? String(vals[j]) : ""; });
-      if (layout) rawRows.forEach((r, j) => { r.tr.style.display = st.hide && hiddenKey(j) ? "none" : ""; });
+      if (layout) { rawKeys = []; for (let j = 0; j < n; j++) if (!(st.hide && hiddenKey(j))) rawKeys.push(j); }
+      rawVals = vals; rawOk = okv; drawRaw();
       if (!sameRow || layout) { // nothing is lost by hiding: the hidden keys and their attention, in one line
         const hid = []; for (let j = 0; j < n; j++) if (st.hide && hiddenKey(j)) hid.push(`${q(labels[j])}@${j} ${okv(j) ? fv(vals[j]) : "masked"}`);
         hiddenNote.textContent = hid.length ? `hidden (special tokens and sinks; untick "hide" to list them): ${hid.slice(0, 12).join(", ")}${hid.length > 12 ? ` and ${hid.length - 12} more` : ""}` : "";
