@@ -553,15 +553,12 @@ def minimal_pair(
     index = int(np.argmax(pa))
     aa, ab = ta[0, :, :, :na, :na].double().cpu().numpy(), tb[0, :, :, :nb, :nb].double().cpu().numpy()
     views = {}
+
+    def prefixed(side: str) -> Stage:
+        return lambda x: stage(f"text {side.upper()}: {x}")
+
     for side, inp in (("a", ia), ("b", ib)):
-        res = ex.compute(
-            adapter,
-            inp,
-            Path("live"),
-            target=Target(index),
-            methods=methods,
-            stage=lambda x, side=side: stage(f"text {side.upper()}: {x}"),
-        )
+        res = ex.compute(adapter, inp, Path("live"), target=Target(index), methods=methods, stage=prefixed(side))
         stage(f"text {side.upper()}: packing the view")
         views[side] = view_payload(adapter, res, Target(index), inp.truncated[0], {"kind": "pair", "side": side})
     out: dict[str, Any] = {
