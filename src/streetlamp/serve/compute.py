@@ -5,15 +5,17 @@ writes the result as a run folder that ``streetlamp report`` opens like any othe
 
 * :func:`explain_text`: the explain view of a text (attention recording plus the chosen methods,
   occlusion by default), as the same manifest and packed arrays a run folder's report embeds.
-* :func:`edit_token`: remove or replace one token; the prediction, the explained output's
-  probability and every layer's attention for the edited input, and per layer the cosine distance
-  ``1 - cos(h, h')`` of the edited token's and the explained position's hidden states
-  (``layers.0.resid_pre``, then ``layers.{l}.resid_post``), beside the attention the explained position paid the token.
+* :func:`edit_tokens`: remove or replace tokens, each edit on top of the previous ones (positions count the
+  tokens the earlier edits left); the prediction, the explained output's probability after each edit and
+  every layer's attention for the edited input, and per layer the cosine distance ``1 - cos(h, h')`` between
+  the original text's and the edited text's hidden states (``layers.0.resid_pre``, then
+  ``layers.{l}.resid_post``) at the explained position and at the last edited token, beside the attention the
+  explained position paid that token in the original. :func:`edit_token` is one edit.
 * :func:`ablate_heads`: zero or mean ablation of one or several heads at ``layers.{l}.attn.z`` with the
   intervention engine, exactly as ``streetlamp heads`` does per head (same strategies, same reference
   texts for the mean), beside each head's attention mass.
-* :func:`minimal_pair`: two texts: their outputs, and where they have the same length, the difference
-  of their attention.
+* :func:`minimal_pair`: two texts: the explain view of each, their outputs and the difference, and where
+  they have the same number of tokens, the difference of their attention per layer and head.
 """
 
 from __future__ import annotations
