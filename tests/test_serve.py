@@ -386,6 +386,11 @@ def test_progress_reaches_the_listener(bert: ModelAdapter, tmp_path: Path) -> No
     with pytest.raises(Stop), progress.listening(stop):
         get_method("occlusion").attribute(bert, inp, target=Target(), batch_size=3 * n)
     assert seen == [("occlusion", 0, rows)]
+    seen.clear()  # integrated gradients counts its batches of path points
+    with progress.listening(lambda *a: seen.append(a)):
+        get_method("integrated_gradients", steps=8).attribute(bert, inp, target=Target(), batch_size=2 * n)
+    total = seen[0][2]
+    assert total >= 2 and seen == [("IG steps", d, total) for d in range(total + 1)]
     with client({"bert": bert}, tmp_path) as c:  # the progress record says the last step
         c.post("/api/explain", json={"text": TEXT, "job": "progress-job-1"})
         p = c.get("/api/progress/progress-job-1").json()
