@@ -58,7 +58,8 @@ def start(model: str, port: int, queue: int) -> tuple[subprocess.Popen, str]:
     assert p.stdout is not None
     for line in p.stdout:
         m = re.search(r"\?token=(\S+)", line)
-        if m:
+        if m:  # keep reading what the server prints, or a full pipe would stop it
+            threading.Thread(target=p.stdout.read, daemon=True).start()
             return p, m.group(1)
     raise SystemExit(f"streetlamp serve exited ({p.wait()}) without printing its URL")
 

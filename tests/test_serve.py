@@ -4,6 +4,7 @@ re-encoded edited text, `streetlamp heads`, the head-mask path, the report's own
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import time
@@ -391,6 +392,10 @@ def test_progress_reaches_the_listener(bert: ModelAdapter, tmp_path: Path) -> No
         get_method("integrated_gradients", steps=8).attribute(bert, inp, target=Target(), batch_size=2 * n)
     total = seen[0][2]
     assert total >= 2 and seen == [("IG steps", d, total) for d in range(total + 1)]
+    with progress.listening(lambda *a: None), progress.bar(100, "listened", disable=False) as b:
+        assert b.bar.disable  # the listener shows it: no console bar as well
+    with progress.bar(100, "alone", file=io.StringIO(), disable=False) as b:
+        assert not b.bar.disable
     with client({"bert": bert}, tmp_path) as c:  # the progress record says the last step
         c.post("/api/explain", json={"text": TEXT, "job": "progress-job-1"})
         p = c.get("/api/progress/progress-job-1").json()

@@ -2,8 +2,8 @@
 
 Methods count their work with :func:`bar` (a tqdm bar on the console, as before) or :func:`iterate`; each
 step is also reported to the listener installed by :func:`listening` in the calling thread, if any, as
-``(what, done, total)``. A listener may raise to stop the computation at its next step (the server's
-timeout does). Without a listener nothing changes.
+``(what, done, total)``, and the console bar is left out. A listener may raise to stop the computation at
+its next step (the server's timeout does). Without a listener nothing changes.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ class Bar:
     """A tqdm bar (same arguments) whose updates also reach the thread's listener."""
 
     def __init__(self, total: int, desc: str, **kw: Any) -> None:
+        if getattr(_local, "fn", None) is not None:  # the listener shows it: no console bar as well
+            kw["disable"] = True
         self.bar, self.total, self.desc, self.done = tqdm(total=total, desc=desc, **kw), total, desc, 0
         report(desc, 0, total)
 
