@@ -40,6 +40,7 @@ if importlib.util.find_spec("jupyterlab") is None or importlib.util.find_spec("i
     pytest.skip(f"notebook browser tests skipped: {why}", allow_module_level=True)
 
 import nbformat  # noqa: E402
+from playwright.sync_api import TimeoutError as PlaywrightTimeout  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 from streetlamp.models.tiny import save_tiny  # noqa: E402
@@ -192,7 +193,7 @@ def run_first_cell(page: Any, fe: FrontEnd) -> None:
                 f"() => ({started})(document.querySelector({json.dumps(fe.prompt)}))", timeout=15_000
             )
             return
-        except Exception:
+        except PlaywrightTimeout:
             continue
     raise AssertionError(f"the first cell never started: {page.text_content(fe.prompt)!r}")
 
@@ -234,7 +235,7 @@ def test_report_runs_in_a_real_notebook(server: Server, browser: Any, name: str)
         run_first_cell(page, fe)
         try:
             iframe = page.wait_for_selector(fe.output, timeout=300_000)
-        except Exception:
+        except PlaywrightTimeout:
             page.screenshot(path=server.log.with_name(f"{name}-failed.png"))
             said = page.evaluate("document.body.innerText").splitlines()
             raise AssertionError(
@@ -263,9 +264,8 @@ def test_report_runs_in_a_real_notebook(server: Server, browser: Any, name: str)
             shown = frame.eval_on_selector_all("#raw tbody td.val", "es => es.map(e => Number(e.dataset.value))")
             np.testing.assert_allclose(shown, att[1, 2, t], atol=err)
         assert frame.evaluate("window.streetlamp.errors") == []
-        with urllib.request.urlopen(f"{server.origin}/api/sessions?token={server.token}", timeout=10) as r:
-            kernels = {x["path"]: x["kernel"]["name"] for x in json.load(r)}
-        assert kernels[f"{name}.ipynb"] == KERNEL
+        kernels = {x["path"]: x["kernel"]["name"] for x in api(server, "sessions")}
+        assert kernels[f"{name}.ipynb"] == KERNEL  # our kernel spec: this Python
         assert errors == [] and requests == []
         shot = os.environ.get("STREETLAMP_NOTEBOOK_SCREENSHOT")
         if shot and name == "jupyterlab":
@@ -279,3 +279,19 @@ def test_report_runs_in_a_real_notebook(server: Server, browser: Any, name: str)
         assert len(errors) == 2 and all("probe" in e for e in errors), errors
     finally:
         ctx.close()
+        stop_kernel(server, f"{name}.ipynb")
+
+
+def api(server: Server, path: str, method: str = "GET") -> Any:
+    req = urllib.request.Request(f"{server.origin}/api/{path}", method=method)
+    req.add_header("Authorization", f"token {server.token}")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        body = r.read()
+    return json.loads(body) if body else None
+
+
+def stop_kernel(server: Server, notebook: str) -> None:
+    """Shut the notebook's session and kernel down now (each holds a torch process's memory)."""
+    for s in api(server, "sessions"):
+        if s["path"] == notebook:
+            api(server, f"sessions/{s['id']}", "DELETE")
