@@ -261,8 +261,13 @@ def test_report_runs_in_a_real_notebook(server: Server, browser: Any, name: str)
         err = 0.5 / 65535 + 1e-6  # 16-bit fixed point, see pack.py
         for t in (0, 3, len(strip) - 2):
             frame.hover(f"#tokens .tok[data-i='{t}']")
-            shown = frame.eval_on_selector_all("#raw tbody td.val", "es => es.map(e => Number(e.dataset.value))")
-            np.testing.assert_allclose(shown, att[1, 2, t], atol=err)
+            rows = frame.eval_on_selector_all(
+                "#raw tbody tr[data-j]",
+                "trs => trs.map(tr => [+tr.dataset.j, +tr.querySelector('td.val').dataset.value])",
+            )  # one row per listed key (special tokens hidden by default); all 14 fit in the list's view
+            keys = [j for j, _ in rows]
+            assert set(keys) >= set(range(len(strip))) - set(manifest["special_positions"]), keys
+            np.testing.assert_allclose([v for _, v in rows], att[1, 2, t, keys], atol=err)
         assert frame.evaluate("window.streetlamp.errors") == []
         kernels = {x["path"]: x["kernel"]["name"] for x in api(server, "sessions")}
         assert kernels[f"{name}.ipynb"] == KERNEL  # our kernel spec: this Python
