@@ -383,6 +383,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
         hidden=args.hidden,
         weight_decay=args.weight_decay,
         dropout=args.dropout,
+        early_stopping=not args.no_early_stopping,
+        max_epochs=args.max_epochs,
         subtoken=args.subtoken,
         pool=args.pool,
         limit=args.limit,
@@ -732,6 +734,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--hidden", type=int, default=256, help="MLP hidden size")
     s.add_argument("--weight-decay", type=float, default=1e-3, help="L2 on probe weights (mean loss + wd/2 |W|^2)")
     s.add_argument("--dropout", type=float, default=0.0)
+    s.add_argument(
+        "--no-early-stopping",
+        action="store_true",
+        help="MLP / rank-R probes: train --max-epochs epochs instead of stopping on the dev loss",
+    )
+    s.add_argument("--max-epochs", type=int, default=100, help="epochs of the Adam-trained probes (MLP, rank-R)")
     s.add_argument("--subtoken", choices=["first", "last"], default="first", help="sub-token that represents a word")
     s.add_argument(
         "--pool",

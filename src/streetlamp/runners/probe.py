@@ -43,6 +43,8 @@ class ProbeSettings:
     hidden: int = 256
     weight_decay: float = 1e-3
     dropout: float = 0.0
+    early_stopping: bool = True  # MLP / rank-R probes: stop on the dev loss (False: train max_epochs epochs)
+    max_epochs: int = 100
     subtoken: str = "first"
     pool: str | None = None
     limit: int | None = None
@@ -100,7 +102,7 @@ def check_settings(s: ProbeSettings) -> None:
         raise StreetlampError("--random-seeds must be at least 1")
     if s.limit is not None and s.limit < 1:
         raise StreetlampError("--limit must be at least 1")
-    parse_probes(s.probes, s.hidden, s.weight_decay, s.dropout, s.seed)
+    parse_probes(s.probes, s.hidden, s.weight_decay, s.dropout, s.seed, s.early_stopping, s.max_epochs)
     parse_sweep(s.sweep)
 
 
@@ -244,7 +246,7 @@ def probe(
     adapter = load_model(model, device)
     layers = parse_layers(s.layers, adapter.n_layers)
     sites = [site_name(l, s.site) for l in layers]
-    specs = parse_probes(s.probes, s.hidden, s.weight_decay, s.dropout, s.seed)
+    specs = parse_probes(s.probes, s.hidden, s.weight_decay, s.dropout, s.seed, s.early_stopping, s.max_epochs)
     sweep = parse_sweep(s.sweep)
     sweep_layer = s.sweep_layer or str(adapter.n_layers // 2)
     if sweep and sweep_layer not in layers:
@@ -287,6 +289,8 @@ def probe(
     yc = control_labels(words, y, K, seed=s.seed + 1)
     majority = float((y[te] == np.bincount(y[tr], minlength=K).argmax()).mean())
     control_majority = float((yc[te] == np.bincount(yc[tr], minlength=K).argmax()).mean())
+    train_types = {words[k] for k in tr}
+    seen = float(np.mean([words[k] in train_types for k in te]))  # the most a type-memorising probe can use
 
     log(f"{len(task.texts)} texts, {len(y)} items, {K} classes; recording {len(sites)} sites")
     feats, logits = collect(adapter, inputs, sites, item_text, item_pos, pool, s.batch_size)
@@ -403,6 +407,10 @@ def probe(
                     "task_accuracy": a_t,
                     "control_accuracy": a_c,
                     "selectivity": selectivity(a_t, a_c),
+                    "train_accuracy": pt.accuracy(X[tr], y[tr]),
+                    "control_train_accuracy": pc.accuracy(X[tr], yc[tr]),
+                    "epochs": pt.epochs,
+                    "control_epochs": pc.epochs,
                 }
             )
 
@@ -424,7 +432,11 @@ def probe(
         },
         "settings": asdict(s),
         "probes": [p.params() for p in specs],
-        "baselines": {"majority_test_accuracy": majority, "control_majority_test_accuracy": control_majority},
+        "baselines": {
+            "majority_test_accuracy": majority,
+            "control_majority_test_accuracy": control_majority,
+            "test_items_with_a_training_word_type": seen,
+        },
         "seconds": round(time.time() - t_start, 1),
     }
     write_run(rf, res, info, mdl, sites, specs)
@@ -432,13 +444,14 @@ def probe(
 
 
 def sweep_spec(kind: str, v: float, s: ProbeSettings) -> ProbeSpec:
+    common = {"seed": s.seed, "early_stopping": s.early_stopping, "max_epochs": s.max_epochs}
     if kind == "hidden":
-        return ProbeSpec("mlp", hidden=int(v), weight_decay=s.weight_decay, dropout=s.dropout, seed=s.seed)
+        return ProbeSpec("mlp", hidden=int(v), weight_decay=s.weight_decay, dropout=s.dropout, **common)
     if kind == "rank":
-        return ProbeSpec("linear", rank=int(v), weight_decay=s.weight_decay, seed=s.seed)
+        return ProbeSpec("linear", rank=int(v), weight_decay=s.weight_decay, **common)
     if kind == "weight_decay":
-        return ProbeSpec("mlp", hidden=s.hidden, weight_decay=v, dropout=s.dropout, seed=s.seed)
-    return ProbeSpec("mlp", hidden=s.hidden, weight_decay=s.weight_decay, dropout=v, seed=s.seed)
+        return ProbeSpec("mlp", hidden=s.hidden, weight_decay=v, dropout=s.dropout, **common)
+    return ProbeSpec("mlp", hidden=s.hidden, weight_decay=s.weight_decay, dropout=v, **common)
 
 
 def load_model(model: str, device: str) -> ModelAdapter:
