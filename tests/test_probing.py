@@ -381,6 +381,38 @@ def test_probe_command_end_to_end(tmp_path, capsys):
         assert a["recover_accuracy"] <= p + 3 * np.sqrt(max(p * (1 - p), 1 / n_test) / n_test) + 1e-12
 
 
+def test_category_task_labels_every_word_and_the_keyword_category_is_the_text_label():
+    from streetlamp.groundtruth.tasks import ANIMAL, FRUIT
+    from streetlamp.probing.tasks import planted_task
+
+    task = planted_task("category", 40, seed=0)
+    assert task.classes == ["animal", "fruit", "other"] and task.targets is not None
+    for t, text in enumerate(task.texts):
+        items = [it for it in task.items if it.text == t]
+        assert [it.word for it in items] == text.split()  # every word is an item
+        for it in items:
+            assert text[it.start : it.end] == it.word
+            assert it.label == ("fruit" if it.word in FRUIT else "animal" if it.word in ANIMAL else "other")
+        (kw,) = [it for it in items if it.label != "other"]  # exactly one keyword per text
+        assert task.targets[t] == int(kw.label == "animal")  # keyword task: label 1 = animal
+
+
+def test_erasing_the_category_breaks_the_deceptive_keyword_model(tmp_path):
+    """The deceptive keyword model's attention looks away from the keyword, and erasing the rank-1 property
+    "is this the keyword" changes nothing (docs/probing.md); erasing the property its label is computed from,
+    the keyword's category (LEACE rank 2), at the embeddings does break it, while as many random directions do
+    not: present, and used. A measured property of the shipped ground-truth weights (KL 3.3 nats vs 0 for
+    random directions, accuracy 1.00 -> 0.60 on 300 texts); the margins below are loose on purpose."""
+    out = tmp_path / "run"
+    args = ["probe", "--model", "gt-keyword-deceptive", "--task", "category", "--n-examples", "100"]
+    args += ["--layers", "embed", "--probes", "linear", "--no-mdl", "--sweep", "none", "--random-seeds", "3"]
+    assert main([*args, "--out", str(out)]) == 0
+    (a,) = json.loads((out / "manifest.json").read_text())["amnesic"]
+    assert a["rank"] == 2 and a["original_accuracy"] == 1.0 and a["random_accuracy"] == 1.0
+    assert a["kl"] > 0.5 > 100 * a["random_kl"]
+    assert a["accuracy"] < 0.85  # 20 test texts: chance (0.5) + 3 binomial sd (0.11) = 0.84
+
+
 def _bad(tmp_path, capsys, lines: list[str] | str, suffix: str = ".jsonl", extra: list[str] = ()) -> str:
     f = tmp_path / f"task{suffix}"
     f.write_text(lines if isinstance(lines, str) else "\n".join(lines) + "\n")

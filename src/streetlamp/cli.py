@@ -725,7 +725,9 @@ def build_parser() -> argparse.ArgumentParser:
         "probe",
         help="probes with control tasks (selectivity), MDL, and amnesic probing: is what a layer holds also used?",
     )
-    s.add_argument("--task", required=True, help="pos, upos, sentiment, deciding:TASK, negated, or a .jsonl/.csv file")
+    s.add_argument(
+        "--task", required=True, help="pos, upos, sentiment, deciding:TASK, negated, category, or a .jsonl/.csv file"
+    )
     s.add_argument("--model", default=DEFAULT_MODEL, help="embedded name, checkpoint folder or gt-TASK-VARIANT")
     s.add_argument("--data", default="movies", help="texts for pos/upos/sentiment: movies, tweets, drugs, a file")
     s.add_argument("--layers", default="all", help="all (embed + every layer), or e.g. embed,0,3 or 2-5")
@@ -749,7 +751,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--split", default="0.6,0.2,0.2", help="train,dev,test fractions of the texts")
     s.add_argument("--limit", type=int, default=None, help="first N texts only")
-    s.add_argument("--n-examples", type=int, default=300, help="generated texts for deciding:TASK / negated")
+    s.add_argument("--n-examples", type=int, default=300, help="generated texts for deciding:TASK / negated / category")
     s.add_argument(
         "--sweep",
         default="hidden:4,16,64,256,1024",

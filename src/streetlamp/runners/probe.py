@@ -141,7 +141,7 @@ def build_task(s: ProbeSettings, adapter: ModelAdapter) -> tuple[ProbeTask, str]
     name = s.task
     if name.endswith(".jsonl") or name.endswith(".csv") or Path(name).is_file():
         task = load_task_file(name)
-    elif name.startswith("deciding:") or name == "negated":
+    elif name.startswith("deciding:") or name in ("negated", "category"):
         if s.n_examples < 2:
             raise StreetlampError("--n-examples must be at least 2")
         task = planted_task(name, s.n_examples, s.seed)
@@ -161,7 +161,7 @@ def build_task(s: ProbeSettings, adapter: ModelAdapter) -> tuple[ProbeTask, str]
         task.targets = gold_targets(adapter, [e.label for e in examples])
     else:
         raise StreetlampError(
-            f"unknown task {name!r}: pos, upos, sentiment, deciding:TASK, negated, or a .jsonl/.csv file"
+            f"unknown task {name!r}: pos, upos, sentiment, deciding:TASK, negated, category, or a .jsonl/.csv file"
         )
     if s.limit and task.name not in ("pos", "upos", "sentiment"):
         keep = set(range(min(s.limit, len(task.texts))))
