@@ -371,7 +371,9 @@ def test_probe_command_end_to_end(tmp_path, capsys):
         assert r["selectivity"] == r["task_accuracy"] - r["control_accuracy"]
     assert {t["title"].split(":")[0] for t in man["tables"]} >= {"present", "used", "capacity sweep"}
     assert [(r["epochs"], r["control_epochs"]) for r in man["sweep"]] == [(3, 3)]  # --no-early-stopping
-    assert 0 <= man["baselines"]["test_items_with_a_training_word_type"] <= 1
+    b = man["baselines"]
+    assert 0 <= b["test_items_with_a_training_word_type"] <= b["control_memoriser_test_accuracy"] <= 1
+    assert b["control_memoriser_test_accuracy"] >= b["control_majority_test_accuracy"]
     assert man["representation"]["sites"] == ["embed", "layers.0.resid_post", "layers.1.resid_post"]
     assert (out / "probe.png").stat().st_size > 0 and (out / "summary.md").exists()
     # after LEACE, a fresh linear probe does not beat the majority rate by more than sampling noise

@@ -146,7 +146,7 @@ def plot(
         ax.plot(v, [r["control_accuracy"] for r in sweep], "--o", ms=3, label="control")
         ax.plot(v, [r["selectivity"] for r in sweep], ":s", ms=3, label="selectivity")
         if ceiling is not None:
-            ax.axhline(ceiling, color="grey", lw=0.8, label="test items with a training word type")
+            ax.axhline(ceiling, color="grey", lw=0.8, label="control: perfect type memoriser")
         ax.set_xscale("log")
         ax.set_xticks(v, [f"{x:g}" for x in v])
         ax.minorticks_off()
@@ -199,7 +199,8 @@ def summary_lines(info: dict, rows: list[dict], amnesic: list[dict], sweep: list
     if sweep:
         lines.append(
             "test items whose word type occurs in training (the most a type-memorising control probe can "
-            f"use): {info['baselines']['test_items_with_a_training_word_type']:.3f}"
+            f"use): {info['baselines']['test_items_with_a_training_word_type']:.3f}; control accuracy of a perfect "
+            f"type memoriser (majority label on unseen types): {info['baselines']['control_memoriser_test_accuracy']:.3f}"
         )
     return lines
 
@@ -287,7 +288,7 @@ def write_run(rf: RunFolder, res: Any, info: dict, mdl: dict, sites: list[str], 
             probes,
             f"{info['model']['name']}: {info['task']['name']}",
             info["baselines"]["majority_test_accuracy"],
-            info["baselines"].get("test_items_with_a_training_word_type"),
+            info["baselines"].get("control_memoriser_test_accuracy"),
         )
         w.add_figure(
             file="probe.png",

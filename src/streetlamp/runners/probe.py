@@ -290,7 +290,10 @@ def probe(
     majority = float((y[te] == np.bincount(y[tr], minlength=K).argmax()).mean())
     control_majority = float((yc[te] == np.bincount(yc[tr], minlength=K).argmax()).mean())
     train_types = {words[k] for k in tr}
-    seen = float(np.mean([words[k] in train_types for k in te]))  # the most a type-memorising probe can use
+    seen_te = np.array([words[k] in train_types for k in te], dtype=bool)
+    seen = float(seen_te.mean())  # the share of test items a type-memorising probe can have seen
+    # a perfect type memoriser: right on every seen type, the training majority control label elsewhere
+    memoriser = float((seen_te | (yc[te] == np.bincount(yc[tr], minlength=K).argmax())).mean())
 
     log(f"{len(task.texts)} texts, {len(y)} items, {K} classes; recording {len(sites)} sites")
     feats, logits = collect(adapter, inputs, sites, item_text, item_pos, pool, s.batch_size)
@@ -436,6 +439,7 @@ def probe(
             "majority_test_accuracy": majority,
             "control_majority_test_accuracy": control_majority,
             "test_items_with_a_training_word_type": seen,
+            "control_memoriser_test_accuracy": memoriser,
         },
         "seconds": round(time.time() - t_start, 1),
     }
