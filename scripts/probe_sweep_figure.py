@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def main(out: str, runs: list[str]) -> None:
-    fig, axes = plt.subplots(1, len(runs), figsize=(5.2 * len(runs), 4.0), squeeze=False)
+    fig, axes = plt.subplots(1, len(runs), figsize=(5.2 * len(runs), 4.4), squeeze=False)
     for ax, run in zip(axes[0], runs):
         man = json.loads((Path(run) / "manifest.json").read_text())
         sw = man["sweep"]
@@ -47,9 +47,10 @@ def main(out: str, runs: list[str]) -> None:
         ax.set_ylim(0, 1.02)
         ax.set_xlabel(f"{sw[0]['kind']} ({'MLP, 1 hidden layer' if sw[0]['kind'] == 'hidden' else 'linear probe'})")
         ax.set_title(f"{man['model']['name']} · {man['task']['name']} · {sw[0]['site']}", fontsize=9)
-        ax.legend(fontsize=7)
     axes[0][0].set_ylabel("accuracy / selectivity")
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(out, dpi=110)
 
 
