@@ -80,7 +80,6 @@ def parse_probes(
     """
     if max_epochs < 1:
         raise StreetlampError("--max-epochs must be at least 1")
-    adam = {"early_stopping": early_stopping, "max_epochs": max_epochs}
     out = []
     for s in (x.strip() for x in spec.split(",")):
         if not s:
@@ -88,7 +87,16 @@ def parse_probes(
         if s == "linear":
             out.append(ProbeSpec("linear", weight_decay=weight_decay, seed=seed))
         elif s.startswith("linear-rank") and s[11:].isdigit():
-            out.append(ProbeSpec("linear", rank=int(s[11:]), weight_decay=weight_decay, seed=seed, **adam))
+            out.append(
+                ProbeSpec(
+                    "linear",
+                    rank=int(s[11:]),
+                    weight_decay=weight_decay,
+                    seed=seed,
+                    early_stopping=early_stopping,
+                    max_epochs=max_epochs,
+                )
+            )
         elif s in ("mlp", "mlp1", "mlp2"):
             out.append(
                 ProbeSpec(
@@ -98,7 +106,8 @@ def parse_probes(
                     weight_decay=weight_decay,
                     dropout=dropout,
                     seed=seed,
-                    **adam,
+                    early_stopping=early_stopping,
+                    max_epochs=max_epochs,
                 )
             )
         else:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -100,6 +100,8 @@ def check_settings(s: ProbeSettings) -> None:
         raise StreetlampError("--erase-at is items or all")
     if s.random_seeds < 1:
         raise StreetlampError("--random-seeds must be at least 1")
+    if s.hidden < 1:
+        raise StreetlampError("--hidden must be at least 1")
     if s.limit is not None and s.limit < 1:
         raise StreetlampError("--limit must be at least 1")
     parse_probes(s.probes, s.hidden, s.weight_decay, s.dropout, s.seed, s.early_stopping, s.max_epochs)
@@ -448,14 +450,22 @@ def probe(
 
 
 def sweep_spec(kind: str, v: float, s: ProbeSettings) -> ProbeSpec:
-    common = {"seed": s.seed, "early_stopping": s.early_stopping, "max_epochs": s.max_epochs}
+    base = ProbeSpec(
+        "mlp",
+        hidden=s.hidden,
+        weight_decay=s.weight_decay,
+        dropout=s.dropout,
+        seed=s.seed,
+        early_stopping=s.early_stopping,
+        max_epochs=s.max_epochs,
+    )
     if kind == "hidden":
-        return ProbeSpec("mlp", hidden=int(v), weight_decay=s.weight_decay, dropout=s.dropout, **common)
+        return replace(base, hidden=int(v))
     if kind == "rank":
-        return ProbeSpec("linear", rank=int(v), weight_decay=s.weight_decay, **common)
+        return replace(base, kind="linear", hidden=0, dropout=0.0, rank=int(v))
     if kind == "weight_decay":
-        return ProbeSpec("mlp", hidden=s.hidden, weight_decay=v, dropout=s.dropout, **common)
-    return ProbeSpec("mlp", hidden=s.hidden, weight_decay=s.weight_decay, dropout=v, **common)
+        return replace(base, weight_decay=v)
+    return replace(base, dropout=v)
 
 
 def load_model(model: str, device: str) -> ModelAdapter:
