@@ -415,6 +415,31 @@ def test_erasing_the_category_breaks_the_deceptive_keyword_model(tmp_path):
     assert a["accuracy"] < 0.85  # 20 test texts: chance (0.5) + 3 binomial sd (0.11) = 0.84
 
 
+def test_skip_first_leaves_out_the_words_at_position_0_of_a_causal_lm(tmp_path):
+    """--skip-first: the word at position 0 (a causal LM's attention sink) is not probed, fitted or erased."""
+    from streetlamp.models.tiny import save_tiny
+
+    model = save_tiny("gpt2", tmp_path / "gpt2", seed=0)  # word-level tokenizer, no BOS: word 0 is position 0
+    vocab = "the movie film was good bad great plot acting story".split()
+    rng = np.random.default_rng(0)
+    rows = []
+    for _ in range(40):
+        words = list(rng.choice(vocab, size=5))
+        rows.append(
+            json.dumps({"words": words, "labels": ["n" if w in ("movie", "film", "plot") else "o" for w in words]})
+        )
+    f = tmp_path / "task.jsonl"
+    f.write_text("\n".join(rows) + "\n")
+    args = ["probe", "--model", str(model), "--task", str(f), "--layers", "0", "--probes", "linear", "--no-mdl"]
+    args += ["--sweep", "none", "--random-seeds", "1"]
+    assert main([*args, "--out", str(tmp_path / "all")]) == 0
+    assert main([*args, "--skip-first", "--out", str(tmp_path / "skip")]) == 0
+    full = json.loads((tmp_path / "all" / "manifest.json").read_text())["task"]
+    skip = json.loads((tmp_path / "skip" / "manifest.json").read_text())["task"]
+    assert full["n_items"] == 200 and full["dropped_words_at_position_0"] == 0
+    assert skip["dropped_words_at_position_0"] == 40 and skip["n_items"] == 160
+
+
 def _bad(tmp_path, capsys, lines: list[str] | str, suffix: str = ".jsonl", extra: list[str] = ()) -> str:
     f = tmp_path / f"task{suffix}"
     f.write_text(lines if isinstance(lines, str) else "\n".join(lines) + "\n")

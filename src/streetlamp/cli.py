@@ -395,6 +395,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         amnesic=not args.no_amnesic,
         random_seeds=args.random_seeds,
         erase_at=args.erase_at,
+        skip_first=args.skip_first,
         sweep=args.sweep,
         sweep_layer=args.sweep_layer,
         batch_size=args.batch_size,
@@ -764,6 +765,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["items", "all"],
         default="items",
         help="token tasks: erase at the labelled sub-tokens (where LEACE was fitted) or at every position",
+    )
+    s.add_argument(
+        "--skip-first",
+        action="store_true",
+        help="token tasks: leave out words at position 0 (a causal LM's attention sink, with a massive activation)",
     )
     s.add_argument("--no-mdl", action="store_true")
     s.add_argument("--no-amnesic", action="store_true")

@@ -55,6 +55,7 @@ class ProbeSettings:
     amnesic: bool = True
     random_seeds: int = 5
     erase_at: str = "items"
+    skip_first: bool = False  # token tasks: leave out the words at position 0 (probes, eraser, edit)
     sweep: str | None = "hidden:4,16,64,256,1024"
     sweep_layer: str | None = None
     batch_size: int | None = None
@@ -98,6 +99,8 @@ def check_settings(s: ProbeSettings) -> None:
         raise StreetlampError("--split needs three positive fractions summing to 1 (train,dev,test)")
     if s.erase_at not in ("items", "all"):
         raise StreetlampError("--erase-at is items or all")
+    if s.skip_first and s.erase_at == "all":
+        raise StreetlampError("--skip-first leaves position 0 unedited, --erase-at all edits it: choose one")
     if s.random_seeds < 1:
         raise StreetlampError("--random-seeds must be at least 1")
     if s.hidden < 1:
@@ -258,7 +261,7 @@ def probe(
     inputs = adapter.encode(task.texts, truncate=s.truncate)
     ids = [inputs.input_ids[b, :n].tolist() for b, n in enumerate(inputs.lengths)]
     silver = task.name in ("pos", "upos")
-    n_dropped = 0
+    n_dropped = n_first = 0
     if pool == "token":
         kept, positions, n_dropped = align(
             adapter.tokenizer,
@@ -267,6 +270,10 @@ def probe(
             s.subtoken,  # type: ignore[arg-type]
             "drop" if silver else "refuse",
         )
+        if s.skip_first:  # the words at position 0 (a causal LM's attention sink): not probed, fitted or erased
+            keep = [j for j, q in enumerate(positions) if q != 0]
+            n_first = len(positions) - len(keep)
+            kept, positions = [kept[j] for j in keep], [positions[j] for j in keep]
         task.items = [task.items[k] for k in kept]
         item_pos: np.ndarray | None = np.array(positions, dtype=np.int64)
     else:
@@ -429,6 +436,7 @@ def probe(
             "n_items": len(y),
             "items_per_split": [len(tr), len(dv), len(te)],
             "dropped_unalignable_words": n_dropped,
+            "dropped_words_at_position_0": n_first,
             **task.source,
         },
         "representation": {
