@@ -46,7 +46,8 @@ def main(out: str, runs: list[str]) -> None:
         ax.minorticks_off()
         ax.set_ylim(0, 1.02)
         ax.set_xlabel(f"{sw[0]['kind']} ({'MLP, 1 hidden layer' if sw[0]['kind'] == 'hidden' else 'linear probe'})")
-        ax.set_title(f"{man['model']['name']} · {man['task']['name']} · {sw[0]['site']}", fontsize=9)
+        where = f"{man['settings']['data']}, {man['task']['n_texts']} texts"
+        ax.set_title(f"{man['model']['name']} · {man['task']['name']} ({where}) · {sw[0]['site']}", fontsize=9)
     axes[0][0].set_ylabel("accuracy / selectivity")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=7, frameon=False)
