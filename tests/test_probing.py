@@ -472,6 +472,9 @@ def test_bad_task_files(tmp_path, capsys):
     assert "single class" in _bad(tmp_path, capsys, _rows(30, label=lambda i: "a"))
     assert "too few examples for the split" in _bad(tmp_path, capsys, _rows(2))
     assert "needs columns" in _bad(tmp_path, capsys, "x,y\n1,2\n", suffix=".csv")
+    assert "choose one" in _bad(tmp_path, capsys, _rows(30), extra=["--skip-first", "--erase-at", "all"])
+    assert "--max-epochs must be at least 1" in _bad(tmp_path, capsys, _rows(30), extra=["--max-epochs", "0"])
+    assert "--hidden must be at least 1" in _bad(tmp_path, capsys, _rows(30), extra=["--hidden", "0"])
 
 
 def test_csv_token_task_reads(tmp_path):
