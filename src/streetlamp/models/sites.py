@@ -50,6 +50,9 @@ class Family:
     o_proj: str  # relative to a layer
     mlp_out: str  # relative to a layer
     embed: str  # token-embedding lookup, relative to the base model
+    # Gemma 2/3 RMS-normalise a layer's attention output before it joins the residual stream
+    # ("sandwich" norms): the output is then unchanged when all of a layer's attention is scaled by α > 0
+    normed_attention_output: bool = False
 
 
 _BERT = dict(
@@ -79,8 +82,9 @@ FAMILIES: dict[str, Family] = {
     "qwen2": Family("qwen2", **_LLAMA),
     "qwen3": Family("qwen3", **_LLAMA),  # q_norm / k_norm act before the attention function
     "phi3": Family("phi3", **_LLAMA),  # fused qkv_proj and gate_up_proj; o_proj and down_proj as Llama's
-    "gemma2": Family("gemma2", **_LLAMA),  # mlp.out is down_proj, before post_feedforward_layernorm
-    "gemma3_text": Family("gemma3_text", **_LLAMA),  # Gemma3ForCausalLM (text only)
+    # mlp.out is down_proj, before post_feedforward_layernorm
+    "gemma2": Family("gemma2", **_LLAMA, normed_attention_output=True),
+    "gemma3_text": Family("gemma3_text", **_LLAMA, normed_attention_output=True),  # Gemma3ForCausalLM (text only)
     # ModernBERT: fused Wqkv; W_O is attn.Wo, the MLP's last linear mlp.Wo; alternating global and
     # local (bidirectional sliding-window) layers
     "modernbert": Family(

@@ -219,12 +219,15 @@
       if (!keys) { detail.appendChild(el("p", { text: `no stored arrays for ${e}` })); return; }
       detail.appendChild(el("h2", { id: "example-title", text: `Example ${e}` }));
       const ids = keys.includes("input_ids") ? (await L.arr(`example/${e}/input_ids`)).data : null;
+      const toks = (E.tokens || {})[e] || null;
       const ms = keys.filter((k) => k.endsWith(".tokens")).map((k) => k.slice(0, -7));
       if (ms.length) {
         const n = (await L.arr(`example/${e}/${ms[0]}.tokens`)).shape[0], vals = new Float32Array(ms.length * n);
         for (let r = 0; r < ms.length; r++) vals.set((await L.arr(`example/${e}/${ms[r]}.tokens`)).data.subarray(0, n), r * n);
         detail.appendChild(L.valueGrid("example-scores", vals, ms.length, n, { title: "token scores per method (stored)", rowName: "method", colName: "token", rowLabels: ms,
-          colLabels: range(n).map((j) => (ids ? `${j} (token id ${ids[j]})` : String(j))), signed: true, note: "the run store keeps token ids, not strings" }));
+          colLabels: range(n).map((j) => (toks ? `${j} ${L.q(toks[j])}` : ids ? `${j} (token id ${ids[j]})` : String(j))), signed: true,
+          note: toks ? "tokens as the run stored them" : "this run store predates stored token text: token ids shown" }));
+        if (toks) detail.appendChild(el("div", { cls: "tokens", id: "example-tokens" }, toks.map((t, j) => el("span", { cls: "tok", title: `position ${j}` }, t))));
       }
       const curves = [];
       for (const m of ms) for (const kind of ["deletion_curve", "insertion_curve"]) if (keys.includes(`${m}.${kind}`)) { const c = (await L.arr(`example/${e}/${m}.${kind}`)).data; curves.push({ name: `${m} ${kind.split("_")[0]}`, x: range(c.length).map((i) => i / (c.length - 1)), y: Array.from(c) }); }
