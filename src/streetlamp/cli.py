@@ -383,6 +383,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
         hidden=args.hidden,
         weight_decay=args.weight_decay,
         dropout=args.dropout,
+        early_stopping=not args.no_early_stopping,
+        max_epochs=args.max_epochs,
         subtoken=args.subtoken,
         pool=args.pool,
         limit=args.limit,
@@ -393,6 +395,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         amnesic=not args.no_amnesic,
         random_seeds=args.random_seeds,
         erase_at=args.erase_at,
+        skip_first=args.skip_first,
         sweep=args.sweep,
         sweep_layer=args.sweep_layer,
         batch_size=args.batch_size,
@@ -723,7 +726,9 @@ def build_parser() -> argparse.ArgumentParser:
         "probe",
         help="probes with control tasks (selectivity), MDL, and amnesic probing: is what a layer holds also used?",
     )
-    s.add_argument("--task", required=True, help="pos, upos, sentiment, deciding:TASK, negated, or a .jsonl/.csv file")
+    s.add_argument(
+        "--task", required=True, help="pos, upos, sentiment, deciding:TASK, negated, category, or a .jsonl/.csv file"
+    )
     s.add_argument("--model", default=DEFAULT_MODEL, help="embedded name, checkpoint folder or gt-TASK-VARIANT")
     s.add_argument("--data", default="movies", help="texts for pos/upos/sentiment: movies, tweets, drugs, a file")
     s.add_argument("--layers", default="all", help="all (embed + every layer), or e.g. embed,0,3 or 2-5")
@@ -732,6 +737,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--hidden", type=int, default=256, help="MLP hidden size")
     s.add_argument("--weight-decay", type=float, default=1e-3, help="L2 on probe weights (mean loss + wd/2 |W|^2)")
     s.add_argument("--dropout", type=float, default=0.0)
+    s.add_argument(
+        "--no-early-stopping",
+        action="store_true",
+        help="MLP / rank-R probes: train --max-epochs epochs instead of stopping on the dev loss",
+    )
+    s.add_argument("--max-epochs", type=int, default=100, help="epochs of the Adam-trained probes (MLP, rank-R)")
     s.add_argument("--subtoken", choices=["first", "last"], default="first", help="sub-token that represents a word")
     s.add_argument(
         "--pool",
@@ -741,7 +752,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--split", default="0.6,0.2,0.2", help="train,dev,test fractions of the texts")
     s.add_argument("--limit", type=int, default=None, help="first N texts only")
-    s.add_argument("--n-examples", type=int, default=300, help="generated texts for deciding:TASK / negated")
+    s.add_argument("--n-examples", type=int, default=300, help="generated texts for deciding:TASK / negated / category")
     s.add_argument(
         "--sweep",
         default="hidden:4,16,64,256,1024",
@@ -754,6 +765,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["items", "all"],
         default="items",
         help="token tasks: erase at the labelled sub-tokens (where LEACE was fitted) or at every position",
+    )
+    s.add_argument(
+        "--skip-first",
+        action="store_true",
+        help="token tasks: leave out words at position 0 (a causal LM's attention sink, with a massive activation)",
     )
     s.add_argument("--no-mdl", action="store_true")
     s.add_argument("--no-amnesic", action="store_true")
