@@ -21,7 +21,7 @@ name                            shape                               what
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -55,14 +55,14 @@ class Family:
     normed_attention_output: bool = False
 
 
-_BERT = dict(
+_BERT: dict[str, Any] = dict(
     layers="encoder.layer",
     attn="attention.self",
     o_proj="attention.output.dense",
     mlp_out="output.dense",
     embed="embeddings.word_embeddings",
 )
-_LLAMA = dict(
+_LLAMA: dict[str, Any] = dict(
     layers="layers", attn="self_attn", o_proj="self_attn.o_proj", mlp_out="mlp.down_proj", embed="embed_tokens"
 )
 FAMILIES: dict[str, Family] = {
