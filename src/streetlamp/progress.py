@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from tqdm.auto import tqdm
+from tqdm import tqdm  # text bars everywhere (tqdm.auto warns in notebooks without ipywidgets)
 
 Listener = Callable[[str, int, int], None]
 T = TypeVar("T")

@@ -24,7 +24,7 @@ from .base import Method
 from .rollout import attention_gradient_texts
 
 try:
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # text bars everywhere (tqdm.auto warns in notebooks without ipywidgets)
 except ImportError:  # pragma: no cover
     tqdm = None
 
