@@ -24,6 +24,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from ..errors import StreetlampError  # noqa: E402
+from ..methods.base import Method  # noqa: E402
 from ..methods.ig import IntegratedGradients  # noqa: E402
 from ..methods.registry import get_method  # noqa: E402
 from ..models.adapter import Inputs, ModelAdapter, Target  # noqa: E402
@@ -252,7 +253,7 @@ def explain_generation(
 
 def per_prefix(
     adapter: ModelAdapter,
-    method: Any,
+    method: Method,
     full: torch.Tensor,
     prompt_len: int,
     quantity: str,
