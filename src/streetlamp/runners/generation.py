@@ -121,6 +121,9 @@ def explain_generation(
         continuation = continuation_ids(adapter, prompt, continuation)
     if continuation is not None and not 1 <= len(continuation) <= MAX_NEW_TOKENS:
         raise StreetlampError(f"the continuation must be 1..{MAX_NEW_TOKENS} tokens (got {len(continuation)})")
+    bad = [t for t in continuation or [] if not 0 <= int(t) < adapter.n_outputs]
+    if bad:
+        raise StreetlampError(f"token id {bad[0]} out of range: the vocabulary has {adapter.n_outputs} ids")
     if prompt_len + (len(continuation) if continuation else new_tokens) > adapter.max_positions:
         raise StreetlampError(f"prompt and continuation exceed the model's {adapter.max_positions} positions")
     t0 = time.time()
