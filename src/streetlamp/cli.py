@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -87,8 +88,17 @@ def _load(args: argparse.Namespace, settings: Settings):
     """Load the model, then check every setting against it: all before any output exists."""
     from .models.loading import load
 
+    device_map = getattr(args, "device_map", None)
+    if device_map is None and (getattr(args, "max_memory", None) or getattr(args, "offload_folder", None)):
+        raise StreetlampError("--max-memory and --offload-folder need --device-map auto")
+    if device_map is not None and args.device != "cpu":
+        raise StreetlampError("--device and --device-map exclude each other: the map places the model")
+    max_memory = parse_max_memory(getattr(args, "max_memory", None)) if device_map else None
     adapter = load(args.model)
-    adapter.to(args.device, args.dtype)
+    if device_map is not None:
+        adapter.dispatch(max_memory, args.offload_folder, args.dtype)
+    else:
+        adapter.to(args.device, args.dtype)
     settings.validate(adapter)
     return adapter
 
@@ -375,7 +385,28 @@ def shared_options(
             help="model weights' dtype (bfloat16/float16 for GPUs; scores are returned as float32)",
         )
         p.add_argument("--force", action="store_true", help="run even when the memory estimate says it will not fit")
+        p.add_argument(
+            "--device-map",
+            choices=["auto"],
+            default=None,
+            help="spread the model over GPUs, CPU and disk (accelerate); see --max-memory, --offload-folder",
+        )
+        p.add_argument("--max-memory", default=None, help="with --device-map: e.g. '0=20GiB,cpu=30GiB'")
+        p.add_argument("--offload-folder", default=None, help="with --device-map: where layers that do not fit go")
     return p
+
+
+def parse_max_memory(text: str | None) -> dict[int | str, str] | None:
+    """``'0=20GiB,cpu=30GiB'`` -> ``{"0": "20GiB", "cpu": "30GiB"}`` (accelerate's max_memory)."""
+    if text is None:
+        return None
+    out: dict[int | str, str] = {}
+    for part in text.split(","):
+        dev, _, size = part.strip().partition("=")
+        if not dev or not re.fullmatch(r"\d+(\.\d+)?\s*([KMGT]i?B)", size.strip()) or not re.fullmatch(r"cpu|\d+", dev):
+            raise StreetlampError(f"--max-memory {text!r}: give device=size pairs, e.g. '0=20GiB,cpu=30GiB'")
+        out[int(dev) if dev.isdigit() else dev] = size.strip()
+    return out
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
