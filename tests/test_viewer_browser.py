@@ -417,6 +417,27 @@ def test_grids_show_the_stored_values(
     page.clean()
 
 
+def test_generation_method_selector_shows_each_methods_values(page: Page, tmp_path: Path) -> None:
+    folder = tmp_path / "gen"
+    ck = save_tiny("gpt2", tmp_path / "ckpt", seed=1)
+    argv = ["explain-generation", "the movie was not", "--model", str(ck), "--new-tokens", "3"]
+    assert main([*argv, "--methods", "attention,occlusion", "--out", str(folder)]) == 0
+    write_report(folder)
+    a = load_arrays(folder / "arrays.safetensors")
+    page.open(folder / "report.html")
+    p = page.page
+    assert p.eval_on_selector_all("#gen-method option", "os => os.map(o => o.value)") == ["attention", "occlusion"]
+    for method in ("attention", "occlusion", "attention"):
+        p.select_option("#gen-method", method)
+        assert p.get_attribute("#gen-matrix", "data-method") == method and method in p.text_content("#gen-explained")
+        for i, j in [(0, 0), (2, 4), (1, 3)]:  # allowed cells: row i sees the prompt (4 tokens) and i generated ones
+            want = float(a[f"{method}.matrix"][i, j])
+            assert hover_cell(page, "#gen-matrix", i, j) == pytest.approx(want, rel=1e-6, abs=1e-12), (method, i, j)
+    assert "method=attention" in p.url
+    assert not np.allclose(a["attention.matrix"], a["occlusion.matrix"])  # switching must show different numbers
+    page.clean()
+
+
 def test_heads_scatter_and_ranking(command_runs: dict[str, Path], page: Page) -> None:
     folder = command_runs["heads"]
     a = load_arrays(folder / "arrays.safetensors")

@@ -157,27 +157,37 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_explain_generation(args: argparse.Namespace) -> int:
+    from .methods.registry import parse_methods
     from .runners.generation import explain_generation
 
+    methods = parse_methods(args.methods)
     ig_params = parse_method_params(
         args.ig_params and f'{{"integrated_gradients": {args.ig_params}}}', ["integrated_gradients"], "--ig-params"
     ).get("integrated_gradients", {})
-    s = GenerationSettings.from_args(args, ig_params=ig_params)
+    if ig_params and "integrated_gradients" not in methods:
+        raise StreetlampError("--ig-params given but integrated_gradients is not among --methods")
+    method_params = parse_method_params(args.method_params, methods)
+    s = GenerationSettings.from_args(args, ig_params=ig_params, methods=methods, method_params=method_params)
     out = _run_folder(args, "explain-generation", "generation")
     adapter = _load(args, s)
     from .models.memory import check_memory
 
-    check_memory(adapter, max(adapter.encode(s.prompt).lengths) + s.new_tokens, args.force, record_attention=False)
+    length = len(adapter.encode(s.prompt + s.continuation).input_ids[0]) if s.continuation else None
+    n = length if length is not None else max(adapter.encode(s.prompt).lengths) + s.new_tokens
+    check_memory(adapter, n, args.force, record_attention=False)
     return _print(
         explain_generation(
             adapter,
             s.prompt,
             out,
             new_tokens=s.new_tokens,
+            continuation=s.continuation,
+            methods=s.methods,
             quantity=s.quantity,
             batch_size=s.batch_size,
             seed=s.seed,
             ig_params=s.ig_params,
+            method_params=s.method_params,
         )
     )
 
@@ -545,14 +555,28 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_explain)
     s = sub.add_parser(
         "explain-generation",
-        help="causal LM: integrated gradients of every generated token over "
-        "the prompt and earlier tokens, one shared path",
+        help="causal LM: attribution of every generated (or given) token over the prompt and earlier tokens, "
+        "with any method (default integrated gradients, one shared path)",
         parents=[shared_options(model="smollm2-135m", out="output folder (default runs/generation-<time>)")],
     )
     s.add_argument("prompt")
     s.add_argument("--new-tokens", type=int, default=8, help="greedy tokens to generate and explain (1..64)")
     s.add_argument("--quantity", choices=["prob", "logit", "logprob"], default="logprob")
+    s.add_argument(
+        "--continuation",
+        default=None,
+        help="forced decoding: explain this given continuation (re-tokenised after the prompt) instead of "
+        "generating greedily",
+    )
+    s.add_argument(
+        "--methods",
+        default="integrated_gradients",
+        help="comma-separated method names, or 'all' (default: integrated_gradients); each gives one matrix",
+    )
     s.add_argument("--ig-params", default=None, help='JSON, e.g. \'{"rule": "panels", "steps": 16}\'')
+    s.add_argument(
+        "--method-params", default=None, help='JSON per method, e.g. \'{"occlusion": {"replacement": "unk"}}\''
+    )
     s.set_defaults(func=cmd_explain_generation)
     s = sub.add_parser(
         "heads",
