@@ -58,6 +58,11 @@ browser:
 	    { apt-get install -y -q chromium >/dev/null 2>&1 || \
 	      { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }; }; } || \
 	  echo "streetlamp: chromium is not installed and cannot be (needs root and apt): the report's browser tests will skip"
+	@command -v firefox-esr >/dev/null 2>&1 || command -v firefox >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	    { apt-get install -y -q firefox-esr >/dev/null 2>&1 || \
+	      { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q firefox-esr >/dev/null 2>&1; }; }; } || \
+	  echo "streetlamp: firefox is not installed and cannot be (needs root and apt): the report's Firefox test will skip"
 
 # the cot server test against a real llama.cpp server (llama-cpp-python builds llama.cpp from source:
 # far longer than a CI run should take, so it is opt-in)

@@ -9,7 +9,7 @@ set -u
 OUT=${OUT:-/tmp/devout}; mkdir -p "$OUT"
 export DEV=${DEV:-cuda}   # DEV=cpu PY=.venv/bin/python scripts/device_check.sh rehearses it here
 PY=${PY:-python3}
-PARTS=${PARTS:-tests,explain,compare,bench}   # a shorter rerun: PARTS=tests,compare
+PARTS=${PARTS:-tests,explain,compare,bench}   # a shorter rerun: PARTS=tests,compare; the serve benchmark: PARTS=serve
 has() { [[ ",$PARTS," == *",$1,"* ]]; }
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 STREETLAMP_CACHE=/tmp/slcache
 $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .devcarry/whl/*.whl || exit 1
@@ -82,6 +82,10 @@ for run in ("eval", "evlm"):
     print(f"  {run}: {len(m)} of {len(b)} rows matched; largest |{dev} - cpu| per method/metric:")
     print(m.groupby(["method", "metric"]).d.max().sort_values(ascending=False).head(8).to_string())
 EOF
+  fi
+  if has serve; then
+  echo "== streetlamp serve benchmark on the device machine's CPU (16 cores, quiet): bench_serve.py defaults"
+  OMP_NUM_THREADS=4 timeout 420 $PY benchmarks/bench_serve.py 2>&1 | grep -v "it/s" | tail -20
   fi
   if has bench; then
   echo "== IG vs Captum LayerIntegratedGradients on $DEV"

@@ -9,7 +9,7 @@ rm -rf .devcarry; mkdir -p .devcarry/whl .devcarry/minilm
 ver() { $PY -m pip show "$1" | awk '/^Version/{print $2}'; }
 $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .devcarry/whl \
-    "captum==$(ver captum)" "gguf==$(ver gguf)"
+    "captum==$(ver captum)" "gguf==$(ver gguf)" "starlette==$(ver starlette)" "uvicorn==$(ver uvicorn)"
 $PY - <<'PYEOF'
 import csv, random, shutil, importlib.util, pathlib
 from safetensors.torch import load_file, save_file

@@ -404,11 +404,17 @@ def test_panels_without_f_values_and_on_real_models(tiny: ModelAdapter) -> None:
     )
     assert rec["converged"]
     np.testing.assert_allclose(ig[0].numpy(), exact, atol=1e-4 * abs(exact).max())
-    if tiny.family.name == "gemma3_text":
-        pytest.xfail(
-            "open (families branch): on the tiny Gemma 3 path panels and its reference disagree; not diagnosed"
-        )
     inputs = tiny.encode(TEXTS[0])
+    if tiny.family.name == "gemma3_text":
+        # diagnosed: its pad embedding is the zero vector, so the 'pad' baseline is the zero baseline, and the
+        # first RMSNorm makes F jump within ~sqrt(eps)/rms(e) of it (12% of F(e) - F(0) in the first 1/800 of
+        # the path here). No rule resolves that; the method must say so and must not claim convergence.
+        p = IntegratedGradients(rule="panels", tolerance=1e-4, max_steps=1024)
+        with pytest.warns(UserWarning):
+            e = p.attribute(tiny, inputs, target=Target())[0]
+        assert "zero vector in this model" in e.info["baseline_used"]
+        assert not e.info["converged"] and e.info["history"][-1]["max_relative_error"] > 1e-4
+        return
     p = IntegratedGradients(rule="panels", tolerance=1e-4, max_steps=1024).attribute(tiny, inputs, target=Target())[0]
     ref = IntegratedGradients(rule="gauss_legendre", steps=256, adaptive=False).attribute(
         tiny, inputs, target=Target()

@@ -133,6 +133,70 @@ def test_mlp_probe_early_stops_and_is_seeded():
     assert r.net.net[0].weight.shape == (1, 8)
 
 
+def _best_halfspace_agreement(P: np.ndarray, labels: np.ndarray) -> float:
+    """Exact best share of points (in the plane) that one halfspace classifies as ``labels`` (0/1).
+
+    Brute force, independent of the probes: the order of the points along a direction changes only at the
+    angles where two points project equally; one direction between each pair of consecutive such angles
+    gives every order, and along each order every threshold (both orientations) is scanned.
+    """
+    crit = []
+    for i in range(len(P)):
+        for j in range(i + 1, len(P)):
+            d = P[i] - P[j]
+            a = np.arctan2(d[1], d[0]) + np.pi / 2
+            crit += [a % (2 * np.pi), (a + np.pi) % (2 * np.pi)]
+    crit = np.sort(crit)
+    mids = (crit + np.append(crit[1:], crit[0] + 2 * np.pi)) / 2
+    best = 0
+    for a in mids:
+        o = labels[np.argsort(P @ np.array([np.cos(a), np.sin(a)]))]
+        zeros_left = np.concatenate([[0], np.cumsum(o == 0)])
+        ones_left = np.concatenate([[0], np.cumsum(o == 1)])
+        agree = zeros_left + (ones_left[-1] - ones_left)  # predict 0 left of the cut, 1 right of it
+        best = max(best, int(agree.max()), int((len(P) - agree).max()))
+    return best / len(P)
+
+
+def test_control_task_is_memorised_by_a_big_mlp_and_not_by_a_rank1_probe():
+    """Hewitt & Liang's mechanism on a planted toy where the answer is known.
+
+    36 word types, one fixed random point in the plane each (a jittered grid, so no two coincide); every
+    type occurs 3 times in training and 2 times in test with the same vector, so a probe that memorises
+    the types can reach control accuracy 1. The task label is a halfspace (x > 2.5), the control labels
+    are Hewitt & Liang's random per-type labels. A wide MLP without regularisation or early stopping
+    fits every training type, hence control test accuracy = 1 and selectivity 0. A rank-1 probe is one
+    halfspace, so its control accuracy is at most the best halfspace's agreement with the control labels,
+    computed here exactly by brute force; it solves the task (a halfspace), so its selectivity is at
+    least 1 - that bound.
+    """
+    rng = np.random.default_rng(0)
+    grid = np.stack(np.meshgrid(np.arange(6), np.arange(6)), -1).reshape(-1, 2).astype(np.float64)
+    P = grid + rng.uniform(-0.25, 0.25, grid.shape)
+    words = [f"w{t}" for t in range(len(P))]
+    y_type = (P[:, 0] > 2.5).astype(np.int64)
+    yc_type = control_labels(words, y_type, 2, seed=0)
+    tr, te = np.repeat(np.arange(len(P)), 3), np.repeat(np.arange(len(P)), 2)
+    free = {"weight_decay": 0.0, "dropout": 0.0, "early_stopping": False, "lr": 1e-2, "batch_size": len(tr)}
+    big = ProbeSpec("mlp", hidden=256, max_epochs=500, **free)
+    rank1 = ProbeSpec("linear", rank=1, max_epochs=300, **{k: v for k, v in free.items() if k != "dropout"})
+    mc = fit_probe(big, P[tr], yc_type[tr], 2)
+    assert mc.epochs == 500  # no early stopping
+    assert mc.accuracy(P[tr], yc_type[tr]) == 1.0  # every training type memorised ...
+    assert mc.accuracy(P[te], yc_type[te]) == 1.0  # ... so every test token (same types, same vectors) is right
+    mt = fit_probe(big, P[tr], y_type[tr], 2)
+    assert mt.accuracy(P[te], y_type[te]) == 1.0  # selectivity of the big MLP: 1 - 1 = 0
+    bound = _best_halfspace_agreement(P, yc_type)
+    assert bound < 0.9  # random labels on 36 points are far from a halfspace (this draw: computed, not assumed)
+    rc = fit_probe(rank1, P[tr], yc_type[tr], 2)
+    assert rc.net.net[0].weight.shape == (1, 2)
+    acc_c = rc.accuracy(P[te], yc_type[te])
+    assert acc_c <= bound + 1e-12  # each type counts twice in test: token accuracy = type agreement
+    rt = fit_probe(rank1, P[tr], y_type[tr], 2)
+    assert rt.accuracy(P[te], y_type[te]) == 1.0  # the task is one halfspace with a margin
+    assert 1.0 - acc_c >= 1.0 - bound > 0.1  # the rank-1 probe is selective, the big MLP is not
+
+
 # -- MDL ------------------------------------------------------------------------------------------------------
 def test_mdl_online_code_closed_form_without_features():
     # zero features: the logistic probe can only fit its (unpenalised) intercepts, whose optimum predicts
@@ -288,6 +352,9 @@ def test_probe_command_end_to_end(tmp_path, capsys):
             "linear",
             "--sweep",
             "hidden:8",
+            "--no-early-stopping",
+            "--max-epochs",
+            "3",
             "--random-seeds",
             "2",
             "--out",
@@ -303,6 +370,10 @@ def test_probe_command_end_to_end(tmp_path, capsys):
     for r in man["results"]:
         assert r["selectivity"] == r["task_accuracy"] - r["control_accuracy"]
     assert {t["title"].split(":")[0] for t in man["tables"]} >= {"present", "used", "capacity sweep"}
+    assert [(r["epochs"], r["control_epochs"]) for r in man["sweep"]] == [(3, 3)]  # --no-early-stopping
+    b = man["baselines"]
+    assert 0 <= b["test_items_with_a_training_word_type"] <= b["control_memoriser_test_accuracy"] <= 1
+    assert b["control_memoriser_test_accuracy"] >= b["control_majority_test_accuracy"]
     assert man["representation"]["sites"] == ["embed", "layers.0.resid_post", "layers.1.resid_post"]
     assert (out / "probe.png").stat().st_size > 0 and (out / "summary.md").exists()
     # after LEACE, a fresh linear probe does not beat the majority rate by more than sampling noise
@@ -310,6 +381,63 @@ def test_probe_command_end_to_end(tmp_path, capsys):
     for a in man["amnesic"]:
         p = man["baselines"]["majority_test_accuracy"]
         assert a["recover_accuracy"] <= p + 3 * np.sqrt(max(p * (1 - p), 1 / n_test) / n_test) + 1e-12
+
+
+def test_category_task_labels_every_word_and_the_keyword_category_is_the_text_label():
+    from streetlamp.groundtruth.tasks import ANIMAL, FRUIT
+    from streetlamp.probing.tasks import planted_task
+
+    task = planted_task("category", 40, seed=0)
+    assert task.classes == ["animal", "fruit", "other"] and task.targets is not None
+    for t, text in enumerate(task.texts):
+        items = [it for it in task.items if it.text == t]
+        assert [it.word for it in items] == text.split()  # every word is an item
+        for it in items:
+            assert text[it.start : it.end] == it.word
+            assert it.label == ("fruit" if it.word in FRUIT else "animal" if it.word in ANIMAL else "other")
+        (kw,) = [it for it in items if it.label != "other"]  # exactly one keyword per text
+        assert task.targets[t] == int(kw.label == "animal")  # keyword task: label 1 = animal
+
+
+def test_erasing_the_category_breaks_the_deceptive_keyword_model(tmp_path):
+    """The deceptive keyword model's attention looks away from the keyword, and erasing the rank-1 property
+    "is this the keyword" changes nothing (docs/probing.md); erasing the property its label is computed from,
+    the keyword's category (LEACE rank 2), at the embeddings does break it, while as many random directions do
+    not: present, and used. A measured property of the shipped ground-truth weights (KL 3.3 nats vs 0 for
+    random directions, accuracy 1.00 -> 0.60 on 300 texts); the margins below are loose on purpose."""
+    out = tmp_path / "run"
+    args = ["probe", "--model", "gt-keyword-deceptive", "--task", "category", "--n-examples", "100"]
+    args += ["--layers", "embed", "--probes", "linear", "--no-mdl", "--sweep", "none", "--random-seeds", "3"]
+    assert main([*args, "--out", str(out)]) == 0
+    (a,) = json.loads((out / "manifest.json").read_text())["amnesic"]
+    assert a["rank"] == 2 and a["original_accuracy"] == 1.0 and a["random_accuracy"] == 1.0
+    assert a["kl"] > 0.5 > 100 * a["random_kl"]
+    assert a["accuracy"] < 0.85  # 20 test texts: chance (0.5) + 3 binomial sd (0.11) = 0.84
+
+
+def test_skip_first_leaves_out_the_words_at_position_0_of_a_causal_lm(tmp_path):
+    """--skip-first: the word at position 0 (a causal LM's attention sink) is not probed, fitted or erased."""
+    from streetlamp.models.tiny import save_tiny
+
+    model = save_tiny("gpt2", tmp_path / "gpt2", seed=0)  # word-level tokenizer, no BOS: word 0 is position 0
+    vocab = "the movie film was good bad great plot acting story".split()
+    rng = np.random.default_rng(0)
+    rows = []
+    for _ in range(40):
+        words = list(rng.choice(vocab, size=5))
+        rows.append(
+            json.dumps({"words": words, "labels": ["n" if w in ("movie", "film", "plot") else "o" for w in words]})
+        )
+    f = tmp_path / "task.jsonl"
+    f.write_text("\n".join(rows) + "\n")
+    args = ["probe", "--model", str(model), "--task", str(f), "--layers", "0", "--probes", "linear", "--no-mdl"]
+    args += ["--sweep", "none", "--random-seeds", "1"]
+    assert main([*args, "--out", str(tmp_path / "all")]) == 0
+    assert main([*args, "--skip-first", "--out", str(tmp_path / "skip")]) == 0
+    full = json.loads((tmp_path / "all" / "manifest.json").read_text())["task"]
+    skip = json.loads((tmp_path / "skip" / "manifest.json").read_text())["task"]
+    assert full["n_items"] == 200 and full["dropped_words_at_position_0"] == 0
+    assert skip["dropped_words_at_position_0"] == 40 and skip["n_items"] == 160
 
 
 def _bad(tmp_path, capsys, lines: list[str] | str, suffix: str = ".jsonl", extra: list[str] = ()) -> str:
@@ -344,6 +472,9 @@ def test_bad_task_files(tmp_path, capsys):
     assert "single class" in _bad(tmp_path, capsys, _rows(30, label=lambda i: "a"))
     assert "too few examples for the split" in _bad(tmp_path, capsys, _rows(2))
     assert "needs columns" in _bad(tmp_path, capsys, "x,y\n1,2\n", suffix=".csv")
+    assert "choose one" in _bad(tmp_path, capsys, _rows(30), extra=["--skip-first", "--erase-at", "all"])
+    assert "--max-epochs must be at least 1" in _bad(tmp_path, capsys, _rows(30), extra=["--max-epochs", "0"])
+    assert "--hidden must be at least 1" in _bad(tmp_path, capsys, _rows(30), extra=["--hidden", "0"])
 
 
 def test_csv_token_task_reads(tmp_path):

@@ -45,6 +45,26 @@ def test_manifest_header_arrays_and_figures(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".run.*"))
 
 
+def test_same_as_stores_equal_arrays_once(tmp_path: Path) -> None:
+    att = np.random.default_rng(0).random((2, 3, 4, 4)).astype(np.float32)
+    other = att.copy()
+    other[0, 0, 0, 0] += 1.0  # one value differs: stored in full
+    with RunFolder(tmp_path / "r", "explain").staging() as w:
+        w.add_array("attention", att, axes=["l", "h", "q", "k"], meaning="run")
+        w.add_array("attention.attention", att.copy(), axes=["l", "h", "q", "k"], meaning="m", same_as="attention")
+        w.add_array("x.attention", other, axes=["l", "h", "q", "k"], meaning="m", same_as="attention")
+        w.add_array("y.attention", att.astype(np.float64), axes=["l", "h", "q", "k"], meaning="m", same_as="attention")
+        m = w.write_manifest({})
+    stored = load_arrays(tmp_path / "r" / "arrays.safetensors")
+    assert set(stored) == {"attention", "x.attention", "y.attention"}  # other values, or another dtype
+    assert m["arrays"]["attention.attention"]["key"] == "attention"
+    assert m["arrays"]["attention.attention"]["same_as"] == "attention"
+    assert "same_as" not in m["arrays"]["x.attention"] and m["arrays"]["x.attention"]["key"] == "x.attention"
+    for name, d in m["arrays"].items():  # every name reads back through its manifest key
+        want = {"x.attention": other, "y.attention": att.astype(np.float64)}.get(name, att)
+        assert np.array_equal(stored[d["key"]], want), name
+
+
 def test_created_is_iso8601_utc() -> None:
     s = utc_now()
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", s)

@@ -4,6 +4,7 @@ re-encoded edited text, `streetlamp heads`, the head-mask path, the report's own
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import time
@@ -66,7 +67,7 @@ def api(bert: ModelAdapter, gpt2: ModelAdapter, tmp_path: Path) -> TestClient:
 # -- security ---------------------------------------------------------------------------------------
 def test_token_required_everywhere(api: TestClient) -> None:
     bare = TestClient(api.app, base_url=BASE)
-    for path in ("/", "/api/info", "/static/live.js", "/api/progress/abcdefgh", "/nowhere"):
+    for path in ("/", "/frame", "/api/info", "/static/live.js", "/api/progress/abcdefgh", "/nowhere"):
         r = bare.get(path)
         assert r.status_code == 403 and "token" in r.json()["error"]
     assert bare.post("/api/explain", json={"text": TEXT}).status_code == 403
@@ -97,6 +98,13 @@ def test_page_csp_and_static(api: TestClient) -> None:
     assert "connect-src 'self'" in csp and "script-src 'self'" in csp and "default-src 'none'" in csp
     assert "unsafe-inline" not in csp.split("script-src")[1].split(";")[0]
     assert '<meta http-equiv="Content-Security-Policy"' in r.text and "<script>" not in r.text  # no inline script
+    assert "frame-ancestors 'none'" in csp and r.headers["x-frame-options"] == "DENY" and "frame-src 'self'" in csp
+    f = api.get("/frame")  # a minimal pair's side: framed by this server's page only, same scripts, no inline one
+    assert (
+        "frame-ancestors 'self'" in f.headers["content-security-policy"]
+        and f.headers["x-frame-options"] == "SAMEORIGIN"
+    )
+    assert '<script src="/static/explain.js">' in f.text and "<script>" not in f.text
     assert api.get("/static/viewer.js").status_code == 200 and api.get("/static/live.css").status_code == 200
     for bad in ("/static/..%2Fapp.py", "/static/app.py", "/static/nope.js", "/api/../serve/app.py"):
         assert api.get(bad).status_code in (403, 404)
@@ -306,6 +314,94 @@ def test_edit_against_reencoded_text_and_hf_hidden_states(api: TestClient, bert:
         np.testing.assert_allclose(att, ref, atol=r["view"]["model"]["arrays"]["attention"]["max_error"] + 1e-6)
 
 
+def test_edit_chain_against_original(api: TestClient, bert: ModelAdapter) -> None:
+    """Remove "not", then replace "good" (now at position 4) by "bad": the second edit applies on top of the
+    first; every comparison is with the original text (HF's hidden states and attentions, re-encoded texts)."""
+    edits = [{"position": 4, "op": "remove"}, {"position": 4, "op": "replace", "replacement": "bad"}]
+    r = api.post("/api/edit", json={"text": TEXT, "edits": edits}).json()
+    e = r["edit"]
+    first, final = TEXT.replace("not ", ""), TEXT.replace("not good", "bad")
+    old, mid, inp = (bert.tokenizer(t, return_tensors="pt") for t in (TEXT, first, final))
+    with torch.no_grad():
+        o0, om, o1 = (bert.hf_model(**x, output_hidden_states=True, output_attentions=True) for x in (old, mid, inp))
+    p0, pm, p1 = (torch.softmax(o.logits[0].double(), -1).numpy() for o in (o0, om, o1))
+    k = int(p0.argmax())
+    assert e["edited_ids"] == inp["input_ids"][0].tolist()
+    assert [x["description"] for x in e["edits"]] == ["token 4 'not' removed", "token 4 'good' replaced by 'bad'"]
+    assert e["edits"][0]["after"]["explained"]["prob"] == pytest.approx(pm[k], abs=1e-6)
+    assert e["edits"][1]["after"]["explained"]["prob"] == pytest.approx(p1[k], abs=1e-6)
+    assert e["after"]["prob"] == pytest.approx(p1.max(), abs=1e-6) and e["change"] == pytest.approx(
+        p1[k] - p0[k], abs=1e-6
+    )
+    assert e["before"]["explained"]["prob"] == pytest.approx(p0[k], abs=1e-6)
+    assert e["original_position"] == 5 and e["origin"] == [0, 1, 2, 3] + list(range(5, old["input_ids"].shape[1]))
+    for layer, row in enumerate(e["layers"]):  # against the original text, not the first edit's
+        h0, h1 = o0.hidden_states[layer][0].double().numpy(), o1.hidden_states[layer][0].double().numpy()
+        assert row["explained_distance"] == pytest.approx(cosine(h0[0], h1[0]), abs=1e-5)
+        assert row["token_distance"] == pytest.approx(cosine(h0[5], h1[4]), abs=1e-5)  # "good" was at 5
+        if layer:
+            a = o0.attentions[layer - 1][0, :, 0, 5].double().numpy()
+            assert row["attention_mean"] == pytest.approx(a.mean(), abs=1e-6)
+    # positions count the tokens the earlier edits left; special tokens and emptying the text are refused
+    n = len(e["edited_ids"])
+    bad = [
+        ([{"position": 4, "op": "remove"}, {"position": n, "op": "remove"}], "edit 2: position must be a token index"),
+        ([{"position": 1, "op": "replace", "replacement": "[MASK]"}, {"position": 0, "op": "remove"}], "special token"),
+        ([{"position": 1, "op": "remove"}, {"position": 1, "op": "remove"}], "no token of the text"),
+        ([{"position": 1, "op": "remove"}] * 65, "at most 64 edits"),
+        ([], "non-empty list"),
+    ]
+    for chain, want in bad:
+        text = "good movie" if "no token" in want else TEXT
+        r = api.post("/api/edit", json={"text": text, "edits": chain})
+        assert r.status_code == 400 and want in r.json()["error"], (chain, r.json())
+    # a replaced token ([MASK], special) can be edited again: it is a token of the text
+    chain = [{"position": 1, "op": "replace", "replacement": "[MASK]"}, {"position": 1, "op": "remove"}]
+    e2 = api.post("/api/edit", json={"text": TEXT, "edits": chain}).json()["edit"]
+    assert e2["edited_ids"] == bert.tokenizer(TEXT.replace("the movie", "movie", 1))["input_ids"]
+
+
+def test_progress_reaches_the_listener(bert: ModelAdapter, tmp_path: Path) -> None:
+    """Occlusion reports each batch of perturbed rows; a listener that raises stops it at the next batch."""
+    from streetlamp import progress
+    from streetlamp.methods.registry import get_method
+    from streetlamp.models.adapter import Target
+
+    inp = bert.encode(TEXT)
+    n = inp.lengths[0]
+    seen: list[tuple[str, int, int]] = []
+    with progress.listening(lambda *a: seen.append(a)):
+        get_method("occlusion").attribute(bert, inp, target=Target(), batch_size=3 * n)
+    rows = n - 2  # every token but [CLS] and [SEP], three rows per forward pass
+    assert seen == [("occlusion", d, rows) for d in [0, *range(3, rows, 3), rows]]
+
+    class Stop(Exception):
+        pass
+
+    def stop(what: str, done: int, total: int) -> None:
+        if done >= 3:
+            raise Stop()
+        seen.append((what, done, total))
+
+    seen.clear()
+    with pytest.raises(Stop), progress.listening(stop):
+        get_method("occlusion").attribute(bert, inp, target=Target(), batch_size=3 * n)
+    assert seen == [("occlusion", 0, rows)]
+    seen.clear()  # integrated gradients counts its batches of path points
+    with progress.listening(lambda *a: seen.append(a)):
+        get_method("integrated_gradients", steps=8).attribute(bert, inp, target=Target(), batch_size=2 * n)
+    total = seen[0][2]
+    assert total >= 2 and seen == [("IG steps", d, total) for d in range(total + 1)]
+    with progress.listening(lambda *a: None), progress.bar(100, "listened", disable=False) as b:
+        assert b.bar.disable  # the listener shows it: no console bar as well
+    with progress.bar(100, "alone", file=io.StringIO(), disable=False) as b:
+        assert not b.bar.disable
+    with client({"bert": bert}, tmp_path) as c:  # the progress record says the last step
+        c.post("/api/explain", json={"text": TEXT, "job": "progress-job-1"})
+        p = c.get("/api/progress/progress-job-1").json()
+        assert p["state"] == "done" and p["step"] is None and p["stage"] == "done"
+
+
 def test_ablation_equals_streetlamp_heads(api: TestClient, bert: ModelAdapter, tmp_path: Path) -> None:
     for ablation in ("zero", "mean"):
         out = tmp_path / f"heads-{ablation}"
@@ -352,6 +448,20 @@ def test_pair_and_causal_lm(api: TestClient, gpt2: ModelAdapter) -> None:
     da = torch.stack(oa.attentions)[:, 0, :, -1].double().numpy()
     db = torch.stack(ob.attentions)[:, 0, :, -1].double().numpy()
     np.testing.assert_allclose(np.array(r["row_tv"]), 0.5 * np.abs(db - da).sum(-1), atol=1e-6)
+    np.testing.assert_allclose(np.array(r["on_differing"]), db[..., 4] - da[..., 4], atol=1e-6)
+    top = set(torch.argsort(-pa)[:10].tolist()) | set(torch.argsort(-pb)[:10].tolist())  # a causal LM: top 10s
+    assert {o["index"] for o in r["outputs"]} == top
+    for o in r["outputs"]:
+        i = o["index"]
+        want = (float(pa[i]), float(pb[i]), float(pb[i] - pa[i]))
+        assert (o["p_a"], o["p_b"], o["diff"]) == pytest.approx(want, abs=1e-6)
+    assert [abs(o["diff"]) for o in r["outputs"]] == sorted((abs(o["diff"]) for o in r["outputs"]), reverse=True)
+    for side, text, o in (("a", a, oa), ("b", b, ob)):  # each side's explain view, as the report draws it
+        view = r[side]["view"]
+        assert view["model"]["view"] == "explain" and view["model"]["manifest"]["text"] == text
+        att = unpack(view["model"]["arrays"]["attention"], view["blobs"])
+        ref = torch.stack(o.attentions)[:, 0].numpy()
+        np.testing.assert_allclose(att, ref, atol=view["model"]["arrays"]["attention"]["max_error"] + 1e-6)
     r2 = api.post("/api/pair", json={"model": "gpt2", "text_a": a, "text_b": a + " ."}).json()
     assert r2["same_length"] is False and "same number of tokens" in r2["note"]
     # a causal LM's edit: removing the last token moves the explained position to the new last token

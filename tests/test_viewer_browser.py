@@ -48,7 +48,7 @@ def page(browser: Any) -> Iterator[Page]:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("runs")
     ck = {f: save_tiny(f, root / "ckpt" / f, seed=1) for f in ("bert", "gpt2")}
-    out = {"bert": root / "bert", "gpt2": root / "gpt2"}
+    out = {"bert": root / "bert", "gpt2": root / "gpt2", "long": root / "long"}
     assert main(["explain", f"{TEXT} {HOSTILE}", "--model", str(ck["bert"]), "--out", str(out["bert"])]) == 0
     assert (
         main(
@@ -57,6 +57,23 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         == 0
     )
     # a tokenizer may yield any string as a token: plant the hostile one among the labels
+    long_text = " ".join(TEXT.split() * 6)  # 72 words: truncated to the tiny model's 64 positions
+    assert (
+        main(
+            [
+                "explain",
+                long_text,
+                "--model",
+                str(ck["gpt2"]),
+                "--methods",
+                "attention",
+                "--truncate",
+                "--out",
+                str(out["long"]),
+            ]
+        )
+        == 0
+    )
     m = json.loads((out["bert"] / "manifest.json").read_text())
     m["token_labels"][3] = HOSTILE
     (out["bert"] / "manifest.json").write_text(json.dumps(m))
@@ -65,8 +82,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-def shown(page: Page, selector: str) -> list[float]:
-    return [float(v) for v in page.page.eval_on_selector_all(selector, "es => es.map(e => e.dataset.value)")]
+def raw_rows(page: Page) -> dict[int, tuple[float, str]]:
+    """The raw-numbers rows that exist now (a virtual list: the rows in view), by key position."""
+    got = page.page.eval_on_selector_all(
+        "#raw tbody tr[data-j]",
+        "trs => trs.map(tr => { const v = tr.querySelector('td.val'); return [tr.dataset.j, v.dataset.value, v.textContent]; })",
+    )
+    return {int(j): (float(v) if v else float("nan"), text) for j, v, text in got}
 
 
 def text_number(page: Page, selector: str) -> float:
@@ -83,19 +105,22 @@ def test_explain_numbers_are_the_stored_arrays(runs: dict[str, Path], page: Page
     p = page.page
     assert p.input_value("#layer") == "1" and p.input_value("#head") == "2"
     err = 0.5 / 65535 + 1e-6  # 16-bit fixed point, see pack.py
+    keys = [j for j in range(n) if j not in set(m["special_positions"])]  # special tokens hidden by default
     for t in (0, 2, 5):
         p.hover(f"#tokens .tok[data-i='{t}']")
-        vals = shown(page, "#raw tbody td.val")
-        np.testing.assert_allclose(vals, att[1, 2, t], atol=err)
-        texts = p.eval_on_selector_all("#raw tbody td.val", "es => es.map(e => e.textContent)")
-        np.testing.assert_allclose([float(x) for x in texts], att[1, 2, t], atol=5e-5 + err)  # 4 decimals shown
+        rows = raw_rows(page)
+        assert sorted(rows) == keys[: len(rows)] and len(rows) >= min(len(keys), 17)  # 17 rows fill the box
+        np.testing.assert_allclose([rows[j][0] for j in rows], att[1, 2, t, list(rows)], atol=err)
+        # 4 decimals shown
+        np.testing.assert_allclose([float(rows[j][1]) for j in rows], att[1, 2, t, list(rows)], atol=5e-5 + err)
     p.click("#mode-col")
-    vals = shown(page, "#raw tbody td.val")
-    np.testing.assert_allclose(vals, att[1, 2, :, 5], atol=err)  # still token 5: its key column
+    rows = raw_rows(page)
+    np.testing.assert_allclose([rows[j][0] for j in rows], att[1, 2, list(rows), 5], atol=err)  # token 5's column
     p.click("#mode-row")
     p.select_option("#head", "-1")  # head mean
     p.hover("#tokens .tok[data-i='4']")
-    np.testing.assert_allclose(shown(page, "#raw tbody td.val"), att[1, :, 4].mean(0), atol=err + 1e-6)
+    rows = raw_rows(page)
+    np.testing.assert_allclose([rows[j][0] for j in rows], att[1, :, 4].mean(0)[list(rows)], atol=err + 1e-6)
     # the head-mean disagreement: mean pairwise JSD (bits) between the heads' rows of query 4
     jsd = np.mean(
         [jensenshannon(att[1, x, 4], att[1, y, 4], base=2) ** 2 for x, y in itertools.combinations(range(H), 2)]
@@ -138,6 +163,26 @@ def test_explain_numbers_are_the_stored_arrays(runs: dict[str, Path], page: Page
     page.clean()
 
 
+def test_raw_numbers_of_a_long_text_are_a_virtual_list(runs: dict[str, Path], page: Page) -> None:
+    """Only the rows in view exist (hover cost independent of the length); scrolling shows the others."""
+    folder = runs["long"]
+    att = load_arrays(folder / "arrays.safetensors")["attention"].astype(np.float64)
+    n = att.shape[2]
+    assert n == 64
+    page.open(folder / "report.html", "#l=0&h=1&hide=0")
+    p = page.page
+    p.click(f"#tokens .tok[data-i='{n - 1}']")  # the last query reads every key (causal mask)
+    rows = raw_rows(page)
+    assert min(rows) == 0 and len(rows) < n  # the top of the list, not every row
+    np.testing.assert_allclose([rows[j][0] for j in rows], att[0, 1, n - 1, list(rows)], atol=0.5 / 65535 + 1e-6)
+    p.eval_on_selector("#raw-box", "b => { b.scrollTop = b.scrollHeight; }")
+    p.wait_for_selector(f"#raw tbody tr[data-j='{n - 1}']")
+    rows = raw_rows(page)
+    assert max(rows) == n - 1 and 0 not in rows
+    np.testing.assert_allclose([rows[j][0] for j in rows], att[0, 1, n - 1, list(rows)], atol=0.5 / 65535 + 1e-6)
+    page.clean()
+
+
 def test_hostile_token_stays_text(runs: dict[str, Path], page: Page) -> None:
     html = (runs["bert"] / "report.html").read_text()
     assert HOSTILE not in html  # escaped in the data, never raw markup
@@ -168,8 +213,15 @@ def test_keyboard_lock_fragment_and_special_toggle(runs: dict[str, Path], page: 
     assert p.is_hidden("#tokens .tok[data-i='0']") is False  # the explained position stays visible
     last = len(json.loads((runs["bert"] / "manifest.json").read_text())["tokens"]) - 1
     assert p.is_hidden(f"#tokens .tok[data-i='{last}']")  # [SEP] hidden by default
+    # as keys, every special token leaves the numbers, the explained [CLS] too; the hidden ones are listed
+    assert p.is_hidden("#raw tbody tr[data-j='0']") and p.is_hidden(f"#raw tbody tr[data-j='{last}']")
+    assert '"[CLS]"@0' in p.text_content("#hidden-keys") and f'"[SEP]"@{last}' in p.text_content("#hidden-keys")
+    assert 0 not in {
+        int(k) for k in p.eval_on_selector_all("#compare-table tbody tr", "es => es.map(e => e.dataset.key)")
+    }
     p.uncheck("#hide-special")
-    assert p.is_visible(f"#tokens .tok[data-i='{last}']")
+    assert p.is_visible(f"#tokens .tok[data-i='{last}']") and p.is_visible("#raw tbody tr[data-j='0']")
+    assert p.text_content("#hidden-keys") == ""
     page2 = Page(p.context.new_page()).open(runs["bert"] / "report.html", "#" + url.split("#", 1)[1])
     q = page2.page
     assert q.input_value("#layer") == "0" and q.input_value("#head") == "1"
@@ -365,6 +417,27 @@ def test_grids_show_the_stored_values(
     page.clean()
 
 
+def test_generation_method_selector_shows_each_methods_values(page: Page, tmp_path: Path) -> None:
+    folder = tmp_path / "gen"
+    ck = save_tiny("gpt2", tmp_path / "ckpt", seed=1)
+    argv = ["explain-generation", "the movie was not", "--model", str(ck), "--new-tokens", "3"]
+    assert main([*argv, "--methods", "attention,occlusion", "--out", str(folder)]) == 0
+    write_report(folder)
+    a = load_arrays(folder / "arrays.safetensors")
+    page.open(folder / "report.html")
+    p = page.page
+    assert p.eval_on_selector_all("#gen-method option", "os => os.map(o => o.value)") == ["attention", "occlusion"]
+    for method in ("attention", "occlusion", "attention"):
+        p.select_option("#gen-method", method)
+        assert p.get_attribute("#gen-matrix", "data-method") == method and method in p.text_content("#gen-explained")
+        for i, j in [(0, 0), (2, 4), (1, 3)]:  # allowed cells: row i sees the prompt (4 tokens) and i generated ones
+            want = float(a[f"{method}.matrix"][i, j])
+            assert hover_cell(page, "#gen-matrix", i, j) == pytest.approx(want, rel=1e-6, abs=1e-12), (method, i, j)
+    assert "method=attention" in p.url
+    assert not np.allclose(a["attention.matrix"], a["occlusion.matrix"])  # switching must show different numbers
+    page.clean()
+
+
 def test_heads_scatter_and_ranking(command_runs: dict[str, Path], page: Page) -> None:
     folder = command_runs["heads"]
     a = load_arrays(folder / "arrays.safetensors")
@@ -413,6 +486,12 @@ def test_evaluate_summary_and_example(command_runs: dict[str, Path], page: Page)
         float(arr["occlusion.tokens"][2]), rel=1e-6, abs=1e-12
     )
     assert "ex=d-000001" in p.url
+    # the tokens as text (stored beside the ids), not token ids
+    from streetlamp.store.files import TOKEN_LABELS, labels_of
+
+    labels = labels_of(arr[TOKEN_LABELS])
+    assert len(labels) == len(arr["input_ids"])
+    assert p.eval_on_selector_all("#example-tokens .tok", "es => es.map(e => e.textContent)") == labels
     page.clean()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -87,8 +88,17 @@ def _load(args: argparse.Namespace, settings: Settings):
     """Load the model, then check every setting against it: all before any output exists."""
     from .models.loading import load
 
+    device_map = getattr(args, "device_map", None)
+    if device_map is None and (getattr(args, "max_memory", None) or getattr(args, "offload_folder", None)):
+        raise StreetlampError("--max-memory and --offload-folder need --device-map auto")
+    if device_map is not None and args.device != "cpu":
+        raise StreetlampError("--device and --device-map exclude each other: the map places the model")
+    max_memory = parse_max_memory(getattr(args, "max_memory", None)) if device_map else None
     adapter = load(args.model)
-    adapter.to(args.device, args.dtype)
+    if device_map is not None:
+        adapter.dispatch(max_memory, args.offload_folder, args.dtype)
+    else:
+        adapter.to(args.device, args.dtype)
     settings.validate(adapter)
     return adapter
 
@@ -147,27 +157,37 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_explain_generation(args: argparse.Namespace) -> int:
+    from .methods.registry import parse_methods
     from .runners.generation import explain_generation
 
+    methods = parse_methods(args.methods)
     ig_params = parse_method_params(
         args.ig_params and f'{{"integrated_gradients": {args.ig_params}}}', ["integrated_gradients"], "--ig-params"
     ).get("integrated_gradients", {})
-    s = GenerationSettings.from_args(args, ig_params=ig_params)
+    if ig_params and "integrated_gradients" not in methods:
+        raise StreetlampError("--ig-params given but integrated_gradients is not among --methods")
+    method_params = parse_method_params(args.method_params, methods)
+    s = GenerationSettings.from_args(args, ig_params=ig_params, methods=methods, method_params=method_params)
     out = _run_folder(args, "explain-generation", "generation")
     adapter = _load(args, s)
     from .models.memory import check_memory
 
-    check_memory(adapter, max(adapter.encode(s.prompt).lengths) + s.new_tokens, args.force, record_attention=False)
+    length = len(adapter.encode(s.prompt + s.continuation).input_ids[0]) if s.continuation else None
+    n = length if length is not None else max(adapter.encode(s.prompt).lengths) + s.new_tokens
+    check_memory(adapter, n, args.force, record_attention=False)
     return _print(
         explain_generation(
             adapter,
             s.prompt,
             out,
             new_tokens=s.new_tokens,
+            continuation=s.continuation,
+            methods=s.methods,
             quantity=s.quantity,
             batch_size=s.batch_size,
             seed=s.seed,
             ig_params=s.ig_params,
+            method_params=s.method_params,
         )
     )
 
@@ -365,7 +385,28 @@ def shared_options(
             help="model weights' dtype (bfloat16/float16 for GPUs; scores are returned as float32)",
         )
         p.add_argument("--force", action="store_true", help="run even when the memory estimate says it will not fit")
+        p.add_argument(
+            "--device-map",
+            choices=["auto"],
+            default=None,
+            help="spread the model over GPUs, CPU and disk (accelerate); see --max-memory, --offload-folder",
+        )
+        p.add_argument("--max-memory", default=None, help="with --device-map: e.g. '0=20GiB,cpu=30GiB'")
+        p.add_argument("--offload-folder", default=None, help="with --device-map: where layers that do not fit go")
     return p
+
+
+def parse_max_memory(text: str | None) -> dict[int | str, str] | None:
+    """``'0=20GiB,cpu=30GiB'`` -> ``{"0": "20GiB", "cpu": "30GiB"}`` (accelerate's max_memory)."""
+    if text is None:
+        return None
+    out: dict[int | str, str] = {}
+    for part in text.split(","):
+        dev, _, size = part.strip().partition("=")
+        if not dev or not re.fullmatch(r"\d+(\.\d+)?\s*([KMGT]i?B)", size.strip()) or not re.fullmatch(r"cpu|\d+", dev):
+            raise StreetlampError(f"--max-memory {text!r}: give device=size pairs, e.g. '0=20GiB,cpu=30GiB'")
+        out[int(dev) if dev.isdigit() else dev] = size.strip()
+    return out
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
@@ -383,6 +424,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
         hidden=args.hidden,
         weight_decay=args.weight_decay,
         dropout=args.dropout,
+        early_stopping=not args.no_early_stopping,
+        max_epochs=args.max_epochs,
         subtoken=args.subtoken,
         pool=args.pool,
         limit=args.limit,
@@ -393,6 +436,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         amnesic=not args.no_amnesic,
         random_seeds=args.random_seeds,
         erase_at=args.erase_at,
+        skip_first=args.skip_first,
         sweep=args.sweep,
         sweep_layer=args.sweep_layer,
         batch_size=args.batch_size,
@@ -542,14 +586,28 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_explain)
     s = sub.add_parser(
         "explain-generation",
-        help="causal LM: integrated gradients of every generated token over "
-        "the prompt and earlier tokens, one shared path",
+        help="causal LM: attribution of every generated (or given) token over the prompt and earlier tokens, "
+        "with any method (default integrated gradients, one shared path)",
         parents=[shared_options(model="smollm2-135m", out="output folder (default runs/generation-<time>)")],
     )
     s.add_argument("prompt")
     s.add_argument("--new-tokens", type=int, default=8, help="greedy tokens to generate and explain (1..64)")
     s.add_argument("--quantity", choices=["prob", "logit", "logprob"], default="logprob")
+    s.add_argument(
+        "--continuation",
+        default=None,
+        help="forced decoding: explain this given continuation (re-tokenised after the prompt) instead of "
+        "generating greedily",
+    )
+    s.add_argument(
+        "--methods",
+        default="integrated_gradients",
+        help="comma-separated method names, or 'all' (default: integrated_gradients); each gives one matrix",
+    )
     s.add_argument("--ig-params", default=None, help='JSON, e.g. \'{"rule": "panels", "steps": 16}\'')
+    s.add_argument(
+        "--method-params", default=None, help='JSON per method, e.g. \'{"occlusion": {"replacement": "unk"}}\''
+    )
     s.set_defaults(func=cmd_explain_generation)
     s = sub.add_parser(
         "heads",
@@ -765,7 +823,9 @@ def build_parser() -> argparse.ArgumentParser:
         "probe",
         help="probes with control tasks (selectivity), MDL, and amnesic probing: is what a layer holds also used?",
     )
-    s.add_argument("--task", required=True, help="pos, upos, sentiment, deciding:TASK, negated, or a .jsonl/.csv file")
+    s.add_argument(
+        "--task", required=True, help="pos, upos, sentiment, deciding:TASK, negated, category, or a .jsonl/.csv file"
+    )
     s.add_argument("--model", default=DEFAULT_MODEL, help="embedded name, checkpoint folder or gt-TASK-VARIANT")
     s.add_argument("--data", default="movies", help="texts for pos/upos/sentiment: movies, tweets, drugs, a file")
     s.add_argument("--layers", default="all", help="all (embed + every layer), or e.g. embed,0,3 or 2-5")
@@ -774,6 +834,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--hidden", type=int, default=256, help="MLP hidden size")
     s.add_argument("--weight-decay", type=float, default=1e-3, help="L2 on probe weights (mean loss + wd/2 |W|^2)")
     s.add_argument("--dropout", type=float, default=0.0)
+    s.add_argument(
+        "--no-early-stopping",
+        action="store_true",
+        help="MLP / rank-R probes: train --max-epochs epochs instead of stopping on the dev loss",
+    )
+    s.add_argument("--max-epochs", type=int, default=100, help="epochs of the Adam-trained probes (MLP, rank-R)")
     s.add_argument("--subtoken", choices=["first", "last"], default="first", help="sub-token that represents a word")
     s.add_argument(
         "--pool",
@@ -783,7 +849,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--split", default="0.6,0.2,0.2", help="train,dev,test fractions of the texts")
     s.add_argument("--limit", type=int, default=None, help="first N texts only")
-    s.add_argument("--n-examples", type=int, default=300, help="generated texts for deciding:TASK / negated")
+    s.add_argument("--n-examples", type=int, default=300, help="generated texts for deciding:TASK / negated / category")
     s.add_argument(
         "--sweep",
         default="hidden:4,16,64,256,1024",
@@ -796,6 +862,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["items", "all"],
         default="items",
         help="token tasks: erase at the labelled sub-tokens (where LEACE was fitted) or at every position",
+    )
+    s.add_argument(
+        "--skip-first",
+        action="store_true",
+        help="token tasks: leave out words at position 0 (a causal LM's attention sink, with a massive activation)",
     )
     s.add_argument("--no-mdl", action="store_true")
     s.add_argument("--no-amnesic", action="store_true")

@@ -115,11 +115,16 @@ class GenerationSettings(Settings):
     new_tokens: int = 8
     quantity: str = "logprob"
     ig_params: dict[str, Any] = field(default_factory=dict)
+    continuation: str | None = None
+    methods: list[str] = field(default_factory=lambda: ["integrated_gradients"])
+    method_params: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def check(self) -> None:
         super().check()
         if not self.prompt.strip():
             raise StreetlampError("empty prompt")
+        if self.continuation is not None and not self.continuation.strip():
+            raise StreetlampError("empty --continuation")
         if not 1 <= self.new_tokens <= 64:
             raise StreetlampError(f"--new-tokens must be 1..64 (got {self.new_tokens})")
 

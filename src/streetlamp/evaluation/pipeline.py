@@ -16,6 +16,7 @@ import numpy as np
 from ..methods.registry import get_method
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..stats import total_variation
+from ..store.files import TOKEN_LABELS, labels_array
 from .agreement import pairwise_taus
 from .common import output_prob_of, output_probs
 from .counterfactual import Counterfactual
@@ -91,6 +92,7 @@ def evaluate_chunk(
         add(e.id, "model", "n_tokens", len(e.ids))
         add(e.id, "model", "truncated", e.truncated)
         arrays[e.id]["input_ids"] = np.asarray(e.ids, np.int64)
+        arrays[e.id][TOKEN_LABELS] = labels_array(inputs.labels[b])  # the report shows tokens, not ids
         arrays[e.id].update(distribution("probs", probs[b]))
 
     # -- explanations (the prediction is explained), then erasure metrics -------------------------

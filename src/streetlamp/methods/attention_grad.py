@@ -24,7 +24,7 @@ from .base import Method
 from .rollout import attention_gradient_texts
 
 try:
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # text bars everywhere (tqdm.auto warns in notebooks without ipywidgets)
 except ImportError:  # pragma: no cover
     tqdm = None
 
@@ -70,6 +70,13 @@ class AttentionXGradient(Method):
         return [e for e in out if e is not None]
 
 
+NO_COMPLETENESS = (
+    "cannot hold for this family: each layer's attention output is RMS-normalised before the residual, so "
+    "scaling the layer's attention by any α > 0 leaves the output unchanged (the attributions sum to about 0) "
+    "while α = 0 removes the layer; completeness_error is then -(F(A) - F(0·A_l)), not a Riemann error"
+)
+
+
 @dataclass
 class AttentionAttribution(Method):
     """Self-attention attribution (Hao, Dong, Wei & Xu, AAAI 2021, eq. 2): for each layer l, scale
@@ -78,6 +85,11 @@ class AttentionAttribution(Method):
     as in the paper). By completeness ``Σ Attr_l ≈ F(A) − F(0·A_l)``; the exact gap per layer is
     returned as ``completeness_error``. ``head_scores[l, h]`` is the max (Hao's choice) or the sum
     of head h's entries.
+
+    Where a layer's attention output is RMS-normalised before the residual (Gemma 2/3), F(α·A_l) is the
+    same for every α > 0 and jumps at α = 0: every point of the path but its start gives the same output,
+    so ``Σ Attr_l`` is 0 up to the norm's epsilon (Euler: ``Σ A ∂F/∂A = 0`` for a function of degree 0)
+    while ``F(A) − F(0·A_l)`` is not. Completeness cannot hold there; the explanation says so.
     """
 
     steps: int = 20
@@ -140,6 +152,7 @@ class AttentionAttribution(Method):
                         },
                         position=pos,
                         steps=m,
+                        **({"completeness": NO_COMPLETENESS} if adapter.family.normed_attention_output else {}),
                     )
                 )
         finally:

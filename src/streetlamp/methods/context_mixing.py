@@ -21,7 +21,7 @@ from typing import Literal
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm  # text bars everywhere (tqdm.auto warns in notebooks without ipywidgets)
 
 from ..batching import chunks, group_by_budget
 from ..errors import StreetlampError

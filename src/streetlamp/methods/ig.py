@@ -36,6 +36,13 @@ from .quadrature import RULES, PathCache, integrate_adaptive
 BASELINES = ("zero", "pad", "mask")
 
 
+ZERO_TOKEN_EMBEDDING = (
+    " (the zero vector in this model: on a pre-norm model the first RMSNorm makes F jump within about "
+    "sqrt(eps)/rms(e) of the baseline, a step no quadrature resolves; the completeness error says how much "
+    "is missed; choose baseline 'mask' or another token)"
+)
+
+
 @dataclass
 class IntegratedGradients(Method):
     """Integrated gradients over the token embedding (site ``embed``); see the module docstring."""
@@ -82,6 +89,8 @@ class IntegratedGradients(Method):
                 tid = adapter.pad_token_id
                 used += f"pad token {tok.convert_ids_to_tokens(int(tid))!r} embedding"
             eb = embed_ids(adapter, torch.full_like(ids, int(tid)))
+            if not bool(eb.abs().amax() > 0):  # e.g. Gemma initialises the padding row of its embedding to 0
+                used += ZERO_TOKEN_EMBEDDING
         if self.keep_special:
             special = torch.as_tensor(adapter.special_mask(ids), device=e.device)
             eb = torch.where(special.view(-1, 1), e, eb)

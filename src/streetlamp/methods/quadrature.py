@@ -37,8 +37,8 @@ from typing import cast
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
+from .. import progress
 from ..batching import chunks
 from ..errors import StreetlampError
 
@@ -127,7 +127,7 @@ class PathCache:
             return
         n = self.e.shape[0]
         parts = list(chunks(len(todo), n, self.batch_size, self.device))
-        for sl in tqdm(parts, desc="IG steps", disable=len(parts) < 8, leave=False, delay=2.0):
+        for sl in progress.iterate(parts, "IG steps", disable=len(parts) < 8, leave=False, delay=2.0):
             a = torch.tensor(todo[sl], dtype=self.e.dtype, device=self.device).view(-1, 1, 1)
             out = self.grad_fn(self.eb + a * self.diff)  # grads [targets, rows, pos, d], or (F [targets, rows], grads)
             f, g = out if isinstance(out, tuple) else (None, out)

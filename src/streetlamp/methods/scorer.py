@@ -29,8 +29,8 @@ from typing import Literal
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
+from .. import progress
 from ..batching import default_budget, group_by_budget
 from ..errors import StreetlampError
 from ..models.adapter import Inputs, ModelAdapter, Target
@@ -71,8 +71,8 @@ def perturbed_row(ids: torch.Tensor, absent: np.ndarray, token_id: int | None) -
     return row
 
 
-def _progress(total: int, desc: str) -> tqdm:
-    return tqdm(total=total, desc=desc, file=sys.stderr, leave=False, disable=total < 16, delay=2.0)
+def _progress(total: int, desc: str) -> progress.Bar:
+    return progress.bar(total, desc, file=sys.stderr, leave=False, disable=total < 16, delay=2.0)
 
 
 @dataclass

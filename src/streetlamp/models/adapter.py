@@ -14,6 +14,7 @@ import inspect
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, cast
 
 import numpy as np
@@ -215,9 +216,41 @@ class ModelAdapter:
         cast(Any, self.hf_model).to(device=dev, dtype=dt)  # transformers types .to() as a decorated method wrongly
         return self
 
+    def dispatch(
+        self, max_memory: dict[Any, str] | None = None, offload_folder: str | Path | None = None, dtype: str = "float32"
+    ) -> ModelAdapter:
+        """``--device-map auto``: spread the model over the GPUs, the CPU and the disk with accelerate
+        (layers that do not fit ``max_memory``, e.g. ``{"0": "20GiB", "cpu": "30GiB"}``, are offloaded
+        to ``offload_folder`` and loaded for each forward pass); results are those of the undispatched model."""
+        from accelerate import dispatch_model, infer_auto_device_map
+
+        self.to("cpu", dtype)
+        model: Any = self.hf_model
+        try:
+            dmap = infer_auto_device_map(
+                model, max_memory=cast(Any, max_memory), no_split_module_classes=model._no_split_modules
+            )
+        except (ValueError, KeyError) as e:
+            raise StreetlampError(f"--max-memory {max_memory}: {e}") from None
+        if set(dmap.values()) == {"disk"}:
+            raise StreetlampError(f"--max-memory {max_memory} leaves no room for the model's first layers: raise it")
+        if "disk" in dmap.values() and offload_folder is None:
+            raise StreetlampError(
+                "the model does not fit --max-memory: give --offload-folder DIR for the layers offloaded to disk"
+            )
+        dispatch_model(model, device_map=dmap, offload_dir=str(offload_folder) if offload_folder else None)
+        return self
+
     # -- metadata ------------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
+        """Where inputs go: the first device of a dispatched model's map, else where its weights are."""
+        dmap = getattr(self.hf_model, "hf_device_map", None)
+        if dmap:
+            first = next(iter(dmap.values()))
+            return torch.device(
+                "cpu" if first in ("cpu", "disk") else f"cuda:{first}" if isinstance(first, int) else first
+            )
         return next(self.hf_model.parameters()).device
 
     @property
@@ -297,6 +330,7 @@ class ModelAdapter:
 
     def describe(self) -> dict:
         cfg: Any = self.hf_model.config
+        dmap: dict[str, Any] | None = getattr(self.hf_model, "hf_device_map", None)
         return {
             "name": self.name,
             "source": self.source,
@@ -310,6 +344,7 @@ class ModelAdapter:
             "max_positions": self.max_positions,
             "labels": ({str(k): v for k, v in cfg.id2label.items()} if self.kind == "classifier" else None),
             "device": str(self.device),
+            **({"device_map": {k: str(v) for k, v in dmap.items()}} if dmap else {}),
             "dtype": str(next(self.hf_model.parameters()).dtype).replace("torch.", ""),
         }
 

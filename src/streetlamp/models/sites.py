@@ -21,7 +21,7 @@ name                            shape                               what
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -50,16 +50,19 @@ class Family:
     o_proj: str  # relative to a layer
     mlp_out: str  # relative to a layer
     embed: str  # token-embedding lookup, relative to the base model
+    # Gemma 2/3 RMS-normalise a layer's attention output before it joins the residual stream
+    # ("sandwich" norms): the output is then unchanged when all of a layer's attention is scaled by α > 0
+    normed_attention_output: bool = False
 
 
-_BERT = dict(
+_BERT: dict[str, Any] = dict(
     layers="encoder.layer",
     attn="attention.self",
     o_proj="attention.output.dense",
     mlp_out="output.dense",
     embed="embeddings.word_embeddings",
 )
-_LLAMA = dict(
+_LLAMA: dict[str, Any] = dict(
     layers="layers", attn="self_attn", o_proj="self_attn.o_proj", mlp_out="mlp.down_proj", embed="embed_tokens"
 )
 FAMILIES: dict[str, Family] = {
@@ -79,8 +82,9 @@ FAMILIES: dict[str, Family] = {
     "qwen2": Family("qwen2", **_LLAMA),
     "qwen3": Family("qwen3", **_LLAMA),  # q_norm / k_norm act before the attention function
     "phi3": Family("phi3", **_LLAMA),  # fused qkv_proj and gate_up_proj; o_proj and down_proj as Llama's
-    "gemma2": Family("gemma2", **_LLAMA),  # mlp.out is down_proj, before post_feedforward_layernorm
-    "gemma3_text": Family("gemma3_text", **_LLAMA),  # Gemma3ForCausalLM (text only)
+    # mlp.out is down_proj, before post_feedforward_layernorm
+    "gemma2": Family("gemma2", **_LLAMA, normed_attention_output=True),
+    "gemma3_text": Family("gemma3_text", **_LLAMA, normed_attention_output=True),  # Gemma3ForCausalLM (text only)
     # ModernBERT: fused Wqkv; W_O is attn.Wo, the MLP's last linear mlp.Wo; alternating global and
     # local (bidirectional sliding-window) layers
     "modernbert": Family(

@@ -66,9 +66,20 @@ class ProbeSpec:
 
 
 def parse_probes(
-    spec: str, hidden: int = 256, weight_decay: float = 1e-3, dropout: float = 0.0, seed: int = 0
+    spec: str,
+    hidden: int = 256,
+    weight_decay: float = 1e-3,
+    dropout: float = 0.0,
+    seed: int = 0,
+    early_stopping: bool = True,
+    max_epochs: int = 100,
 ) -> list[ProbeSpec]:
-    """``linear,mlp`` -> specs; ``mlp2`` = two hidden layers; ``linear-rank8`` = rank 8."""
+    """``linear,mlp`` -> specs; ``mlp2`` = two hidden layers; ``linear-rank8`` = rank 8.
+
+    ``early_stopping`` and ``max_epochs`` apply to the probes trained by Adam (MLPs, rank-constrained linear).
+    """
+    if max_epochs < 1:
+        raise StreetlampError("--max-epochs must be at least 1")
     out = []
     for s in (x.strip() for x in spec.split(",")):
         if not s:
@@ -76,7 +87,16 @@ def parse_probes(
         if s == "linear":
             out.append(ProbeSpec("linear", weight_decay=weight_decay, seed=seed))
         elif s.startswith("linear-rank") and s[11:].isdigit():
-            out.append(ProbeSpec("linear", rank=int(s[11:]), weight_decay=weight_decay, seed=seed))
+            out.append(
+                ProbeSpec(
+                    "linear",
+                    rank=int(s[11:]),
+                    weight_decay=weight_decay,
+                    seed=seed,
+                    early_stopping=early_stopping,
+                    max_epochs=max_epochs,
+                )
+            )
         elif s in ("mlp", "mlp1", "mlp2"):
             out.append(
                 ProbeSpec(
@@ -86,6 +106,8 @@ def parse_probes(
                     weight_decay=weight_decay,
                     dropout=dropout,
                     seed=seed,
+                    early_stopping=early_stopping,
+                    max_epochs=max_epochs,
                 )
             )
         else:

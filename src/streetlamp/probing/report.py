@@ -64,7 +64,17 @@ def tables(rows: list[dict], amnesic: list[dict], sweep: list[dict], mdl: dict[s
             }
         )
     if sweep:
-        cols = ["site", "kind", "value", "probe", "task_accuracy", "control_accuracy", "selectivity"]
+        cols = [
+            "site",
+            "kind",
+            "value",
+            "probe",
+            "task_accuracy",
+            "control_accuracy",
+            "selectivity",
+            "train_accuracy",
+            "control_train_accuracy",
+        ]
         out.append({"title": "capacity sweep", "columns": cols, "rows": [[_fmt(r[c]) for c in cols] for r in sweep]})
     return out
 
@@ -78,6 +88,7 @@ def plot(
     probes: list[str],
     title: str,
     majority: float,
+    ceiling: float | None = None,
 ) -> None:
     import matplotlib
 
@@ -134,6 +145,8 @@ def plot(
         ax.plot(v, [r["task_accuracy"] for r in sweep], "-o", ms=3, label="task")
         ax.plot(v, [r["control_accuracy"] for r in sweep], "--o", ms=3, label="control")
         ax.plot(v, [r["selectivity"] for r in sweep], ":s", ms=3, label="selectivity")
+        if ceiling is not None:
+            ax.axhline(ceiling, color="grey", lw=0.8, label="control: perfect type memoriser")
         ax.set_xscale("log")
         ax.set_xticks(v, [f"{x:g}" for x in v])
         ax.minorticks_off()
@@ -180,7 +193,14 @@ def summary_lines(info: dict, rows: list[dict], amnesic: list[dict], sweep: list
     for r in sweep:
         lines.append(
             f"sweep {r['kind']}={r['value']:g} ({r['site']}): task {r['task_accuracy']:.3f} control "
-            f"{r['control_accuracy']:.3f} selectivity {r['selectivity']:.3f}"
+            f"{r['control_accuracy']:.3f} selectivity {r['selectivity']:.3f} (train: task "
+            f"{r['train_accuracy']:.3f} control {r['control_train_accuracy']:.3f})"
+        )
+    if sweep:
+        lines.append(
+            "test items whose word type occurs in training (the most a type-memorising control probe can "
+            f"use): {info['baselines']['test_items_with_a_training_word_type']:.3f}; control accuracy of a perfect "
+            f"type memoriser (majority label on unseen types): {info['baselines']['control_memoriser_test_accuracy']:.3f}"
         )
     return lines
 
@@ -243,10 +263,21 @@ def write_run(rf: RunFolder, res: Any, info: dict, mdl: dict, sites: list[str], 
             w.add_array(
                 "sweep",
                 np.array(
-                    [[r["value"], r["task_accuracy"], r["control_accuracy"], r["selectivity"]] for r in res.sweep]
+                    [
+                        [
+                            r["value"],
+                            r["task_accuracy"],
+                            r["control_accuracy"],
+                            r["selectivity"],
+                            r["train_accuracy"],
+                            r["control_train_accuracy"],
+                        ]
+                        for r in res.sweep
+                    ]
                 ),
                 axes=["setting", "column"],
-                meaning="capacity sweep: columns = [value, task_accuracy, control_accuracy, selectivity]",
+                meaning="capacity sweep: columns = [value, task_accuracy, control_accuracy, selectivity, "
+                "train_accuracy, control_train_accuracy]",
             )
         plot(
             w.path / "probe.png",
@@ -257,6 +288,7 @@ def write_run(rf: RunFolder, res: Any, info: dict, mdl: dict, sites: list[str], 
             probes,
             f"{info['model']['name']}: {info['task']['name']}",
             info["baselines"]["majority_test_accuracy"],
+            info["baselines"].get("control_memoriser_test_accuracy"),
         )
         w.add_figure(
             file="probe.png",

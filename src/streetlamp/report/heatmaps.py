@@ -23,6 +23,7 @@ ATTENTION_SCALE: dict[str, Any] = {
     "forbidden": "grey #bdbdbd, hatched '///'",
 }
 FORBIDDEN_COLOUR = "#bdbdbd"
+LABELLED_MAX = 96  # longer texts: no per-token tick labels or hatching (unreadable, and minutes to draw)
 
 
 def _cmap() -> matplotlib.colors.Colormap:
@@ -41,12 +42,12 @@ def _draw(
         interpolation="nearest",
         aspect="equal",
     )
-    if hatch and (~allowed).any() and allowed.shape[0] <= 96:
+    if hatch and (~allowed).any() and allowed.shape[0] <= LABELLED_MAX:
         rows, cols = np.nonzero(~allowed)
         rects = [Rectangle((c - 0.5, r - 0.5), 1, 1) for r, c in zip(rows, cols)]
         ax.add_collection(PatchCollection(rects, facecolor="none", edgecolor="#555555", linewidth=0, hatch="///"))
     ax.set_title(title, fontsize=9)
-    if labels is not None:
+    if labels is not None and len(labels) <= LABELLED_MAX:
         n = len(labels)
         ax.set_xticks(range(n), labels, rotation=90, fontsize=7)
         ax.set_yticks(range(n), labels, fontsize=7)
@@ -71,7 +72,7 @@ def _legend(fig: plt.Figure, im: matplotlib.image.AxesImage, axes: Any) -> None:
 def plot_head(a: np.ndarray, allowed: np.ndarray, labels: list[str], title: str, path: Path) -> None:
     """One head (or one aggregate): ``a[query, key]``."""
     n = len(labels)
-    size = min(4 + 0.28 * n, 30)
+    size = min(4 + 0.28 * n, 30) if n <= LABELLED_MAX else 10
     fig, ax = plt.subplots(figsize=(size + 1.5, size))
     im = _draw(ax, a, allowed, labels, title)
     ax.set_xlabel("Key (attended-to token)")
@@ -106,14 +107,19 @@ def plot_layer_means(att: np.ndarray, allowed: np.ndarray, labels: list[str], ti
     """Head mean of every layer, side by side: ``mean_h att[l, h]``."""
     L = att.shape[0]
     n = len(labels)
-    size = min(3 + 0.22 * n, 14)
-    fig, axes = plt.subplots(1, L, figsize=(size * L + 1.5, size + 0.5), squeeze=False)
+    size = min(3 + 0.22 * n, 14) if n <= LABELLED_MAX else 3.5
+    cols = L if n <= LABELLED_MAX else min(L, 6)  # long texts: rows of 6 layers, not one 30-panel strip
+    rows = -(-L // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(size * cols + 1.5, (size + 0.5) * rows), squeeze=False)
     im = None
     for l in range(L):
-        im = _draw(axes[0, l], att[l].mean(0), allowed, labels, f"layer {l}, mean of {att.shape[1]} heads")
-        axes[0, l].set_xlabel("Key")
-        if l == 0:
-            axes[0, l].set_ylabel("Query")
+        ax = axes[l // cols, l % cols]
+        im = _draw(ax, att[l].mean(0), allowed, labels, f"layer {l}, mean of {att.shape[1]} heads")
+        ax.set_xlabel("Key")
+        if l % cols == 0:
+            ax.set_ylabel("Query")
+    for k in range(L, rows * cols):
+        axes[k // cols, k % cols].axis("off")
     fig.suptitle(title, fontsize=10)
     assert im is not None
     _legend(fig, im, axes)

@@ -179,7 +179,9 @@ def write_outputs(
     )
     for name, e in res.explanations.items():
         for k, v in e.arrays.items():
-            w.add_array(f"{name}.{k}", np.asarray(v), axes=e.axes[k], meaning=e.meaning.get(k, ""))
+            # the attention method's copy of the run's attention and mask is stored once (GBs on long texts)
+            same = k if k in ("attention", "allowed") else None
+            w.add_array(f"{name}.{k}", np.asarray(v), axes=e.axes[k], meaning=e.meaning.get(k, ""), same_as=same)
     if figures:
         write_figures(adapter, res, w, layer, head)
     return w.write_manifest(

@@ -1,10 +1,12 @@
-"""``streetlamp explain-generation``: integrated gradients for every token a causal LM generates.
+"""``streetlamp explain-generation``: attribute every token a causal LM generates, with any registered method.
 
-One shared interpolation path serves all generated tokens
+Integrated gradients uses one shared interpolation path for all generated tokens
 (:meth:`~streetlamp.methods.ig.IntegratedGradients.attribute_sequence`): the model is causal, so
-generated token j at position P+j-1 depends only on the first P+j tokens. Output: the matrix
-``[generated token, input token]`` (cells after a target's own prefix are 0 and marked in
-``allowed``), each target's completeness record, a heatmap, and a manifest.
+generated token j at position P+j-1 depends only on the first P+j tokens. Every other method is
+applied to each prefix in turn (prompt + generated[:j], target: token j, the chosen quantity), the
+same call ``streetlamp explain`` makes. Output: one matrix ``[generated token, input token]`` per
+method (cells after a target's own prefix are 0 and marked in ``allowed``), IG's completeness
+record, a heatmap per method, and a manifest that says what each method explains.
 """
 
 from __future__ import annotations
@@ -19,14 +21,20 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 from ..errors import StreetlampError  # noqa: E402
+from ..methods.base import Method  # noqa: E402
 from ..methods.ig import IntegratedGradients  # noqa: E402
-from ..models.adapter import ModelAdapter, Target  # noqa: E402
+from ..methods.registry import get_method  # noqa: E402
+from ..models.adapter import Inputs, ModelAdapter, Target  # noqa: E402
 from ..report.compare import normalise_rows  # noqa: E402
+from ..results import Explanation  # noqa: E402
 from ..store.run_folder import RunFolder  # noqa: E402
 
 GENERATION_IG: dict[str, Any] = {"rule": "panels", "max_steps": 1024}
+MAX_NEW_TOKENS = 64
+IG = "integrated_gradients"
 
 
 @dataclass
@@ -34,17 +42,39 @@ class GenerationResult:
     out: Path
     tokens: list[str]  # prompt + generated tokens but the last (the inputs of the last target)
     generated: list[str]
-    matrix: np.ndarray  # [generated, token]
+    matrix: np.ndarray  # [generated, token] of the first method
     allowed: np.ndarray
     summary: list[str] = field(default_factory=list)
+    matrices: dict[str, np.ndarray] = field(default_factory=dict)  # method -> [generated, token]
 
     def lines(self) -> list[str]:
-        return [*self.summary, f"output: {self.out}/ (manifest.json, arrays.safetensors, generation.png)"]
+        figs = ", ".join(_figure_name(m) for m in self.matrices) or "generation.png"
+        return [*self.summary, f"output: {self.out}/ (manifest.json, arrays.safetensors, {figs})"]
 
     def _repr_html_(self) -> str:  # a notebook shows the run's report inline
         from ..report.viewer import iframe_html
 
         return iframe_html(self.out)
+
+
+def continuation_ids(adapter: ModelAdapter, prompt: str, text: str) -> list[int]:
+    """The ids of ``text`` as the tokenizer splits ``prompt + text``; an error when that split does not
+    start with the prompt's own ids (the continuation would merge into the prompt's last token)."""
+    if not text:
+        raise StreetlampError("empty continuation")
+    p = adapter.encode(prompt).input_ids[0].tolist()
+    full = adapter.encode(prompt + text).input_ids[0].tolist()
+    if full[: len(p)] != p or len(full) <= len(p):
+        raise StreetlampError(
+            f"the continuation {text!r} does not re-tokenise after the prompt (prompt + continuation splits the "
+            "prompt's tokens differently); start it at a token boundary, e.g. with a space"
+        )
+    unk = adapter.tokenizer.unk_token_id
+    if unk is not None and unk in full[len(p) :]:
+        raise StreetlampError(
+            f"the continuation {text!r} has text this tokenizer cannot encode (it becomes the unknown token)"
+        )
+    return full[len(p) :]
 
 
 def explain_generation(
@@ -53,58 +83,88 @@ def explain_generation(
     out: RunFolder | Path,
     *,
     new_tokens: int = 8,
-    continuation: list[int] | None = None,
+    continuation: list[int] | str | None = None,
+    methods: list[str] | None = None,
     quantity: str = "logprob",
     overwrite: bool = False,
     batch_size: int | None = None,
     seed: int = 0,
     ig_params: dict[str, Any] | None = None,
+    method_params: dict[str, dict[str, Any]] | None = None,
 ) -> GenerationResult:
-    """IG of each generated token (greedy, or ``continuation`` ids) over the prompt and earlier tokens."""
+    """Each method's attribution of each generated token (greedy, or the forced ``continuation``: ids,
+    or a text re-tokenised after the prompt) over the prompt and earlier tokens."""
     rf = RunFolder.of(out, "explain-generation", overwrite)
     if adapter.kind != "causal_lm":
         raise StreetlampError(f"explain-generation needs a causal LM; {adapter.name} is a {adapter.kind}")
     if not prompt or not prompt.strip():
         raise StreetlampError("empty prompt")
-    if continuation is None and not 1 <= new_tokens <= 64:
-        raise StreetlampError(f"--new-tokens must be 1..64 (got {new_tokens})")
+    if continuation is None and not 1 <= new_tokens <= MAX_NEW_TOKENS:
+        raise StreetlampError(f"--new-tokens must be 1..{MAX_NEW_TOKENS} (got {new_tokens})")
+    methods = list(methods or [IG])
+    if len(set(methods)) != len(methods):
+        raise StreetlampError(f"a method is named twice in {','.join(methods)}")
     # defaults for this command: a causal LM's IG integrands have narrow spikes and the shared path
     # must converge for its hardest target (SmolLM2 IOI prompt, 6 tokens: Clenshaw–Curtis left a
     # relative completeness error of 7.8 after 256 steps; panels reached 2e-4 with 845 evaluations)
-    ig = IntegratedGradients(**{**GENERATION_IG, **(ig_params or {})})
-    prompt_len = len(adapter.encode(prompt).input_ids[0])
+    mp = dict(method_params or {})
+    if ig_params and IG in mp:
+        raise StreetlampError("integrated gradients' parameters given twice (--ig-params and --method-params)")
+    mp[IG] = {**GENERATION_IG, **(ig_params or mp.get(IG) or {})}
+    built = {name: get_method(name, **mp.get(name, {})) for name in methods}  # unknown name/parameter: error now
+    for m in built.values():
+        m.check(adapter)
+    prompt_ids = adapter.encode(prompt).input_ids[0]
+    prompt_len = len(prompt_ids)
+    forced = continuation is not None
+    if isinstance(continuation, str):
+        continuation = continuation_ids(adapter, prompt, continuation)
+    if continuation is not None and not 1 <= len(continuation) <= MAX_NEW_TOKENS:
+        raise StreetlampError(f"the continuation must be 1..{MAX_NEW_TOKENS} tokens (got {len(continuation)})")
+    bad = [t for t in continuation or [] if not 0 <= int(t) < adapter.n_outputs]
+    if bad:
+        raise StreetlampError(f"token id {bad[0]} out of range: the vocabulary has {adapter.n_outputs} ids")
     if prompt_len + (len(continuation) if continuation else new_tokens) > adapter.max_positions:
         raise StreetlampError(f"prompt and continuation exceed the model's {adapter.max_positions} positions")
     t0 = time.time()
-    exps = ig.attribute_sequence(
-        adapter,
-        prompt,
-        continuation if continuation is not None else new_tokens,
-        target=Target(quantity=quantity),  # type: ignore[arg-type]
-        batch_size=batch_size,
-        batched_grads=True,
-    )
+    gen_ids = [int(i) for i in continuation] if continuation is not None else adapter.generate(prompt_ids, new_tokens)
+    full = torch.cat([prompt_ids.cpu(), torch.tensor(gen_ids, dtype=torch.long)])
+    k, width = len(gen_ids), len(full) - 1
+    rows: dict[str, list[Explanation]] = {}
+    for name, m in built.items():
+        if isinstance(m, IntegratedGradients):
+            rows[name] = m.attribute_sequence(
+                adapter,
+                prompt,
+                gen_ids,
+                target=Target(quantity=quantity),  # type: ignore[arg-type]
+                batch_size=batch_size,
+                batched_grads=True,
+            )
+        else:
+            rows[name] = per_prefix(adapter, m, full, prompt_len, quantity, batch_size, seed)
     secs = time.time() - t0
-    k, width = len(exps), len(exps[-1].tokens)
-    matrix = np.zeros((k, width), np.float32)
     allowed = np.zeros((k, width), np.uint8)
-    for j, e in enumerate(exps):
-        matrix[j, : len(e.scores)] = e.scores
-        allowed[j, : len(e.scores)] = 1
-    gen_ids = [int(e.info["target"]["index"]) for e in exps]
+    for j in range(k):
+        allowed[j, : prompt_len + j] = 1
+    matrices = {name: _matrix(exps, k, width) for name, exps in rows.items()}
     generated = [cast(str, adapter.tokenizer.decode([i])) for i in gen_ids]  # one id -> one str
-    tokens = list(exps[-1].tokens)
+    tokens = list(Inputs.from_ids(adapter, [full[:-1]]).tokens[0])
     labels = [adapter.token_label(t) for t in tokens]
-    completeness = np.stack([e.arrays["completeness"] for e in exps]).astype(np.float64)
-    res = GenerationResult(rf.out, tokens, generated, matrix, allowed)
+    ig_exps = rows.get(IG)
+    res = GenerationResult(rf.out, tokens, generated, matrices[methods[0]], allowed, matrices=matrices)
     with rf.staging() as w:
-        w.add_array(
-            "integrated_gradients.matrix",
-            matrix,
-            axes=["generated", "token"],
-            meaning=f"IG of the {quantity} of generated token j (row) over the token embeddings of its inputs "
-            "(columns: prompt, then earlier generated tokens); one shared path (attribute_sequence)",
-        )
+        for name, mat in matrices.items():
+            w.add_array(
+                f"{name}.matrix",
+                mat,
+                axes=["generated", "token"],
+                meaning=f"IG of the {quantity} of generated token j (row) over the token embeddings of its inputs "
+                "(columns: prompt, then earlier generated tokens); one shared path (attribute_sequence)"
+                if name == IG
+                else f"{name} of generated token j (row; target: that token, {quantity} where the method uses the "
+                "target) applied to its own prefix (columns: prompt, then earlier generated tokens)",
+            )
         w.add_array(
             "allowed",
             allowed,
@@ -112,72 +172,136 @@ def explain_generation(
             meaning="1 where the token is an input of "
             "that row's target (earlier positions); 0 cells of the matrix are not inputs",
         )
-        w.add_array(
-            "completeness",
-            completeness,
-            axes=["generated", "quantity"],
-            meaning="[delta, delta/|dF|, F(e), F(e'), sum IG] per generated token",
-        )
+        if ig_exps is not None:
+            w.add_array(
+                "completeness",
+                np.stack([e.arrays["completeness"] for e in ig_exps]).astype(np.float64),
+                axes=["generated", "quantity"],
+                meaning="[delta, delta/|dF|, F(e), F(e'), sum IG] per generated token",
+            )
         w.add_array(
             "generated_ids",
             np.asarray(gen_ids, np.int64),
             axes=["generated"],
             meaning="vocabulary ids of the generated tokens",
         )
-        _figure(matrix, allowed, labels, generated, w.path / "generation.png")
-        w.add_figure(
-            file="generation.png",
-            shows="IG per generated token (rows) over input tokens, each row "
-            "divided by its max |score|; grey: not an input of that row",
-        )
-        w.write_manifest(
-            {
-                "model": adapter.describe(),
-                "prompt": prompt,
-                "prompt_tokens": prompt_len,
-                "tokens": tokens,
-                "token_labels": labels,
-                "generated": generated,
-                "generated_ids": gen_ids,
-                "continuation": "given" if continuation is not None else "greedy",
-                "parameters": {
-                    "quantity": quantity,
-                    "new_tokens": k,
-                    "batch_size": batch_size,
-                    "seed": seed,
-                    "integrated_gradients": ig.params(),
-                },
-                "per_token": [
-                    {
-                        "generated": g,
-                        "converged": e.info["converged"],
-                        "steps": e.info["steps"],
-                        "relative_completeness_error": e.info["relative_completeness_error"],
-                    }
-                    for g, e in zip(generated, exps)
-                ],
-                "gradient_evaluations": exps[0].info["gradient_evaluations"],
-                "seconds": round(secs, 2),
-                "seed": seed,
-            }
-        )
+        for name, mat in matrices.items():
+            _figure(mat, allowed, labels, generated, w.path / _figure_name(name), name)
+            w.add_figure(
+                file=_figure_name(name),
+                shows=f"{'IG' if name == IG else name} per generated token (rows) over input tokens, each row "
+                "divided by its max |score|; grey: not an input of that row",
+            )
+        parameters: dict[str, Any] = {
+            "quantity": quantity,
+            "new_tokens": k,
+            "batch_size": batch_size,
+            "seed": seed,
+        }
+        if ig_exps is not None:
+            parameters[IG] = built[IG].params()
+        if methods != [IG]:
+            parameters["methods"] = {name: m.params() for name, m in built.items()}
+        body: dict[str, Any] = {
+            "model": adapter.describe(),
+            "prompt": prompt,
+            "prompt_tokens": prompt_len,
+            "tokens": tokens,
+            "token_labels": labels,
+            "generated": generated,
+            "generated_ids": gen_ids,
+            "continuation": "given" if forced else "greedy",
+            "parameters": parameters,
+            "per_token": [
+                {
+                    "generated": g,
+                    "converged": e.info["converged"],
+                    "steps": e.info["steps"],
+                    "relative_completeness_error": e.info["relative_completeness_error"],
+                }
+                for g, e in zip(generated, ig_exps)
+            ]
+            if ig_exps is not None
+            else [{"generated": g} for g in generated],
+        }
+        if ig_exps is not None:
+            body["gradient_evaluations"] = ig_exps[0].info["gradient_evaluations"]
+        if methods != [IG]:  # the IG-only manifest stays as it was
+            body["methods"] = {name: _explains(name, exps, quantity) for name, exps in rows.items()}
+        w.write_manifest({**body, "seconds": round(secs, 2), "seed": seed})
+    how = ", ".join(
+        f"IG one shared path, {ig_exps[0].info['gradient_evaluations']} gradient evaluations"
+        if n == IG and ig_exps is not None
+        else f"{n} per prefix"
+        for n in methods
+    )
     res.summary.append(
         f"prompt: {prompt!r} -> continuation {''.join(generated)!r} ({k} tokens, "
-        f"{'greedy' if continuation is None else 'given'}; IG of the {quantity}, one shared path, "
-        f"{exps[0].info['gradient_evaluations']} gradient evaluations, {secs:.1f} s)"
+        f"{'given' if forced else 'greedy'}; {quantity}; {how}; {secs:.1f} s)"
     )
-    for j, g in enumerate(generated):
-        row = matrix[j, : int(allowed[j].sum())]
-        top = np.argsort(-np.abs(row), kind="stable")[:3]
-        res.summary.append(
-            f"  {g!r:>14} <- "
-            + ", ".join(f"{labels[i]!r}@{i} {row[i]:+.3f}" for i in top)
-            + ("" if exps[j].info["converged"] else "  (IG tolerance not reached)")
-        )
+    for name, mat in matrices.items():
+        if len(matrices) > 1:
+            res.summary.append(f"{name}:")
+        for j, g in enumerate(generated):
+            row = mat[j, : int(allowed[j].sum())]
+            top = np.argsort(-np.abs(row), kind="stable")[:3]
+            flag = name == IG and ig_exps is not None and not ig_exps[j].info["converged"]
+            res.summary.append(
+                f"  {g!r:>14} <- "
+                + ", ".join(f"{labels[i]!r}@{i} {row[i]:+.3f}" for i in top)
+                + ("  (IG tolerance not reached)" if flag else "")
+            )
     return res
 
 
-def _figure(matrix: np.ndarray, allowed: np.ndarray, labels: list[str], generated: list[str], path: Path) -> None:
+def per_prefix(
+    adapter: ModelAdapter,
+    method: Method,
+    full: torch.Tensor,
+    prompt_len: int,
+    quantity: str,
+    batch_size: int | None,
+    seed: int,
+) -> list[Explanation]:
+    """``method`` on each prefix ``full[:P+j]`` explaining its next token ``full[P+j]`` (one call per prefix,
+    as ``streetlamp explain`` calls it)."""
+    out = []
+    for n in range(prompt_len, len(full)):
+        inputs = Inputs.from_ids(adapter, [full[:n]])
+        target = Target(int(full[n]), None, quantity)  # type: ignore[arg-type]
+        e = method.attribute(adapter, inputs, target=target, batch_size=batch_size, seed=seed)[0]
+        if len(e.scores) != n:
+            raise StreetlampError(f"{method.name} gave {len(e.scores)} scores for a prefix of {n} tokens")
+        out.append(e)
+    return out
+
+
+def _matrix(exps: list[Explanation], k: int, width: int) -> np.ndarray:
+    matrix = np.zeros((k, width), np.float32)
+    for j, e in enumerate(exps):
+        matrix[j, : len(e.scores)] = e.scores
+    return matrix
+
+
+def _explains(name: str, exps: list[Explanation], quantity: str) -> dict[str, Any]:
+    """What a method's matrix holds: its scores' meaning (last row) and each row's explained target."""
+    return {
+        "array": f"{name}.matrix",
+        "figure": _figure_name(name),
+        "scores": exps[-1].meaning.get("tokens", ""),
+        "explained": [e.info.get("target", {}).get("explained") for e in exps],
+        "quantity": quantity,
+        "how": "one shared IG path over the whole sequence" if name == IG else "the method applied to each prefix",
+    }
+
+
+def _figure_name(method: str) -> str:
+    return "generation.png" if method == IG else f"generation_{method}.png"
+
+
+def _figure(
+    matrix: np.ndarray, allowed: np.ndarray, labels: list[str], generated: list[str], path: Path, method: str = IG
+) -> None:
     m = np.ma.masked_where(allowed == 0, normalise_rows(matrix.astype(np.float64)))
     k, n = m.shape
     fig, ax = plt.subplots(figsize=(min(3 + 0.45 * n, 30), 1.4 + 0.4 * k))
@@ -188,7 +312,9 @@ def _figure(matrix: np.ndarray, allowed: np.ndarray, labels: list[str], generate
     ax.set_xlabel("input token")
     ax.set_ylabel("generated token")
     cb = fig.colorbar(im, ax=ax, shrink=0.9)
-    cb.set_label("IG / max |IG| of the row (signed)", fontsize=8)
-    ax.set_title("Integrated gradients of each generated token (grey: not one of its inputs)", fontsize=9)
+    short = "IG" if method == IG else method
+    cb.set_label(f"{short} / max |{short}| of the row (signed)", fontsize=8)
+    title = "Integrated gradients" if method == IG else method
+    ax.set_title(f"{title} of each generated token (grey: not one of its inputs)", fontsize=9)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)

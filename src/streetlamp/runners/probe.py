@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -43,6 +43,8 @@ class ProbeSettings:
     hidden: int = 256
     weight_decay: float = 1e-3
     dropout: float = 0.0
+    early_stopping: bool = True  # MLP / rank-R probes: stop on the dev loss (False: train max_epochs epochs)
+    max_epochs: int = 100
     subtoken: str = "first"
     pool: str | None = None
     limit: int | None = None
@@ -53,6 +55,7 @@ class ProbeSettings:
     amnesic: bool = True
     random_seeds: int = 5
     erase_at: str = "items"
+    skip_first: bool = False  # token tasks: leave out the words at position 0 (probes, eraser, edit)
     sweep: str | None = "hidden:4,16,64,256,1024"
     sweep_layer: str | None = None
     batch_size: int | None = None
@@ -96,11 +99,15 @@ def check_settings(s: ProbeSettings) -> None:
         raise StreetlampError("--split needs three positive fractions summing to 1 (train,dev,test)")
     if s.erase_at not in ("items", "all"):
         raise StreetlampError("--erase-at is items or all")
+    if s.skip_first and s.erase_at == "all":
+        raise StreetlampError("--skip-first leaves position 0 unedited, --erase-at all edits it: choose one")
     if s.random_seeds < 1:
         raise StreetlampError("--random-seeds must be at least 1")
+    if s.hidden < 1:
+        raise StreetlampError("--hidden must be at least 1")
     if s.limit is not None and s.limit < 1:
         raise StreetlampError("--limit must be at least 1")
-    parse_probes(s.probes, s.hidden, s.weight_decay, s.dropout, s.seed)
+    parse_probes(s.probes, s.hidden, s.weight_decay, s.dropout, s.seed, s.early_stopping, s.max_epochs)
     parse_sweep(s.sweep)
 
 
@@ -139,7 +146,7 @@ def build_task(s: ProbeSettings, adapter: ModelAdapter) -> tuple[ProbeTask, str]
     name = s.task
     if name.endswith(".jsonl") or name.endswith(".csv") or Path(name).is_file():
         task = load_task_file(name)
-    elif name.startswith("deciding:") or name == "negated":
+    elif name.startswith("deciding:") or name in ("negated", "category"):
         if s.n_examples < 2:
             raise StreetlampError("--n-examples must be at least 2")
         task = planted_task(name, s.n_examples, s.seed)
@@ -159,7 +166,7 @@ def build_task(s: ProbeSettings, adapter: ModelAdapter) -> tuple[ProbeTask, str]
         task.targets = gold_targets(adapter, [e.label for e in examples])
     else:
         raise StreetlampError(
-            f"unknown task {name!r}: pos, upos, sentiment, deciding:TASK, negated, or a .jsonl/.csv file"
+            f"unknown task {name!r}: pos, upos, sentiment, deciding:TASK, negated, category, or a .jsonl/.csv file"
         )
     if s.limit and task.name not in ("pos", "upos", "sentiment"):
         keep = set(range(min(s.limit, len(task.texts))))
@@ -244,7 +251,7 @@ def probe(
     adapter = load_model(model, device)
     layers = parse_layers(s.layers, adapter.n_layers)
     sites = [site_name(l, s.site) for l in layers]
-    specs = parse_probes(s.probes, s.hidden, s.weight_decay, s.dropout, s.seed)
+    specs = parse_probes(s.probes, s.hidden, s.weight_decay, s.dropout, s.seed, s.early_stopping, s.max_epochs)
     sweep = parse_sweep(s.sweep)
     sweep_layer = s.sweep_layer or str(adapter.n_layers // 2)
     if sweep and sweep_layer not in layers:
@@ -254,7 +261,7 @@ def probe(
     inputs = adapter.encode(task.texts, truncate=s.truncate)
     ids = [inputs.input_ids[b, :n].tolist() for b, n in enumerate(inputs.lengths)]
     silver = task.name in ("pos", "upos")
-    n_dropped = 0
+    n_dropped = n_first = 0
     if pool == "token":
         kept, positions, n_dropped = align(
             adapter.tokenizer,
@@ -263,6 +270,10 @@ def probe(
             s.subtoken,  # type: ignore[arg-type]
             "drop" if silver else "refuse",
         )
+        if s.skip_first:  # the words at position 0 (a causal LM's attention sink): not probed, fitted or erased
+            keep = [j for j, q in enumerate(positions) if q != 0]
+            n_first = len(positions) - len(keep)
+            kept, positions = [kept[j] for j in keep], [positions[j] for j in keep]
         task.items = [task.items[k] for k in kept]
         item_pos: np.ndarray | None = np.array(positions, dtype=np.int64)
     else:
@@ -287,6 +298,11 @@ def probe(
     yc = control_labels(words, y, K, seed=s.seed + 1)
     majority = float((y[te] == np.bincount(y[tr], minlength=K).argmax()).mean())
     control_majority = float((yc[te] == np.bincount(yc[tr], minlength=K).argmax()).mean())
+    train_types = {words[k] for k in tr}
+    seen_te = np.array([words[k] in train_types for k in te], dtype=bool)
+    seen = float(seen_te.mean())  # the share of test items a type-memorising probe can have seen
+    # a perfect type memoriser: right on every seen type, the training majority control label elsewhere
+    memoriser = float((seen_te | (yc[te] == np.bincount(yc[tr], minlength=K).argmax())).mean())
 
     log(f"{len(task.texts)} texts, {len(y)} items, {K} classes; recording {len(sites)} sites")
     feats, logits = collect(adapter, inputs, sites, item_text, item_pos, pool, s.batch_size)
@@ -403,6 +419,10 @@ def probe(
                     "task_accuracy": a_t,
                     "control_accuracy": a_c,
                     "selectivity": selectivity(a_t, a_c),
+                    "train_accuracy": pt.accuracy(X[tr], y[tr]),
+                    "control_train_accuracy": pc.accuracy(X[tr], yc[tr]),
+                    "epochs": pt.epochs,
+                    "control_epochs": pc.epochs,
                 }
             )
 
@@ -416,6 +436,7 @@ def probe(
             "n_items": len(y),
             "items_per_split": [len(tr), len(dv), len(te)],
             "dropped_unalignable_words": n_dropped,
+            "dropped_words_at_position_0": n_first,
             **task.source,
         },
         "representation": {
@@ -424,7 +445,12 @@ def probe(
         },
         "settings": asdict(s),
         "probes": [p.params() for p in specs],
-        "baselines": {"majority_test_accuracy": majority, "control_majority_test_accuracy": control_majority},
+        "baselines": {
+            "majority_test_accuracy": majority,
+            "control_majority_test_accuracy": control_majority,
+            "test_items_with_a_training_word_type": seen,
+            "control_memoriser_test_accuracy": memoriser,
+        },
         "seconds": round(time.time() - t_start, 1),
     }
     write_run(rf, res, info, mdl, sites, specs)
@@ -432,13 +458,22 @@ def probe(
 
 
 def sweep_spec(kind: str, v: float, s: ProbeSettings) -> ProbeSpec:
+    base = ProbeSpec(
+        "mlp",
+        hidden=s.hidden,
+        weight_decay=s.weight_decay,
+        dropout=s.dropout,
+        seed=s.seed,
+        early_stopping=s.early_stopping,
+        max_epochs=s.max_epochs,
+    )
     if kind == "hidden":
-        return ProbeSpec("mlp", hidden=int(v), weight_decay=s.weight_decay, dropout=s.dropout, seed=s.seed)
+        return replace(base, hidden=int(v))
     if kind == "rank":
-        return ProbeSpec("linear", rank=int(v), weight_decay=s.weight_decay, seed=s.seed)
+        return replace(base, kind="linear", hidden=0, dropout=0.0, rank=int(v))
     if kind == "weight_decay":
-        return ProbeSpec("mlp", hidden=s.hidden, weight_decay=v, dropout=s.dropout, seed=s.seed)
-    return ProbeSpec("mlp", hidden=s.hidden, weight_decay=s.weight_decay, dropout=v, seed=s.seed)
+        return replace(base, weight_decay=v)
+    return replace(base, dropout=v)
 
 
 def load_model(model: str, device: str) -> ModelAdapter:

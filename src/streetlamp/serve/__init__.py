@@ -54,7 +54,9 @@ def serve(
     from .app import Limits, create_app, new_token
 
     check_address(host, port, allow_remote)
-    os.environ.setdefault("TQDM_DISABLE", "1")  # the page shows progress; no method progress bars on the console
+    # the page shows progress: methods that report through streetlamp.progress leave their console bars out
+    # (TQDM_DISABLE, for the others, takes effect only where tqdm is imported after this line)
+    os.environ.setdefault("TQDM_DISABLE", "1")
     if host not in LOCAL_HOSTS:
         print(
             f"streetlamp: warning: serving on {host}:{port}: anyone who can reach this address and has the token "

@@ -32,6 +32,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .. import progress
 from ..errors import StreetlampError
 from ..models.adapter import ModelAdapter
 from . import compute as C
@@ -40,7 +41,7 @@ log = logging.getLogger("streetlamp.serve")
 HEADER = "x-streetlamp-token"
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
-    "connect-src 'self'; base-uri 'none'; form-action 'none'"
+    "connect-src 'self'; frame-src 'self'; base-uri 'none'; form-action 'none'"
 )
 SECURITY_HEADERS = {
     "Content-Security-Policy": CSP + "; frame-ancestors 'none'",
@@ -49,6 +50,12 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
     "X-Frame-Options": "DENY",
     "Cross-Origin-Resource-Policy": "same-origin",
+}
+# /frame: one explain view of a minimal pair, framed by this server's own page only
+FRAME_HEADERS = {
+    **SECURITY_HEADERS,
+    "Content-Security-Policy": CSP + "; frame-ancestors 'self'",
+    "X-Frame-Options": "SAMEORIGIN",
 }
 
 
@@ -146,6 +153,7 @@ class State:
                 "started": time.time(),
                 "cancel": False,
                 "stages": [],
+                "step": None,
             },
         )
         while len(self.jobs) > self.limits.jobs:
@@ -224,34 +232,38 @@ def create_app(
             "replacements": C.replacement_menu(a),
         }
 
-    async def page(request: Request) -> Response:
+    def html_page(view: str, script: str, title: str, extra: dict | None = None) -> str:
         from ..report.viewer import SCRIPTS, script_json
         from ..report.viewer.palettes import palettes
 
-        boot = {
-            "view": "live",
-            "manifest": {},
-            "arrays": {},
-            "palettes": palettes(),
-            "live": {
-                "models": [model_info(n) for n in adapters],
-                "methods": sorted(C.REGISTRY),
-                "default_methods": list(C.DEFAULT_METHODS),
-                "max_chars": limits.max_chars,
-            },
-        }
-        scripts = "".join(f'<script src="/static/{s}"></script>\n' for s in (*SCRIPTS, "live.js"))
-        html = (
+        boot = {"view": view, "manifest": {}, "arrays": {}, "palettes": palettes(), **(extra or {})}
+        scripts = "".join(f'<script src="/static/{s}"></script>\n' for s in (*SCRIPTS, script))
+        return (
             '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">\n'
             f'<meta http-equiv="Content-Security-Policy" content="{CSP}">\n'
             '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-            '<title>streetlamp serve</title>\n<link rel="icon" href="data:,">\n'
+            f'<title>{title}</title>\n<link rel="icon" href="data:,">\n'
             '<link rel="stylesheet" href="/static/viewer.css"><link rel="stylesheet" href="/static/live.css">\n'
             "</head><body>\n<noscript>streetlamp serve needs JavaScript.</noscript>\n"
             '<div id="app" aria-live="polite">loading...</div>\n'
             f'<script type="application/json" id="sl-model">{script_json(boot)}</script>\n{scripts}</body></html>\n'
         )
+
+    async def page(request: Request) -> Response:
+        live = {
+            "models": [model_info(n) for n in adapters],
+            "methods": sorted(C.REGISTRY),
+            "default_methods": list(C.DEFAULT_METHODS),
+            "max_chars": limits.max_chars,
+        }
+        html = html_page("live", "live.js", "streetlamp serve", {"live": live})
         return Response(html, media_type="text/html; charset=utf-8", headers=SECURITY_HEADERS)
+
+    async def frame(request: Request) -> Response:
+        """An empty report page: the live page draws one text of a minimal pair into it with the report's
+        own ``streetlamp.render`` (each frame has its own viewer state, so two explain views can sit side by side)."""
+        html = html_page("blank", "frame.js", "streetlamp serve: explain view")
+        return Response(html, media_type="text/html; charset=utf-8", headers=FRAME_HEADERS)
 
     viewer_static = resources.files("streetlamp.report.viewer").joinpath("static")
     live_static = resources.files(__package__).joinpath("static")
@@ -286,8 +298,17 @@ def create_app(
             def stage(s: str) -> None:
                 if job["cancel"]:
                     raise Cancelled()
-                job["stage"], job["state"] = s, "running"
+                job.update(stage=s, state="running", step=None)
                 job["stages"].append([round(time.time() - job["started"], 3), s])
+
+            def step(what: str, done: int, total: int) -> None:  # finer progress inside a stage (methods' bars)
+                if job["cancel"]:
+                    raise Cancelled()
+                job["step"] = {"what": what, "done": done, "total": total}
+
+            def work() -> C.Live:
+                with progress.listening(step):
+                    return fn(w.adapter, data, stage)
 
             deadline = time.monotonic() + limits.timeout
             w.waiting += 1
@@ -298,7 +319,7 @@ def create_app(
                 return _err(504, f"timed out after {limits.timeout:g} s waiting for {name}")
             finally:
                 w.waiting -= 1
-            fut = asyncio.get_running_loop().run_in_executor(w.pool, lambda: fn(w.adapter, data, stage))
+            fut = asyncio.get_running_loop().run_in_executor(w.pool, work)
             fut.add_done_callback(lambda _: w.lock.release())  # the model stays busy until the thread ends
             try:
                 live = await asyncio.wait_for(asyncio.shield(fut), timeout=max(0.0, deadline - time.monotonic()))
@@ -339,12 +360,10 @@ def create_app(
     async def api_edit(request: Request) -> Response:
         return await run(
             request,
-            lambda a, d, s: C.edit_token(
+            lambda a, d, s: C.edit_tokens(
                 a,
                 d.get("text"),
-                d.get("position"),
-                d.get("op"),
-                d.get("replacement"),
+                d["edits"] if "edits" in d else [{k: d.get(k) for k in ("position", "op", "replacement")}],
                 truncate=truncate(d),
                 methods=d.get("methods"),
                 stage=s,
@@ -361,7 +380,10 @@ def create_app(
 
     async def api_pair(request: Request) -> Response:
         return await run(
-            request, lambda a, d, s: C.minimal_pair(a, d.get("text_a"), d.get("text_b"), truncate=truncate(d), stage=s)
+            request,
+            lambda a, d, s: C.minimal_pair(
+                a, d.get("text_a"), d.get("text_b"), truncate=truncate(d), methods=d.get("methods"), stage=s
+            ),
         )
 
     async def api_progress(request: Request) -> Response:
@@ -375,6 +397,7 @@ def create_app(
                 "position": j.get("position", 0),
                 "elapsed": round(time.time() - j["started"], 2),
                 "stages": j["stages"],
+                "step": j["step"],
             },
             headers=SECURITY_HEADERS,
         )
@@ -415,6 +438,7 @@ def create_app(
 
     routes = [
         Route("/", page),
+        Route("/frame", frame),
         Route("/static/{name}", static),
         Route("/api/info", api_info),
         Route("/api/explain", api_explain, methods=["POST"]),

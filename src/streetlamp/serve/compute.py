@@ -5,15 +5,17 @@ writes the result as a run folder that ``streetlamp report`` opens like any othe
 
 * :func:`explain_text`: the explain view of a text (attention recording plus the chosen methods,
   occlusion by default), as the same manifest and packed arrays a run folder's report embeds.
-* :func:`edit_token`: remove or replace one token; the prediction, the explained output's
-  probability and every layer's attention for the edited input, and per layer the cosine distance
-  ``1 - cos(h, h')`` of the edited token's and the explained position's hidden states
-  (``layers.0.resid_pre``, then ``layers.{l}.resid_post``), beside the attention the explained position paid the token.
+* :func:`edit_tokens`: remove or replace tokens, each edit on top of the previous ones (positions count the
+  tokens the earlier edits left); the prediction, the explained output's probability after each edit and
+  every layer's attention for the edited input, and per layer the cosine distance ``1 - cos(h, h')`` between
+  the original text's and the edited text's hidden states (``layers.0.resid_pre``, then
+  ``layers.{l}.resid_post``) at the explained position and at the last edited token, beside the attention the
+  explained position paid that token in the original. :func:`edit_token` is one edit.
 * :func:`ablate_heads`: zero or mean ablation of one or several heads at ``layers.{l}.attn.z`` with the
   intervention engine, exactly as ``streetlamp heads`` does per head (same strategies, same reference
   texts for the mean), beside each head's attention mass.
-* :func:`minimal_pair`: two texts: their outputs, and where they have the same length, the difference
-  of their attention.
+* :func:`minimal_pair`: two texts: the explain view of each, their outputs and the difference, and where
+  they have the same number of tokens, the difference of their attention per layer and head.
 """
 
 from __future__ import annotations
@@ -214,6 +216,146 @@ def _hidden(adapter: ModelAdapter, fwd) -> list[torch.Tensor]:
     ]
 
 
+MAX_EDITS = 64
+
+
+@dataclass
+class Edited:
+    """A chain of edits applied to the original ids: the ids after each edit and where each token came from."""
+
+    ids: list[list[int]]  # ids[0] is the original, ids[k] after the k-th edit
+    origin: list[int]  # for each token of the last ids, its position in the original
+    edits: list[dict[str, Any]]  # each edit as applied: op, position (in the ids before it), token, replacement
+
+
+def check_edits(edits: Any) -> list[dict[str, Any]]:
+    if not isinstance(edits, list) or not edits:
+        raise StreetlampError("edits must be a non-empty list of {position, op, replacement?}")
+    if len(edits) > MAX_EDITS:
+        raise StreetlampError(f"at most {MAX_EDITS} edits in a chain; reset to the original text")
+    if not all(isinstance(e, dict) for e in edits):
+        raise StreetlampError("each edit must be an object {position, op, replacement?}")
+    return edits
+
+
+def apply_edits(adapter: ModelAdapter, inputs: Inputs, edits: list[dict[str, Any]]) -> Edited:
+    """Each edit on top of the previous one; positions count the tokens left by the edits before it."""
+    n = inputs.lengths[0]
+    ids0 = inputs.input_ids[0, :n].tolist()
+    ids, origin, done, chain = list(ids0), list(range(n)), [], [list(ids0)]
+    for k, e in enumerate(edits):
+        position, op = e.get("position"), e.get("op")
+        where = f"edit {k + 1}: " if len(edits) > 1 else ""
+        if not isinstance(position, int) or isinstance(position, bool) or not 0 <= position < len(ids):
+            raise StreetlampError(f"{where}position must be a token index 0..{len(ids) - 1}")
+        if ids0[origin[position]] in adapter.special_ids:
+            raise StreetlampError(
+                f"{where}position {position} holds the special token "
+                f"{inputs.tokens[0][origin[position]]!r}; edit a token of the text"
+            )
+        label = adapter.token_label(adapter.tokenizer.convert_ids_to_tokens([ids[position]])[0])
+        if op == "remove":
+            if sum(ids0[o] not in adapter.special_ids for o in origin) == 1:
+                raise StreetlampError(f"{where}removing token {position} would leave no token of the text")
+            ids, origin, rep = ids[:position] + ids[position + 1 :], origin[:position] + origin[position + 1 :], None
+            what = f"token {position} {label!r} removed"
+        elif op == "replace":
+            rid = replacement_id(adapter, e.get("replacement"))
+            ids = ids[:position] + [rid] + ids[position + 1 :]
+            rep = adapter.tokenizer.convert_ids_to_tokens([rid])[0]
+            what = f"token {position} {label!r} replaced by {rep!r}"
+        else:
+            raise StreetlampError(f"{where}op must be 'remove' or 'replace'")
+        done.append({"op": op, "position": position, "token": label, "replacement": rep, "description": what})
+        chain.append(list(ids))
+    return Edited(chain, origin, done)
+
+
+def edit_tokens(
+    adapter: ModelAdapter,
+    text: Any,
+    edits: Any,
+    *,
+    truncate: bool = False,
+    methods: Any = None,
+    stage: Stage = _noop,
+) -> Live:
+    """Remove or replace tokens, each edit on top of the previous ones; every comparison is against the
+    original text (its prediction, its hidden states, the attention it paid the last edited token)."""
+    methods = check_methods(methods)
+    inputs = encode(adapter, text, truncate)
+    n = inputs.lengths[0]
+    ed = apply_edits(adapter, inputs, check_edits(edits))
+    new, last = ed.ids[-1], ed.edits[-1]
+    stage("recording the original")
+    with torch.no_grad():
+        f0 = adapter.forward(inputs, record=HIDDEN + ["layers.*.attn.pattern"])
+    index = int(f0.logits[0].argmax())
+    p0 = torch.softmax(f0.logits[0].double(), -1).cpu().numpy()
+    att0 = torch.stack([f0.cache[f"layers.{l}.attn.pattern"][0] for l in range(adapter.n_layers)]).double()
+    pos0 = adapter.explained_position(n)
+    stage(f"running the {len(ed.edits)} edited text(s)")
+    steps = Inputs.from_ids(adapter, ed.ids[1:], strings=False)
+    with torch.no_grad():
+        logits = adapter.forward(steps).logits  # [edits, out] at each row's explained position
+    p_steps = torch.softmax(logits.double(), -1).cpu().numpy()
+    edited = Inputs.from_ids(adapter, [new], texts=[cast(str, adapter.tokenizer.decode(new, skip_special_tokens=True))])
+    with torch.no_grad():
+        f1 = adapter.forward(edited, record=HIDDEN)
+    pos1 = adapter.explained_position(len(new))
+    position = last["position"]  # in the ids before the last edit
+    o = _origin(ed, len(ed.edits) - 1)[position]  # the last edited token's position in the original
+    h0, h1 = _hidden(adapter, f0), _hidden(adapter, f1)
+    rows = []
+    for k in range(adapter.n_layers + 1):
+        a = att0[k - 1, :, pos0, o] if k > 0 else None
+        rows.append(
+            {
+                "layer": "input" if k == 0 else k - 1,
+                "attention_mean": None if a is None else float(a.mean()),
+                "attention_max": None if a is None else float(a.max()),
+                "attention_max_head": None if a is None else int(a.argmax()),
+                "explained_distance": cosine_distance(h0[k][pos0], h1[k][pos1]),
+                "token_distance": cosine_distance(h0[k][o], h1[k][position]) if last["op"] == "replace" else None,
+            }
+        )
+    res = ex.compute(adapter, edited, Path("live"), target=Target(index), methods=methods, stage=stage)
+    p1 = res.probs.astype(np.float64)
+    for e, p in zip(ed.edits, p_steps, strict=True):
+        e["after"] = _prediction(adapter, p, index)
+    edit = {
+        **last,
+        "edits": ed.edits,
+        "description": "; then ".join(e["description"] for e in ed.edits),
+        "original_text": inputs.texts[0],
+        "original_position": o,
+        "edited_ids": new,
+        "origin": ed.origin,
+        "explained_position": [pos0, pos1],
+        "before": _prediction(adapter, p0, index),
+        "after": _prediction(adapter, p1, index),
+        "change": float(p1[index] - p0[index]),
+        "layers": rows,
+        "distance": "1 - cos(h, h') between the original text's hidden state and the edited text's (layer 0's "
+        "input, then each layer's output), float64",
+        "attention": f"attention of the explained position ({pos0}) on token {o} {inputs.labels[0][o]!r} "
+        "in the original text, mean and max over heads",
+    }
+    stage("packing the view")
+    return _explain_live(
+        adapter, res, Target(index), False, {"kind": "edit", "methods": methods, "edit": edit}, {"edit": edit}
+    )
+
+
+def _origin(ed: Edited, k: int) -> list[int]:
+    """Where each token of ``ed.ids[k]`` came from in the original (replaying the first ``k`` edits)."""
+    origin = list(range(len(ed.ids[0])))
+    for e in ed.edits[:k]:
+        if e["op"] == "remove":
+            origin.pop(e["position"])
+    return origin
+
+
 def edit_token(
     adapter: ModelAdapter,
     text: Any,
@@ -225,77 +367,9 @@ def edit_token(
     methods: Any = None,
     stage: Stage = _noop,
 ) -> Live:
-    methods = check_methods(methods)
-    inputs = encode(adapter, text, truncate)
-    n = inputs.lengths[0]
-    ids = inputs.input_ids[0, :n].tolist()
-    if not isinstance(position, int) or isinstance(position, bool) or not 0 <= position < n:
-        raise StreetlampError(f"position must be a token index 0..{n - 1}")
-    if ids[position] in adapter.special_ids:
-        raise StreetlampError(
-            f"position {position} holds the special token {inputs.tokens[0][position]!r}; edit a token of the text"
-        )
-    if op == "remove":
-        new, rid = ids[:position] + ids[position + 1 :], None
-    elif op == "replace":
-        rid = replacement_id(adapter, replacement)
-        new = ids[:position] + [rid] + ids[position + 1 :]
-    else:
-        raise StreetlampError("op must be 'remove' or 'replace'")
-    stage("recording the original")
-    with torch.no_grad():
-        f0 = adapter.forward(inputs, record=HIDDEN + ["layers.*.attn.pattern"])
-    index = int(f0.logits[0].argmax())
-    p0 = torch.softmax(f0.logits[0].double(), -1).cpu().numpy()
-    att0 = torch.stack([f0.cache[f"layers.{l}.attn.pattern"][0] for l in range(adapter.n_layers)]).double()
-    pos0 = adapter.explained_position(n)
-    what = (
-        f"token {position} {inputs.labels[0][position]!r} removed"
-        if op == "remove"
-        else f"token {position} {inputs.labels[0][position]!r} replaced by "
-        f"{adapter.tokenizer.convert_ids_to_tokens([cast(int, rid)])[0]!r}"
-    )  # set when op is replace
-    edited = Inputs.from_ids(adapter, [new], texts=[cast(str, adapter.tokenizer.decode(new, skip_special_tokens=True))])
-    with torch.no_grad():
-        f1 = adapter.forward(edited, record=HIDDEN)
-    pos1 = adapter.explained_position(len(new))
-    h0, h1 = _hidden(adapter, f0), _hidden(adapter, f1)
-    rows = []
-    for k in range(adapter.n_layers + 1):
-        a = att0[k - 1, :, pos0, position] if k > 0 else None
-        rows.append(
-            {
-                "layer": "input" if k == 0 else k - 1,
-                "attention_mean": None if a is None else float(a.mean()),
-                "attention_max": None if a is None else float(a.max()),
-                "attention_max_head": None if a is None else int(a.argmax()),
-                "explained_distance": cosine_distance(h0[k][pos0], h1[k][pos1]),
-                "token_distance": cosine_distance(h0[k][position], h1[k][position]) if op == "replace" else None,
-            }
-        )
-    res = ex.compute(adapter, edited, Path("live"), target=Target(index), methods=methods, stage=stage)
-    p1 = res.probs.astype(np.float64)
-    edit = {
-        "op": op,
-        "position": position,
-        "token": inputs.labels[0][position],
-        "description": what,
-        "replacement": None if rid is None else adapter.tokenizer.convert_ids_to_tokens([rid])[0],
-        "original_text": inputs.texts[0],
-        "edited_ids": new,
-        "explained_position": [pos0, pos1],
-        "before": _prediction(adapter, p0, index),
-        "after": _prediction(adapter, p1, index),
-        "change": float(p1[index] - p0[index]),
-        "layers": rows,
-        "distance": "1 - cos(h, h') of the hidden state (layer 0's input, then each layer's output), float64",
-        "attention": f"attention of the explained position ({pos0}) on token {position} in the original, "
-        "mean and max over heads",
-    }
-    stage("packing the view")
-    return _explain_live(
-        adapter, res, Target(index), False, {"kind": "edit", "methods": methods, "edit": edit}, {"edit": edit}
-    )
+    """One edit of the original text (see :func:`edit_tokens`)."""
+    edit = {"position": position, "op": op, "replacement": replacement}
+    return edit_tokens(adapter, text, [edit], truncate=truncate, methods=methods, stage=stage)
 
 
 # -- head ablation --------------------------------------------------------------------------------
@@ -436,9 +510,42 @@ def _write_plain(adapter: ModelAdapter, w: RunWriter, arrays: dict, described: d
 
 
 # -- minimal pairs --------------------------------------------------------------------------------
+TOP_OUTPUTS = 10
+
+
+def output_rows(adapter: ModelAdapter, pa: np.ndarray, pb: np.ndarray) -> list[dict[str, Any]]:
+    """Every output of a classifier, or a causal LM's ``TOP_OUTPUTS`` most probable under either text:
+    ``p_a``, ``p_b`` and ``p_b - p_a``, largest ``|difference|`` first."""
+    idx = (
+        range(len(pa))
+        if len(pa) <= TOP_OUTPUTS
+        else sorted(set(np.argsort(-pa)[:TOP_OUTPUTS].tolist()) | set(np.argsort(-pb)[:TOP_OUTPUTS].tolist()))
+    )
+    rows = [
+        {
+            "index": int(i),
+            "label": adapter.output_label(int(i)),
+            "p_a": float(pa[i]),
+            "p_b": float(pb[i]),
+            "diff": float(pb[i] - pa[i]),
+        }
+        for i in idx
+    ]
+    return sorted(rows, key=lambda r: (-abs(r["diff"]), r["index"]))
+
+
 def minimal_pair(
-    adapter: ModelAdapter, text_a: Any, text_b: Any, *, truncate: bool = False, stage: Stage = _noop
+    adapter: ModelAdapter,
+    text_a: Any,
+    text_b: Any,
+    *,
+    truncate: bool = False,
+    methods: Any = None,
+    stage: Stage = _noop,
 ) -> Live:
+    """Two texts: the explain view of each (the report's), their outputs and the difference of their outputs,
+    and where they have the same number of tokens, the difference of their attention per layer and head."""
+    methods = check_methods(methods)
     ia, ib = encode(adapter, text_a, truncate, "text A"), encode(adapter, text_b, truncate, "text B")
     stage("recording both texts")
     with torch.no_grad():
@@ -447,13 +554,36 @@ def minimal_pair(
     pa, pb = torch.softmax(la[0].double(), -1).cpu().numpy(), torch.softmax(lb[0].double(), -1).cpu().numpy()
     index = int(np.argmax(pa))
     aa, ab = ta[0, :, :, :na, :na].double().cpu().numpy(), tb[0, :, :, :nb, :nb].double().cpu().numpy()
+    views = {}
+
+    def prefixed(side: str) -> Stage:
+        return lambda x: stage(f"text {side.upper()}: {x}")
+
+    for side, inp in (("a", ia), ("b", ib)):
+        res = ex.compute(adapter, inp, Path("live"), target=Target(index), methods=methods, stage=prefixed(side))
+        stage(f"text {side.upper()}: packing the view")
+        views[side] = view_payload(adapter, res, Target(index), inp.truncated[0], {"kind": "pair", "side": side})
     out: dict[str, Any] = {
         "kind": "pair",
-        "a": {"text": ia.texts[0], "tokens": ia.labels[0], "prediction": _prediction(adapter, pa, index)},
-        "b": {"text": ib.texts[0], "tokens": ib.labels[0], "prediction": _prediction(adapter, pb, index)},
+        "a": {
+            "text": ia.texts[0],
+            "tokens": ia.labels[0],
+            "prediction": _prediction(adapter, pa, index),
+            "view": views["a"],
+        },
+        "b": {
+            "text": ib.texts[0],
+            "tokens": ib.labels[0],
+            "prediction": _prediction(adapter, pb, index),
+            "view": views["b"],
+        },
         "change": float(pb[index] - pa[index]),
+        "outputs": output_rows(adapter, pa, pb),
+        "outputs_meaning": "p(output) under each text and their difference, largest |difference| first; "
+        + ("every output" if len(pa) <= TOP_OUTPUTS else f"the {TOP_OUTPUTS} most probable outputs under either text"),
         "same_length": na == nb,
         "explained": f"p({adapter.output_label(index)!r}), text A's prediction",
+        "methods": methods,
     }
     arrays = {"probs_a": pa.astype(np.float32), "probs_b": pb.astype(np.float32)}
     described = {
@@ -464,17 +594,25 @@ def minimal_pair(
         pos = adapter.explained_position(na)
         diff = ab - aa
         tv = 0.5 * np.abs(diff[:, :, pos, :]).sum(-1)
+        differing = [j for j in range(na) if int(ia.input_ids[0, j]) != int(ib.input_ids[0, j])]
+        on = diff[:, :, pos, differing].sum(-1)  # [layer, head]
         out.update(
-            differing=[j for j in range(na) if int(ia.input_ids[0, j]) != int(ib.input_ids[0, j])],
+            differing=differing,
             explained_position=pos,
             row_tv=tv.tolist(),
             row_diff=diff[:, :, pos, :].tolist(),
+            on_differing=on.tolist(),
             tv_meaning=f"total variation distance between the two texts' attention rows of the explained "
             f"position {pos}, per layer and head (0 = same, 1 = disjoint)",
+            on_differing_meaning=f"attention of the explained position {pos} on the token(s) that differ "
+            f"({', '.join(map(str, differing)) or 'none'}), text B minus text A, per layer and head",
         )
-        arrays.update(row_tv=tv.astype(np.float32), attention_diff=diff.astype(np.float32))
+        arrays.update(
+            row_tv=tv.astype(np.float32), on_differing=on.astype(np.float32), attention_diff=diff.astype(np.float32)
+        )
         described.update(
             row_tv={"axes": ["layer", "head"], "meaning": out["tv_meaning"]},
+            on_differing={"axes": ["layer", "head"], "meaning": out["on_differing_meaning"]},
             attention_diff={"axes": ["layer", "head", "query", "key"], "meaning": "attention of text B minus text A"},
         )
     else:
@@ -484,6 +622,8 @@ def minimal_pair(
         )
 
     def save(w: RunWriter) -> None:
-        _write_plain(adapter, w, arrays, described, {"live": {k: v for k, v in out.items() if k != "row_diff"}})
+        kept = {k: v for k, v in out.items() if k != "row_diff"}
+        kept["a"], kept["b"] = ({k: v for k, v in out[s].items() if k != "view"} for s in ("a", "b"))
+        _write_plain(adapter, w, arrays, described, {"live": kept})
 
     return Live("pair", out, lambda folder: save_run(folder, "serve-pair", save))

@@ -46,6 +46,22 @@ def load_arrays(path: Path) -> dict[str, np.ndarray]:
     return load_file(str(path))
 
 
+TOKEN_LABELS = "token_labels.json"  # per-example array: the tokens as text, UTF-8 JSON (safetensors holds numbers)
+
+
+def labels_array(labels: list[str]) -> np.ndarray:
+    """The tokens of one example as the uint8 array stored under ``TOKEN_LABELS``."""
+    return np.frombuffer(json.dumps(list(labels), ensure_ascii=False).encode("utf-8"), np.uint8).copy()
+
+
+def labels_of(a: np.ndarray) -> list[str]:
+    """The inverse of :func:`labels_array`."""
+    out = json.loads(np.asarray(a, np.uint8).tobytes().decode("utf-8"))
+    if not isinstance(out, list) or not all(isinstance(t, str) for t in out):
+        raise ValueError("token_labels.json does not hold a list of strings")
+    return out
+
+
 def write_json(path: Path, obj: Any) -> None:
     Path(path).write_text(json.dumps(to_jsonable(obj), indent=2, ensure_ascii=False) + "\n")
 

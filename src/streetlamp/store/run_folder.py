@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from safetensors.numpy import save_file
@@ -85,21 +85,33 @@ class RunWriter:
         if self.manifest is not None:
             raise RuntimeError("the manifest is already written: add arrays and figures before write_manifest")
 
-    def add_array(self, name: str, array: Any, *, axes: list[str], meaning: str, **info: Any) -> None:
-        """One array of ``arrays.safetensors``, with one axis name per dimension and what it holds."""
+    def add_array(
+        self, name: str, array: Any, *, axes: list[str], meaning: str, same_as: str | None = None, **info: Any
+    ) -> None:
+        """One array of ``arrays.safetensors``, with one axis name per dimension and what it holds.
+
+        ``same_as``: an array added before that may hold the same values (the attention method's copy of
+        the run's attention). When shape, dtype and every value match, the bytes are stored once: the
+        manifest entry of ``name`` names the stored ``key`` and says ``same_as``."""
         self._open()
         a = np.asarray(array, order="C")  # keeps a 0-d array 0-d (ascontiguousarray makes it 1-d)
         if len(axes) != a.ndim:
             raise ValueError(f"array {name!r} of shape {a.shape} needs one axis name per dimension, got {axes}")
-        if name in self.arrays:
+        if name in self.described:
             raise ValueError(f"array {name!r} added twice")
-        self.arrays[name] = a
+        key = name
+        other = self.arrays.get(self.described.get(same_as, {}).get("key", "")) if same_as else None
+        if other is not None and other.shape == a.shape and other.dtype == a.dtype and np.array_equal(other, a):
+            key = self.described[cast(str, same_as)]["key"]
+            info = {**info, "same_as": same_as}
+        else:
+            self.arrays[name] = a
         self.described[name] = {
             "axes": list(axes),
             "meaning": meaning,
             **info,
             "file": ARRAYS_FILE,
-            "key": name,
+            "key": key,
             "shape": list(a.shape),
             "dtype": str(a.dtype),
         }

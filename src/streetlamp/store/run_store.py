@@ -4,7 +4,8 @@
                                         and package versions; ``settings`` must match to resume
     RUN/metrics/part-000012.parquet     one row per example x method x metric (example_id, method,
                                         metric, value), one part file per completed chunk
-    RUN/arrays/<example_id>.safetensors raw per-example arrays (scores, curves, outputs)
+    RUN/arrays/<example_id>.safetensors raw per-example arrays (scores, curves, outputs; the tokens as
+                                        text in ``token_labels.json``: UTF-8 JSON bytes, uint8)
 
 Atomicity: every file is written to a hidden temporary name in the same folder and moved into
 place with ``os.replace``; the Parquet part of a chunk is written last, so a chunk counts as done

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import StreetlampError
+from ...store.files import TOKEN_LABELS, labels_of
 from ...store.run_folder import FORMAT_VERSION  # the newest run-folder format this viewer reads
 from .pack import SMALL, Packed, choose_codec
 
@@ -192,16 +193,26 @@ def evaluate_extra(folder: Path, manifest: dict, packed: Packed) -> dict:
         for e, m, t, v in df[["example_id", "method", "metric", "value"]].itertuples(index=False)
     ]
     stored: dict[str, list[str]] = {}
+    tokens: dict[str, list[str]] = {}
     for ex in examples[:MAX_EXAMPLES]:
         rel = f"arrays/{safe_name(ex)}.safetensors"
         if (folder / rel).is_file():
-            stored[ex] = pack_file(packed, folder, rel, prefix=f"example/{ex}/")
+            with _open(folder / rel, folder) as f:
+                keys = list(f.keys())
+                if TOKEN_LABELS in keys:  # the tokens as text travel in the page's JSON, not as numbers
+                    try:
+                        tokens[ex] = labels_of(_get(f, TOKEN_LABELS, folder / rel))
+                    except (ValueError, UnicodeDecodeError) as e:
+                        raise StreetlampError(f"{folder}: {rel}: {TOKEN_LABELS} is corrupt ({e})") from None
+            keys = [k for k in keys if k != TOKEN_LABELS]
+            stored[ex] = pack_file(packed, folder, rel, keys=keys, prefix=f"example/{ex}/")
     return {
         "examples": examples,
         "methods": methods,
         "metrics": metrics,
         "rows": rows,
         "stored": stored,
+        "tokens": tokens,
         "stored_limit": MAX_EXAMPLES if len(examples) > MAX_EXAMPLES else None,
     }
 
@@ -237,11 +248,14 @@ def load_folder(folder: Path) -> tuple[dict, Packed]:
             if not isinstance(v, dict) or v.get("file", "arrays.safetensors") == "arrays.safetensors"
         ]
         pack_file(packed, folder, "arrays.safetensors", keys=None)
-        missing = [k for k in keys if k not in packed.index]
+        stored = {k: described[k].get("key", k) if isinstance(described[k], dict) else k for k in keys}
+        missing = [v for v in stored.values() if v not in packed.index]
         if missing:
             raise StreetlampError(
                 f"{folder}: arrays.safetensors lacks the array(s) {', '.join(missing)} that manifest.json names"
             )
+        for k, v in stored.items():  # an array stored once under another name (``same_as``)
+            packed.index.setdefault(k, packed.index[v])
     if kind == "explain" and packed.index.get("attention", {}).get("codec", "f32") != "f32":
         explained_rows(packed, folder, manifest)
     if kind not in VIEWS_WITHOUT_FIGURES:

@@ -8,7 +8,7 @@
 
   S.views.live = async function (root) {
     const info = L.MODEL.live, models = info.models;
-    const live = { base: null, shown: null, token: null, heads: [], lastId: null, busy: false };
+    const live = { base: null, shown: null, token: null, heads: [], lastId: null, busy: false, edits: [], history: [] };
     S.live = live;
 
     // ---- controls ----
@@ -43,21 +43,32 @@
     const ablSel = el("select", { id: "live-ablation", "aria-label": "ablation" }, el("option", { value: "zero", text: "zero ablation" }),
       el("option", { value: "mean", text: "mean ablation (streetlamp heads' reference texts)" }));
     const clearBtn = el("button", { id: "live-clear-heads", text: "clear heads", onclick: () => { live.heads = []; showHeads(); result.textContent = ""; } });
-    const backBtn = el("button", { id: "live-back", text: "back to the original text", hidden: true, onclick: () => show(live.base) });
+    const undoBtn = el("button", { id: "live-undo", text: "undo the last edit", disabled: true, onclick: () => undo() });
+    const resetBtn = el("button", { id: "live-reset", text: "reset to the original text", disabled: true, onclick: () => reset() });
+    const historyBox = el("div", { id: "live-history" });
     const saveBtn = el("button", { id: "live-save", text: "save as run folder", disabled: true, onclick: () => save() });
     const saved = el("div", { id: "live-saved", cls: "readout" });
     const result = el("div", { id: "live-result" });
     root.appendChild(el("div", { cls: "panel", id: "live-actions" }, el("h2", { text: "Intervene" }),
       tokLine, el("div", { cls: "controls" }, removeBtn, "or", repSel, repIn, replaceBtn),
-      headLine, el("div", { cls: "controls" }, ablSel, clearBtn), el("div", { cls: "controls" }, backBtn, saveBtn), saved, result));
+      historyBox, el("div", { cls: "controls" }, undoBtn, resetBtn),
+      headLine, el("div", { cls: "controls" }, ablSel, clearBtn), el("div", { cls: "controls" }, saveBtn), saved, result));
 
     // ---- minimal pair ----
     const pa = el("input", { id: "live-pair-a", size: 60, "aria-label": "text A", value: "The animal didn't cross the street because it was too tired." });
     const pb = el("input", { id: "live-pair-b", size: 60, "aria-label": "text B", value: "The animal didn't cross the street because it was too wide." });
     const pairOut = el("div", { id: "live-pair-result" });
+    // each text's explain view is the report's, drawn by streetlamp.render inside its own frame (/frame: the
+    // viewer keeps one view's state per page, so two views side by side need two pages)
+    const frames = ["a", "b"].map((k) => {
+      const f = el("iframe", { id: "pair-frame-" + k, src: "/frame", title: `text ${k.toUpperCase()}: explain view`, cls: "pair-frame" });
+      f.ready = new Promise((r) => f.addEventListener("load", r, { once: true }));
+      return f;
+    });
+    const pairViews = el("div", { id: "live-pair-views", cls: "pair-views", hidden: true }, frames);
     root.appendChild(el("div", { cls: "panel" }, el("h2", { text: "Minimal pair" }),
       el("div", { cls: "controls" }, "A", pa), el("div", { cls: "controls" }, "B", pb),
-      el("button", { id: "live-pair-go", text: "compare", onclick: () => pair() }), pairOut));
+      el("button", { id: "live-pair-go", text: "compare", onclick: () => pair() }), pairOut, pairViews));
 
     const viewRoot = el("div", { id: "live-view" });
     root.appendChild(viewRoot);
@@ -82,12 +93,13 @@
           if (done) break;
           try {
             const r = await fetch("/api/progress/" + job, { credentials: "same-origin" });
-            if (r.ok && !done) { const p = await r.json(); status.textContent = `${what}: ${p.stage}${p.state === "queued" && p.position ? ` (${p.position} ahead in the queue)` : ""}, ${fmt(p.elapsed, 1)} s`; }
+            if (r.ok && !done) showProgress(what, await r.json());
           } catch (e) { /* the answer itself reports failures */ }
         }
       };
       poll();
       const t0 = performance.now();
+      bar.removeAttribute("value");
       try {
         const r = await fetch(path, { method: "POST", credentials: "same-origin", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
         let data = null;
@@ -101,13 +113,21 @@
       } finally { done = true; live.busy = false; bar.hidden = true; }
     }
 
+    function showProgress(what, p) {
+      const s = p.step;
+      status.textContent = `${what}: ${p.stage}${p.state === "queued" && p.position ? ` (${p.position} ahead in the queue)` : ""}` +
+        (s ? ` (${s.what} ${s.done}/${s.total})` : "") + `, ${fmt(p.elapsed, 1)} s`;
+      if (s && s.total > 0) { bar.max = s.total; bar.value = s.done; status.dataset.done = String(s.done); status.dataset.total = String(s.total); }
+      else { bar.removeAttribute("value"); delete status.dataset.done; delete status.dataset.total; }
+    }
+
     function predLine(p) {
       pred.textContent = `prediction: ${q(p.label)} (p = ${fmt(p.prob)})` + (p.explained.index !== p.index ? `; explained: ${q(p.explained.label)} (p = ${fmt(p.explained.prob)})` : "");
       pred.dataset.label = p.label; pred.dataset.prob = String(p.prob);
     }
 
     async function show(data) {
-      live.shown = data; backBtn.hidden = data === live.base;
+      live.shown = data; live.lastId = data.id; saved.textContent = "";
       predLine(data.prediction);
       await S.render(data.view.model, data.view.blobs, viewRoot);
       live.token = null; showToken();
@@ -119,17 +139,21 @@
       const data = await call("/api/explain", { text: text.value, truncate: trunc.checked, methods }, "explain");
       if (!data) return;
       live.base = data; live.baseText = text.value; live.baseTrunc = trunc.checked; live.heads = []; showHeads(); result.textContent = "";
+      live.edits = []; live.history = []; showHistory();
       await show(data);
     }
 
     // ---- token actions ----
     function labels() { return (live.shown && live.shown.view.model.manifest.token_labels) || []; }
+    const current = () => (live.history.length ? live.history[live.history.length - 1] : live.base);
     function showToken() {
-      const ok = live.token !== null && live.shown === live.base;
+      const ok = live.token !== null && live.shown === current();
       removeBtn.disabled = replaceBtn.disabled = !ok;
       if (!live.base) tokLine.textContent = "explain a text first";
-      else if (live.shown !== live.base) tokLine.textContent = "showing the edited text: go back to the original text to edit another token";
-      else if (live.token === null) tokLine.textContent = "click a token in the strip below to remove or replace it";
+      else if (live.shown !== current()) tokLine.textContent = "showing another result: reset or undo to edit tokens";
+      else if (live.token === null) tokLine.textContent = live.edits.length
+        ? "click a token in the strip below to edit the edited text further (the edit applies on top of the ones above)"
+        : "click a token in the strip below to remove or replace it";
       else tokLine.textContent = `token ${live.token} ${q(labels()[live.token])} selected`;
     }
     viewRoot.addEventListener("click", (ev) => {
@@ -145,13 +169,36 @@
 
     async function edit(op) {
       if (live.token === null || !live.base) return;
-      const body = { text: live.baseText, truncate: live.baseTrunc, position: live.token, op,
-        methods: live.base.view.model.manifest.live.methods };
-      if (op === "replace") { body.replacement = repIn.value || repSel.value; if (!body.replacement) { error.textContent = "choose a replacement from the menu or type one token"; return; } }
+      const e = { position: live.token, op };
+      if (op === "replace") { e.replacement = repIn.value || repSel.value; if (!e.replacement) { error.textContent = "choose a replacement from the menu or type one token"; return; } }
+      const body = { text: live.baseText, truncate: live.baseTrunc, edits: [...live.edits, e], methods: live.base.view.model.manifest.live.methods };
       const data = await call("/api/edit", body, op === "remove" ? "removing the token" : "replacing the token");
       if (!data) return;
+      live.edits.push(e); live.history.push(data); showHistory();
       await show(data);
       editResult(data.edit);
+    }
+    // the edit history: each edit applies on top of the previous ones; undo drops the last, reset all of them
+    function showHistory() {
+      historyBox.textContent = "";
+      undoBtn.disabled = resetBtn.disabled = !live.edits.length;
+      if (!live.edits.length) return;
+      const b = live.base.prediction;
+      historyBox.appendChild(el("ol", { id: "edit-history" },
+        el("li", { cls: "orig", "data-step": "0", "data-prob": String(b.explained.prob) }, `original text: p(${q(b.explained.label)}) = ${fmt(b.explained.prob)}`),
+        live.history[live.history.length - 1].edit.edits.map((e, k) => el("li", { "data-step": String(k + 1), "data-prob": String(e.after.explained.prob) },
+          `${e.description}: p(${q(e.after.explained.label)}) = ${fmt(e.after.explained.prob)}, prediction ${q(e.after.label)}`))));
+    }
+    async function undo() {
+      if (!live.edits.length || live.busy) return;
+      live.edits.pop(); live.history.pop(); showHistory();
+      const data = current(); await show(data);
+      if (data === live.base) result.textContent = ""; else editResult(data.edit);
+    }
+    async function reset() {
+      if (live.busy) return;
+      live.edits = []; live.history = []; showHistory(); result.textContent = "";
+      await show(live.base);
     }
     function editResult(e) {
       result.textContent = "";
@@ -162,7 +209,8 @@
       result.appendChild(el("div", { id: "edit-pred", cls: "readout", "data-label": a.label, "data-prob": String(a.prob), "data-index": String(a.index) },
         `edited input: ${q(a.label)} p = ${fmt(a.prob)}`));
       const rows = e.layers.map((r) => [String(r.layer), r.attention_mean, r.attention_max, r.attention_max_head, r.explained_distance, r.token_distance]);
-      result.appendChild(el("div", { cls: "note", text: `${e.attention}; distance: ${e.distance}. Attention says how much the explained position read the token; the distance says how much its representation actually changed without it.` }));
+      result.appendChild(el("div", { cls: "note", text: `${e.attention}; distance: ${e.distance}. Attention says how much the explained position read the token; the distance says how much its representation actually changed without it` +
+        (e.edits.length > 1 ? ` (all ${e.edits.length} edits together, against the original text; the token column is the last edit's).` : ".") }));
       result.appendChild(L.table([{ title: "layer", text: true }, { title: "attention on the token (head mean)" }, { title: "max over heads" }, { title: "head" },
         { title: `cos distance at the explained position` }, { title: "cos distance at the token" }], rows, { id: "edit-table" }));
     }
@@ -187,8 +235,18 @@
     }
 
     // ---- minimal pair ----
+    async function frameView(f, view) {
+      await f.ready;
+      const w = f.contentWindow, d = f.contentDocument;
+      // objects of the frame's own realm (the viewer may test them), then the report's renderer there
+      await w.streetlamp.render(w.JSON.parse(JSON.stringify(view.model)), w.JSON.parse(JSON.stringify(view.blobs)), d.getElementById("app"));
+      const fit = () => { f.style.height = (d.documentElement.scrollHeight + 4) + "px"; };
+      fit(); if (!f.observer) { f.observer = new w.ResizeObserver(fit); f.observer.observe(d.body); }
+    }
     async function pair() {
-      const data = await call("/api/pair", { text_a: pa.value, text_b: pb.value, truncate: trunc.checked }, "comparing");
+      const methods = methodBoxes.map((l) => l.firstChild).filter((b) => b.checked).map((b) => b.dataset.method);
+      pairViews.dataset.shown = "0";
+      const data = await call("/api/pair", { text_a: pa.value, text_b: pb.value, truncate: trunc.checked, methods }, "comparing");
       if (!data) return;
       pairOut.textContent = "";
       const A = data.a.prediction, B = data.b.prediction;
@@ -196,11 +254,25 @@
         el("b", { id: "pair-b-prob", "data-value": String(B.explained.prob), text: fmt(B.explained.prob) }), ` (change ${fmt(data.change)}).`));
       pairOut.appendChild(el("div", { cls: "kv" }, el("div", { cls: "k", text: "A" }), el("div", { cls: "v", id: "pair-a-text", text: data.a.text }),
         el("div", { cls: "k", text: "B" }), el("div", { cls: "v", id: "pair-b-text", text: data.b.text })));
-      if (!data.same_length) { pairOut.appendChild(el("div", { cls: "note", id: "pair-note", text: data.note })); return; }
-      pairOut.appendChild(el("div", { cls: "note", text: `tokens that differ: ${data.differing.map((j) => `${j} ${q(data.a.tokens[j])} → ${q(data.b.tokens[j])}`).join(", ") || "none"}` }));
-      const Lh = data.row_tv.length, Hh = data.row_tv[0].length, flat = new Float32Array(Lh * Hh);
-      data.row_tv.forEach((r, l) => r.forEach((v, h) => { flat[l * Hh + h] = v; }));
-      pairOut.appendChild(L.valueGrid("pair-tv", flat, Lh, Hh, { title: "How differently each head reads the two texts", rowName: "layer", colName: "head", signed: false, hi: 1, note: data.tv_meaning }));
+      const orows = data.outputs.map((r) => [r.label, r.p_a, r.p_b, r.diff]);
+      pairOut.appendChild(el("div", { cls: "panel" }, el("h2", { text: "Difference of the outputs" }),
+        el("div", { cls: "note", text: data.outputs_meaning }),
+        L.table([{ title: "output", text: true }, { title: "p (A)" }, { title: "p (B)" }, { title: "p (B) - p (A)" }], orows, { id: "pair-outputs", key: (i) => String(data.outputs[i].index) })));
+      if (!data.same_length) pairOut.appendChild(el("div", { cls: "note", id: "pair-note", text: data.note }));
+      else {
+        pairOut.appendChild(el("div", { cls: "note", text: `tokens that differ: ${data.differing.map((j) => `${j} ${q(data.a.tokens[j])} → ${q(data.b.tokens[j])}`).join(", ") || "none"}` }));
+        const grid = (id, rows, title, note, signed) => {
+          const Lh = rows.length, Hh = rows[0].length, flat = new Float32Array(Lh * Hh);
+          rows.forEach((r, l) => r.forEach((v, h) => { flat[l * Hh + h] = v; }));
+          return L.valueGrid(id, flat, Lh, Hh, { title, rowName: "layer", colName: "head", signed, hi: signed ? undefined : 1, note });
+        };
+        pairOut.appendChild(el("div", { cls: "pair-grids" },
+          grid("pair-tv", data.row_tv, "How differently each head reads the two texts", data.tv_meaning, false),
+          data.differing.length ? grid("pair-diff", data.on_differing, "Attention on the differing token(s), B minus A", data.on_differing_meaning, true) : null));
+      }
+      pairViews.hidden = false;
+      await Promise.all([frameView(frames[0], data.a.view), frameView(frames[1], data.b.view)]);
+      pairViews.dataset.shown = "1";
     }
 
     async function save() {

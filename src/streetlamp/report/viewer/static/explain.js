@@ -22,11 +22,16 @@
       t: L.sint("t", pos, 0, n - 1), mode: state.mode === "col" ? "col" : "row", lock: state.lock === "1",
       hide: state.hide !== "0", rescale: state.rescale === "1",
     };
-    const save = () => { Object.assign(state, { view: "explain", l: st.l, h: st.h < 0 ? "mean" : st.h, t: st.t, mode: st.mode, lock: st.lock ? 1 : 0, hide: st.hide ? 1 : 0, rescale: st.rescale ? 1 : 0 }); L.writeHash(); };
+    let saveTimer = 0; // the fragment is written once the pointer rests (browsers throttle history.replaceState)
+    const save = (later) => { Object.assign(state, { view: "explain", l: st.l, h: st.h < 0 ? "mean" : st.h, t: st.t, mode: st.mode, lock: st.lock ? 1 : 0, hide: st.hide ? 1 : 0, rescale: st.rescale ? 1 : 0 });
+      clearTimeout(saveTimer); if (later) saveTimer = setTimeout(L.writeHash, 150); else L.writeHash(); };
     const headName = (h) => (h < 0 ? `mean over ${NH} heads` : `head ${h}`);
     const errNote = err > 0 ? ` (stored at ${{ u16: 16, u12: 12, u8: 8 }[ainfo.codec]}-bit precision in this page: ±${fmt(err, 4)}; exact values in arrays.safetensors)` : "";
     const ok = (i, j) => allowed[i * n + j] > 0;
     const dec = err > 5e-5 ? 3 : 4, fv = (v) => (Number.isFinite(v) ? v.toFixed(dec) : fmt(v)); // no digits beyond the stored precision
+
+    const BG = [], FG = []; // the sequential palette (and the mask's grey, index 256) as CSS colours, text ink to match
+    for (let k = 0; k <= 256; k++) { const c = k < 256 ? L.seq(k / 255) : L.FORBID; BG.push(L.css(c)); FG.push(L.ink(c)); }
 
     // layers decoded on demand; head means cached
     const means = new Map();
@@ -78,7 +83,7 @@
     const strip = el("div", { cls: "tokens", id: "tokens", tabindex: 0, role: "listbox", "aria-label": "tokens: arrow keys move, Enter locks, Escape unlocks" });
     const spans = labels.map((t, i) => {
       const s = el("span", { cls: "tok" + (special.has(i) ? " special" : ""), "data-i": i, role: "option", title: `position ${i}${special.has(i) ? " (special token)" : ""}` }, t);
-      s.addEventListener("mouseenter", () => { if (!st.lock) { st.t = i; refresh(); } });
+      s.addEventListener("mouseenter", () => { if (!st.lock && st.t !== i) { st.t = i; refresh(true); } });
       s.addEventListener("click", () => { if (st.lock && st.t === i) st.lock = false; else { st.t = i; st.lock = true; } refresh(); compareRowHighlight(); });
       strip.appendChild(s); return s;
     });
@@ -99,13 +104,29 @@
       strip, selLine, tokLegend));
 
     // ---- raw numbers + head disagreement ----
-    const rawBody = el("tbody");
-    const rawRows = labels.map((t, j) => { const v = el("td", { cls: "val" }); const tr = el("tr", { "data-j": j }, el("td", { text: j }), el("td", { cls: "t", text: t }), v); rawBody.appendChild(tr); return { tr, v }; });
+    // the raw numbers: a virtual list (only the rows in view exist), so a 1,024-token text costs what 30 rows cost
+    const ROW_H = 21, BOX_H = 360, rawBody = el("tbody"), rawBox = el("div", { cls: "scroll", id: "raw-box", style: `height:${BOX_H}px` });
+    let rawVals = null, rawOk = null, rawKeys = []; // the values shown, which are allowed, and which keys are listed
+    function drawRaw() {
+      const first = Math.max(0, Math.floor(rawBox.scrollTop / ROW_H) - 4), last = Math.min(rawKeys.length, first + Math.ceil(BOX_H / ROW_H) + 8);
+      rawBody.textContent = "";
+      rawBody.appendChild(el("tr", { cls: "pad", style: `height:${first * ROW_H}px` }, el("td", { colspan: 3 })));
+      for (let k = first; k < last; k++) {
+        const j = rawKeys[k], ok_ = rawOk(j);
+        rawBody.appendChild(el("tr", { "data-j": j, cls: j === st.t ? "hl" : null }, el("td", { text: j }), el("td", { cls: "t", text: labels[j] }),
+          el("td", { cls: "val", "data-value": ok_ ? String(rawVals[j]) : "", text: ok_ ? fv(rawVals[j]) : "masked" })));
+      }
+      rawBody.appendChild(el("tr", { cls: "pad", style: `height:${(rawKeys.length - last) * ROW_H}px` }, el("td", { colspan: 3 })));
+    }
+    rawBox.appendChild(el("table", { id: "raw" }, el("thead", {}, el("tr", {}, el("th", { text: "pos" }), el("th", { cls: "t", text: "token" }), el("th", { text: "attention" }))), rawBody));
+    let scrollFrame = 0;
+    rawBox.addEventListener("scroll", () => { if (!scrollFrame) scrollFrame = requestAnimationFrame(() => { scrollFrame = 0; drawRaw(); }); });
     const rawTitle = el("h2", {});
+    const hiddenNote = el("div", { cls: "note", id: "hidden-keys" });
     const jsdBox = el("div", { id: "disagreement" });
     root.appendChild(el("div", { cls: "row" },
       el("div", { cls: "panel", style: "flex:1 1 340px" }, rawTitle, el("div", { cls: "note", text: "raw stored attention probabilities" + errNote }),
-        el("div", { cls: "scroll" }, el("table", { id: "raw" }, el("thead", {}, el("tr", {}, el("th", { text: "pos" }), el("th", { cls: "t", text: "token" }), el("th", { text: "attention" }))), rawBody))),
+        rawBox, hiddenNote),
       el("div", { cls: "panel", style: "flex:1 1 420px" }, el("h2", { text: "What the head mean hides" }), jsdBox)));
 
     // ---- grid of thumbnails ----
@@ -205,26 +226,41 @@
     const cmpBox = el("div", { id: "compare" });
     root.appendChild(el("div", { cls: "panel" }, el("h2", { text: "Where the light is versus what the model uses" }), cmpBox));
 
-    function hidden(i) { return (special.has(i) || curSinks.has(i)) && i !== pos; }
+    // hidden when "hide" is on: special tokens and sinks; the explained position stays in the strip (it is the
+    // query the methods explain) but leaves the key lists like any other special token
+    function hiddenKey(i) { return special.has(i) || curSinks.has(i); }
+    function hidden(i) { return hiddenKey(i) && i !== pos; }
     let curSinks = new Set();
+    let shown = { t: -1, lock: false, sinks: null, hide: null, mode: null, cur: null }; // what the strip and table show now
 
-    function refresh() { // selection changed: strip, numbers, disagreement, overlay
+    function refresh(hover) { // selection changed: strip, numbers, disagreement, overlay (only what changed is touched)
       if (!cur) return;
       rowBtn.setAttribute("aria-pressed", st.mode === "row"); colBtn.setAttribute("aria-pressed", st.mode === "col");
       const t = st.t, vals = new Float32Array(n);
       for (let j = 0; j < n; j++) vals[j] = st.mode === "row" ? cur[t * n + j] : cur[j * n + t];
       const okv = (j) => (st.mode === "row" ? ok(t, j) : ok(j, t));
-      spans.forEach((s, j) => {
-        const c = okv(j) ? L.seq(vals[j]) : L.FORBID;
-        s.style.background = L.css(c); s.style.color = L.ink(c);
-        s.classList.toggle("sel", j === t); s.classList.toggle("lock", j === t && st.lock);
-        s.classList.toggle("sink", curSinks.has(j)); s.classList.toggle("hidden", st.hide && hidden(j));
+      const sameRow = shown.t === t && shown.mode === st.mode && shown.cur === cur;
+      const layout = shown.sinks !== curSinks || shown.hide !== st.hide; // which tokens are hidden
+      if (layout) spans.forEach((s, j) => { s.classList.toggle("sink", curSinks.has(j)); s.classList.toggle("hidden", st.hide && hidden(j)); });
+      if (!sameRow) spans.forEach((s, j) => { // 257 colour strings made once; a span is touched only when its colour changes
+        const k = okv(j) ? Math.max(0, Math.min(255, Math.round(vals[j] * 255))) : 256;
+        if (s._c !== k) { s._c = k; s.style.background = BG[k]; s.style.color = FG[k]; }
       });
+      if (shown.t !== t || shown.lock !== st.lock) {
+        if (shown.t >= 0) spans[shown.t].classList.remove("sel", "lock");
+        spans[t].classList.add("sel"); spans[t].classList.toggle("lock", st.lock);
+      }
       const what = st.mode === "row" ? `Query row ${t} ${q(labels[t])}: what it reads` : `Key column ${t} ${q(labels[t])}: who reads it`;
       selLine.textContent = `${what} in layer ${st.l}, ${headName(st.h)}${st.lock ? " (locked; click again or Escape to unlock)" : ""}`;
       rawTitle.textContent = st.mode === "row" ? `Row ${t} ${q(labels[t])}: attention to each key` : `Column ${t} ${q(labels[t])}: attention from each query`;
-      rawRows.forEach((r, j) => { r.v.textContent = okv(j) ? fv(vals[j]) : "masked"; r.v.dataset.value = okv(j) ? String(vals[j]) : ""; r.tr.classList.toggle("hl", j === t); r.tr.style.display = st.hide && hidden(j) ? "none" : ""; });
-      disagreement(); drawOverlay(); save();
+      if (layout) { rawKeys = []; for (let j = 0; j < n; j++) if (!(st.hide && hiddenKey(j))) rawKeys.push(j); }
+      rawVals = vals; rawOk = okv; drawRaw();
+      if (!sameRow || layout) { // nothing is lost by hiding: the hidden keys and their attention, in one line
+        const hid = []; for (let j = 0; j < n; j++) if (st.hide && hiddenKey(j)) hid.push(`${q(labels[j])}@${j} ${okv(j) ? fv(vals[j]) : "masked"}`);
+        hiddenNote.textContent = hid.length ? `hidden (special tokens and sinks; untick "hide" to list them): ${hid.slice(0, 12).join(", ")}${hid.length > 12 ? ` and ${hid.length - 12} more` : ""}` : "";
+      }
+      shown = { t, lock: st.lock, sinks: curSinks, hide: st.hide, mode: st.mode, cur };
+      disagreement(); drawOverlay(); save(hover);
     }
 
     async function disagreement() {
@@ -256,7 +292,7 @@
         const ex = (await L.arr("attention@explained")).data, at = (h) => ex.subarray((st.l * NH + h) * n, (st.l * NH + h + 1) * n);
         if (st.h >= 0) row = at(st.h); else { row = new Float32Array(n); for (let h = 0; h < NH; h++) { const r = at(h); for (let j = 0; j < n; j++) row[j] += r[j] / NH; } }
       }
-      const keep = []; for (let j = 0; j < n; j++) if (ok(pos, j) && !(st.hide && (hidden(j) || special.has(j)))) keep.push(j);
+      const keep = []; for (let j = 0; j < n; j++) if (ok(pos, j) && !(st.hide && hiddenKey(j))) keep.push(j);
       const scores = {}; for (const m of methods) scores[m] = (await L.arr(m + ".tokens")).data;
       const attR = L.rankDesc(keep.map((j) => row[j])), ranks = {};
       for (const m of methods) ranks[m] = L.rankDesc(keep.map((j) => Math.abs(scores[m][j])));

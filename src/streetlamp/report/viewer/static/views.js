@@ -29,28 +29,43 @@
   // ---------- explain-generation ----------
   V["explain-generation"] = async function (root) {
     const labels = MAN.token_labels || MAN.tokens, gen = MAN.generated || [], per = MAN.per_token || [];
-    const m = await L.arr("integrated_gradients.matrix"), al = (await L.arr("allowed")).data, [k, n] = m.shape;
+    const IG = "integrated_gradients", quantity = (MAN.parameters || {}).quantity || "score";
+    // one [generated x input] matrix per method, named "<method>.matrix"
+    const names = Object.keys(MAN.arrays || {}).filter((a) => a.endsWith(".matrix")).map((a) => a.slice(0, -".matrix".length));
+    if (!names.length) names.push(IG);
+    const mats = {}; for (const nm of names) mats[nm] = await L.arr(nm + ".matrix");
+    const al = (await L.arr("allowed")).data, [k, n] = mats[names[0]].shape;
+    let method = names.includes(state.method) ? state.method : names[0];
+    const explainedText = (nm) => nm === IG ? `IG of each generated token's ${quantity} over its inputs (one shared path)`
+      : `${nm} of each generated token (target: that token's ${quantity} where the method uses a target), applied to its own prefix` +
+        ((((MAN.methods || {})[nm] || {}).scores) ? `; scores: ${MAN.methods[nm].scores}` : "");
+    const explained = el("div", { cls: "v", id: "gen-explained", text: explainedText(method) });
     root.appendChild(L.header("streetlamp explain-generation", L.modelLine()));
     root.appendChild(el("div", { cls: "panel" }, el("div", { cls: "kv" },
       el("div", { cls: "k", text: "prompt" }), el("div", { cls: "v", id: "prompt", text: MAN.prompt || "" }),
       el("div", { cls: "k", text: "continuation" }), el("div", { cls: "v", text: `${gen.map(q).join(" ")} (${MAN.continuation || ""})` }),
-      el("div", { cls: "k", text: "explained" }), el("div", { cls: "v", text: `IG of each generated token's ${(MAN.parameters || {}).quantity || "score"} over its inputs` }))));
+      el("div", { cls: "k", text: "explained" }), explained)));
     const rescale = el("input", { type: "checkbox", id: "rescale" }); rescale.checked = state.rescale === "1";
+    const sel = names.length > 1 ? el("select", { id: "gen-method", "aria-label": "method" }, names.map((nm) => el("option", { value: nm, text: nm }))) : null;
+    if (sel) { sel.value = method; sel.addEventListener("change", () => { method = sel.value; state.method = method; L.writeHash(); explained.textContent = explainedText(method); draw(); }); }
     const box = el("div", {}), out = el("div", { cls: "readout", id: "gen-row" }, "hover a generated token");
     root.appendChild(el("div", { cls: "panel" }, el("h2", { text: "Generated token × input token attribution" }),
+      sel ? el("label", {}, "method ", sel, " ") : null,
       el("label", {}, rescale, " scale each row to its own max |score| (colours only)"), box, out));
-    const flagged = per.map((p) => p && p.converged === false);
+    const igFlags = per.map((p) => p && p.converged === false);
     function draw() {
       box.textContent = "";
+      const m = mats[method], short = method === IG ? "IG" : method, flagged = method === IG ? igFlags : igFlags.map(() => false);
       const rowMax = range(k).map((i) => { let x = 0; for (let j = 0; j < n; j++) if (al[i * n + j]) x = Math.max(x, Math.abs(m.data[i * n + j])); return x || 1; });
       let gm = 0; for (let i = 0; i < k * n; i++) if (al[i]) gm = Math.max(gm, Math.abs(m.data[i]));
       const vals = new Float32Array(k * n);
       for (let i = 0; i < k; i++) for (let j = 0; j < n; j++) vals[i * n + j] = al[i * n + j] ? (rescale.checked ? m.data[i * n + j] / rowMax[i] * gm : m.data[i * n + j]) : NaN;
       const rowLabels = gen.map((g, i) => `${i} ${q(g)}${flagged[i] ? " (IG tolerance not reached)" : ""}`);
-      const g = L.valueGrid("gen-matrix", vals, k, n, { title: "IG (rows: generated token, columns: input token; grey hatched: not an input of that row)", rowName: "generated", colName: "input",
+      const g = L.valueGrid("gen-matrix", vals, k, n, { title: `${short} (rows: generated token, columns: input token; grey hatched: not an input of that row)`, rowName: "generated", colName: "input",
         rowLabels, colLabels: labels.map((t, j) => `${j} ${q(t)}`), signed: true, cell: Math.max(6, Math.min(22, Math.floor(900 / n))),
         note: rescale.checked ? "colours: each row scaled to its own max |score| (numbers on hover are scaled too)" : "colours: one symmetric scale for the whole matrix" });
       box.appendChild(g);
+      const canvas = document.getElementById("gen-matrix"); if (canvas) canvas.dataset.method = method;
       const list = el("div", { cls: "controls", id: "gen-tokens" }, "generated: ", gen.map((t, i) => {
         const s = el("span", { cls: "tok" + (flagged[i] ? " special" : ""), "data-i": i, title: flagged[i] ? "IG did not reach its tolerance for this token" : "" }, t, flagged[i] ? " ⚠" : "");
         s.addEventListener("mouseenter", () => {
@@ -65,8 +80,8 @@
     }
     rescale.addEventListener("change", () => { state.rescale = rescale.checked ? 1 : 0; L.writeHash(); draw(); });
     draw();
-    if (flagged.some(Boolean)) root.appendChild(el("div", { cls: "warn", id: "ig-flags", text: `IG missed its tolerance for: ${gen.filter((g, i) => flagged[i]).map(q).join(", ")}` }));
-    root.appendChild(tablePanel("Per generated token", { columns: ["generated", "converged", "steps", "relative completeness error"],
+    if (igFlags.some(Boolean)) root.appendChild(el("div", { cls: "warn", id: "ig-flags", text: `IG missed its tolerance for: ${gen.filter((g, i) => igFlags[i]).map(q).join(", ")}` }));
+    if (per.some((p) => p && "converged" in p)) root.appendChild(tablePanel("Per generated token (integrated gradients)", { columns: ["generated", "converged", "steps", "relative completeness error"],
       rows: per.map((p) => [p.generated, String(p.converged), p.steps, p.relative_completeness_error]) }, "per-token"));
     extras(root);
   };
@@ -219,12 +234,15 @@
       if (!keys) { detail.appendChild(el("p", { text: `no stored arrays for ${e}` })); return; }
       detail.appendChild(el("h2", { id: "example-title", text: `Example ${e}` }));
       const ids = keys.includes("input_ids") ? (await L.arr(`example/${e}/input_ids`)).data : null;
+      const toks = (E.tokens || {})[e] || null;
       const ms = keys.filter((k) => k.endsWith(".tokens")).map((k) => k.slice(0, -7));
       if (ms.length) {
         const n = (await L.arr(`example/${e}/${ms[0]}.tokens`)).shape[0], vals = new Float32Array(ms.length * n);
         for (let r = 0; r < ms.length; r++) vals.set((await L.arr(`example/${e}/${ms[r]}.tokens`)).data.subarray(0, n), r * n);
         detail.appendChild(L.valueGrid("example-scores", vals, ms.length, n, { title: "token scores per method (stored)", rowName: "method", colName: "token", rowLabels: ms,
-          colLabels: range(n).map((j) => (ids ? `${j} (token id ${ids[j]})` : String(j))), signed: true, note: "the run store keeps token ids, not strings" }));
+          colLabels: range(n).map((j) => (toks ? `${j} ${L.q(toks[j])}` : ids ? `${j} (token id ${ids[j]})` : String(j))), signed: true,
+          note: toks ? "tokens as the run stored them" : "this run store predates stored token text: token ids shown" }));
+        if (toks) detail.appendChild(el("div", { cls: "tokens", id: "example-tokens" }, toks.map((t, j) => el("span", { cls: "tok", title: `position ${j}` }, t))));
       }
       const curves = [];
       for (const m of ms) for (const kind of ["deletion_curve", "insertion_curve"]) if (keys.includes(`${m}.${kind}`)) { const c = (await L.arr(`example/${e}/${m}.${kind}`)).data; curves.push({ name: `${m} ${kind.split("_")[0]}`, x: range(c.length).map((i) => i / (c.length - 1)), y: Array.from(c) }); }
