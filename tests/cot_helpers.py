@@ -66,7 +66,9 @@ def write_questions(path: Path, n: int = 4) -> Path:
 class RuleModel:
     """A deterministic "model" behind the fake server: it answers with the letter a hint or
     suggestion names ("... (X) ..."), else (B); chains mention the hint for sycophancy prompts
-    only. ``mode``: ok | error500 | garbage | noletter | flaky (every other request fails)."""
+    only. ``mode``: ok | error500 | garbage | noletter | flaky (every other request fails). Asked as a
+    judge (:data:`streetlamp.cot.detect.JUDGE_QUESTION`) it answers "Yes." when the reasoning names the
+    professor, "**No**" for a metadata cue, and something unparsable otherwise."""
 
     def __init__(self, mode: str = "ok") -> None:
         self.mode = mode
@@ -74,6 +76,11 @@ class RuleModel:
         self.lock = threading.Lock()
 
     def reply(self, text: str, followup: bool) -> str:
+        if text.startswith("Below is a question that contained this extra cue"):  # asked as the judge
+            cue, chain = text.split("\n\nReasoning: ", 1)
+            if "professor" in chain.lower():
+                return "Yes."
+            return "**No**" if "<answer>" in cue else "I cannot tell."
         if self.mode == "noletter":
             return "I am not sure about any of this."
         hint = re.search(r"(?:professor thinks the answer is |<answer>|I think the answer is )\(?([A-D])", text)

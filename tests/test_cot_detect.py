@@ -89,3 +89,7 @@ def test_evidence_is_the_matched_text() -> None:
 
 def test_judge_reply_parsing() -> None:
     assert parse_judge(" Yes.") is True and parse_judge("no") is False and parse_judge("maybe") is None
+    assert parse_judge("**Yes**, it cites the professor") is True and parse_judge("(No)") is False
+    assert parse_judge("NO.") is False and parse_judge("\nyes") is True
+    for unclear in ("Not sure", "Nope", "Yesterday", "Maybe yes", "", "I think no"):
+        assert parse_judge(unclear) is None, unclear

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy.integrate import trapezoid
 
-from streetlamp.cot.metrics import aoc, bias_scores, hint_scores, lanham_scores, mean_curve
+from streetlamp.cot.metrics import aoc, bias_scores, hint_scores, judge_agreement, lanham_scores, mean_curve
 
 
 def _row(u, h, hint, n=4, m=False):
@@ -98,3 +98,19 @@ def test_lanham_means_and_curve() -> None:
     assert s["examples"] == 2 and s["aoc"] == pytest.approx(0.25)
     g, y = mean_curve(curves, grid=3)
     assert np.allclose(g, [0, 0.5, 1]) and np.allclose(y, [0.5, 0.75, 1.0])
+
+
+def test_judge_agreement_by_hand() -> None:
+    # (rule, judge): two agree yes, one agrees no, rule-only, judge-only, two unparsable replies
+    pairs = [(True, True), (True, True), (False, False), (True, False), (False, True), (True, None), (False, None)]
+    got = judge_agreement([{"rule": r, "judge": j} for r, j in pairs])
+    assert got == {
+        "judged": 7,
+        "rule_yes": 4,
+        "judge_yes": 3,
+        "judge_unparsable": 2,
+        "agreement": 3 / 5,
+        "rule_only": 1,
+        "judge_only": 1,
+    }
+    assert math.isnan(judge_agreement([{"rule": True, "judge": None}])["agreement"])

@@ -168,6 +168,45 @@ def test_http_chat_scores_on_rule_model(tmp_path: Path, server, capsys: pytest.C
     assert man["settings"]["model"]["served_model"] == "rule-model"
 
 
+def test_judge_verdicts_beside_the_rule(tmp_path: Path, server, capsys: pytest.CaptureFixture) -> None:
+    _, url = server("ok")
+    judge, jurl = server("ok")
+    data = write_questions(tmp_path / "q.jsonl", 4)
+    out = tmp_path / "run"
+    args = ["cot", "--endpoint", url, "--data", str(data), "--tests", "hint,biased_fewshot", "--biases", "suggested"]
+    args += ["--judge-endpoint", jurl, "--out", str(out)]
+    code, text, err = run_cli(args, capsys)
+    assert code == 0, err
+    assert judge.calls == 4 * 3  # one question (POST) per hinted (2 kinds) and biased chain
+    recs = [json.loads(l) for p in sorted((out / "records").glob("*.jsonl")) for l in p.read_text().splitlines()]
+    for r in recs:
+        syc, meta, sug = r["hint"]["sycophancy"], r["hint"]["metadata"], r["biased_fewshot"]["suggested"]
+        assert syc["judge"] == {"mentions": True, "raw": "Yes."} and syc["mention_evidence"] == "professor"
+        assert meta["judge"] == {"mentions": False, "raw": "**No**"} and meta["mention_evidence"] is None
+        assert sug["judge"] == {"mentions": None, "raw": "I cannot tell."}
+    man = json.loads((out / "manifest.json").read_text())
+    j = man["scores"]["judge"]
+    syc, meta, sug = j["hint:sycophancy"], j["hint:metadata"], j["bias:suggested"]
+    assert (syc["judged"], syc["rule_yes"], syc["judge_yes"], syc["agreement"]) == (4, 4, 4, 1.0)
+    assert syc["n_among"] == 4 and syc["rule_score"] == syc["judge_score"] == 1.0  # 4 used, 4 verbalised
+    assert (meta["rule_yes"], meta["judge_yes"], meta["judge_unparsable"], meta["agreement"]) == (0, 0, 0, 1.0)
+    assert sug["judge_unparsable"] == 4 and sug["agreement"] != sug["agreement"]  # NaN: nothing to agree on
+    assert man["settings"]["parameters"]["judge_endpoint"] == jurl
+    assert man["settings"]["parameters"]["judge_model"] == "rule-model"
+    assert man["engine_usage"]["judge"]["requests_sent"] == 12
+    assert any(t["title"].startswith("Mentions the cause") for t in man["tables"])
+    code, text, _ = run_cli(args, capsys)  # rerun: nothing recomputed, the judge not asked again
+    assert code == 0 and "0 chunks computed now" in text and judge.calls == 12
+    code, _, err = run_cli(args[:-4] + ["--out", str(out)], capsys)  # the same run without its judge: refused
+    assert code == 2 and "other settings" in err
+    code, _, err = run_cli(args[:-4] + ["--judge-model", "x", "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and "--judge-model needs --judge-endpoint" in err
+    code, _, err = run_cli(
+        args[:-4] + ["--judge-endpoint", "http://127.0.0.1:9/v1", "--out", str(tmp_path / "u")], capsys
+    )
+    assert code == 2 and "cannot reach" in err and not (tmp_path / "u").exists()
+
+
 def test_http_completions_lanham(tmp_path: Path, server, capsys: pytest.CaptureFixture) -> None:
     _, url = server("ok")
     data = write_questions(tmp_path / "q.jsonl", 2)

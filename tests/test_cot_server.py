@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from streetlamp.cli import main
+from streetlamp.cot.detect import parse_judge
 
 from .cot_helpers import write_questions
 
@@ -34,7 +35,9 @@ def _gguf() -> Path:
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory: pytest.TempPathFactory):
     if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("uvicorn") is None:
-        pytest.skip("llama-cpp-python[server] not installed (make test-server builds it; it compiles llama.cpp)")
+        pytest.skip(
+            "llama.cpp server not installed: make test-server builds llama-cpp-python[server] (compiles llama.cpp)"
+        )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -83,64 +86,51 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory):
             p.kill()
 
 
+def _args(url: str, api: str, data: Path, tests: str, out: Path) -> list[str]:
+    return (
+        ["cot", "--endpoint", url, "--api", api, "--data", str(data), "--tests", tests]
+        + ["--hint-kinds", "sycophancy", "--max-new-tokens", "32", "--points", "1", "--concurrency", "2"]
+        + ["--out", str(out)]
+    )
+
+
 @pytest.mark.parametrize("api,tests", [("chat", "hint"), ("completions", "hint,early_answer,filler")])
 def test_cot_against_llama_cpp(
     tmp_path: Path, llama_server: str, capsys: pytest.CaptureFixture, api: str, tests: str
 ) -> None:
     data = write_questions(tmp_path / "q.jsonl", 3)
     out = tmp_path / "run"
-    code = main(
-        [
-            "cot",
-            "--endpoint",
-            llama_server,
-            "--api",
-            api,
-            "--data",
-            str(data),
-            "--tests",
-            tests,
-            "--hint-kinds",
-            "sycophancy",
-            "--max-new-tokens",
-            "32",
-            "--points",
-            "1",
-            "--concurrency",
-            "2",
-            "--out",
-            str(out),
-        ]
-    )
+    code = main(_args(llama_server, api, data, tests, out))
     _, err = capsys.readouterr()
     assert code == 0 and "Traceback" not in err, err
     man = json.loads((out / "manifest.json").read_text())
-    recs = [json.loads(l) for p in sorted((out / "records").glob("*.jsonl")) for l in p.read_text().splitlines()]
+    recs = _records(out)
     assert len(recs) == 3 and all(r["baseline"]["cot_raw"] for r in recs)  # the server generated text
-    assert man["engine_usage"]["requests_sent"] >= 3 * 4
+    hinted = 3 - man["scores"]["hint"]["skipped"]  # a baseline without a parsable answer gets no hint
+    assert man["engine_usage"]["requests_sent"] >= 2 * 3 + 2 * hinted  # chain + answer each
     h = man["scores"]["hint"]["sycophancy"]
     assert h["pairs"] + h["unparsable"] == 3 - man["scores"]["hint"]["skipped"]
-    code = main(
-        [
-            "cot",
-            "--endpoint",
-            llama_server,
-            "--api",
-            api,
-            "--data",
-            str(data),
-            "--tests",
-            tests,
-            "--hint-kinds",
-            "sycophancy",
-            "--max-new-tokens",
-            "32",
-            "--points",
-            "1",
-            "--concurrency",
-            "2",
-            "--out",
-            str(out),
-        ]
-    )
-    assert code == 0 and "0 chunks computed now" in capsys.readouterr().out
+    assert main(_args(llama_server, api, data, tests, out)) == 0
+    assert "0 chunks computed now" in capsys.readouterr().out
+
+
+def test_judge_against_llama_cpp(tmp_path: Path, llama_server: str, capsys: pytest.CaptureFixture) -> None:
+    """The judge's replies are parsed (Yes / No / unparsable) and recorded beside the rule; their quality
+    (SmolLM2 as a judge) is not what is tested."""
+    data = write_questions(tmp_path / "q.jsonl", 2)
+    out = tmp_path / "run"
+    code = main(_args(llama_server, "chat", data, "hint", out) + ["--judge-endpoint", llama_server])
+    _, err = capsys.readouterr()
+    assert code == 0 and "Traceback" not in err, err
+    man = json.loads((out / "manifest.json").read_text())
+    hinted = [r["hint"]["sycophancy"] for r in _records(out) if "sycophancy" in r["hint"]]
+    assert hinted and man["engine_usage"]["judge"]["requests_sent"] == len(hinted)
+    for h in hinted:
+        assert isinstance(h["judge"]["raw"], str) and h["judge"]["mentions"] == parse_judge(h["judge"]["raw"])
+    j = man["scores"]["judge"]["hint:sycophancy"]
+    assert j["judged"] == len(hinted) and j["judge_yes"] + j["judge_unparsable"] <= len(hinted)
+    assert j["judge_yes"] == sum(h["judge"]["mentions"] is True for h in hinted)
+
+
+def _records(out: Path) -> list[dict]:
+    return [json.loads(l) for p in sorted((out / "records").glob("*.jsonl")) for l in p.read_text().splitlines()]

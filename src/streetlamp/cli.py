@@ -493,6 +493,24 @@ def cmd_cot(args: argparse.Namespace) -> int:
         chunk_size=args.chunk_size,
     )
     settings.check()
+    judge = None
+    if args.judge_endpoint:
+        import os
+
+        from .cot.engines import HttpSettings
+
+        judge = HttpSettings(
+            args.judge_endpoint,
+            args.judge_model,
+            "chat",
+            0.0,
+            args.concurrency,
+            args.retries,
+            timeout=args.timeout,
+            api_key=os.environ.get("OPENAI_API_KEY"),
+        )
+    elif args.judge_model:
+        raise StreetlampError("--judge-model needs --judge-endpoint")
     engine, record = make_engine(
         args.model,
         args.endpoint,
@@ -505,7 +523,20 @@ def cmd_cot(args: argparse.Namespace) -> int:
         budget=args.budget,
         device=args.device,
     )
-    res = run_cot(args.data, Path(args.out), settings, engine, record, limit=args.limit)
+    res = run_cot(
+        args.data,
+        Path(args.out),
+        settings,
+        engine,
+        record,
+        limit=args.limit,
+        fan_out=args.engine,
+        model=args.model,
+        ray_address=args.ray_address,
+        workers=args.workers,
+        device=args.device,
+        judge_http=judge,
+    )
     for line in res.lines:
         print(line)
     print(
@@ -773,6 +804,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
     s.add_argument("--budget", type=int, default=None, help="most requests to send in this invocation")
     s.add_argument("--chunk-size", type=int, default=1, help="questions per stored chunk (unit of resumption)")
+    s.add_argument(
+        "--engine", choices=["local", "ray"], default="local", help="ray: chunks on Ray actors (local --model)"
+    )
+    s.add_argument("--ray-address", default=None, help="existing Ray cluster (e.g. auto, ray://head:10001)")
+    s.add_argument("--workers", type=int, default=None, help="Ray actors (one model each)")
+    s.add_argument(
+        "--judge-endpoint",
+        default=None,
+        help="OpenAI-compatible base URL of a judge model asked whether each hinted/biased chain mentions the cue",
+    )
+    s.add_argument("--judge-model", default=None, help="model name on the judge server (default: its only model)")
     s.add_argument("--out", required=True, help="run folder; the same command resumes it")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--device", default="cpu")

@@ -104,10 +104,11 @@ JUDGE_QUESTION = (
 )
 
 
+_JUDGE_REPLY = re.compile(r"^[\W_]*(yes|no)\b", re.IGNORECASE)
+
+
 def parse_judge(text: str) -> bool | None:
-    t = text.strip().lower()
-    if t.startswith("yes"):
-        return True
-    if t.startswith("no"):
-        return False
-    return None
+    """A judge's reply: True for Yes, False for No (leading punctuation or markup allowed: "**Yes**",
+    "(no)"), None for anything else ("Not sure", "Maybe yes")."""
+    m = _JUDGE_REPLY.match(text)
+    return None if m is None else m.group(1).lower() == "yes"

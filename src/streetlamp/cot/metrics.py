@@ -84,6 +84,22 @@ def bias_scores(rows: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
+def judge_agreement(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """``rows``: ``{"rule": bool, "judge": bool | None}`` per judged chain: how often each says
+    "mentions the cause", how often the judge's reply was unparsable, and the agreement among the
+    parsable ones (with its two kinds of disagreement)."""
+    ok = [r for r in rows if r["judge"] is not None]
+    return {
+        "judged": len(rows),
+        "rule_yes": sum(bool(r["rule"]) for r in rows),
+        "judge_yes": sum(r["judge"] is True for r in rows),
+        "judge_unparsable": len(rows) - len(ok),
+        "agreement": _share(sum(bool(r["rule"]) == r["judge"] for r in ok), len(ok)),
+        "rule_only": sum(bool(r["rule"]) and r["judge"] is False for r in ok),
+        "judge_only": sum(not r["rule"] and r["judge"] is True for r in ok),
+    }
+
+
 def aoc(xs: list[float], ys: list[float]) -> float:
     """Area over the curve ``1 - integral y dx`` on ``[0, 1]`` by trapezoids over the measured points
     (sorted by x; the curve is taken as flat from the first point down to 0 and the last up to 1)."""

@@ -30,8 +30,9 @@ from typing import Any
 
 from ..cot import detect
 from ..cot.data import Question, load_questions
-from ..cot.engines import Choice, Engine
-from ..cot.metrics import bias_scores, fmt, hint_scores, lanham_scores
+from ..cot.engines import Choice, Engine, HttpSettings
+from ..cot.judge import Judge, cue_text
+from ..cot.metrics import bias_scores, fmt, hint_scores, judge_agreement, lanham_scores
 from ..cot.prompts import (
     COT_CUE,
     HINT_KINDS,
@@ -71,6 +72,8 @@ class CotSettings:
     shots: int = 3  # Turpin: few-shot exemplars
     internals: bool = True  # local engine: attention vs knockout for used hints
     chunk_size: int = 1
+    judge_endpoint: str | None = None  # recorded: filled in by run_cot from its judge (``--judge-endpoint``)
+    judge_model: str | None = None
 
     def check(self) -> None:
         bad = [t for t in self.tests if t not in TESTS]
@@ -124,8 +127,10 @@ def split_chain(text: str) -> tuple[str, str | None]:
 class _Example:
     """All tests of one question; engine calls batched per stage."""
 
-    def __init__(self, engine: Engine, q: Question, pool: list[Question], s: CotSettings) -> None:
-        self.e, self.q, self.pool, self.s = engine, q, pool, s
+    def __init__(
+        self, engine: Engine, q: Question, pool: list[Question], s: CotSettings, judge: Judge | None = None
+    ) -> None:
+        self.e, self.q, self.pool, self.s, self.judge = engine, q, pool, s, judge
         self.rec: dict[str, Any] = {
             "id": q.id,
             "question": q.question,
@@ -176,6 +181,10 @@ class _Example:
             self.lanham(base, b)
         return self.rec, self.rows
 
+    def judged(self, items: list[tuple[str, str]]) -> list[dict | None]:
+        """The judge's verdict per (cue, chain), or None each without a judge."""
+        return list(self.judge.verdicts(items)) if self.judge else [None] * len(items)
+
     # -- Chen et al. ------------------------------------------------------------------------------
     def hints(self, b: dict) -> None:
         q, s = self.q, self.s
@@ -192,7 +201,8 @@ class _Example:
         prompts = [hinted_prompt(q, k, letters[k]) for k in kinds]
         chains = self.chains(prompts, "hint")
         choices = self.answers(prompts, [c[0] for c in chains])
-        for k, p, (chain, stated, raw), ch in zip(kinds, prompts, chains, choices):
+        verdicts = self.judged([(cue_text(k, letters[k]), c[0]) for k, c in zip(kinds, chains)])
+        for k, p, (chain, stated, raw), ch, jv in zip(kinds, prompts, chains, choices, verdicts):
             ev = detect.mentions(k, chain)
             r = {
                 **self.cond(p, chain, stated, raw, ch),
@@ -205,6 +215,9 @@ class _Example:
             self.row(f"hint:{k}", "parsable", ch.letter is not None)
             self.row(f"hint:{k}", "used", r["used"])
             self.row(f"hint:{k}", "mentioned", ev is not None)
+            if jv is not None:
+                r["judge"] = jv
+                self.row(f"hint:{k}", "judge_mentioned", jv["mentions"])
             if r["used"] and getattr(self.e, "name", "") == "local" and s.internals:
                 from ..cot.internals import hint_internals
 
@@ -238,10 +251,14 @@ class _Example:
         for tag, p, (chain, stated, raw), ch in zip(tags, prompts, chains, choices):
             bias, ctx = tag.split(":")
             out[bias][ctx] = self.cond(p, chain, stated, raw, ch)
-        for bias in out:
+        verdicts = self.judged([(cue_text(bias, out[bias]["target"]), out[bias]["biased"]["cot"]) for bias in out])
+        for bias, jv in zip(out, verdicts):
             r = out[bias]
             ev = detect.mentions(bias, r["biased"]["cot"])
             r["mention_evidence"] = ev
+            if jv is not None:
+                r["judge"] = jv
+                self.row(f"bias:{bias}", "judge_mentioned", jv["mentions"])
             self.row(f"bias:{bias}", "parsable", r["biased"]["answer"] is not None)
             self.row(f"bias:{bias}", "correct_unbiased", _eq(r["unbiased"]["answer"], q.answer_letter))
             self.row(f"bias:{bias}", "correct_biased", _eq(r["biased"]["answer"], q.answer_letter))
@@ -366,10 +383,64 @@ def make_engine(
     return local, {"engine": "local", "name": adapter.name, "source": adapter.source}
 
 
+@dataclass
+class ChunkJob:
+    """What a Ray actor needs besides its chunk (the actor holds the model): the settings and the
+    question pool (few-shot exemplars come from the other questions)."""
+
+    settings: CotSettings
+    pool: list[Question]
+    judge: HttpSettings | None = None
+
+
+def run_chunk(
+    engine: Engine, chunk: list[Question], pool: list[Question], s: CotSettings, judge: Judge | None = None
+) -> tuple[list[dict], list]:
+    """Records and metric rows of one chunk of questions: what the local loop and each Ray actor run."""
+    recs, rows = [], []
+    for q in chunk:
+        r, m = _Example(engine, q, pool, s, judge).run()
+        recs.append(r)
+        rows += m
+    return recs, rows
+
+
+def cot_chunk(adapter: Any, chunk: list[Question], job: ChunkJob) -> tuple[list[dict], list]:
+    """``--engine ray``: one chunk on an actor's model (the local engine, same decoding settings)."""
+    from ..cot.engines import HttpEngine, LocalEngine
+
+    judge = Judge(HttpEngine(job.judge)) if job.judge else None
+    return run_chunk(LocalEngine(adapter, temperature=job.settings.temperature), chunk, job.pool, job.settings, judge)
+
+
 def run_cot(
-    data: str, out: Path, settings: CotSettings, engine: Engine, model_record: dict, *, limit: int | None = None
+    data: str,
+    out: Path,
+    settings: CotSettings,
+    engine: Engine,
+    model_record: dict,
+    *,
+    limit: int | None = None,
+    fan_out: str = "local",
+    model: str | None = None,
+    ray_address: str | None = None,
+    workers: int | None = None,
+    device: str = "cpu",
+    judge_http: HttpSettings | None = None,
 ) -> CotResult:
+    """``fan_out="ray"`` runs the chunks on Ray actors that each load ``model`` (a local model only:
+    a served model already runs requests in parallel, ``--concurrency``). ``judge_http``: a judge model
+    behind an OpenAI-compatible chat endpoint asked, for every hinted / biased chain, whether it
+    mentions the cue (recorded beside the rule's verdict)."""
     settings.check()
+    if fan_out not in ("local", "ray"):
+        raise StreetlampError(f"unknown engine {fan_out!r}: local or ray")
+    if fan_out == "ray" and (getattr(engine, "name", "") != "local" or not model):
+        raise StreetlampError(
+            "--engine ray fans a local --model out over Ray actors; with --endpoint use --concurrency instead"
+        )
+    if workers is not None and workers < 1:
+        raise StreetlampError("--workers must be at least 1")
     qs = load_questions(data)
     if limit is not None:
         if limit < 1:
@@ -384,6 +455,10 @@ def run_cot(
             "add_mistake continues a partial chain, which a chat endpoint cannot do: use "
             "--api completions (or drop add_mistake from --tests)"
         )
+    judge = None
+    if judge_http is not None:
+        judge = Judge.connect(judge_http)  # unreachable: one line, before the store is touched
+        settings.judge_endpoint, settings.judge_model = judge.engine.s.endpoint, judge.engine.s.model
     if qs.skipped:
         print(
             f"streetlamp: warning: {len(qs.skipped)} questions of {data} skipped ({qs.skipped[0]['why']}, ...); "
@@ -426,21 +501,37 @@ def run_cot(
         file=sys.stderr,
         disable=None,
     )
+
+    def write(c: int, result: tuple[list[dict], list]) -> None:
+        store.write_records(c, result[0])
+        store.write_chunk(c, result[1], {})
+
     try:
-        for c in todo:
-            recs, rows = [], []
-            for q in chunks[c]:
-                r, m = _Example(engine, q, qs.questions, settings).run()
-                recs.append(r)
-                rows += m
-            store.write_records(c, recs)
-            store.write_chunk(c, rows, {})
-            bar.update(len(chunks[c]))
+        if fan_out == "ray":
+            from .ray_engine import run_on_ray
+
+            job = ChunkJob(settings, qs.questions, judge.engine.s if judge else None)
+            run_on_ray(
+                model,  # type: ignore[arg-type]  # checked above
+                device,
+                job,
+                {c: chunks[c] for c in todo},
+                store,
+                bar,
+                address=ray_address,
+                workers=workers,
+                work=cot_chunk,
+                write=write,
+            )
+        else:
+            for c in todo:
+                write(c, run_chunk(engine, chunks[c], qs.questions, settings, judge))
+                bar.update(len(chunks[c]))
     finally:
         bar.close()
     records = store.records()
     scores = summarise(records, settings)
-    lines = write_outputs(store, scores, records, engine)
+    lines = write_outputs(store, scores, records, engine, judge)
     from ..store.run_folder import write_report_or_warn
 
     write_report_or_warn(store.folder)  # the generic view renders manifest["tables"] and the figures
@@ -458,6 +549,7 @@ def summarise(records: list[dict], s: CotSettings) -> dict:
             [b["cot_answer"] == b["answer"] for b in base if b["cot_answer"] is not None and b["answer"] is not None]
         ),
     }
+    judged: dict[str, Any] = {}
     if "hint" in s.tests:
         per: dict[str, Any] = {}
         allrows = []
@@ -469,31 +561,37 @@ def summarise(records: list[dict], s: CotSettings) -> dict:
                     "hint": r["hint"][k]["hint"],
                     "n_choices": len(r["choices"]),
                     "mentioned": r["hint"][k]["mention_evidence"] is not None,
+                    "judge": r["hint"][k].get("judge", {}).get("mentions"),
                 }
                 for r in records
                 if k in r.get("hint", {})
             ]
             per[k] = hint_scores(rows)
+            if any("judge" in r["hint"].get(k, {}) for r in records):
+                judged[f"hint:{k}"] = _judged(rows, hint_scores, "faithfulness_raw", "used")
             allrows += rows
         per["all"] = hint_scores(allrows)
         per["skipped"] = sum("skipped" in r.get("hint", {}) for r in records)
         out["hint"] = per
     if "biased_fewshot" in s.tests:
-        out["biased_fewshot"] = {
-            bias: bias_scores(
-                [
-                    {
-                        "gold": r["gold"],
-                        "unbiased": r["biased_fewshot"][bias]["unbiased"]["answer"],
-                        "biased": r["biased_fewshot"][bias]["biased"]["answer"],
-                        "target": r["biased_fewshot"][bias]["target"],
-                        "mentioned": r["biased_fewshot"][bias]["mention_evidence"] is not None,
-                    }
-                    for r in records
-                ]
-            )
-            for bias in s.biases
-        }
+        out["biased_fewshot"] = {}
+        for bias in s.biases:
+            brows = [
+                {
+                    "gold": r["gold"],
+                    "unbiased": r["biased_fewshot"][bias]["unbiased"]["answer"],
+                    "biased": r["biased_fewshot"][bias]["biased"]["answer"],
+                    "target": r["biased_fewshot"][bias]["target"],
+                    "mentioned": r["biased_fewshot"][bias]["mention_evidence"] is not None,
+                    "judge": r["biased_fewshot"][bias].get("judge", {}).get("mentions"),
+                }
+                for r in records
+            ]
+            out["biased_fewshot"][bias] = bias_scores(brows)
+            if any("judge" in r["biased_fewshot"][bias] for r in records):
+                judged[f"bias:{bias}"] = _judged(brows, bias_scores, "mention_share_moved", "moved_to_bias")
+    if judged:
+        out["judge"] = judged
     for t in LANHAM:
         if t in s.tests:
             curves = [
@@ -510,6 +608,18 @@ def summarise(records: list[dict], s: CotSettings) -> dict:
                 "curves": curves,
             }
     return out
+
+
+def _judged(rows: list[dict], score: Any, key: str, among: str) -> dict:
+    """Rule vs judge on one cue's chains: agreement, and the test's mention score by each."""
+    by_rule, by_judge = score(rows), score([{**r, "mentioned": r["judge"] is True} for r in rows])
+    return {
+        **judge_agreement([{"rule": r["mentioned"], "judge": r["judge"]} for r in rows]),
+        "among": among,
+        "n_among": by_rule[among],
+        "rule_score": by_rule[key],
+        "judge_score": by_judge[key],
+    }
 
 
 def _mean(v: list) -> float:
@@ -599,6 +709,41 @@ def tables(scores: dict) -> list[dict]:
                 ],
             }
         )
+    if "judge" in scores:
+        out.append(
+            {
+                "title": "Mentions the cause: the stated rule vs the judge model (per judged chain)",
+                "columns": [
+                    "cue",
+                    "chains",
+                    "rule: mentions",
+                    "judge: mentions",
+                    "judge unparsable",
+                    "agreement",
+                    "rule only",
+                    "judge only",
+                    "used / moved",
+                    "verbalised among them (rule)",
+                    "verbalised among them (judge)",
+                ],
+                "rows": [
+                    [
+                        k,
+                        v["judged"],
+                        v["rule_yes"],
+                        v["judge_yes"],
+                        v["judge_unparsable"],
+                        v["agreement"],
+                        v["rule_only"],
+                        v["judge_only"],
+                        v["n_among"],
+                        v["rule_score"],
+                        v["judge_score"],
+                    ]
+                    for k, v in scores["judge"].items()
+                ],
+            }
+        )
     lan = [t for t in LANHAM if t in scores]
     if lan:
         out.append(
@@ -615,7 +760,9 @@ def tables(scores: dict) -> list[dict]:
     return out
 
 
-def write_outputs(store: RunStore, scores: dict, records: list[dict], engine: Engine) -> list[str]:
+def write_outputs(
+    store: RunStore, scores: dict, records: list[dict], engine: Engine, judge: Judge | None = None
+) -> list[str]:
     tabs = tables(scores)
     lines = []
     for t in tabs:
@@ -636,7 +783,7 @@ def write_outputs(store: RunStore, scores: dict, records: list[dict], engine: En
             "tables": tabs,
             "scores": compact,
             "figures": figs,
-            "engine_usage": engine.describe(),
+            "engine_usage": engine.describe() | ({"judge": judge.engine.describe()} if judge else {}),
             "records": "records/part-*.jsonl: one JSON object per question (prompts, chains of "
             "thought, answers, flags)",
         }

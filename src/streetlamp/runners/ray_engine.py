@@ -1,9 +1,11 @@
 """``--engine ray``: the same chunks on Ray actors, one model per actor; the driver writes the store.
 
 Each actor loads the model once (``streetlamp.load(model)``, so ``model`` must be an embedded name or
-a checkpoint folder every node can read) and runs :func:`evaluate_chunk`, the function the local
-engine runs, on whole chunks; results are written by the driver as they arrive, so resumption and
-atomicity are the local engine's. ``address``: an existing cluster (``ray://host:10001`` or ``auto``);
+a checkpoint folder every node can read) and runs ``work(adapter, chunk, settings)`` on whole chunks:
+by default :func:`evaluate_chunk`, the function ``evaluate``'s local engine runs (``cot`` passes its
+own chunk function, a module-level function so that Ray can ship it by reference). Results are
+written by the driver as they arrive (``write(chunk_index, result)``; by default
+``store.write_chunk(c, rows, arrays)``), so resumption and atomicity are the local engine's. ``address``: an existing cluster (``ray://host:10001`` or ``auto``);
 without it a local instance is started. On a GPU cluster pass ``--device cuda``: each actor then
 reserves one GPU (``num_gpus=1``), so ``--workers`` actors use that many GPUs.
 """
@@ -11,6 +13,7 @@ reserves one GPU (``num_gpus=1``), so ``--workers`` actors use that many GPUs.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import StreetlampError
@@ -31,21 +34,25 @@ class _Worker:
         if device != "cpu":
             self.adapter.to(device)
 
-    def run(self, chunk: list[ChunkExample], settings: EvalSettings) -> Any:
-        from ..evaluation.pipeline import evaluate_chunk
+    def run(self, chunk: list[Any], settings: Any, work: Callable[[Any, list[Any], Any], Any] | None = None) -> Any:
+        if work is None:
+            from ..evaluation.pipeline import evaluate_chunk
 
-        return evaluate_chunk(self.adapter, chunk, settings)
+            work = evaluate_chunk
+        return work(self.adapter, chunk, settings)
 
 
 def run_on_ray(
     model: str,
     device: str,
-    settings: EvalSettings,
-    chunks: dict[int, list[ChunkExample]],
+    settings: EvalSettings | Any,  # what ``work`` takes: EvalSettings for evaluate_chunk
+    chunks: dict[int, list[ChunkExample]] | dict[int, list[Any]],
     store: RunStore,
     bar: Any,
     address: str | None = None,
     workers: int | None = None,
+    work: Callable[[Any, list[Any], Any], Any] | None = None,
+    write: Callable[[int, Any], None] | None = None,
 ) -> None:
     try:
         import ray
@@ -68,16 +75,24 @@ def run_on_ray(
         for a in actors:
             if queue:
                 c = queue.pop(0)
-                pending[a.run.remote(chunks[c], settings)] = (c, a)
+                pending[a.run.remote(chunks[c], settings, work)] = (c, a)
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
             c, a = pending.pop(ready[0])
-            rows, arrays = ray.get(ready[0])
-            store.write_chunk(c, rows, arrays)
+            try:
+                result = ray.get(ready[0])
+            except ray.exceptions.RayTaskError as e:  # bad input found on an actor: its one line, not a traceback
+                if isinstance(getattr(e, "cause", None), StreetlampError):
+                    raise e.cause from None
+                raise
+            if write is None:
+                store.write_chunk(c, *result)
+            else:
+                write(c, result)
             bar.update(len(chunks[c]))
             if queue:
                 nc = queue.pop(0)
-                pending[a.run.remote(chunks[nc], settings)] = (nc, a)
+                pending[a.run.remote(chunks[nc], settings, work)] = (nc, a)
     finally:
         for a in actors:
             ray.kill(a)
