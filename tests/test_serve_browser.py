@@ -178,6 +178,9 @@ def test_edit_chain_undo_reset(page: Any, minilm: ModelAdapter) -> None:
     page.click("#live-undo")  # back to the first edit, as it was computed
     expect(page.locator("#edit-history li")).to_have_count(2)
     expect(page.locator("#live-view .tok")).to_have_count(len(one))
+    page.wait_for_function(  # the view re-renders asynchronously: wait for the restored number, then compare
+        "want => Math.abs(+document.querySelector('#edit-pred').dataset.prob - want) < 1e-6", arg=float(p1.max())
+    )
     assert float(page.get_attribute("#edit-pred", "data-prob")) == pytest.approx(float(p1.max()), abs=1e-6)
     page.click("#live-reset")  # back to the original text
     expect(page.locator("#edit-history")).to_have_count(0)

@@ -192,8 +192,9 @@
     async function undo() {
       if (!live.edits.length || live.busy) return;
       live.edits.pop(); live.history.pop(); showHistory();
-      const data = current(); await show(data);
+      const data = current(); // the numbers first, then the (slower) view: never a new strip beside old numbers
       if (data === live.base) result.textContent = ""; else editResult(data.edit);
+      await show(data);
     }
     async function reset() {
       if (live.busy) return;
