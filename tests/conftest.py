@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import copy
 import os
+import socket
 
 import pytest
 import torch
@@ -23,6 +24,13 @@ TEXTS = ["the movie was not good , but the acting was great .", "i loved it", "w
 # float32: eps32 ~ 1.2e-7 per operation, compounded over the layers and the summations of a forward
 # pass, so a comparison of O(1) quantities gets f32_tol(layers).
 F64_TOL = 1e-9
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now (for a server a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def f32_tol(layers: int, scale: float = 1.0) -> float:

@@ -8,7 +8,6 @@ import copy
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import torch
 from streetlamp.cli import main
 from streetlamp.models.adapter import ModelAdapter
 
+from .conftest import free_port
 from .cot_helpers import RuleModel, save_tiny_lm, serve, tiny_lm, write_questions
 
 
@@ -231,12 +231,6 @@ def test_http_completions_lanham(tmp_path: Path, server, capsys: pytest.CaptureF
     assert s["early_answer"]["aoc"] == 0.0  # the rule model's answer never depends on the chain
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("mode,needle", [("error500", "failed 2 times"), ("garbage", "not an OpenAI completion")])
 def test_server_errors_are_one_line(
     tmp_path: Path, server, capsys: pytest.CaptureFixture, mode: str, needle: str
@@ -265,7 +259,7 @@ def test_server_errors_are_one_line(
 def test_unreachable_endpoint(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     data = write_questions(tmp_path / "q.jsonl", 2)
     code, _, err = run_cli(
-        ["cot", "--endpoint", f"http://127.0.0.1:{_free_port()}/v1", "--data", str(data), "--out", str(tmp_path / "r")],
+        ["cot", "--endpoint", f"http://127.0.0.1:{free_port()}/v1", "--data", str(data), "--out", str(tmp_path / "r")],
         capsys,
     )
     assert code == 2 and "cannot reach" in err and not (tmp_path / "r").exists()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import pytest
 from streetlamp.cli import main
 from streetlamp.cot.detect import parse_judge
 
+from .conftest import free_port
 from .cot_helpers import write_questions
 
 
@@ -38,9 +38,7 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory):
         pytest.skip(
             "llama.cpp server not installed: make test-server builds llama-cpp-python[server] (compiles llama.cpp)"
         )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     log = tmp_path_factory.mktemp("srv") / "server.log"
     with open(log, "w") as f:
         p = subprocess.Popen(

@@ -17,7 +17,6 @@ import importlib.util
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ import numpy as np
 import pytest
 
 from .browser import browser_fixture, require_browser
+from .conftest import free_port
 
 require_browser()
 if importlib.util.find_spec("jupyterlab") is None or importlib.util.find_spec("ipykernel") is None:
@@ -102,12 +102,6 @@ class Server:
     token: str
     root: Path
     log: Path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def isolated_env(home: Path) -> dict[str, str]:

@@ -4,7 +4,6 @@ and a head ablation equals `streetlamp heads`; hostile text stays text; no reque
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -27,6 +26,8 @@ from streetlamp.models.adapter import Inputs, ModelAdapter  # noqa: E402
 from streetlamp.serve.app import Limits, create_app  # noqa: E402
 from streetlamp.store.files import load_arrays  # noqa: E402
 
+from .conftest import free_port  # noqa: E402
+
 TOKEN = "browser-test-token-0123456789"
 TEXT = "The movie was not good, but the acting was great."
 PAIR = (
@@ -34,12 +35,6 @@ PAIR = (
     "The animal didn't cross the street because it was too wide.",
 )
 HOSTILE = "</script><img src=x onerror=alert(1)> <b>bold</b> \x07 great"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

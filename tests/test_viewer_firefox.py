@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -24,6 +23,8 @@ import pytest
 from streetlamp.cli import main
 from streetlamp.models.tiny import save_tiny
 from streetlamp.store.files import load_arrays
+
+from .conftest import free_port
 
 
 def firefox_path() -> str | None:
@@ -45,12 +46,6 @@ if why is not None:
     if os.environ.get("STREETLAMP_REQUIRE_BROWSER") == "1":
         pytest.fail(f"Firefox test required (STREETLAMP_REQUIRE_BROWSER=1) but {why}", pytrace=False)
     pytest.skip(f"report Firefox test skipped: {why}", allow_module_level=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class BiDi:
@@ -87,7 +82,7 @@ class BiDi:
 
 @pytest.fixture(scope="module")
 def firefox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BiDi]:
-    port, profile = _free_port(), tmp_path_factory.mktemp("ffprofile")
+    port, profile = free_port(), tmp_path_factory.mktemp("ffprofile")
     proc = subprocess.Popen(
         [
             firefox_path() or "firefox",
