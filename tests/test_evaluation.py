@@ -304,15 +304,24 @@ def test_evaluate_causal_lm_next_token(tmp_path) -> None:
     row = df[(df.example_id == eid) & (df.method == "model")].set_index("metric").value
     assert row["prob"] == pytest.approx(float(probs[pred]), abs=1e-6)
     assert row["correct"] == float(pred == gold)
+    # the decoder removal rule (methods/removal.py): the explained last position is never ranked nor
+    # removed; a removed first token becomes the document-start token (BOS: no <|endoftext|> here)
     special = adapter.special_mask(ids)
+    special[-1] = True
+
+    def removed(drop: set[int]) -> list[int]:
+        return [tok.bos_token_id if i == 0 else t for i, t in enumerate(ids) if i not in drop or i == 0]
+
     order = rank_desc(a["occlusion.tokens"].astype(np.float64), ~special)
     m = len(order)
     top = set(order[: max(1, math.ceil(0.5 * m))].tolist())
-    by_hand = float(probs[pred] - p_next([t for i, t in enumerate(ids) if i not in top])[pred])
+    by_hand = float(
+        probs[pred] - p_next(removed(top) if 0 in top else [t for i, t in enumerate(ids) if i not in top])[pred]
+    )
     occ = df[(df.example_id == eid) & (df.method == "occlusion")].set_index("metric").value
     assert occ["comprehensiveness@50"] == pytest.approx(by_hand, abs=1e-5)
-    # insertion at f = 0 keeps no rankable token: with no special token left, BOS is read
-    kept = [t for i, t in enumerate(ids) if special[i]]
+    # insertion at f = 0 keeps no rankable token: the document-start token and the explained position are read
+    kept = [tok.bos_token_id, ids[-1]]
     assert a["occlusion.insertion_curve"][0] == pytest.approx(float(p_next(kept)[pred]), abs=1e-5)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["model_info"]["kind"] == "causal_lm"

@@ -102,10 +102,18 @@ def test_occlusion_delete_matches_direct_computation(family: str) -> None:
     base = hf_F(a, ids[None])[0]
     sp = specials(a, ids)
     want = np.zeros(len(ids))
-    for i in np.flatnonzero(~sp):
-        want[i] = base - hf_F(a, torch.cat([ids[:i], ids[i + 1 :]])[None])[0]
+    causal = a.kind == "causal_lm"  # the decoder rule (methods/removal.py): the last position is not removed,
+    for i in np.flatnonzero(~sp):  # a removed first token becomes the document-start token
+        if causal and i == len(ids) - 1:
+            continue
+        row = torch.cat([ids[:i], ids[i + 1 :]])
+        if causal and i == 0:
+            row = torch.cat([torch.tensor([a.tokenizer.bos_token_id]), ids[1:]])  # no <|endoftext|> here: BOS
+        want[i] = base - hf_F(a, row[None])[0]
     e = Occlusion(replacement="delete").attribute(a, a.encode(TEXT), target=LOGIT)[0]
     np.testing.assert_allclose(e.scores, want, atol=1e-5)
+    if causal:
+        assert e.arrays["groups"][-1] == -1 and e.scores[-1] == 0 and "document-start" in e.info["removal_rule"]
     assert e.info["replacement_used"] == "delete"
 
 

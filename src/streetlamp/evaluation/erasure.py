@@ -14,7 +14,9 @@ With ``F`` the probability of the explained class ``c`` and ``r_k`` the top-k% t
 
 ``replacement="delete"`` removes the tokens from the sequence (ERASER); ``"mask"`` replaces them with
 :meth:`~streetlamp.models.adapter.ModelAdapter.replacement_token` (the tokenizer's mask token, or its
-fallbacks). The choice is recorded in the manifest. "Special" means the model's structural special
+fallbacks). The choice is recorded in the manifest. On a causal LM, deletion follows
+:class:`~streetlamp.methods.removal.Removal`'s decoder rule (pass ``removal``): a removed first token is
+replaced by the document-start token and the explained last position is never ranked nor removed. "Special" means the model's structural special
 tokens (:meth:`~streetlamp.models.adapter.ModelAdapter.special_mask`); an [UNK] is erased like any word.
 """
 
@@ -25,13 +27,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..methods.removal import Removal
 from .common import rank_desc
 
 PERCENTS = (1, 5, 10, 20, 50)
 CURVE_FRACTIONS = tuple(i / 10 for i in range(11))
 
 
-def _apply(ids: list[int], remove: set[int], rep: int | None) -> list[int]:
+def _apply_plain(ids: list[int], remove: set[int], rep: int | None) -> list[int]:
     if rep is None:
         return [t for i, t in enumerate(ids) if i not in remove]
     return [rep if i in remove else t for i, t in enumerate(ids)]
@@ -45,7 +48,14 @@ class ErasurePlan:
     n_rankable: int
 
     @staticmethod
-    def build(ids: list[int], scores: np.ndarray, special: np.ndarray, rep: int | None) -> ErasurePlan:
+    def build(
+        ids: list[int], scores: np.ndarray, special: np.ndarray, rep: int | None, removal: Removal | None = None
+    ) -> ErasurePlan:
+        if removal is not None:
+            special = special | removal.protected(len(ids))
+            _apply = lambda ids, remove, rep: removal.ids(ids, remove)  # noqa: E731
+        else:
+            _apply = _apply_plain
         order = rank_desc(np.asarray(scores, dtype=np.float64), ~special)
         m = len(order)
         rows: list[list[int]] = []

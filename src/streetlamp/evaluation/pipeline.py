@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..methods.registry import get_method
+from ..methods.removal import Removal
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..stats import total_variation
 from ..store.files import TOKEN_LABELS, labels_array
@@ -102,11 +103,12 @@ def evaluate_chunk(
         exps = m.attribute(adapter, inputs, target=Target(), batch_size=budget, seed=s.seed)
         scores[name] = [np.asarray(x.scores, np.float64) for x in exps]
     rep = adapter.replacement_token(s.replacement)[1]
+    removal = Removal.of(adapter, rep)  # a decoder: the sink and the explained position stay (methods/removal.py)
     plans: list[tuple[str, int, ErasurePlan, int]] = []
     all_rows: list[list[int]] = []
     for name in s.methods:
         for b in range(len(examples)):
-            p = ErasurePlan.build(ids[b], scores[name][b], specials[b], rep)
+            p = ErasurePlan.build(ids[b], scores[name][b], specials[b], rep, removal)
             plans.append((name, b, p, len(all_rows)))
             all_rows += p.rows
     f_rows = np.zeros(0)

@@ -42,15 +42,23 @@ def word_starts(tokens: Sequence[str], special: np.ndarray) -> np.ndarray:
 
 
 def feature_groups(
-    adapter: ModelAdapter, ids: Sequence[int], tokens: Sequence[str], group: str, include_special: bool
+    adapter: ModelAdapter,
+    ids: Sequence[int],
+    tokens: Sequence[str],
+    group: str,
+    include_special: bool,
+    protected: np.ndarray | None = None,
 ) -> tuple[np.ndarray, list[np.ndarray]]:
-    """``groups`` ``[n]`` (feature id per position, -1 = never perturbed) and the features' positions."""
+    """``groups`` ``[n]`` (feature id per position, -1 = never perturbed) and the features' positions.
+    ``protected`` (bool ``[n]``) positions are in no feature (a decoder's explained position under deletion)."""
     special = adapter.special_mask(ids)
     n = len(ids)
     starts = word_starts(tokens, special) if group == "word" else np.ones(n, dtype=bool)
     groups = np.full(n, -1, dtype=np.int32)
     g = -1
     for i in range(n):
+        if protected is not None and protected[i]:
+            continue
         if special[i]:
             if include_special:
                 g += 1

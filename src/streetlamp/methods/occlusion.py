@@ -22,7 +22,8 @@ from ..models.adapter import Inputs, ModelAdapter, Target
 from ..results import Explanation
 from .base import Method
 from .features import feature_groups
-from .scorer import Scorer, check_replacement, explanation_common, occlusion_replacement, perturbed_row
+from .removal import Removal
+from .scorer import Scorer, check_replacement, explanation_common, occlusion_replacement
 
 
 @dataclass
@@ -54,13 +55,17 @@ class Occlusion(Method):
     ) -> list[Explanation]:
         self.check(adapter)
         used, tid, tok = occlusion_replacement(adapter, self.replacement)
+        rule = Removal.of(adapter, tid)
+        rule_note = rule.describe(adapter)
         out = []
         for b, n in enumerate(inputs.lengths):
             ids = inputs.input_ids[b, :n].cpu()
-            groups, feats = feature_groups(adapter, ids.tolist(), inputs.tokens[b], self.group, self.occlude_special)
+            groups, feats = feature_groups(
+                adapter, ids.tolist(), inputs.tokens[b], self.group, self.occlude_special, rule.protected(n)
+            )
             scorer = Scorer(adapter, ids, target, batch_size, use_cache=self.kv_cache, desc="occlusion")
             absent = [groups == k for k in range(len(feats))]
-            values = scorer([perturbed_row(ids, a, tid) for a in absent])
+            values = scorer([rule.row(ids, a) for a in absent])
             drop = scorer.base - values
             scores = np.where(groups >= 0, drop[np.maximum(groups, 0)] if len(feats) else 0.0, 0.0)
             out.append(
@@ -74,13 +79,16 @@ class Occlusion(Method):
                     axes={"tokens": ["token"], "groups": ["token"]},
                     meaning={
                         "tokens": f"F(x) - F(x with the {self.group} removed); "
-                        + explanation_common(self.name, used, tok, self.replacement)["replacement_note"],
-                        "groups": f"occluded {self.group} id per token (-1: not occluded, e.g. special tokens)",
+                        + explanation_common(self.name, used, tok, self.replacement)["replacement_note"]
+                        + (f"; {rule_note}" if rule_note else ""),
+                        "groups": f"occluded {self.group} id per token (-1: not occluded, e.g. special tokens"
+                        + (", the explained position)" if rule.keep_last else ")"),
                     },
                     base_score=scorer.base,
                     perturbed_scores=values.tolist(),
                     n_features=len(feats),
                     kv_cache_used=scorer.use_cache,
+                    removal_rule=rule_note,
                     positions_computed=scorer.n_positions,
                     **explanation_common(self.name, used, tok, self.replacement),
                 )

@@ -16,6 +16,7 @@ from ..data import Dataset, load_dataset, sample_indices
 from ..errors import StreetlampError
 from ..evaluation.pipeline import ChunkExample, EvalSettings, evaluate_chunk
 from ..methods.registry import get_method
+from ..methods.removal import Removal
 from ..models.adapter import ModelAdapter
 from ..settings import layers_of
 from ..store import RunStore
@@ -193,6 +194,7 @@ def evaluate(
             "replacement_token": settings.replacement
             if settings.replacement == "delete"
             else adapter.replacement_token("mask")[2],
+            "removal_rule": Removal.of(adapter, adapter.replacement_token(settings.replacement)[1]).describe(adapter),
         },
     )
     chunks = [examples[i : i + chunk_size] for i in range(0, len(examples), chunk_size)]

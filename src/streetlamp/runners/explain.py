@@ -311,17 +311,24 @@ def summarise(adapter: ModelAdapter, res: ExplainResult, k: int = 3) -> list[str
         else f"token replaced by {occ.info.get('replacement_token') or occ.info.get('replacement', '?')}"
     )
     by_att = sorted(words, key=lambda j: -row[j])[:k]
-    by_occ = sorted(words, key=lambda j: -abs(delta[j]))[:k]
+    groups = occ.arrays.get("groups")
+    occluded = [j for j in words if groups is None or groups[j] >= 0]  # a decoder's explained position is not
+    by_occ = sorted(occluded, key=lambda j: -abs(delta[j]))[:k]
     quantity = occ.info.get("target", {}).get("explained", "the target")
     lines.append(f"what removing a token does (occlusion, {how}; change of {quantity}):")
+    if occ.info.get("removal_rule"):
+        lines.append(f"  ({occ.info['removal_rule']})")
     lines.append(f"  {'token':<16}{'attention':>10}{'rank':>6}{'change if removed':>19}{'rank':>6}")
     att_rank = {j: r + 1 for r, j in enumerate(sorted(words, key=lambda j: -row[j]))}
-    occ_rank = {j: r + 1 for r, j in enumerate(sorted(words, key=lambda j: -abs(delta[j])))}
+    occ_rank = {j: r + 1 for r, j in enumerate(sorted(occluded, key=lambda j: -abs(delta[j])))}
     for title, group in (("top by attention", by_att), ("top by occlusion", by_occ)):
         lines.append(f"  {title}:")
         for j in group:
             tok = f"{res.labels[j]!r}@{j}"
-            lines.append(f"  {tok:<16}{row[j]:>10.3f}{att_rank[j]:>6}{-delta[j]:>+19.4f}{occ_rank[j]:>6}")
+            if j in occ_rank:
+                lines.append(f"  {tok:<16}{row[j]:>10.3f}{att_rank[j]:>6}{-delta[j]:>+19.4f}{occ_rank[j]:>6}")
+            else:
+                lines.append(f"  {tok:<16}{row[j]:>10.3f}{att_rank[j]:>6}{'not removed':>19}{'-':>6}")
     shared = len(set(by_att) & set(by_occ))
     from ..stats import kendall_tau
 

@@ -1,0 +1,94 @@
+"""Removing tokens from a causal LM's input so that only the token's content goes away.
+
+Deleting a token from a decoder's input also moves things that are not its content:
+
+* **the attention sink.** Decoders park most attention on the first position. SmolLM2 adds no BOS, so
+  its first word is the sink; deleting it makes the next word the sink. On "The animal didn't cross
+  the street because it was too tired. In that sentence, it refers to the" deleting "The" dropped
+  p(" animal") from 0.556 to 0.011, as much as deleting " animal" itself (0.011).
+* **the explained position.** Deleting the last token makes the previous token the one whose next-token
+  distribution is read: a different question, not the same question without the token.
+
+The rule (``DECODER_RULE``), for ``delete`` on a causal LM: a removed first position is *replaced* by
+the document-start token (:func:`sink_token`) rather than deleted, so position 0 stays a document
+start and the sink stays put; the explained (last) position is never removed (no score, like a special
+token). Other removed tokens are deleted. On the sentence above the first rule gives p(" animal") =
+0.431 without "The" (drop 0.126), against 0.011 without " animal" (``tests/test_gen16_removal.py``).
+Replacements (``mask``/``unk``/``pad``) keep every position and are unchanged; classifiers are unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..models.adapter import ModelAdapter
+
+DOCUMENT_SEPARATOR = "<|endoftext|>"
+DECODER_RULE = (
+    "decoder removal: a removed first token is replaced by the document-start token {sink!r} (the attention "
+    "sink stays at position 0; the model adds no BOS there), the explained last position is never removed, "
+    "other removed tokens are deleted"
+)
+
+
+def sink_token(adapter: ModelAdapter) -> int:
+    """The token a causal LM reads as the start of a document: ``<|endoftext|>`` where the vocabulary has
+    it (the pretraining separator of GPT-2-style BPE vocabularies, SmolLM2's included: its BOS
+    ``<|im_start|>`` is a chat marker, and replacing "The" by it left p(" animal") at 0.014), else BOS,
+    else EOS."""
+    tok = adapter.tokenizer
+    sep = tok.get_vocab().get(DOCUMENT_SEPARATOR)
+    if sep is not None:
+        return int(sep)
+    return int(tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id)
+
+
+@dataclass(frozen=True)
+class Removal:
+    """How absent tokens are taken out of one model's input. ``token_id``: the replacement (None =
+    delete); ``sink_id``: for deletion on a causal LM, what a removed position 0 becomes (None: plain
+    deletion); ``keep_last``: the explained last position is never removed."""
+
+    token_id: int | None
+    sink_id: int | None = None
+    keep_last: bool = False
+
+    @classmethod
+    def of(cls, adapter: ModelAdapter, token_id: int | None) -> Removal:
+        if token_id is None and adapter.kind == "causal_lm":
+            return cls(None, sink_token(adapter), True)
+        return cls(token_id)
+
+    def protected(self, n: int) -> np.ndarray:
+        """Bool ``[n]``: positions never removed by this rule (the explained last position of a decoder)."""
+        out = np.zeros(n, dtype=bool)
+        if self.keep_last and n:
+            out[-1] = True
+        return out
+
+    def row(self, ids: torch.Tensor, absent: np.ndarray) -> torch.Tensor:
+        """``ids`` (1-D) with the positions in ``absent`` (bool) removed under this rule."""
+        keep = torch.from_numpy(np.asarray(absent, dtype=bool) & ~self.protected(len(ids)))
+        if self.token_id is not None:
+            row = ids.clone()
+            row[keep] = self.token_id
+            return row
+        if self.sink_id is not None and len(ids) and bool(keep[0]):
+            head = torch.tensor([self.sink_id], dtype=ids.dtype)
+            return torch.cat([head, ids[1:][~keep[1:]]])
+        return ids[~keep]
+
+    def ids(self, ids: list[int], remove: set[int]) -> list[int]:
+        """The list form of :meth:`row` (positions in ``remove`` absent)."""
+        absent = np.zeros(len(ids), dtype=bool)
+        absent[list(remove)] = True
+        return self.row(torch.tensor(ids, dtype=torch.long), absent).tolist()
+
+    def describe(self, adapter: ModelAdapter) -> str | None:
+        """The rule in words, for the output (None where deletion/replacement is the plain one)."""
+        if self.sink_id is None:
+            return None
+        return DECODER_RULE.format(sink=adapter.tokenizer.convert_ids_to_tokens(self.sink_id))
