@@ -734,6 +734,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--engine", choices=["local", "ray"], default="local")
     s.add_argument("--ray-address", default=None, help="existing Ray cluster (e.g. auto, ray://head:10001)")
     s.add_argument("--workers", type=int, default=None, help="Ray actors (one model each)")
+    s.add_argument(
+        "--answer-tokens",
+        type=int,
+        default=0,
+        help="causal LM: also score every token of the greedy N-token answer (forced decoding; docs/decoder.md)",
+    )
     s.set_defaults(func=cmd_evaluate)
     s = sub.add_parser(
         "benchmark",

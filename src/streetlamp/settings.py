@@ -245,9 +245,12 @@ class EvaluateSettings(Settings):
     engine: str = "local"
     ray_address: str | None = None
     workers: int | None = None
+    answer_tokens: int = 0
 
     def check(self) -> None:
         super().check()
+        if not 0 <= self.answer_tokens <= 64:
+            raise StreetlampError(f"--answer-tokens must be 0..64 (got {self.answer_tokens})")
         layer_spec(self.flip_layers, "--flip-layers")
         layer_spec(self.cf_layers, "--cf-layers")
         if self.replacement not in ("delete", "mask"):
@@ -281,6 +284,7 @@ class EvaluateSettings(Settings):
             cf_layers=self.cf_layers,
             counterfactual=cf.__dict__.copy(),
             truncate=self.truncate,
+            answer_tokens=self.answer_tokens,
         )
 
     def validate(self, adapter: ModelAdapter) -> None:

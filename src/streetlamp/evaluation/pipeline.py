@@ -43,9 +43,13 @@ class EvalSettings:
     cf_layers: str = "last"
     counterfactual: dict[str, Any] = field(default_factory=lambda: asdict(Counterfactual()))
     truncate: bool = False
+    answer_tokens: int = 0  # causal LM: also score a greedy answer of this many tokens (evaluation/answer.py)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if not self.answer_tokens:  # stores written before the option compare equal on resume
+            del d["answer_tokens"]
+        return d
 
 
 @dataclass
@@ -147,6 +151,18 @@ def evaluate_chunk(
             mname = rname[7:] if rname.startswith("method:") else FLIP_NAMES.get(rname, rname)
             for k, v in d.items():
                 add(e.id, mname, k, v)
+
+    # -- the whole answer (causal LM, --answer-tokens N) ------------------------------------------
+    if s.answer_tokens:
+        from .answer import evaluate_answers
+
+        built = {n: get_method(n, **s.method_params.get(n, {})) for n in s.methods}
+        answers = evaluate_answers(adapter, ids, built, s.answer_tokens, removal, budget, s.seed)
+        for e, (_answer, mets, arr) in zip(examples, answers):
+            arrays[e.id].update(arr)
+            for name, d in mets.items():
+                for k, v in d.items():
+                    add(e.id, name, k, v)
 
     # -- counterfactual attention and the uniform baseline ---------------------------------------
     cf = Counterfactual(**s.counterfactual)

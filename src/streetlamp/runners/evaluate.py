@@ -170,6 +170,8 @@ def evaluate(
         get_method(name, **settings.method_params.get(name, {})).check(adapter)
     if settings.replacement not in ("delete", "mask"):
         raise StreetlampError("--replacement must be 'delete' or 'mask'")
+    if settings.answer_tokens and adapter.kind != "causal_lm":
+        raise StreetlampError(f"--answer-tokens needs a causal LM; {adapter.name} is a {adapter.kind}")
     layers_of(adapter, settings.flip_layers, "--flip-layers")  # a bad layer: refused before the store exists
     layers_of(adapter, settings.cf_layers, "--cf-layers")
     examples, skipped = prepare(adapter, ds, settings.truncate)  # every check before the store is touched
