@@ -172,7 +172,7 @@ def cmd_explain_generation(args: argparse.Namespace) -> int:
     adapter = _load(args, s)
     from .models.memory import check_memory
 
-    length = len(adapter.encode(s.prompt + s.continuation).input_ids[0]) if s.continuation else None
+    length = len(adapter.encode(s.prompt + s.continuation).input_ids[0]) if s.continuation and not s.chat else None
     n = length if length is not None else max(adapter.encode(s.prompt).lengths) + s.new_tokens
     check_memory(adapter, n, args.force, record_attention=False)
     return _print(
@@ -188,6 +188,10 @@ def cmd_explain_generation(args: argparse.Namespace) -> int:
             seed=s.seed,
             ig_params=s.ig_params,
             method_params=s.method_params,
+            contrast_token=s.contrast_token,
+            contrast_prompt=s.contrast_prompt,
+            chat=s.chat,
+            granularity=s.granularity,
         )
     )
 
@@ -592,7 +596,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("prompt")
     s.add_argument("--new-tokens", type=int, default=8, help="greedy tokens to generate and explain (1..64)")
-    s.add_argument("--quantity", choices=["prob", "logit", "logprob"], default="logprob")
+    s.add_argument("--quantity", choices=["prob", "logit", "logprob", "kl_divergence"], default="logprob")
+    s.add_argument("--contrast-token", default=None, help="step function: quantity(y) - quantity(this one token)")
+    s.add_argument("--contrast-prompt", default=None, help="step function: log p(y | prompt) - log p(y | this prompt)")
+    s.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template to the prompt")
+    s.add_argument("--granularity", choices=["token", "word", "sentence", "paragraph"], default="token")
     s.add_argument(
         "--continuation",
         default=None,

@@ -118,6 +118,10 @@ class GenerationSettings(Settings):
     continuation: str | None = None
     methods: list[str] = field(default_factory=lambda: ["integrated_gradients"])
     method_params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    contrast_token: str | None = None
+    contrast_prompt: str | None = None
+    chat: bool = False
+    granularity: str = "token"
 
     def check(self) -> None:
         super().check()

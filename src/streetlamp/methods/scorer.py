@@ -33,7 +33,7 @@ import torch
 from .. import progress
 from ..batching import default_budget, group_by_budget
 from ..errors import StreetlampError
-from ..models.adapter import Inputs, ModelAdapter, Target
+from ..models.adapter import KL, Inputs, ModelAdapter, Target
 from .features import GROUPS
 
 Replacement = Literal["mask", "unk", "pad", "delete"]
@@ -96,6 +96,12 @@ class Scorer:
             logits, self.cache = self.adapter.prefix_forward(one, keep_cache=True)
         else:
             logits = self.adapter.forward(one).logits
+        self.kl = self.target.quantity == KL
+        if self.kl:  # F(x') = -KL(p(.|x) || p(.|x')); F(x) = 0
+            self.ref = torch.log_softmax(logits[0].double(), -1)
+            self.index = self.adapter.resolve(one, Target(self.target.index), logits)
+            self.base = 0.0
+            return
         self.index = self.adapter.resolve(one, self.target, logits)
         self.base = float(self.adapter.score(logits, self.index, self.target)[0])
 
@@ -126,6 +132,10 @@ class Scorer:
             logits = self.adapter.forward(batch).logits
         else:
             logits, _ = self.adapter.prefix_forward(batch, self.cache if start else None, start)
+        if self.kl:
+            ref = self.ref.to(logits.device)
+            kl = (ref.exp() * (ref - torch.log_softmax(logits.double(), -1))).sum(-1)
+            return (-kl).cpu().numpy()
         return self.adapter.score(logits, index, self.target).double().cpu().numpy()
 
     def _cache_blocks(self, rows: Sequence[torch.Tensor]) -> list[tuple[int, list[int]]]:

@@ -28,7 +28,10 @@ from .sites import FAMILIES, Family, site_names
 from .trace import Edit, Session
 
 Kind = Literal["classifier", "causal_lm"]
-Quantity = Literal["prob", "logit", "logprob"]
+Quantity = Literal["prob", "logit", "logprob", "kl_divergence"]
+# ``kl_divergence``: F(x') = -KL(p(.|x) || p(.|x')) of the unedited input x, read only by the perturbation
+# methods' scorer (methods/scorer.py), so that occlusion's F(x) - F(x') is the KL divergence itself.
+KL = "kl_divergence"
 # When the asked-for replacement token does not exist (causal LMs have no [MASK]), use the next one.
 REPLACEMENT_FALLBACK = {"mask": ("mask", "unk", "pad", "eos"), "unk": ("unk", "pad", "eos"), "pad": ("pad", "eos")}
 # The tokens a model uses for structure: never scored, perturbed or erased. [UNK] and [MASK] are not
@@ -148,6 +151,8 @@ class Target:
     quantity: Quantity = "prob"
 
     def describe(self, adapter: ModelAdapter, index: int) -> str:
+        if self.quantity == KL:
+            return "-KL(p(.|x) || p(.|x')), x the unedited input (the whole output distribution)"
         s = f"{self.quantity}({adapter.output_label(index)!r})"
         if self.contrast is not None:
             s += f" - {self.quantity}({adapter.output_label(self.contrast)!r})"
@@ -430,6 +435,8 @@ class ModelAdapter:
     @staticmethod
     def score(logits: torch.Tensor, index: torch.Tensor, target: Target) -> torch.Tensor:
         """The explained scalar per example, ``[batch]``, from explained logits ``[batch, n]``."""
+        if target.quantity == KL:
+            raise StreetlampError("the kl_divergence step function needs the unedited run: perturbation methods only")
         if target.quantity == "logit":
             q = logits
         elif target.quantity == "logprob":

@@ -25,6 +25,7 @@ import torch  # noqa: E402
 
 from ..errors import StreetlampError  # noqa: E402
 from ..methods.base import Method  # noqa: E402
+from ..methods.granularity import LEVELS, aggregate, units  # noqa: E402
 from ..methods.ig import IntegratedGradients  # noqa: E402
 from ..methods.registry import get_method  # noqa: E402
 from ..models.adapter import Inputs, ModelAdapter, Target  # noqa: E402
@@ -34,6 +35,10 @@ from ..store.run_folder import RunFolder  # noqa: E402
 
 GENERATION_IG: dict[str, Any] = {"rule": "panels", "max_steps": 1024}
 MAX_NEW_TOKENS = 64
+GRANULARITY_RULE = (
+    "a unit's score is the sum of its tokens' scores; words from the tokenizer's leading-space / ## markers, "
+    "sentences after . ! ? and whitespace, paragraphs after a blank line; special tokens are units of their own"
+)
 IG = "integrated_gradients"
 
 
@@ -91,14 +96,27 @@ def explain_generation(
     seed: int = 0,
     ig_params: dict[str, Any] | None = None,
     method_params: dict[str, dict[str, Any]] | None = None,
+    contrast_token: str | None = None,
+    contrast_prompt: str | None = None,
+    chat: bool = False,
+    granularity: str = "token",
 ) -> GenerationResult:
     """Each method's attribution of each generated token (greedy, or the forced ``continuation``: ids,
-    or a text re-tokenised after the prompt) over the prompt and earlier tokens."""
+    or a text re-tokenised after the prompt) over the prompt and earlier tokens.
+
+    Step functions (:mod:`.steps`): ``quantity`` prob / logprob / logit, ``kl_divergence`` (perturbation
+    methods), minus a ``contrast_token``'s, or minus the log-prob after a ``contrast_prompt``. ``chat``
+    applies the tokenizer's chat template to the prompt; ``granularity`` adds word / sentence / paragraph
+    matrices (sums over each unit's tokens, :mod:`~streetlamp.methods.granularity`)."""
+    from .steps import StepFunction, chat_prompt_ids
+
     rf = RunFolder.of(out, "explain-generation", overwrite)
     if adapter.kind != "causal_lm":
         raise StreetlampError(f"explain-generation needs a causal LM; {adapter.name} is a {adapter.kind}")
     if not prompt or not prompt.strip():
         raise StreetlampError("empty prompt")
+    if granularity not in LEVELS:
+        raise StreetlampError(f"unknown granularity {granularity!r}; choose one of {', '.join(LEVELS)}")
     if continuation is None and not 1 <= new_tokens <= MAX_NEW_TOKENS:
         raise StreetlampError(f"--new-tokens must be 1..{MAX_NEW_TOKENS} (got {new_tokens})")
     methods = list(methods or [IG])
@@ -114,11 +132,17 @@ def explain_generation(
     built = {name: get_method(name, **mp.get(name, {})) for name in methods}  # unknown name/parameter: error now
     for m in built.values():
         m.check(adapter)
-    prompt_ids = adapter.encode(prompt).input_ids[0]
+    step = StepFunction.build(adapter, quantity, contrast_token, contrast_prompt, built, chat)
+    prompt_ids = chat_prompt_ids(adapter, prompt) if chat else adapter.encode(prompt).input_ids[0]
     prompt_len = len(prompt_ids)
     forced = continuation is not None
     if isinstance(continuation, str):
-        continuation = continuation_ids(adapter, prompt, continuation)
+        if chat:
+            from .steps import chat_continuation_ids
+
+            continuation = chat_continuation_ids(adapter, prompt, prompt_ids.tolist(), continuation)
+        else:
+            continuation = continuation_ids(adapter, prompt, continuation)
     if continuation is not None and not 1 <= len(continuation) <= MAX_NEW_TOKENS:
         raise StreetlampError(f"the continuation must be 1..{MAX_NEW_TOKENS} tokens (got {len(continuation)})")
     bad = [t for t in continuation or [] if not 0 <= int(t) < adapter.n_outputs]
@@ -137,12 +161,13 @@ def explain_generation(
                 adapter,
                 prompt,
                 gen_ids,
-                target=Target(quantity=quantity),  # type: ignore[arg-type]
+                target=Target(contrast=step.contrast, quantity=step.quantity),  # type: ignore[arg-type]
                 batch_size=batch_size,
                 batched_grads=True,
             )
         else:
-            rows[name] = per_prefix(adapter, m, full, prompt_len, quantity, batch_size, seed)
+            rows[name] = per_prefix(adapter, m, full, prompt_len, step.quantity, batch_size, seed, step.contrast)
+    step_values = step.values(adapter, full, prompt_len)
     secs = time.time() - t0
     allowed = np.zeros((k, width), np.uint8)
     for j in range(k):
@@ -185,6 +210,23 @@ def explain_generation(
             axes=["generated"],
             meaning="vocabulary ids of the generated tokens",
         )
+        w.add_array(
+            "step_values",
+            step_values,
+            axes=["generated"],
+            meaning=f"the explained step function at the unedited input, per generated token: {step.explains}",
+        )
+        grain: dict[str, Any] = {"level": granularity}
+        if granularity != "token":
+            unit, unit_labels = units(adapter, full[:-1].tolist(), granularity)
+            grain.update(rule=GRANULARITY_RULE, units=unit_labels, unit_of_token=unit.tolist())
+            for name, mat in matrices.items():
+                w.add_array(
+                    f"{name}.matrix.{granularity}",
+                    aggregate(mat, unit).astype(np.float32),
+                    axes=["generated", granularity],
+                    meaning=f"{name}.matrix summed over each {granularity}'s tokens (columns: manifest granularity.units)",
+                )
         for name, mat in matrices.items():
             _figure(mat, allowed, labels, generated, w.path / _figure_name(name), name)
             w.add_figure(
@@ -194,6 +236,9 @@ def explain_generation(
             )
         parameters: dict[str, Any] = {
             "quantity": quantity,
+            "step_function": step.describe(),
+            "chat_template": chat,
+            "granularity": grain,
             "new_tokens": k,
             "batch_size": batch_size,
             "seed": seed,
@@ -239,6 +284,9 @@ def explain_generation(
         f"prompt: {prompt!r} -> continuation {''.join(generated)!r} ({k} tokens, "
         f"{'given' if forced else 'greedy'}; {quantity}; {how}; {secs:.1f} s)"
     )
+    res.summary.append(f"step function: {step.explains}" + ("; prompt in the chat template" if chat else ""))
+    if ig_exps is not None:
+        res.summary.append(f"IG baseline: {ig_exps[0].info.get('baseline_used', built[IG].params().get('baseline'))}")
     for name, mat in matrices.items():
         if len(matrices) > 1:
             res.summary.append(f"{name}:")
@@ -262,13 +310,14 @@ def per_prefix(
     quantity: str,
     batch_size: int | None,
     seed: int,
+    contrast: int | None = None,
 ) -> list[Explanation]:
     """``method`` on each prefix ``full[:P+j]`` explaining its next token ``full[P+j]`` (one call per prefix,
     as ``streetlamp explain`` calls it)."""
     out = []
     for n in range(prompt_len, len(full)):
         inputs = Inputs.from_ids(adapter, [full[:n]])
-        target = Target(int(full[n]), None, quantity)  # type: ignore[arg-type]
+        target = Target(int(full[n]), contrast, quantity)  # type: ignore[arg-type]
         e = method.attribute(adapter, inputs, target=target, batch_size=batch_size, seed=seed)[0]
         if len(e.scores) != n:
             raise StreetlampError(f"{method.name} gave {len(e.scores)} scores for a prefix of {n} tokens")
