@@ -33,7 +33,7 @@ from .base import Method
 from .gradient import embed_ids, ids_inputs, resolve_one, scores_at, text_batches
 from .quadrature import RULES, PathCache, integrate_adaptive
 
-BASELINES = ("zero", "pad", "mask")
+BASELINES = ("zero", "pad", "mask", "unk")  # unk: inseq's default (its baseline ids are the unk token)
 
 
 ZERO_TOKEN_EMBEDDING = (
@@ -83,6 +83,8 @@ class IntegratedGradients(Method):
             eb, used = torch.zeros_like(e), "zero vector"
         else:
             tid, used = (tok.mask_token_id, f"{tok.mask_token} embedding") if self.baseline == "mask" else (None, "")
+            if self.baseline == "unk" and tok.unk_token_id is not None:
+                tid, used = tok.unk_token_id, f"{tok.unk_token} embedding (inseq's baseline)"
             if tid is None:
                 if self.baseline == "mask":
                     used = "no mask token in this tokenizer: fell back to "
