@@ -163,3 +163,10 @@ def test_smollm2_units_and_chat_template(smollm) -> None:
     assert reply == a.tokenizer("It is 4.")["input_ids"]
     whole = a.tokenizer(by_hand + "It is 4.<|im_end|>\n")["input_ids"]
     assert whole[: len(pid) + len(reply)] == pid + reply
+
+
+def test_word_level_tokenizer_sentences(gpt2) -> None:
+    """A word-level tokenizer decodes tokens without their spaces: the decoded prefix supplies them."""
+    ids = gpt2.encode("the movie was not good . it was bad").input_ids[0].tolist()
+    unit, labels = units(gpt2, ids, "sentence")
+    assert labels == ["the movie was not good .", " it was bad"] and unit.tolist() == [0] * 6 + [1] * 3

@@ -71,10 +71,23 @@ def unit_starts(texts: Sequence[str], tokens: Sequence[str], special: np.ndarray
     return out
 
 
+def token_texts(adapter: ModelAdapter, ids: Sequence[int]) -> list[str]:
+    """Each token's text as the tokenizer decodes the sequence (the growth of the decoded prefix), so a
+    word-level tokenizer's inserted spaces are seen; a token's own decoding where the prefix does not grow
+    by appending (e.g. an incomplete UTF-8 byte sequence)."""
+    dec = adapter.tokenizer.decode
+    out, prev = [], ""
+    for i in range(len(ids)):
+        cur = str(dec(list(ids[: i + 1])))
+        out.append(cur[len(prev) :] if cur.startswith(prev) else str(dec([ids[i]])))
+        prev = cur
+    return out
+
+
 def units(adapter: ModelAdapter, ids: Sequence[int], level: str) -> tuple[np.ndarray, list[str]]:
     """``unit`` ``[n]`` (the unit index of each token) and each unit's text."""
     ids = [int(i) for i in ids]
-    texts = [str(adapter.tokenizer.decode([i])) for i in ids]
+    texts = token_texts(adapter, ids)
     tokens = [str(t) for t in adapter.tokenizer.convert_ids_to_tokens(ids)]
     starts = unit_starts(texts, tokens, adapter.special_mask(ids), level)
     unit = np.cumsum(starts) - 1
