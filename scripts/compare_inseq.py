@@ -20,7 +20,9 @@ def compare(steps: int = 256) -> tuple[np.ndarray, np.ndarray]:
     model, tok = tiny_model("gpt2", seed=2)
     model = model.double().eval()
     prompt = "the movie was not good"
-    m = inseq.load_model(model, "integrated_gradients", tokenizer=tok)
+    peer, _ = tiny_model("gpt2", seed=2)  # a separate copy with Hugging Face's own attention (the adapter
+    peer.set_attn_implementation("eager")  # registers streetlamp's attention function on its model)
+    m = inseq.load_model(peer.double().eval(), "integrated_gradients", tokenizer=tok)
     a = ModelAdapter(model, tok, "tiny-gpt2")
     ids = a.encode(prompt).input_ids[0]
     gen = a.generate(ids, 3)
@@ -35,7 +37,43 @@ def compare(steps: int = 256) -> tuple[np.ndarray, np.ndarray]:
     return mine, theirs
 
 
+def compare_attention() -> tuple[np.ndarray, np.ndarray]:
+    """Attention weights ``[position, generated token, layer, head]`` from the query that predicts each
+    generated token: inseq's ``attention`` method against streetlamp's per-prefix ``attention`` method
+    (``view="head"``, every layer and head), tiny GPT-2, forced continuation."""
+    import inseq
+
+    from streetlamp.methods.attention import Attention
+    from streetlamp.models.adapter import Inputs, ModelAdapter, Target
+    from streetlamp.models.tiny import tiny_model
+
+    model, tok = tiny_model("gpt2", seed=2)
+    model = model.double().eval()
+    prompt = "the movie was not good"
+    a = ModelAdapter(model, tok, "tiny-gpt2")
+    ids = a.encode(prompt).input_ids[0]
+    gen = a.generate(ids, 3)
+    text = prompt + " " + " ".join(tok.convert_ids_to_tokens(gen))
+    peer, _ = tiny_model("gpt2", seed=2)  # a separate copy with Hugging Face's own attention
+    peer.set_attn_implementation("eager")
+    m = inseq.load_model(peer.double().eval(), "attention", tokenizer=tok)
+    theirs = m.attribute(prompt, text, show_progress=False).sequence_attributions[0].target_attributions
+    theirs = theirs.double().numpy()  # [pos, target, layer, head]
+    full = [*ids.tolist(), *gen]
+    mine = np.full_like(theirs, np.nan)
+    for j in range(len(gen)):
+        pre = Inputs.from_ids(a, [full[: len(ids) + j]])
+        for l in range(a.n_layers):
+            for h in range(a.n_heads):
+                e = Attention(view="head", layer=l, head=h).attribute(a, pre, target=Target(full[len(ids) + j]))[0]
+                mine[: len(e.scores), j, l, h] = e.scores
+    return mine, theirs
+
+
 if __name__ == "__main__":
+    am, at = compare_attention()
+    ok = ~np.isnan(am) & ~np.isnan(at)
+    print("attention: max |difference| =", float(np.abs(am[ok] - at[ok]).max()), "over", int(ok.sum()), "weights")
     mine, theirs = compare()
     ok = ~np.isnan(mine) & ~np.isnan(theirs)
     print("streetlamp IG [pos, target]:\n", np.round(mine, 5))

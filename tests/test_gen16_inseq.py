@@ -21,3 +21,13 @@ def test_integrated_gradients_equals_inseq() -> None:
     # same rule and nodes (Gauss-Legendre, 64), same baseline (unk); inseq returns float32 attributions
     np.testing.assert_allclose(mine[ok], theirs[ok], atol=1e-6 * np.abs(theirs[ok]).max() + 1e-9)
     assert np.abs(theirs[ok]).max() > 1e-3
+
+
+def test_attention_equals_inseq() -> None:
+    from compare_inseq import compare_attention
+
+    mine, theirs = compare_attention()
+    ok = ~np.isnan(theirs)
+    assert np.array_equal(ok, ~np.isnan(mine)) and ok.sum() > 0
+    # every layer and head; both are the same softmax in float64 (Hugging Face's eager path vs streetlamp's)
+    np.testing.assert_allclose(mine[ok], theirs[ok], atol=1e-12)
