@@ -56,7 +56,7 @@ def test_matrix_rows_are_each_targets_own_ig(gpt2_dir: Path, tmp_path: Path, cap
     adapter = load(str(gpt2_dir))
     prompt = adapter.encode("the movie was not").input_ids[0]
     full = torch.cat([prompt, torch.tensor(gen)])
-    ig = IntegratedGradients(**params)
+    ig = IntegratedGradients(**{**GENERATION_IG, **params})  # this command's baseline (document start)
     from streetlamp.models.adapter import Target
 
     for j in range(3):

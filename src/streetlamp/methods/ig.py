@@ -33,7 +33,9 @@ from .base import Method
 from .gradient import embed_ids, ids_inputs, resolve_one, scores_at, text_batches
 from .quadrature import RULES, PathCache, integrate_adaptive
 
-BASELINES = ("zero", "pad", "mask", "unk")  # unk: inseq's default (its baseline ids are the unk token)
+# unk: inseq's default (its baseline ids are the unk token); document: the document-start token of a causal LM
+# (methods/removal.sink_token: <|endoftext|> on GPT-2 / SmolLM2), explain-generation's default (docs/decoder.md)
+BASELINES = ("zero", "pad", "mask", "unk", "document")
 
 
 ZERO_TOKEN_EMBEDDING = (
@@ -67,6 +69,8 @@ class IntegratedGradients(Method):
             raise StreetlampError(f"unknown IG rule {self.rule!r}; choose one of {', '.join(RULES)}")
         if self.baseline not in BASELINES:
             raise StreetlampError(f"unknown IG baseline {self.baseline!r}; choose one of {', '.join(BASELINES)}")
+        if self.baseline == "document" and adapter.kind != "causal_lm":
+            raise StreetlampError("IG baseline 'document' (the document-start token) is for causal LMs")
         if self.steps < 1 or self.max_steps < self.steps:
             raise StreetlampError(
                 f"IG needs 1 <= steps <= max_steps (got steps={self.steps}, max_steps={self.max_steps})"
@@ -83,7 +87,12 @@ class IntegratedGradients(Method):
             eb, used = torch.zeros_like(e), "zero vector"
         else:
             tid, used = (tok.mask_token_id, f"{tok.mask_token} embedding") if self.baseline == "mask" else (None, "")
-            if self.baseline == "unk" and tok.unk_token_id is not None:
+            if self.baseline == "document":
+                from .removal import sink_token
+
+                tid = sink_token(adapter)
+                used = f"document-start token {tok.convert_ids_to_tokens(int(tid))!r} embedding"
+            elif self.baseline == "unk" and tok.unk_token_id is not None:
                 tid, used = tok.unk_token_id, f"{tok.unk_token} embedding (inseq's baseline)"
             if tid is None:
                 if self.baseline == "mask":

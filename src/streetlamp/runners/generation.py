@@ -33,7 +33,8 @@ from ..report.compare import normalise_rows  # noqa: E402
 from ..results import Explanation  # noqa: E402
 from ..store.run_folder import RunFolder  # noqa: E402
 
-GENERATION_IG: dict[str, Any] = {"rule": "panels", "max_steps": 1024}
+# baseline: the document-start token (<|endoftext|> on SmolLM2), chosen by the baseline study in docs/decoder.md
+GENERATION_IG: dict[str, Any] = {"rule": "panels", "max_steps": 1024, "baseline": "document"}
 MAX_NEW_TOKENS = 64
 GRANULARITY_RULE = (
     "a unit's score is the sum of its tokens' scores; words from the tokenizer's leading-space / ## markers, "
