@@ -154,14 +154,18 @@ def load_checkpoint(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
     if config.model_type not in FAMILIES:
         raise StreetlampError(unsupported_message(config.model_type))
     archs = config.architectures or []
-    if any(a.endswith("ForSequenceClassification") for a in archs):
-        auto: type[Any] = AutoModelForSequenceClassification
+    if any(a.endswith("ForImageClassification") for a in archs):
+        from transformers import AutoModelForImageClassification
+
+        auto: type[Any] = AutoModelForImageClassification
+    elif any(a.endswith("ForSequenceClassification") for a in archs):
+        auto = AutoModelForSequenceClassification
     elif any(a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in archs):
         auto = AutoModelForCausalLM
     else:
         raise StreetlampError(
             f"architecture {archs or 'unknown'} is not supported; supported: "
-            "*ForSequenceClassification and *ForCausalLM / GPT2LMHeadModel"
+            "*ForSequenceClassification, *ForCausalLM / GPT2LMHeadModel and ViTForImageClassification"
         )
     if not list(path.glob("*.safetensors")):
         raise StreetlampError(
@@ -169,11 +173,31 @@ def load_checkpoint(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
             "(convert pickled weights with a trusted tool first)"
         )
     model = auto.from_pretrained(str(path), attn_implementation=attention.register(), use_safetensors=True)
+    if auto.__name__ == "AutoModelForImageClassification":
+        return model, image_processor(path)
     try:
         tok = AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError, TypeError) as e:
         raise StreetlampError(f"{path} has no usable tokenizer: {e}".splitlines()[0]) from None
     return model, tok
+
+
+def image_processor(path: Path) -> Any:
+    """The checkpoint's image processor (``preprocessor_config.json``); the Pillow implementation when
+    torchvision is missing, without transformers' warning about the fallback."""
+    from transformers import AutoImageProcessor
+    from transformers.utils import logging as hf_logging
+
+    if not (path / "preprocessor_config.json").exists():
+        raise StreetlampError(f"{path} has no preprocessor_config.json: an image model needs its image processor")
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return AutoImageProcessor.from_pretrained(str(path))
+    except (OSError, ValueError, TypeError) as e:
+        raise StreetlampError(f"{path} has no usable image processor: {e}".splitlines()[0]) from None
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 def hub_cache_dir() -> Path:

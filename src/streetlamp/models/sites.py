@@ -95,13 +95,15 @@ FAMILIES: dict[str, Family] = {
         mlp_out="mlp.Wo",
         embed="embeddings.tok_embeddings",
     ),
+    # ViTForImageClassification (transformers 5: q/k/v/o_proj, mlp.fc1/fc2); ``embed`` hooks ViTEmbeddings
+    # and exposes cat([CLS], patch embeddings) before the position embeddings (models/images.py)
     "vit": Family(
         "vit",
-        layers="encoder.layer",
-        attn="attention.attention",
-        o_proj="attention.output.dense",
-        mlp_out="output.dense",
-        embed="embeddings.patch_embeddings",
+        layers="layers",
+        attn="attention",
+        o_proj="attention.o_proj",
+        mlp_out="mlp.fc2",
+        embed="embeddings",
     ),
 }
 

@@ -38,6 +38,9 @@ from transformers import (
     Qwen3ForCausalLM,
     RobertaConfig,
     RobertaForSequenceClassification,
+    ViTConfig,
+    ViTForImageClassification,
+    ViTImageProcessorPil,
 )
 
 WORDS = (
@@ -60,6 +63,10 @@ FAMILY_KINDS = {
     "gemma2": "causal_lm",
     "gemma3_text": "causal_lm",
 }
+# Image families: not in FAMILY_KINDS (whose tests feed text); tests/test_vit*.py run them.
+IMAGE_FAMILY_KINDS = {"vit": "classifier"}
+# The tiny ViT: 32 x 32 RGB images cut into 8 x 8 patches, so [CLS] + 16 patch tokens.
+TINY_IMAGE_SIZE, TINY_PATCH = 32, 8
 # Sliding-window size of the tiny Mistral and Gemma configs: shorter than the test texts, so the
 # window mask matters (a 4-token window lets query i see keys i-3 .. i).
 TINY_WINDOW = 4
@@ -140,8 +147,10 @@ def tiny_model(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """A randomly initialised model of ``family`` (classifier for encoders, causal LM for decoders)."""
     torch.manual_seed(seed)
+    if family in IMAGE_FAMILY_KINDS:
+        return _tiny_vit(layers, heads, d_model, attn_implementation)  # type: ignore[return-value]
     if family not in FAMILY_KINDS:
-        raise ValueError(f"no tiny model for family {family!r}; have {sorted(FAMILY_KINDS)}")
+        raise ValueError(f"no tiny model for family {family!r}; have {sorted(FAMILY_KINDS)} and vit")
     tok = family_tokenizer(family)
     v = len(tok)
     common: dict[str, Any] = dict(
@@ -229,6 +238,32 @@ def tiny_model(
     return model.eval(), tok
 
 
+def _tiny_vit(
+    layers: int, heads: int, d_model: int, attn_implementation: str
+) -> tuple[PreTrainedModel, ViTImageProcessorPil]:
+    """A ViTForImageClassification on 32 x 32 images with 8 x 8 patches, and its image processor
+    (the Pillow one: no torchvision needed; resize to 32 x 32, scale to [0, 1], normalise with mean
+    and std 0.5 as google/vit-base-patch16-224 does). ``initializer_range`` 0.2, as for the tiny
+    decoders, so attention is far from uniform."""
+    cfg = ViTConfig(
+        hidden_size=d_model,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=2 * d_model,
+        image_size=TINY_IMAGE_SIZE,
+        patch_size=TINY_PATCH,
+        num_channels=3,
+        initializer_range=0.2,
+        num_labels=3,
+        id2label={0: "cat", 1: "dog", 2: "car"},
+        label2id={"cat": 0, "dog": 1, "car": 2},
+    )
+    model = ViTForImageClassification(cfg)
+    model.set_attn_implementation(attn_implementation)
+    proc = ViTImageProcessorPil(size={"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE})
+    return model.eval(), proc
+
+
 def _modern_decoder(
     family: str, tok: PreTrainedTokenizerFast, layers: int, heads: int, d_model: int
 ) -> PreTrainedModel:
@@ -280,6 +315,7 @@ def _modern_decoder(
 
 
 def save_tiny(family: str, path: str | Path, seed: int = 0, **kw: Any) -> Path:
+    """Save ``tiny_model(family)`` and its tokenizer (image processor for ViT) as a checkpoint folder."""
     model, tok = tiny_model(family, seed=seed, **kw)
     path = Path(path)
     model.save_pretrained(path, safe_serialization=True)

@@ -140,7 +140,11 @@ class Session:
     def __enter__(self) -> Session:
         a = self.adapter
         try:
-            if self._wants("embed"):
+            if self._wants("embed") and a.modality == "image":
+                from .images import vit_embed_hook
+
+                self._handles.append(a.embed_module.register_forward_hook(vit_embed_hook(self), with_kwargs=True))
+            elif self._wants("embed"):
                 self._handles.append(a.embed_module.register_forward_hook(self._out_hook("embed")))
             for l, layer in enumerate(a.layer_modules):
                 if self._wants(f"layers.{l}.resid_pre"):
