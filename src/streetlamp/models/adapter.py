@@ -182,7 +182,8 @@ class ModelAdapter:
 
             self.kind: Kind = "classifier"
             self.modality = "image"
-            tokenizer = PatchVocabulary(tokenizer, hf_model.config)
+            if not isinstance(tokenizer, PatchVocabulary):  # an image processor; a vocabulary is shared as is
+                tokenizer = PatchVocabulary(tokenizer, hf_model.config)
         elif arch.endswith("ForSequenceClassification"):
             self.kind = "classifier"
         elif arch.endswith("ForCausalLM") or arch.endswith("LMHeadModel"):
@@ -440,8 +441,14 @@ class ModelAdapter:
         if self.modality == "image":
             from .images import token_embeddings
 
-            pixel = cast(Any, self.tokenizer).pixels(ids.view(1, -1))
-            return token_embeddings(self.embed_module, pixel.to(self.device, self._dtype))[0]
+            vocab: Any = self.tokenizer
+            row = ids.view(-1).cpu().clone()
+            first, row[0] = int(row[0]), vocab.cls_token_id  # a baseline row may hold a patch at position 0
+            e = token_embeddings(self.embed_module, vocab.pixels(row[None]).to(self.device, self._dtype))[0]
+            if first != vocab.cls_token_id:
+                patch = vocab.patch_pixels(first).to(self.device, self._dtype)
+                e = torch.cat([token_embeddings(self.embed_module, patch)[0, 1:], e[1:]])
+            return e
         return self.embed_module(ids.view(1, -1).to(self.device))[0]
 
     @property

@@ -186,6 +186,12 @@ class PatchVocabulary:
         b, p, r, c = ids.shape[0], self.patch, self.rows, self.cols
         return pick.reshape(b, r, c, self.channels, p, p).permute(0, 3, 1, 4, 2, 5).reshape(b, -1, r * p, c * p)
 
+    def patch_pixels(self, i: int) -> torch.Tensor:
+        """Patch ``i`` alone as a one-patch image ``[1, C, p, p]`` (its embedding is that patch's)."""
+        if len(self._table) > 1:
+            self._table = [torch.cat(self._table)]
+        return self._table[0][i][None]
+
     def rgb(self, ids: torch.Tensor) -> np.ndarray:
         """The image of one id row ``[1 + P]`` as RGB in [0, 1], ``[H, W, C]`` (for figures)."""
         x = self.pixels(ids.view(1, -1))[0] * self.std + self.mean
