@@ -561,7 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="explain one text: attention of every layer and head, methods, figures",
         parents=[shared_options(model=DEFAULT_MODEL, out="output folder (default runs/explain-<time>)")],
     )
-    s.add_argument("text")
+    s.add_argument("text", help="the text, or for an image model (ViT) an image file")
     s.add_argument(
         "--target",
         default=None,
