@@ -259,6 +259,9 @@ def _tiny_vit(
         label2id={"cat": 0, "dog": 1, "car": 2},
     )
     model = ViTForImageClassification(cfg)
+    with torch.no_grad():  # HF initialises it to 0; a trained ViT's is not, so the [MEAN] patch's embedding
+        # (the projection of a zero patch: this bias) differs from IG's zero-vector baseline, as on real models
+        model.vit.embeddings.patch_embeddings.projection.bias.normal_(0.0, 0.2)
     model.set_attn_implementation(attn_implementation)
     proc = ViTImageProcessorPil(size={"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE})
     return model.eval(), proc
