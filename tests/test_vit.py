@@ -15,7 +15,6 @@ from streetlamp.methods.context_mixing import Alti, alti_layer
 from streetlamp.methods.ig import IntegratedGradients
 from streetlamp.methods.lrp import attnlrp_relevance
 from streetlamp.methods.occlusion import Occlusion
-from streetlamp.methods.registry import get_method
 from streetlamp.methods.rollout import Flow, Rollout
 from streetlamp.models.adapter import ModelAdapter, Target
 from streetlamp.models.loading import load

@@ -37,7 +37,9 @@ def run(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
 def test_explain_an_image(ckpts: dict[str, Path], image: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "o"
     methods = "attention,rollout,occlusion"
-    rc, stdout, err = run(capsys, "explain", str(image), "--model", str(ckpts["vit"]), "--out", str(out), "--methods", methods)
+    rc, stdout, err = run(
+        capsys, "explain", str(image), "--model", str(ckpts["vit"]), "--out", str(out), "--methods", methods
+    )
     assert rc == 0, err
     assert "attention from '[CLS]'" in stdout and "replaced by [MEAN]" in stdout and "image_overlay.png" in stdout
     m = json.loads((out / "manifest.json").read_text())

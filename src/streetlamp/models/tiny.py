@@ -245,7 +245,7 @@ def _tiny_vit(
     (the Pillow one: no torchvision needed; resize to 32 x 32, scale to [0, 1], normalise with mean
     and std 0.5 as google/vit-base-patch16-224 does). ``initializer_range`` 0.2, as for the tiny
     decoders, so attention is far from uniform."""
-    cfg = ViTConfig(
+    cfg = cast(Any, ViTConfig)(
         hidden_size=d_model,
         num_hidden_layers=layers,
         num_attention_heads=heads,
@@ -261,7 +261,7 @@ def _tiny_vit(
     model = ViTForImageClassification(cfg)
     with torch.no_grad():  # HF initialises it to 0; a trained ViT's is not, so the [MEAN] patch's embedding
         # (the projection of a zero patch: this bias) differs from IG's zero-vector baseline, as on real models
-        model.vit.embeddings.patch_embeddings.projection.bias.normal_(0.0, 0.2)
+        cast(torch.Tensor, model.vit.embeddings.patch_embeddings.projection.bias).normal_(0.0, 0.2)
     model.set_attn_implementation(attn_implementation)
     proc = ViTImageProcessorPil(size={"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE})
     return model.eval(), proc
