@@ -194,7 +194,8 @@ class ModelAdapter:
                 "(bert, roberta, distilbert, gpt2, llama, ...), *ForCausalLM / GPT2LMHeadModel and "
                 "ViTForImageClassification"
             )
-        hf_model.set_attn_implementation(attention.register())
+        if not self.family.own_attention:  # DeBERTa-v2: hooks on its own module instead (models/deberta.py)
+            hf_model.set_attn_implementation(attention.register())
         hf_model.eval()
         self.hf_model = hf_model
         self.tokenizer = tokenizer
@@ -301,7 +302,7 @@ class ModelAdapter:
 
     def explained_position(self, length: int) -> int:
         """The position whose output is explained: [CLS] (0) for BERT-style classifiers, else the last token."""
-        if self.kind == "classifier" and self.family.name in ("bert", "roberta", "distilbert", "vit"):
+        if self.kind == "classifier" and self.family.name in ("bert", "roberta", "distilbert", "vit", "deberta-v2"):
             return 0
         return length - 1
 

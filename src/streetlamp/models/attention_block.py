@@ -55,6 +55,7 @@ DECOMPOSE: dict[str, NormPlacement] = {
     "gemma2": NormPlacement("sandwich", "post_attention_layernorm", "rmsnorm_1p"),
     "gemma3_text": NormPlacement("sandwich", "post_attention_layernorm", "rmsnorm_1p"),
     "vit": NormPlacement("pre", "layernorm_before", "layernorm"),
+    "deberta-v2": NormPlacement("post", "attention.output.LayerNorm", "layernorm"),
 }
 
 

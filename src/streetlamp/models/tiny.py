@@ -14,6 +14,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import (
     BertConfig,
     BertForSequenceClassification,
+    DebertaV2Config,
+    DebertaV2ForSequenceClassification,
     DistilBertConfig,
     DistilBertForSequenceClassification,
     Gemma2Config,
@@ -54,6 +56,7 @@ FAMILY_KINDS = {
     "roberta": "classifier",
     "distilbert": "classifier",
     "modernbert": "classifier",
+    "deberta-v2": "classifier",
     "gpt2": "causal_lm",
     "llama": "causal_lm",
     "qwen2": "causal_lm",
@@ -198,6 +201,29 @@ def tiny_model(
             **common,
         )
         model = ModernBertForSequenceClassification(cfg)
+    elif family == "deberta-v2":
+        # DeBERTa-v3's layout: c2p and p2c terms, query/key projections shared with the relative
+        # positions, log-bucketed relative distances (8 buckets: fewer than the test texts' tokens, so
+        # bucketing matters), layer-normed relative embeddings, no absolute position embeddings
+        cfg = cast(Any, DebertaV2Config)(
+            hidden_size=d_model,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=2 * d_model,
+            max_position_embeddings=64,
+            relative_attention=True,
+            pos_att_type=["p2c", "c2p"],
+            position_buckets=8,
+            max_relative_positions=64,
+            share_att_key=True,
+            norm_rel_ebd="layer_norm",
+            position_biased_input=False,
+            type_vocab_size=0,
+            pooler_hidden_size=d_model,
+            initializer_range=0.2,
+            **common,
+        )
+        model = DebertaV2ForSequenceClassification(cfg)
     elif family == "distilbert":
         cfg = DistilBertConfig(
             dim=d_model, n_layers=layers, n_heads=heads, hidden_dim=2 * d_model, max_position_embeddings=64, **common

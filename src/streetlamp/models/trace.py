@@ -153,6 +153,10 @@ class Session:
                     )
                 if self._wants(f"layers.{l}.resid_post"):
                     self._handles.append(layer.register_forward_hook(self._out_hook(f"layers.{l}.resid_post")))
+                if a.family.own_attention:
+                    from .deberta import deberta_hooks
+
+                    self._handles.extend(deberta_hooks(self, l, a.attn_modules[l]))
                 o_proj = a.o_proj_modules[l]
                 if l in self._head_out_layers:
                     self._handles.append(o_proj.register_forward_hook(self._head_out_hook(l, o_proj)))
