@@ -73,7 +73,7 @@ def test_saved_and_reloaded(tmp_path: Path, images: list[Path]) -> None:
     ref, _ = tiny_model("vit", seed=4)
     with torch.no_grad():
         want = ref(pixel_values=processed(a, images[0])).logits
-    torch.testing.assert_close(a.forward(a.encode(images[0])).logits, want, atol=0, rtol=0)
+    torch.testing.assert_close(a.forward(a.encode(images[0])).logits, want, atol=f32_tol(2), rtol=f32_tol(2))
 
 
 def test_tokens_are_cls_and_patches_row_by_row(vit64: ModelAdapter, images: list[Path]) -> None:
