@@ -191,7 +191,7 @@ def test_alti_decomposition_is_exact(tiny: ModelAdapter) -> None:
 
 
 def test_alti_unsupported_family_is_a_clear_error() -> None:
-    fake = types.SimpleNamespace(family=types.SimpleNamespace(name="vit"))
+    fake = types.SimpleNamespace(family=types.SimpleNamespace(name="no-such-family"))
     with pytest.raises(StreetlampError, match="supported: bert"):
         placement(fake)  # type: ignore[arg-type]
 
