@@ -116,9 +116,9 @@ FAMILIES: dict[str, Family] = {
 # Families whose attention transformers 5 does not compute through ALL_ATTENTION_FUNCTIONS (so ours
 # cannot be registered), or that need inputs streetlamp does not model yet: the reason is the error.
 UNSUPPORTED: dict[str, str] = {
-    "deberta": "DeBERTa v1 computes its disentangled attention inside its own module (XSoftmax) in "
-    "transformers 5, not through ALL_ATTENTION_FUNCTIONS, and streetlamp hooks only DeBERTa-v2/v3's "
-    "module (model_type 'deberta-v2'); convert or use a v2/v3 checkpoint",
+    "deberta": "DeBERTa v1 computes its disentangled attention inside its own module in transformers 5, "
+    "not through ALL_ATTENTION_FUNCTIONS, and streetlamp hooks only DeBERTa-v2/v3's module "
+    "(model_type 'deberta-v2'); use a v2/v3 checkpoint",
     "t5": "encoder-decoder models (T5, BART) are not supported yet",
     "bart": "encoder-decoder models (T5, BART) are not supported yet",
 }
