@@ -95,6 +95,11 @@ def _load(args: argparse.Namespace, settings: Settings):
         raise StreetlampError("--device and --device-map exclude each other: the map places the model")
     max_memory = parse_max_memory(getattr(args, "max_memory", None)) if device_map else None
     adapter = load(args.model)
+    if adapter.kind == "seq2seq" and not isinstance(settings, GenerationSettings):
+        raise StreetlampError(
+            f"{adapter.name} is an encoder-decoder ({adapter.family.name}): only explain-generation runs on it "
+            "(this command reads one stack of layers)"
+        )
     if device_map is not None:
         adapter.dispatch(max_memory, args.offload_folder, args.dtype)
     else:
@@ -586,7 +591,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_explain)
     s = sub.add_parser(
         "explain-generation",
-        help="causal LM: attribution of every generated (or given) token over the prompt and earlier tokens, "
+        help="causal LM or encoder-decoder (T5, BART): attribution of every generated (or given) token over the "
+        "prompt (source) and earlier tokens, "
         "with any method (default integrated gradients, one shared path)",
         parents=[shared_options(model="smollm2-135m", out="output folder (default runs/generation-<time>)")],
     )

@@ -27,7 +27,7 @@ from . import attention
 from .sites import FAMILIES, Family, site_names
 from .trace import Edit, Session
 
-Kind = Literal["classifier", "causal_lm"]
+Kind = Literal["classifier", "causal_lm", "seq2seq"]
 Quantity = Literal["prob", "logit", "logprob"]
 # When the asked-for replacement token does not exist (causal LMs have no [MASK]), use the next one.
 REPLACEMENT_FALLBACK = {"mask": ("mask", "unk", "pad", "eos"), "unk": ("unk", "pad", "eos"), "pad": ("pad", "eos")}

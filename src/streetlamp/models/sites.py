@@ -113,8 +113,6 @@ UNSUPPORTED: dict[str, str] = {
     "position-to-content scores from relative-position embeddings) is computed inside its own "
     "module in transformers 5, not through ALL_ATTENTION_FUNCTIONS, so streetlamp cannot record "
     "or edit it",
-    "t5": "encoder-decoder models (T5, BART) are not supported yet",
-    "bart": "encoder-decoder models (T5, BART) are not supported yet",
 }
 UNSUPPORTED["deberta-v2"] = UNSUPPORTED["deberta"]
 
@@ -122,7 +120,8 @@ UNSUPPORTED["deberta-v2"] = UNSUPPORTED["deberta"]
 def unsupported_message(model_type: str) -> str:
     """One line: why ``model_type`` cannot be loaded, and the supported families."""
     why = UNSUPPORTED.get(model_type, "not supported")
-    return f"model type {model_type!r}: {why}; supported: {', '.join(sorted(FAMILIES))}"
+    # the encoder-decoders (models/seq2seq.py) after the single-stack families
+    return f"model type {model_type!r}: {why}; supported: {', '.join(sorted(FAMILIES))}; encoder-decoder: bart, t5"
 
 
 def site_names(n_layers: int) -> list[str]:
