@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -124,6 +125,11 @@ def test_save_reload_and_site_names(tmp_path: Path) -> None:
         assert "decoder.layers.0.cross_attn.v" in names and "layers.0.attn.pattern" not in names
         d = adapter.describe()
         assert d["encoder_layers"] == d["decoder_layers"] == 2 and d["family"] == fam
+    # an encoder-decoder checkpoint of another head is refused in one line, before any weights load
+    cfg = json.loads((tmp_path / "t5" / "config.json").read_text())
+    (tmp_path / "t5" / "config.json").write_text(json.dumps({**cfg, "architectures": ["T5EncoderModel"]}))
+    with pytest.raises(StreetlampError, match=r"load as \*ForConditionalGeneration"):
+        streetlamp.load(str(tmp_path / "t5"))
 
 
 def test_site_names_of_the_other_kind_are_one_line() -> None:

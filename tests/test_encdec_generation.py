@@ -140,7 +140,14 @@ def test_cli_greedy_default_ig(dirs: dict[str, Path], tmp_path: Path, capsys: py
         (["explain-generation", "the movie", "--methods", "occlusion"], "explain-generation runs attention"),
         (["explain-generation", "the movie", "--continuation", "zebra"], "unknown token"),
         (
-            ["explain-generation", "the movie", "--methods", "attention", "--method-params", '{"attention": {"layer": 7}}'],
+            [
+                "explain-generation",
+                "the movie",
+                "--methods",
+                "attention",
+                "--method-params",
+                '{"attention": {"layer": 7}}',
+            ],
             "the decoder has 2 layers",
         ),
     ],

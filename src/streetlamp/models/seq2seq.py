@@ -89,9 +89,7 @@ SEQ2SEQ_FAMILIES: dict[str, Seq2SeqFamily] = {
 }
 ATTN_SITES = ("v", "pattern", "z", "out")
 ENCODER_SITES = tuple(f"attn.{s}" for s in ATTN_SITES) + ("mlp.out", "resid_post")
-DECODER_SITES = (
-    tuple(f"{k}.{s}" for k in ("self_attn", "cross_attn") for s in ATTN_SITES) + ("mlp.out", "resid_post")
-)
+DECODER_SITES = tuple(f"{k}.{s}" for k in ("self_attn", "cross_attn") for s in ATTN_SITES) + ("mlp.out", "resid_post")
 # what each attention site family is, for docs, manifests and errors
 SITE_FAMILIES = {
     "encoder.attn": "encoder self-attention (source over source, bidirectional)",
@@ -211,7 +209,9 @@ class Seq2SeqAdapter(ModelAdapter):
             )
         arch = type(hf_model).__name__
         if not arch.endswith("ForConditionalGeneration"):
-            raise StreetlampError(f"unsupported architecture {arch}; encoder-decoders load as *ForConditionalGeneration")
+            raise StreetlampError(
+                f"unsupported architecture {arch}; encoder-decoders load as *ForConditionalGeneration"
+            )
         self.seq2seq = f = SEQ2SEQ_FAMILIES[model_type]
         self.kind = "seq2seq"
         hf_model.set_attn_implementation(attention.register())
@@ -304,7 +304,9 @@ class Seq2SeqAdapter(ModelAdapter):
             raise StreetlampError(f"the target {text!r} has no tokens")
         unk = self.tokenizer.unk_token_id
         if unk is not None and unk in ids:
-            raise StreetlampError(f"the target {text!r} has text this tokenizer cannot encode (it becomes the unknown token)")
+            raise StreetlampError(
+                f"the target {text!r} has text this tokenizer cannot encode (it becomes the unknown token)"
+            )
         return ids
 
     # -- single-stack passes ---------------------------------------------------------------------

@@ -318,7 +318,7 @@ def tiny_seq2seq(
     tok = seq2seq_tokenizer(family)
     model: PreTrainedModel
     if family == "t5":
-        cfg: Any = T5Config(
+        cfg: Any = cast(Any, T5Config)(  # decoder_start_token_id is a PretrainedConfig keyword
             vocab_size=len(tok),
             d_model=d_model,
             d_kv=d_model // heads,
@@ -336,7 +336,7 @@ def tiny_seq2seq(
         )
         model = T5ForConditionalGeneration(cfg)
     else:
-        cfg = BartConfig(
+        cfg = cast(Any, BartConfig)(
             vocab_size=len(tok),
             d_model=d_model,
             encoder_layers=layers,
@@ -355,8 +355,6 @@ def tiny_seq2seq(
             bos_token_id=tok.bos_token_id,
             eos_token_id=tok.eos_token_id,
             decoder_start_token_id=tok.eos_token_id,
-            forced_bos_token_id=None,
-            forced_eos_token_id=None,
         )
         model = BartForConditionalGeneration(cfg)
     model.set_attn_implementation(attn_implementation)

@@ -163,8 +163,15 @@ def explain_seq2seq_generation(
             matrices[name] = ig.cpu().numpy() * allowed
             comp = np.stack(
                 [
-                    np.array([rec["delta"][j], rec["relative_error"][j], float(fends[0, j]), float(fends[1, j]),
-                              rec["sum_attributions"][j]])
+                    np.array(
+                        [
+                            rec["delta"][j],
+                            rec["relative_error"][j],
+                            float(fends[0, j]),
+                            float(fends[1, j]),
+                            rec["sum_attributions"][j],
+                        ]
+                    )
                     for j in range(k)
                 ]
             )
@@ -263,11 +270,11 @@ def explain_seq2seq_generation(
     for name, mat in matrices.items():
         if len(matrices) > 1:
             res.summary.append(f"{name}:")
-        for j, g in enumerate(generated):
+        for j, word in enumerate(generated):
             row = mat[j, : S + j + 1]
             top = np.argsort(-np.abs(row), kind="stable")[:3]
             res.summary.append(
-                f"  {g!r:>14} <- "
+                f"  {word!r:>14} <- "
                 + ", ".join(f"{'src' if i < S else 'tgt'}:{labels[i]!r}@{i} {row[i]:+.3f}" for i in top)
             )
     return res
