@@ -162,3 +162,28 @@ def test_methods_conformance_on_an_encoder_decoder() -> None:
         if name in ("rollout", "flow", "gradient_rollout"):
             assert "two stacks joined by cross-attention" in msg
     assert set(SEQ2SEQ_METHODS) <= set(REGISTRY)
+
+
+def test_gated_t5_flan_layout() -> None:
+    """T5 v1.1 / Flan-T5: gated-GELU feed-forward (``wi_0``, ``wi_1``, ``wo``), untied LM head."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from streetlamp.models.tiny import seq2seq_tokenizer
+
+    tok = seq2seq_tokenizer("t5")
+    torch.manual_seed(0)
+    cfg = T5Config(
+        vocab_size=len(tok), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+        feed_forward_proj="gated-gelu", tie_word_embeddings=False, dropout_rate=0.0,
+    )  # fmt: skip
+    adapter = Seq2SeqAdapter(T5ForConditionalGeneration(cfg).double().eval(), tok, "flan")
+    twin = copy.deepcopy(adapter.hf_model)
+    twin.set_attn_implementation("eager")
+    src, dec = _io(adapter)
+    fwd = adapter.run(src, dec, record=["decoder.layers.1.*"])
+    with torch.no_grad():
+        ref = twin(input_ids=src, decoder_input_ids=dec, output_attentions=True)
+    assert (fwd.logits - ref.logits).abs().max() <= F64_TOL
+    assert (fwd.cache["decoder.layers.1.cross_attn.pattern"] - ref.cross_attentions[1]).abs().max() <= F64_TOL
+    ff = adapter.decoder_layers[1].layer[2].DenseReluDense
+    assert type(ff).__name__ == "T5DenseGatedActDense" and fwd.cache["decoder.layers.1.mlp.out"].shape == (1, 5, 32)

@@ -133,8 +133,9 @@ def test_cli_greedy_default_ig(dirs: dict[str, Path], tmp_path: Path, capsys: py
 @pytest.mark.parametrize(
     "argv,needle",
     [
-        (["explain", "the movie"], "only explain-generation runs on it"),
-        (["lens", "the movie"], "only explain-generation runs on it"),
+        (["explain", "the movie"], "explain reads one stack of layers"),
+        (["lens", "the movie"], "lens reads one stack of layers"),
+        (["probe", "--task", "pos"], "probe reads one stack of layers"),
         (["explain-generation", "the movie", "--methods", "rollout"], "two stacks joined by cross-attention"),
         (["explain-generation", "the movie", "--methods", "alti"], "cross-attention hop"),
         (["explain-generation", "the movie", "--methods", "occlusion"], "explain-generation runs attention"),

@@ -95,11 +95,10 @@ def _load(args: argparse.Namespace, settings: Settings):
         raise StreetlampError("--device and --device-map exclude each other: the map places the model")
     max_memory = parse_max_memory(getattr(args, "max_memory", None)) if device_map else None
     adapter = load(args.model)
-    if adapter.kind == "seq2seq" and not isinstance(settings, GenerationSettings):
-        raise StreetlampError(
-            f"{adapter.name} is an encoder-decoder ({adapter.family.name}): only explain-generation runs on it "
-            "(this command reads one stack of layers)"
-        )
+    if not isinstance(settings, GenerationSettings):
+        from .models.seq2seq import require_one_stack
+
+        require_one_stack(adapter, args.command)
     if device_map is not None:
         adapter.dispatch(max_memory, args.offload_folder, args.dtype)
     else:
@@ -475,6 +474,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     adapters = {}
     for name in args.model or [DEFAULT_MODEL]:
         a = load(name)
+        from .models.seq2seq import require_one_stack
+
+        require_one_stack(a, "serve")
         adapters[a.name] = a.to(args.device)
     serve(adapters, args.host, args.port, args.allow_remote, args.runs, args.timeout, args.queue)
     return 0

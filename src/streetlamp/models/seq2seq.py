@@ -134,6 +134,15 @@ def refusal(method: str, model: str) -> str:
     )
 
 
+def require_one_stack(adapter: ModelAdapter, command: str) -> None:
+    """One line for a command that reads one stack of layers when given an encoder-decoder."""
+    if adapter.kind == "seq2seq":
+        raise StreetlampError(
+            f"{command} reads one stack of layers; {adapter.name} is an encoder-decoder ({adapter.family.name}): "
+            "only explain-generation runs on it"
+        )
+
+
 @dataclass
 class Seq2SeqForward:
     logits: torch.Tensor  # [batch, tgt, vocab]: the next-token logits after each decoder input
@@ -235,7 +244,12 @@ class Seq2SeqAdapter(ModelAdapter):
         self.site_names = seq2seq_site_names(self.n_encoder_layers, self.n_decoder_layers)
         # BART's learned positions bound both sides; T5's relative buckets do not (512: its training length)
         self.max_positions = int(getattr(cfg, "max_position_embeddings", None) or 512)
-        self.decoder_start_token_id = int(cfg.decoder_start_token_id)
+        # the config's, else the pad token (T5's convention, what transformers' T5 falls back to)
+        start = getattr(cfg, "decoder_start_token_id", None)
+        start = start if start is not None else getattr(cfg, "pad_token_id", None)
+        if start is None:
+            raise StreetlampError(f"{name}: the config has no decoder_start_token_id (nor a pad token to start with)")
+        self.decoder_start_token_id = int(start)
 
     def describe(self) -> dict:
         d = super().describe()
