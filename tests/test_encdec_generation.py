@@ -160,3 +160,25 @@ def test_bad_input_is_one_line_and_writes_nothing(
     rc = main([*argv, "--model", str(dirs["t5"]), "--out", str(out)])
     err = capsys.readouterr().err
     assert rc == 2 and needle in err and err.count("\n") == 1 and not out.exists()
+
+
+def test_conformance_of_the_methods_that_apply(tmp_path: Path) -> None:
+    """The capability flags the registry's conformance test checks, for the encoder-decoder path: no
+    method is stochastic (another seed, the same matrices), and only the gradient methods need
+    gradients (attention runs with autograd off)."""
+    model, tok = tiny_seq2seq("bart", seed=4)
+    adapter = Seq2SeqAdapter(model, tok, "tiny-bart")
+    methods = ["attention", "saliency", "gradient_x_input", "integrated_gradients"]
+    runs = [
+        explain_generation(
+            adapter, SOURCE, tmp_path / str(seed), continuation=TARGET, methods=methods, ig_params=GL4, seed=seed
+        )
+        for seed in (0, 7)
+    ]
+    assert runs[0].matrices.keys() == runs[1].matrices.keys()
+    for name, mat in runs[0].matrices.items():
+        assert np.array_equal(mat, runs[1].matrices[name]), name
+    with torch.inference_mode():  # attention needs no gradient
+        res = explain_generation(adapter, SOURCE, tmp_path / "inf", continuation=TARGET, methods=["attention"])
+    np.testing.assert_array_equal(res.matrices["attention.cross_attn"], runs[0].matrices["attention.cross_attn"])
+    assert np.all(runs[0].matrices["saliency"] >= 0)

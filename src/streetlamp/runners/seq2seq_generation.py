@@ -243,6 +243,7 @@ def explain_seq2seq_generation(
             "model": adapter.describe(),
             "encoder_decoder": True,
             "source": source,
+            "prompt": source,  # the report viewer's field
             "source_tokens": S,
             "tokens": tokens,
             "token_labels": labels,
@@ -259,7 +260,12 @@ def explain_seq2seq_generation(
             body["baseline_used"] = ig_info["baseline_used"]
             body["gradient_evaluations"] = rec["gradient_evaluations"]
             body["per_token"] = [
-                {"generated": g, "converged": rec["converged"], "relative_completeness_error": rec["relative_error"][j]}
+                {
+                    "generated": g,
+                    "converged": rec["converged"],
+                    "steps": rec["steps"],
+                    "relative_completeness_error": rec["relative_error"][j],
+                }
                 for j, g in enumerate(generated)
             ]
         w.write_manifest({**body, "seconds": round(secs, 2), "seed": seed})
