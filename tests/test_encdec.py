@@ -187,3 +187,15 @@ def test_gated_t5_flan_layout() -> None:
     assert (fwd.cache["decoder.layers.1.cross_attn.pattern"] - ref.cross_attentions[1]).abs().max() <= F64_TOL
     ff = adapter.decoder_layers[1].layer[2].DenseReluDense
     assert type(ff).__name__ == "T5DenseGatedActDense" and fwd.cache["decoder.layers.1.mlp.out"].shape == (1, 5, 32)
+
+
+def test_unroutable_encoder_decoder_is_one_line() -> None:
+    from transformers import BartForConditionalGeneration
+
+    class OwnAttentionBartForConditionalGeneration(BartForConditionalGeneration):
+        _can_set_attn_implementation_cached_value = False  # what transformers concludes for such a class
+
+    model, tok = tiny_seq2seq("bart")
+    with pytest.raises(StreetlampError) as e:
+        Seq2SeqAdapter(OwnAttentionBartForConditionalGeneration(model.config), tok, "own")
+    assert "attention cannot be routed" in str(e.value) and "\n" not in str(e.value)

@@ -41,6 +41,18 @@ def at_least_float32(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.float64 else t.float()
 
 
+def route_attention(hf_model: PreTrainedModel) -> None:
+    """Route the model's attention through streetlamp's function, or refuse in one line."""
+    hf_model.set_attn_implementation(attention.register())
+    routed = getattr(hf_model.config, "_attn_implementation", None)
+    if routed != attention.ATTN_IMPLEMENTATION:  # transformers only warns and keeps its own
+        raise StreetlampError(
+            f"{type(hf_model).__name__}'s attention cannot be routed through streetlamp's attention function (its "
+            f"attention modules do not call ALL_ATTENTION_FUNCTIONS; transformers kept attn_implementation={routed!r}), "
+            "so streetlamp could neither record nor edit it"
+        )
+
+
 def _get(root: nn.Module, path: str) -> nn.Module:
     m = root
     for part in path.split("."):
@@ -180,7 +192,7 @@ class ModelAdapter:
                 f"unsupported architecture {arch}; supported: *ForSequenceClassification "
                 "(bert, roberta, distilbert, gpt2, llama) and *ForCausalLM / GPT2LMHeadModel"
             )
-        hf_model.set_attn_implementation(attention.register())
+        route_attention(hf_model)
         hf_model.eval()
         self.hf_model = hf_model
         self.tokenizer = tokenizer

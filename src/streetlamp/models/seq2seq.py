@@ -36,8 +36,7 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import StreetlampError
-from . import attention
-from .adapter import ModelAdapter, _get
+from .adapter import ModelAdapter, _get, route_attention
 from .sites import Family
 from .trace import Edit, Session
 
@@ -223,7 +222,7 @@ class Seq2SeqAdapter(ModelAdapter):
             )
         self.seq2seq = f = SEQ2SEQ_FAMILIES[model_type]
         self.kind = "seq2seq"
-        hf_model.set_attn_implementation(attention.register())
+        route_attention(hf_model)
         hf_model.eval()
         self.hf_model, self.tokenizer, self.name, self.source = hf_model, tokenizer, name, source
         tokenizer.padding_side = "right"
