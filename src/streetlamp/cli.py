@@ -604,8 +604,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--continuation",
         default=None,
-        help="forced decoding: explain this given continuation (re-tokenised after the prompt) instead of "
-        "generating greedily",
+        help="forced decoding: explain this given continuation (causal LM: re-tokenised after the prompt; "
+        "encoder-decoder: the target text, tokenised alone) instead of generating greedily",
     )
     s.add_argument(
         "--methods",
