@@ -95,6 +95,10 @@ def _load(args: argparse.Namespace, settings: Settings):
         raise StreetlampError("--device and --device-map exclude each other: the map places the model")
     max_memory = parse_max_memory(getattr(args, "max_memory", None)) if device_map else None
     adapter = load(args.model)
+    if not isinstance(settings, GenerationSettings):
+        from .models.seq2seq import require_one_stack
+
+        require_one_stack(adapter, args.command)
     if device_map is not None:
         adapter.dispatch(max_memory, args.offload_folder, args.dtype)
     else:
@@ -470,6 +474,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     adapters = {}
     for name in args.model or [DEFAULT_MODEL]:
         a = load(name)
+        from .models.seq2seq import require_one_stack
+
+        require_one_stack(a, "serve")
         adapters[a.name] = a.to(args.device)
     serve(adapters, args.host, args.port, args.allow_remote, args.runs, args.timeout, args.queue)
     return 0
@@ -586,7 +593,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_explain)
     s = sub.add_parser(
         "explain-generation",
-        help="causal LM: attribution of every generated (or given) token over the prompt and earlier tokens, "
+        help="causal LM or encoder-decoder (T5, BART): attribution of every generated (or given) token over the "
+        "prompt (source) and earlier tokens, "
         "with any method (default integrated gradients, one shared path)",
         parents=[shared_options(model="smollm2-135m", out="output folder (default runs/generation-<time>)")],
     )
@@ -596,8 +604,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--continuation",
         default=None,
-        help="forced decoding: explain this given continuation (re-tokenised after the prompt) instead of "
-        "generating greedily",
+        help="forced decoding: explain this given continuation (causal LM: re-tokenised after the prompt; "
+        "encoder-decoder: the target text, tokenised alone) instead of generating greedily",
     )
     s.add_argument(
         "--methods",

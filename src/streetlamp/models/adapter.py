@@ -27,7 +27,7 @@ from . import attention
 from .sites import FAMILIES, Family, site_names
 from .trace import Edit, Session
 
-Kind = Literal["classifier", "causal_lm"]
+Kind = Literal["classifier", "causal_lm", "seq2seq"]
 Modality = Literal["text", "image"]
 Quantity = Literal["prob", "logit", "logprob"]
 # When the asked-for replacement token does not exist (causal LMs have no [MASK]), use the next one.
@@ -40,6 +40,18 @@ STRUCTURAL_SPECIALS = ("cls", "sep", "bos", "eos", "pad")
 def at_least_float32(t: torch.Tensor) -> torch.Tensor:
     """``t`` in float32, or float64 if it already is (half precision is upcast, double is kept)."""
     return t if t.dtype == torch.float64 else t.float()
+
+
+def route_attention(hf_model: PreTrainedModel) -> None:
+    """Route the model's attention through streetlamp's function, or refuse in one line."""
+    hf_model.set_attn_implementation(attention.register())
+    routed = getattr(hf_model.config, "_attn_implementation", None)
+    if routed != attention.ATTN_IMPLEMENTATION:  # transformers only warns and keeps its own
+        raise StreetlampError(
+            f"{type(hf_model).__name__}'s attention cannot be routed through streetlamp's attention function (its "
+            f"attention modules do not call ALL_ATTENTION_FUNCTIONS; transformers kept attn_implementation={routed!r}), "
+            "so streetlamp could neither record nor edit it"
+        )
 
 
 def _get(root: nn.Module, path: str) -> nn.Module:
@@ -195,14 +207,7 @@ class ModelAdapter:
                 "ViTForImageClassification"
             )
         if not self.family.own_attention:  # DeBERTa-v2: hooks on its own module instead (models/deberta.py)
-            hf_model.set_attn_implementation(attention.register())
-            routed = getattr(hf_model.config, "_attn_implementation", None)
-            if routed != attention.ATTN_IMPLEMENTATION:  # transformers only warns and keeps its own
-                raise StreetlampError(
-                    f"{arch}'s attention cannot be routed through streetlamp's attention function (its attention "
-                    f"modules do not call ALL_ATTENTION_FUNCTIONS; transformers kept attn_implementation={routed!r}), "
-                    "so streetlamp could neither record nor edit it"
-                )
+            route_attention(hf_model)
         hf_model.eval()
         self.hf_model = hf_model
         self.tokenizer = tokenizer

@@ -119,15 +119,14 @@ UNSUPPORTED: dict[str, str] = {
     "deberta": "DeBERTa v1 computes its disentangled attention inside its own module in transformers 5, "
     "not through ALL_ATTENTION_FUNCTIONS, and streetlamp hooks only DeBERTa-v2/v3's module "
     "(model_type 'deberta-v2'); use a v2/v3 checkpoint",
-    "t5": "encoder-decoder models (T5, BART) are not supported yet",
-    "bart": "encoder-decoder models (T5, BART) are not supported yet",
 }
 
 
 def unsupported_message(model_type: str) -> str:
     """One line: why ``model_type`` cannot be loaded, and the supported families."""
     why = UNSUPPORTED.get(model_type, "not supported")
-    return f"model type {model_type!r}: {why}; supported: {', '.join(sorted(FAMILIES))}"
+    # the encoder-decoders (models/seq2seq.py) after the single-stack families
+    return f"model type {model_type!r}: {why}; supported: {', '.join(sorted(FAMILIES))}; encoder-decoder: bart, t5"
 
 
 def site_names(n_layers: int) -> list[str]:

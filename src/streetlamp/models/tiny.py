@@ -12,6 +12,8 @@ from typing import Any, cast
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import (
+    BartConfig,
+    BartForConditionalGeneration,
     BertConfig,
     BertForSequenceClassification,
     DebertaV2Config,
@@ -40,6 +42,8 @@ from transformers import (
     Qwen3ForCausalLM,
     RobertaConfig,
     RobertaForSequenceClassification,
+    T5Config,
+    T5ForConditionalGeneration,
     ViTConfig,
     ViTForImageClassification,
     ViTImageProcessorPil,
@@ -343,9 +347,88 @@ def _modern_decoder(
     return Gemma3ForCausalLM(Gemma3TextConfig(**gemma))
 
 
+# Encoder-decoders (kind "seq2seq"), kept apart from FAMILY_KINDS: the single-stack tests iterate that.
+# Special tokens as the published tokenizers lay them out: T5 appends </s> (no BOS; <pad> also starts
+# the decoder), BART wraps a text in <s> ... </s> and starts the decoder with </s>.
+SEQ2SEQ_SPECIALS: dict[str, tuple[dict[str, str], str]] = {
+    "t5": ({"pad": "<pad>", "eos": "</s>", "unk": "<unk>"}, "$A </s>"),
+    "bart": ({"bos": "<s>", "pad": "<pad>", "eos": "</s>", "unk": "<unk>", "mask": "<mask>"}, "<s> $A </s>"),
+}
+
+
+def seq2seq_tokenizer(family: str) -> PreTrainedTokenizerFast:
+    """The tiny word-level tokenizer with ``family``'s special tokens and template (SEQ2SEQ_SPECIALS)."""
+    names, template = SEQ2SEQ_SPECIALS[family]
+    vocab = {t: i for i, t in enumerate(list(names.values()) + list(WORDS) + [",", ".", "!"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=names["unk"]))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace()])
+    used = [t for t in names.values() if t in template]
+    tok.post_processor = processors.TemplateProcessing(single=template, special_tokens=[(t, vocab[t]) for t in used])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **{f"{k}_token": v for k, v in names.items()})
+
+
+def tiny_seq2seq(
+    family: str, seed: int = 0, layers: int = 2, heads: int = 4, d_model: int = 32, attn_implementation: str = "eager"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """A random T5ForConditionalGeneration or BartForConditionalGeneration at toy size.
+
+    T5: relative position buckets few enough (8, max distance 16) that the test texts fill several, a
+    bias only in the first layer of each stack (as T5 has it), no query scaling (T5's), tied embeddings
+    (so the LM head is scaled by d_model^-0.5). BART: learned positions, scaled embeddings
+    (``scale_embedding``) and initializer_range 0.2, so the patterns are far from uniform."""
+    if family not in SEQ2SEQ_SPECIALS:
+        raise ValueError(f"no tiny encoder-decoder for family {family!r}; have {sorted(SEQ2SEQ_SPECIALS)}")
+    torch.manual_seed(seed)
+    tok = seq2seq_tokenizer(family)
+    model: PreTrainedModel
+    if family == "t5":
+        cfg: Any = cast(Any, T5Config)(  # decoder_start_token_id is a PretrainedConfig keyword
+            vocab_size=len(tok),
+            d_model=d_model,
+            d_kv=d_model // heads,
+            d_ff=2 * d_model,
+            num_layers=layers,
+            num_decoder_layers=layers,
+            num_heads=heads,
+            relative_attention_num_buckets=8,
+            relative_attention_max_distance=16,
+            dropout_rate=0.0,
+            feed_forward_proj="relu",
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+            decoder_start_token_id=tok.pad_token_id,
+        )
+        model = T5ForConditionalGeneration(cfg)
+    else:
+        cfg = cast(Any, BartConfig)(
+            vocab_size=len(tok),
+            d_model=d_model,
+            encoder_layers=layers,
+            decoder_layers=layers,
+            encoder_attention_heads=heads,
+            decoder_attention_heads=heads,
+            encoder_ffn_dim=2 * d_model,
+            decoder_ffn_dim=2 * d_model,
+            max_position_embeddings=64,
+            init_std=0.2,
+            dropout=0.0,
+            attention_dropout=0.0,
+            activation_dropout=0.0,
+            scale_embedding=True,
+            pad_token_id=tok.pad_token_id,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            decoder_start_token_id=tok.eos_token_id,
+        )
+        model = BartForConditionalGeneration(cfg)
+    model.set_attn_implementation(attn_implementation)
+    return model.eval(), tok
+
+
 def save_tiny(family: str, path: str | Path, seed: int = 0, **kw: Any) -> Path:
-    """Save ``tiny_model(family)`` and its tokenizer (image processor for ViT) as a checkpoint folder."""
-    model, tok = tiny_model(family, seed=seed, **kw)
+    """Save ``tiny_model(family)`` (``tiny_seq2seq`` for T5/BART) and its tokenizer (image processor for
+    ViT) as a checkpoint folder."""
+    model, tok = (tiny_seq2seq if family in SEQ2SEQ_SPECIALS else tiny_model)(family, seed=seed, **kw)
     path = Path(path)
     model.save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
