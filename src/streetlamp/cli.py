@@ -317,6 +317,7 @@ def cmd_replicate(args: argparse.Namespace) -> int:
         adv_layers=args.adv_layers,
         eps=args.eps,
         head_examples=args.head_examples,
+        layers=args.layers,
     )
     adapter = load(args.model)
     adapter.to(args.device, args.dtype)
@@ -773,6 +774,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--head-examples", type=int, default=0, help="per dataset, the first K examples also get per-head zeroing (-1: all)"
     )
+    s.add_argument("--layers", default="all", help="layers with interventions: all, every:K or a comma list")
     s.add_argument("--chunk-size", type=int, default=4, help="examples per stored chunk (unit of resumption)")
     s.set_defaults(func=cmd_replicate)
     s = sub.add_parser(

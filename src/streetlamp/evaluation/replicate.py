@@ -21,6 +21,9 @@ Per example:
   (the token deleted on a causal LM, [MASK] on a masked LM, as :func:`~..methods.scorer.occlusion_replacement`).
   Per head (``head{L}.{H}``: that head's row) and per layer (``layer{L}``: the mean row over heads);
   ``model / tau_gradient_loo`` is the two non-attention rankings' own agreement, the ceiling to compare with.
+Interventions run at the layers of ``ReplicateSettings.layers`` (default all; the taus are always computed
+for every layer and head, at no extra cost).
+
 * Jain & Wallace, counterfactual attention per layer: ``perm_tvd_median`` (the explained row of every head
   permuted), and at ``adv_layers`` evenly spaced layers ``adv_js`` / ``adv_tvd`` (see :mod:`.counterfactual`).
 * Serrano & Smith (ACL 2019), per layer: zero one item in every head and query row of the layer and
@@ -40,6 +43,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from ..errors import StreetlampError
 from ..methods.registry import get_method
 from ..methods.scorer import occlusion_replacement, perturbed_row
 from ..models.adapter import Inputs, ModelAdapter, Target, at_least_float32
@@ -60,6 +64,7 @@ class ReplicateSettings:
     adv_layers: int = 3  # evenly spaced layers (first and last included) that get the adversarial search
     eps: float = 0.01
     head_examples: int = 0  # per dataset, the first K examples also get per-head zeroing (-1: all)
+    layers: str = "all"  # the layers that get interventions (all, every:K or a comma list); taus: every layer
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -100,6 +105,25 @@ class Decision:
         if len(c) == 2:
             return Target(index=c[pred], contrast=c[1 - pred], quantity="logit")
         raise ValueError("a decision space of candidates needs exactly two of them")
+
+
+def intervention_layers(n_layers: int, spec: str) -> list[int]:
+    """``all``; ``every:K`` = layers 0, K, 2K, ... and the last; or a comma list of layer numbers."""
+    spec = spec.strip()
+    if spec == "all":
+        return list(range(n_layers))
+    try:
+        if spec.startswith("every:"):
+            k = int(spec[6:])
+            if k < 1:
+                raise ValueError
+            return sorted(set(range(0, n_layers, k)) | {n_layers - 1})
+        out = sorted({int(x) for x in spec.split(",") if x.strip()})
+    except ValueError:
+        raise StreetlampError(f"--layers must be all, every:K (K >= 1) or a comma list of layers (got {spec!r})") from None
+    if not out or out[0] < 0 or out[-1] >= n_layers:
+        raise StreetlampError(f"--layers {spec!r}: the model has layers 0..{n_layers - 1}")
+    return out
 
 
 def adv_layers(n_layers: int, k: int) -> list[int]:
@@ -236,7 +260,8 @@ def replicate_chunk(
         )
 
     # -- Serrano & Smith: zero one item per layer (every head), and per head -------------------------
-    for l in range(n_l):
+    layers_i = intervention_layers(n_l, s.layers)
+    for l in layers_i:
         keeps, owner, names = [], [], []
         for b, e in enumerate(examples):
             if not e.items.any():
@@ -285,7 +310,7 @@ def replicate_chunk(
     # -- Jain & Wallace: permuted and adversarial attention; Wiegreffe & Pinter: uniform --------------
     cf = s.counterfactual()
     adv = set(adv_layers(n_l, s.adv_layers))
-    for l in range(n_l):
+    for l in sorted(set(layers_i) | adv):
         perm = cf.permutations(adapter, inp, probs_np, l, seeds, budget, decision.project, att_layers[l])
         for b, e in enumerate(examples):
             add(e.id, f"layer{l:02d}", "perm_tvd_median", perm[b])
@@ -295,7 +320,7 @@ def replicate_chunk(
                 add(e.id, f"layer{l:02d}", "adv_js", js[b])
                 add(e.id, f"layer{l:02d}", "adv_tvd", tvd[b])
                 add(e.id, f"layer{l:02d}", "adv_exists", js[b] >= cf.js_threshold)
-    for name, layers in [(f"layer{l:02d}", [l]) for l in range(n_l)] + [("all_layers", None)]:
+    for name, layers in [(f"layer{l:02d}", [l]) for l in layers_i] + [("all_layers", None)]:
         u = decision.project(torch.as_tensor(cf.uniform(adapter, inp, budget, layers)))
         tv = total_variation_t(u, probs).numpy()
         for b, e in enumerate(examples):

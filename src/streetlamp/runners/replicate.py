@@ -20,7 +20,14 @@ import pandas as pd
 from .. import progress
 from ..data import load_dataset, sample_indices
 from ..errors import StreetlampError
-from ..evaluation.replicate import Decision, ReplicateSettings, TaskExample, adv_layers, replicate_chunk
+from ..evaluation.replicate import (
+    Decision,
+    ReplicateSettings,
+    TaskExample,
+    adv_layers,
+    intervention_layers,
+    replicate_chunk,
+)
 from ..models.adapter import ModelAdapter
 from ..stats import bootstrap_ci
 from ..store import RunStore
@@ -146,6 +153,7 @@ def replicate(
             raise StreetlampError(f"{flag} must be at least {lo}")
     if adapter is None:
         adapter = load(model)
+    intervention_layers(adapter.n_layers, settings.layers)  # a bad --layers: refused before the store exists
     tasks, infos, offset = [], {}, 0
     for name in data:  # every check before the store is touched
         decision, examples, info = prepare(adapter, name, limit, settings.seed, settings.head_examples, offset)
