@@ -21,7 +21,7 @@ from streetlamp.models.adapter import Inputs, ModelAdapter
 from streetlamp.models.tiny import tiny_model
 from streetlamp.stats import bootstrap_ci
 
-TEXTS = ["the movie was not good but the acting was great", "i loved it and it was fun", "the plot was boring"]
+TEXTS = ["the movie was not good but the acting was great", "i loved it and it was fun"]
 SEED = 5
 
 
@@ -287,3 +287,37 @@ def test_summary_uses_the_bootstrap_per_dataset() -> None:
     assert parse_data("movies, recall,movies") == ["movies", "recall"]
     with pytest.raises(StreetlampError):
         parse_data("movies,imdb")
+
+
+def test_intervention_layers_and_bad_specs() -> None:
+    from streetlamp.evaluation.replicate import intervention_layers
+
+    assert intervention_layers(30, "every:3") == [0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 29]
+    assert intervention_layers(4, "all") == [0, 1, 2, 3] and intervention_layers(4, "3,1") == [1, 3]
+    for bad in ("every:0", "4", "x", "-1"):
+        with pytest.raises(StreetlampError):
+            intervention_layers(4, bad)
+
+
+def test_runner_resumes_and_refuses_bad_input(llama: ModelAdapter, tmp_path, monkeypatch) -> None:
+    """The command on a tiny causal LM: one folder, resumable; bad input refused before anything is written."""
+    import streetlamp.runners.replicate as rr
+    from streetlamp.data.loaders import Dataset, Example
+
+    ds = Dataset("recall", "test", [Example("r-0", "the capital of france is", "paris"), Example("r-1", "i loved it", "and")])
+    monkeypatch.setattr(rr, "load_dataset", lambda name: Dataset(ds.name, ds.source, list(ds.examples)))
+    s = ReplicateSettings(permutations=1, adv_steps=1, adv_layers=0, layers="1")
+    out = tmp_path / "run"
+    res = rr.replicate("tiny", ["recall"], out, s, chunk_size=1, adapter=llama)
+    assert res.n_computed_chunks == 2 and (out / "summary.md").exists() and (out / "manifest.json").exists()
+    methods = set(res.summary.method)
+    assert "layer01" in methods and "layer00" in methods  # layer 0: taus only
+    assert not res.summary[(res.summary.method == "layer00") & (res.summary.metric == "uniform_tvd")].shape[0]
+    again = rr.replicate("tiny", ["recall"], out, s, chunk_size=1, adapter=llama)
+    assert again.n_computed_chunks == 0 and again.summary.equals(res.summary)
+    m, t = tiny_model("bert", seed=3)
+    with pytest.raises(StreetlampError, match="not a causal LM"):
+        rr.replicate("tiny", ["recall"], tmp_path / "bert", s, adapter=ModelAdapter(m, t, "tiny-bert"))
+    with pytest.raises(StreetlampError, match="--layers"):
+        rr.replicate("tiny", ["recall"], tmp_path / "bad", ReplicateSettings(layers="9"), adapter=llama)
+    assert not (tmp_path / "bert").exists() and not (tmp_path / "bad").exists()
