@@ -128,7 +128,9 @@ def test_decision_attention_and_taus(llama: ModelAdapter, run) -> None:
             for h in range(llama.n_heads):
                 got = table[(e.id, f"head{l:02d}.{h:02d}", "tau_attention_gradient")]
                 assert got == pytest.approx(naive_tau_b(rows[l, h][items], sal[items]), abs=1e-5)
-        assert table[(e.id, "model", "tau_gradient_loo")] == pytest.approx(naive_tau_b(sal[items], loo[items]), abs=1e-5)
+        assert table[(e.id, "model", "tau_gradient_loo")] == pytest.approx(
+            naive_tau_b(sal[items], loo[items]), abs=1e-5
+        )
 
 
 def test_saliency_ranks_the_decision(llama: ModelAdapter, run) -> None:
@@ -304,7 +306,9 @@ def test_runner_resumes_and_refuses_bad_input(llama: ModelAdapter, tmp_path, mon
     import streetlamp.runners.replicate as rr
     from streetlamp.data.loaders import Dataset, Example
 
-    ds = Dataset("recall", "test", [Example("r-0", "the capital of france is", "paris"), Example("r-1", "i loved it", "and")])
+    ds = Dataset(
+        "recall", "test", [Example("r-0", "the capital of france is", "paris"), Example("r-1", "i loved it", "and")]
+    )
     monkeypatch.setattr(rr, "load_dataset", lambda name: Dataset(ds.name, ds.source, list(ds.examples)))
     s = ReplicateSettings(permutations=1, adv_steps=1, adv_layers=0, layers="1")
     out = tmp_path / "run"

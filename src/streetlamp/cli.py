@@ -763,7 +763,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "replicate",
         help="Jain & Wallace, Serrano & Smith, Wiegreffe & Pinter per layer and head (docs/replication.md)",
-        parents=[shared_options(model="smollm2-135m", out="run folder; the same command resumes it", out_required=True, overwrite=False)],
+        parents=[
+            shared_options(
+                model="smollm2-135m", out="run folder; the same command resumes it", out_required=True, overwrite=False
+            )
+        ],
     )
     s.add_argument("--data", default="movies,tweets,recall", help="comma-separated: movies, tweets, recall")
     s.add_argument("--limit", type=int, default=None, help="N examples per dataset, drawn with --seed")
@@ -772,7 +776,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--adv-layers", type=int, default=3, help="adversarial attention at K evenly spaced layers")
     s.add_argument("--eps", type=float, default=0.01, help="adversarial attention: max output change (TVD)")
     s.add_argument(
-        "--head-examples", type=int, default=0, help="per dataset, the first K examples also get per-head zeroing (-1: all)"
+        "--head-examples",
+        type=int,
+        default=0,
+        help="per dataset, the first K examples also get per-head zeroing (-1: all)",
     )
     s.add_argument("--layers", default="all", help="layers with interventions: all, every:K or a comma list")
     s.add_argument("--chunk-size", type=int, default=4, help="examples per stored chunk (unit of resumption)")

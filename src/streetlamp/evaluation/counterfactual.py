@@ -98,9 +98,9 @@ class Counterfactual:
             return {f"layers.{layer}.attn.pattern": _row_edit(pos, nr)}
 
         ref = torch.as_tensor(np.asarray(probs, np.float64)[np.array(where)])
-        d = output_map(adapter, plan, budget, lambda group, p: total_variation_t(proj(p), ref[group].to(p.device)), 1, build)[
-            :, 0
-        ]
+        d = output_map(
+            adapter, plan, budget, lambda group, p: total_variation_t(proj(p), ref[group].to(p.device)), 1, build
+        )[:, 0]
         return [float(np.median(d[np.array(where) == b])) for b in range(len(rows))]
 
     def adversarial(

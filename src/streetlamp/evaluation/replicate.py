@@ -120,7 +120,9 @@ def intervention_layers(n_layers: int, spec: str) -> list[int]:
             return sorted(set(range(0, n_layers, k)) | {n_layers - 1})
         out = sorted({int(x) for x in spec.split(",") if x.strip()})
     except ValueError:
-        raise StreetlampError(f"--layers must be all, every:K (K >= 1) or a comma list of layers (got {spec!r})") from None
+        raise StreetlampError(
+            f"--layers must be all, every:K (K >= 1) or a comma list of layers (got {spec!r})"
+        ) from None
     if not out or out[0] < 0 or out[-1] >= n_layers:
         raise StreetlampError(f"--layers {spec!r}: the model has layers 0..{n_layers - 1}")
     return out
@@ -222,8 +224,14 @@ def replicate_chunk(
     grads = torch.autograd.grad(f, pats)
     att_layers = [p.detach() for p in pats]  # [B, H, W, W] per layer, for the counterfactuals
     pos = [adapter.explained_position(len(r)) for r in ids]
-    att = [torch.stack([a[b, :, pos[b], : len(ids[b])] for a in att_layers]).double().cpu().numpy() for b in range(len(ids))]
-    gsum = [torch.stack([g[b, :, :, : len(ids[b])].sum((0, 1)) for g in grads]).double().cpu().numpy() for b in range(len(ids))]
+    att = [
+        torch.stack([a[b, :, pos[b], : len(ids[b])] for a in att_layers]).double().cpu().numpy()
+        for b in range(len(ids))
+    ]
+    gsum = [
+        torch.stack([g[b, :, :, : len(ids[b])].sum((0, 1)) for g in grads]).double().cpu().numpy()
+        for b in range(len(ids))
+    ]
     del fwd, pats, grads
 
     # -- the two non-attention importances ----------------------------------------------------------

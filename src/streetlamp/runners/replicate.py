@@ -79,7 +79,9 @@ def parse_data(spec: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def text_items(adapter: ModelAdapter, prompt: str, start: int, end: int, exclude_last: bool) -> tuple[list[int], np.ndarray]:
+def text_items(
+    adapter: ModelAdapter, prompt: str, start: int, end: int, exclude_last: bool
+) -> tuple[list[int], np.ndarray]:
     """Token ids of ``prompt`` and the mask of its items: tokens overlapping characters ``start:end``
     (the data's text), never a special token, and not the last token when ``exclude_last``."""
     enc = adapter.tokenizer(prompt, return_offsets_mapping=True)
