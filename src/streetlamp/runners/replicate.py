@@ -208,6 +208,35 @@ def _cell(r: pd.Series | None) -> str:
     return f"{r['mean']:.3f} [{r['low']:.3f}, {r['high']:.3f}]"
 
 
+def head_digest(sd: pd.DataFrame) -> list[str]:
+    """Per layer: how many heads' tau interval lies above / below 0, the best head, and per-head flips."""
+    heads = sd[sd.method.str.startswith("head")]
+    if heads.empty:
+        return []
+    heads = heads.assign(layer=heads.method.str[4:6].astype(int))
+    out = [
+        "Per head (each head's own attention row; intervals over examples): heads whose tau interval is above 0 "
+        "/ below 0, the head with the highest mean tau, and per-head zeroing (examples with --head-examples)",
+        "",
+        "| layer | tau(att,grad) >0 / <0 | best head (att,grad) | tau(att,loo) >0 / <0 | best head (att,loo) "
+        "| flip top-att | flip random | JS top-att | JS random |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for layer, g in heads.groupby("layer"):
+        cells = [str(layer)]
+        for metric in ("tau_attention_gradient", "tau_attention_loo"):
+            t = g[g.metric == metric]
+            cells.append(f"{int((t.low > 0).sum())} / {int((t.high < 0).sum())} of {len(t)}")
+            best = t.loc[t["mean"].idxmax()] if t["mean"].notna().any() else None
+            cells.append("" if best is None else f"{best.method[4:]}: {_cell(best)}")
+        for metric in ("flip_top_attention", "flip_random", "js_top_attention", "js_random"):
+            v = g[g.metric == metric]
+            # pooled over heads: the mean of the heads' means (each head over the same examples)
+            cells.append(f"{v['mean'].mean():.3f} (n={int(v.n.sum())})" if len(v) else "")
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
 def write_summary(folder: Path, summary: pd.DataFrame, model: str) -> list[str]:
     summary.to_csv(folder / "summary.csv", index=False)
     lines = [f"# Attention vs interventions, {model}: mean [95% bootstrap interval] over examples", ""]
@@ -227,6 +256,6 @@ def write_summary(folder: Path, summary: pd.DataFrame, model: str) -> list[str]:
         layers = sorted(m for m in sd.method.unique() if m.startswith("layer"))
         for m in layers:
             lines.append(f"| {int(m[5:])} | " + " | ".join(_cell(key.get((m, k))) for _, k in LAYER_COLUMNS) + " |")
-        lines.append("")
+        lines += ["", *head_digest(sd), ""]
     (folder / "summary.md").write_text("\n".join(lines) + "\n")
     return lines
