@@ -7,6 +7,7 @@ naive O(n^2) Kendall tau-b, and the exact binomial law of a bootstrap mean of 0/
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -306,14 +307,15 @@ def test_runner_resumes_and_refuses_bad_input(llama: ModelAdapter, tmp_path, mon
     import streetlamp.runners.replicate as rr
     from streetlamp.data.loaders import Dataset, Example
 
-    ds = Dataset(
-        "recall", "test", [Example("r-0", "the capital of france is", "paris"), Example("r-1", "i loved it", "and")]
-    )
+    ex = [Example("r-0", "the capital of france is", "paris"), Example("r-1", "i loved it", "and")]
+    ds = Dataset("recall", "test", [*ex, Example("r-2", "mary went to", "the store")])  # a two-token answer
     monkeypatch.setattr(rr, "load_dataset", lambda name: Dataset(ds.name, ds.source, list(ds.examples)))
     s = ReplicateSettings(permutations=1, adv_steps=1, adv_layers=0, layers="1")
     out = tmp_path / "run"
     res = rr.replicate("tiny", ["recall"], out, s, chunk_size=1, adapter=llama)
     assert res.n_computed_chunks == 2 and (out / "summary.md").exists() and (out / "manifest.json").exists()
+    recall = json.loads((out / "manifest.json").read_text())["settings"]["data"]["recall"]
+    assert recall["skipped_multi_token_answer"] == ["r-2"] and recall["n_examples"] == 2
     methods = set(res.summary.method)
     assert "layer01" in methods and "layer00" in methods  # layer 0: taus only
     assert not res.summary[(res.summary.method == "layer00") & (res.summary.metric == "uniform_tvd")].shape[0]

@@ -93,6 +93,14 @@ def text_items(
     return ids, items
 
 
+def _one_token(adapter: ModelAdapter, label: str) -> bool:
+    try:
+        next_token_labels(adapter, [label])
+    except StreetlampError:
+        return False
+    return True
+
+
 def prepare(
     adapter: ModelAdapter, name: str, limit: int | None, seed: int, head_examples: int, offset: int
 ) -> tuple[Decision, list[TaskExample], dict]:
@@ -101,6 +109,13 @@ def prepare(
     causal = adapter.kind == "causal_lm"
     if name == "recall" and not causal:
         raise StreetlampError(f"recall is a next-token task: {adapter.name} is not a causal LM (use movies,tweets)")
+    dropped: list[str] = []
+    if name == "recall":  # another tokenizer may split an answer: those prompts are left out and listed
+        one = {lab for lab in ds.labels() if _one_token(adapter, lab)}
+        dropped = [e.id for e in ds.examples if e.label not in one]
+        ds.examples = [e for e in ds.examples if e.label in one]
+        if not ds.examples:
+            raise StreetlampError(f"no recall answer is one token of {adapter.name}'s vocabulary")
     if limit is not None:
         ds.examples = [ds.examples[i] for i in sample_indices(len(ds.examples), limit, seed)]
     labels = ds.labels()
@@ -127,6 +142,7 @@ def prepare(
         "n_examples": len(out),
         "prompt": template,
         "labels": labels if name != "recall" else "one answer token per prompt",
+        **({"skipped_multi_token_answer": dropped} if dropped else {}),
         "decision": "label tokens, renormalised"
         if decision.candidates is not None
         else ("the whole vocabulary" if causal else "the classes"),
