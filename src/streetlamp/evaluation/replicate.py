@@ -191,8 +191,8 @@ def loo_tvd(
     out = [np.zeros(len(e.ids)) for e in examples]
     if rows:
         res = output_map(adapter, rows, budget, _stats_fn(decision, probs, np.array(owner)), 3)
-        for r, (b, j) in enumerate(where):
-            out[b][j] = res[r, 1]
+        for r, (b, k) in enumerate(where):
+            out[b][k] = res[r, 1]
     return out
 
 
@@ -293,7 +293,8 @@ def replicate_chunk(
                 add(eid, f"layer{l:02d}", f"flip_{name}", int(res[r, 0]) != pred[b])
                 add(eid, f"layer{l:02d}", f"tvd_{name}", res[r, 1])
                 add(eid, f"layer{l:02d}", f"js_{name}", res[r, 2])
-        keeps, heads, owner, names = [], [], [], []
+        keeps, heads, owner = [], [], []
+        head_names: list[tuple[int, int, str]] = []
         for b, e in enumerate(examples):
             if not (e.per_head and e.items.any()):
                 continue
@@ -306,11 +307,11 @@ def replicate_chunk(
                     keeps.append(k)
                     heads.append(h)
                     owner.append(b)
-                    names.append((b, h, name))
+                    head_names.append((b, h, name))
         if keeps:
             edit = _head_zero_edit(keeps, heads, l, n_h)
             res = output_map(adapter, [ids[b] for b in owner], budget, ref_stats(owner), 3, edit)
-            for r, (b, h, name) in enumerate(names):
+            for r, (b, h, name) in enumerate(head_names):
                 eid = examples[b].id
                 add(eid, f"head{l:02d}.{h:02d}", f"flip_{name}", int(res[r, 0]) != pred[b])
                 add(eid, f"head{l:02d}.{h:02d}", f"js_{name}", res[r, 2])
