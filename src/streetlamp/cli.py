@@ -305,6 +305,31 @@ def cmd_mediate(args: argparse.Namespace) -> int:
     return _print(run_mediate(adapter, out, n_prompts=s.prompts, head_site=s.component, batch_size=s.batch_size))
 
 
+def cmd_replicate(args: argparse.Namespace) -> int:
+    from .evaluation.replicate import ReplicateSettings
+    from .models.loading import load
+    from .runners.replicate import parse_data, replicate
+
+    data = parse_data(args.data)
+    if args.device_map is not None:
+        raise StreetlampError("replicate runs on one device: give --device, not --device-map")
+    s = ReplicateSettings(
+        seed=args.seed,
+        batch_size=args.batch_size,
+        permutations=args.permutations,
+        adv_steps=args.adv_steps,
+        adv_layers=args.adv_layers,
+        eps=args.eps,
+        head_examples=args.head_examples,
+        layers=args.layers,
+    )
+    adapter = load(args.model)
+    adapter.to(args.device, args.dtype)
+    return _print(
+        replicate(args.model, data, Path(args.out), s, limit=args.limit, chunk_size=args.chunk_size, adapter=adapter)
+    )
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from .methods.registry import parse_methods
     from .runners.evaluate import evaluate
@@ -743,6 +768,30 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ray-address", default=None, help="existing Ray cluster (e.g. auto, ray://head:10001)")
     s.add_argument("--workers", type=int, default=None, help="Ray actors (one model each)")
     s.set_defaults(func=cmd_evaluate)
+    s = sub.add_parser(
+        "replicate",
+        help="Jain & Wallace, Serrano & Smith, Wiegreffe & Pinter per layer and head (docs/replication.md)",
+        parents=[
+            shared_options(
+                model="smollm2-135m", out="run folder; the same command resumes it", out_required=True, overwrite=False
+            )
+        ],
+    )
+    s.add_argument("--data", default="movies,tweets,recall", help="comma-separated: movies, tweets, recall")
+    s.add_argument("--limit", type=int, default=None, help="N examples per dataset, drawn with --seed")
+    s.add_argument("--permutations", type=int, default=3, help="random permutations per layer")
+    s.add_argument("--adv-steps", type=int, default=8, help="adversarial attention: optimiser steps")
+    s.add_argument("--adv-layers", type=int, default=3, help="adversarial attention at K evenly spaced layers")
+    s.add_argument("--eps", type=float, default=0.01, help="adversarial attention: max output change (TVD)")
+    s.add_argument(
+        "--head-examples",
+        type=int,
+        default=0,
+        help="per dataset, the first K examples also get per-head zeroing (-1: all)",
+    )
+    s.add_argument("--layers", default="all", help="layers with interventions: all, every:K or a comma list")
+    s.add_argument("--chunk-size", type=int, default=4, help="examples per stored chunk (unit of resumption)")
+    s.set_defaults(func=cmd_replicate)
     s = sub.add_parser(
         "benchmark",
         help="ground truth: which methods recover planted tokens (normal vs deceptive)",
