@@ -327,3 +327,13 @@ def test_runner_resumes_and_refuses_bad_input(llama: ModelAdapter, tmp_path, mon
     with pytest.raises(StreetlampError, match="--layers"):
         rr.replicate("tiny", ["recall"], tmp_path / "bad", ReplicateSettings(layers="9"), adapter=llama)
     assert not (tmp_path / "bert").exists() and not (tmp_path / "bad").exists()
+
+
+def test_cli_refuses_bad_settings_before_writing(tmp_path, capsys) -> None:
+    from streetlamp.cli import main
+
+    out = tmp_path / "rep"
+    for extra in (["--data", "movies,imdb"], ["--device-map", "auto"], ["--max-memory", "cpu=1GiB"]):
+        assert main(["replicate", "--model", "smollm2-135m", "--out", str(out), *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err and "\n" not in err and not out.exists()

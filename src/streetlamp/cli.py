@@ -311,8 +311,10 @@ def cmd_replicate(args: argparse.Namespace) -> int:
     from .runners.replicate import parse_data, replicate
 
     data = parse_data(args.data)
-    if args.device_map is not None:
-        raise StreetlampError("replicate runs on one device: give --device, not --device-map")
+    if args.device_map is not None or args.max_memory or args.offload_folder:
+        raise StreetlampError(
+            "replicate runs on one device: give --device, not --device-map / --max-memory / --offload-folder"
+        )
     s = ReplicateSettings(
         seed=args.seed,
         batch_size=args.batch_size,
