@@ -16,7 +16,7 @@ from streetlamp.methods.registry import get_method
 from streetlamp.models.adapter import ModelAdapter, Target
 from streetlamp.models.loading import load
 from streetlamp.models.tiny import save_tiny, tiny_model
-from streetlamp.runners.generation import GENERATION_IG, explain_generation
+from streetlamp.runners.generation import CAUSAL_IG_BASELINE, GENERATION_IG, explain_generation
 from streetlamp.store.files import load_arrays
 
 
@@ -56,7 +56,7 @@ def test_matrix_rows_are_each_targets_own_ig(gpt2_dir: Path, tmp_path: Path, cap
     adapter = load(str(gpt2_dir))
     prompt = adapter.encode("the movie was not").input_ids[0]
     full = torch.cat([prompt, torch.tensor(gen)])
-    ig = IntegratedGradients(**{**GENERATION_IG, **params})  # this command's baseline (document start)
+    ig = IntegratedGradients(**{**CAUSAL_IG_BASELINE, **params})  # this command's baseline (document start)
     from streetlamp.models.adapter import Target
 
     for j in range(3):
@@ -83,7 +83,7 @@ def test_default_rule_and_bad_input(gpt2_dir: Path, tmp_path: Path, capsys: pyte
     assert "methods" not in m and "methods" not in m["parameters"]  # the IG-only manifest is as before
     # the default is IG's shared path with this command's rule, exactly (the same computation as before --methods)
     adapter = load(str(gpt2_dir))
-    exps = IntegratedGradients(**GENERATION_IG).attribute_sequence(
+    exps = IntegratedGradients(**GENERATION_IG, **CAUSAL_IG_BASELINE).attribute_sequence(
         adapter, "i loved it", 2, target=Target(quantity="logprob"), batched_grads=True
     )
     a = load_arrays(out / "arrays.safetensors")

@@ -65,12 +65,16 @@ class IntegratedGradients(Method):
 
     def check(self, adapter: ModelAdapter) -> None:
         super().check(adapter)
+        self.check_params()
+        if self.baseline == "document" and adapter.kind != "causal_lm":
+            raise StreetlampError("IG baseline 'document' (the document-start token) is for causal LMs")
+
+    def check_params(self) -> None:
+        """The parameter checks that need no model."""
         if self.rule not in RULES:
             raise StreetlampError(f"unknown IG rule {self.rule!r}; choose one of {', '.join(RULES)}")
         if self.baseline not in BASELINES:
             raise StreetlampError(f"unknown IG baseline {self.baseline!r}; choose one of {', '.join(BASELINES)}")
-        if self.baseline == "document" and adapter.kind != "causal_lm":
-            raise StreetlampError("IG baseline 'document' (the document-start token) is for causal LMs")
         if self.steps < 1 or self.max_steps < self.steps:
             raise StreetlampError(
                 f"IG needs 1 <= steps <= max_steps (got steps={self.steps}, max_steps={self.max_steps})"

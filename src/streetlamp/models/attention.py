@@ -21,7 +21,13 @@ absent); ``softcap`` caps the scaled scores as ``softcap * tanh(scores / softcap
 is added (Gemma 2); ``sliding_window`` is already inside the per-layer mask transformers builds for
 sliding layers (through the mask builder registered below), and is applied here only when no mask
 arrives (a causal query i then sees keys i - window + 1 .. i; a bidirectional one keys with
-|i - j| < window).
+|i - j| < window). ``position_bias`` (T5: the relative-position bias of the stack's first layer,
+``[1 or batch, head, query, key]``, zeros for cross-attention) is added to the scaled scores before the
+mask, as T5's eager code does; T5 passes ``scaling=1.0`` (it does not scale q·k).
+
+Encoder-decoders (T5, BART) name the sites by stack and attention kind
+(``encoder.layers.{l}.attn.*``, ``decoder.layers.{l}.self_attn.*``, ``decoder.layers.{l}.cross_attn.*``):
+the session says which prefix a module's call belongs to.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ def streetlamp_attention(
     dropout: float = 0.0,
     softcap: float | None = None,
     sliding_window: int | None = None,
+    position_bias: torch.Tensor | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if scaling is None:
@@ -62,16 +69,19 @@ def streetlamp_attention(
     key = repeat_kv(key, groups)
     value = repeat_kv(value, groups)
     session = active_session()
-    layer = session.layer_of(module) if session is not None else None
+    where = session.attn_site(module) if session is not None else None
+    layer, prefix = where if where is not None else (None, "")
     if layer is not None:
         assert session is not None
         v = value.transpose(1, 2)
-        v_new = session.site(f"layers.{layer}.attn.v", v)
+        v_new = session.site(f"{prefix}.v", v)
         if v_new is not v:
             value = v_new.transpose(1, 2)
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
+    if position_bias is not None:
+        scores = scores + position_bias
     q_len, k_len = query.shape[-2], key.shape[-2]
     if attention_mask is not None:
         if attention_mask.dtype == torch.bool:
@@ -99,12 +109,12 @@ def streetlamp_attention(
     probs = nn.functional.dropout(probs, p=dropout, training=module.training)
     if layer is not None:
         assert session is not None
-        session.note_allowed(allowed, query.shape[0], layer)
-        probs = session.site(f"layers.{layer}.attn.pattern", probs)
+        session.note_allowed(allowed, query.shape[0], layer, prefix)
+        probs = session.site(f"{prefix}.pattern", probs)
     out = torch.matmul(probs, value).transpose(1, 2).contiguous()
     if layer is not None:
         assert session is not None
-        out = session.site(f"layers.{layer}.attn.z", out)
+        out = session.site(f"{prefix}.z", out)
         session.stash_z(layer, out)
     return out, probs
 

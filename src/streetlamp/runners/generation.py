@@ -33,8 +33,10 @@ from ..report.compare import normalise_rows  # noqa: E402
 from ..results import Explanation  # noqa: E402
 from ..store.run_folder import RunFolder  # noqa: E402
 
-# baseline: the document-start token (<|endoftext|> on SmolLM2), chosen by the baseline study in docs/decoder.md
-GENERATION_IG: dict[str, Any] = {"rule": "panels", "max_steps": 1024, "baseline": "document"}
+GENERATION_IG: dict[str, Any] = {"rule": "panels", "max_steps": 1024}
+# a causal LM's IG baseline here: the document-start token (<|endoftext|> on SmolLM2), chosen by the
+# baseline study in docs/decoder.md
+CAUSAL_IG_BASELINE: dict[str, Any] = {"baseline": "document"}
 MAX_NEW_TOKENS = 64
 GRANULARITY_RULE = (
     "a unit's score is the sum of its tokens' scores; words from the tokenizer's leading-space / ## markers, "
@@ -111,6 +113,28 @@ def explain_generation(
     matrices (sums over each unit's tokens, :mod:`~streetlamp.methods.granularity`)."""
     from .steps import StepFunction, chat_prompt_ids
 
+    if adapter.kind == "seq2seq":  # source -> target: its own runner, the same matrices and files
+        if contrast_token or contrast_prompt or chat or granularity != "token" or quantity == "kl_divergence":
+            raise StreetlampError(
+                "--contrast-token, --contrast-prompt, --chat, --granularity and kl_divergence are for causal LMs"
+            )
+        from ..models.seq2seq import Seq2SeqAdapter
+        from .seq2seq_generation import explain_seq2seq_generation
+
+        return explain_seq2seq_generation(
+            cast(Seq2SeqAdapter, adapter),
+            prompt,
+            out,
+            new_tokens=new_tokens,
+            continuation=continuation,
+            methods=methods,
+            quantity=quantity,
+            overwrite=overwrite,
+            batch_size=batch_size,
+            seed=seed,
+            ig_params=ig_params,
+            method_params=method_params,
+        )
     rf = RunFolder.of(out, "explain-generation", overwrite)
     if adapter.kind != "causal_lm":
         raise StreetlampError(f"explain-generation needs a causal LM; {adapter.name} is a {adapter.kind}")
@@ -129,7 +153,7 @@ def explain_generation(
     mp = dict(method_params or {})
     if ig_params and IG in mp:
         raise StreetlampError("integrated gradients' parameters given twice (--ig-params and --method-params)")
-    mp[IG] = {**GENERATION_IG, **(ig_params or mp.get(IG) or {})}
+    mp[IG] = {**GENERATION_IG, **CAUSAL_IG_BASELINE, **(ig_params or mp.get(IG) or {})}
     built = {name: get_method(name, **mp.get(name, {})) for name in methods}  # unknown name/parameter: error now
     for m in built.values():
         m.check(adapter)
