@@ -109,3 +109,25 @@ def test_answer_tokens_refused_on_a_classifier(tmp_path, capsys) -> None:
     argv = ["evaluate", "--model", str(ckpt), "--data", str(data), "--out", str(tmp_path / "r"), "--answer-tokens", "2"]
     assert main(argv) == 2
     assert "needs a causal LM" in capsys.readouterr().err and not (tmp_path / "r").exists()
+
+
+def test_answer_positions_are_reserved_before_the_store(run, tmp_path) -> None:
+    """A prompt that fits the model but not with its N-token answer is skipped (or truncated) before
+    anything is written; an answer longer than the model's positions is one line."""
+    from streetlamp.data.loaders import Dataset, Example
+    from streetlamp.errors import StreetlampError
+    from streetlamp.runners.evaluate import prepare
+
+    ckpt, _ = run
+    adapter = load(str(ckpt))
+    ds = Dataset("d", "test", [Example("a", "the movie was very good", "good"), Example("b", "the plot", "bad")])
+    n = len(adapter.tokenizer("the movie was very good")["input_ids"])
+    adapter.max_positions = n + 1
+    kept, skipped = prepare(adapter, ds, truncate=False, reserve=0)
+    assert [e.id for e in kept] == ["a", "b"] and skipped == []
+    kept, skipped = prepare(adapter, ds, truncate=False, reserve=2)  # n + 2 > n + 1: "a" no longer fits
+    assert [e.id for e in kept] == ["b"] and skipped == ["a"]
+    kept, _ = prepare(adapter, ds, truncate=True, reserve=2)
+    assert len(kept[0].ids) == n - 1 and kept[0].truncated
+    with pytest.raises(StreetlampError, match="leaves no room"):
+        prepare(adapter, ds, truncate=False, reserve=n)

@@ -94,18 +94,26 @@ def next_token_labels(adapter: ModelAdapter, labels: list[str]) -> dict[str, int
     return out
 
 
-def prepare(adapter: ModelAdapter, ds: Dataset, truncate: bool) -> tuple[list[ChunkExample], list[str]]:
-    """Tokenise; examples longer than the model's positions are skipped (or truncated when asked)."""
+def prepare(
+    adapter: ModelAdapter, ds: Dataset, truncate: bool, reserve: int = 0
+) -> tuple[list[ChunkExample], list[str]]:
+    """Tokenise; examples longer than the model's positions (less ``reserve`` for a generated answer)
+    are skipped (or truncated when asked)."""
     labels = label_indices(adapter, ds)
+    room = adapter.max_positions - reserve
+    if room < 2:
+        raise StreetlampError(
+            f"--answer-tokens {reserve} leaves no room for a prompt in {adapter.max_positions} positions"
+        )
     out, skipped = [], []
     for i, e in enumerate(ds.examples):
         ids = adapter.tokenizer(e.text)["input_ids"]
-        cut = len(ids) > adapter.max_positions
+        cut = len(ids) > room
         if cut and not truncate:
             skipped.append(e.id)
             continue
         if cut:
-            ids = adapter.tokenizer(e.text, truncation=True, max_length=adapter.max_positions)["input_ids"]
+            ids = adapter.tokenizer(e.text, truncation=True, max_length=room)["input_ids"]
         out.append(ChunkExample(i, e.id, list(ids), e.text, labels[e.label], e.rationale, cut))
     return out, skipped
 
@@ -174,7 +182,8 @@ def evaluate(
         raise StreetlampError(f"--answer-tokens needs a causal LM; {adapter.name} is a {adapter.kind}")
     layers_of(adapter, settings.flip_layers, "--flip-layers")  # a bad layer: refused before the store exists
     layers_of(adapter, settings.cf_layers, "--cf-layers")
-    examples, skipped = prepare(adapter, ds, settings.truncate)  # every check before the store is touched
+    # every check before the store is touched; a generated answer needs its positions too
+    examples, skipped = prepare(adapter, ds, settings.truncate, reserve=settings.answer_tokens)
     params = {
         "settings": settings.to_dict(),
         "chunk_size": chunk_size,
