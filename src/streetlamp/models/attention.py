@@ -26,14 +26,42 @@ arrives (a causal query i then sees keys i - window + 1 .. i; a bidirectional on
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
+from ..errors import StreetlampError
+from .chunked import active_recorder
 from .trace import active_session
 
 ATTN_IMPLEMENTATION = "streetlamp"
+_FUSED: ContextVar[bool] = ContextVar("streetlamp_fused_attention", default=False)
+# sites computed inside this function: a layer whose site is recorded or edited needs the weights
+_INSIDE = ("attn.v", "attn.pattern", "attn.z")
+
+
+@contextmanager
+def fused_attention(on: bool = True) -> Iterator[None]:
+    """Inside this block, layers whose weights nobody asked for (no recorded or edited ``attn.v``,
+    ``attn.pattern`` or ``attn.z`` site) run ``torch.nn.functional.scaled_dot_product_attention``
+    (no ``[head, query, key]`` tensor is returned; soft-capped layers, Gemma 2's, stay eager)."""
+    token = _FUSED.set(on)
+    try:
+        yield
+    finally:
+        _FUSED.reset(token)
+
+
+def _needs_weights(session: object, layer: int | None) -> bool:
+    if session is None or layer is None:
+        return False
+    wanted = getattr(session, "record", set()) | set(getattr(session, "edits", {}))
+    return any(f"layers.{layer}.{s}" in wanted for s in _INSIDE)
 
 
 def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -59,10 +87,18 @@ def streetlamp_attention(
     if scaling is None:
         scaling = query.size(-1) ** -0.5
     groups = int(getattr(module, "num_key_value_groups", 1) or 1)
-    key = repeat_kv(key, groups)
-    value = repeat_kv(value, groups)
     session = active_session()
     layer = session.layer_of(module) if session is not None else None
+    recorder = active_recorder()
+    if recorder is not None:  # long context: query chunks, selected rows and q/k to disk
+        if _needs_weights(session, layer):
+            raise StreetlampError("a long-context recording cannot also record or edit attention sites")
+        out = recorder.attend(module, query, key, value, attention_mask, scaling, softcap, sliding_window, groups)
+        return out, None
+    key = repeat_kv(key, groups)
+    value = repeat_kv(value, groups)
+    if _FUSED.get() and softcap is None and not _needs_weights(session, layer):
+        return _sdpa(module, query, key, value, attention_mask, scaling, dropout, sliding_window), None
     if layer is not None:
         assert session is not None
         v = value.transpose(1, 2)
@@ -107,6 +143,44 @@ def streetlamp_attention(
         out = session.site(f"layers.{layer}.attn.z", out)
         session.stash_z(layer, out)
     return out, probs
+
+
+def _sdpa(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """The fused kernel, with the mask the eager branch would apply."""
+    q_len, k_len = query.shape[-2], key.shape[-2]
+    causal = bool(getattr(module, "is_causal", False))
+    mask = attention_mask[:, :, :, :k_len] if attention_mask is not None else None
+    is_causal = False
+    if mask is None and sliding_window:
+        full = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device)
+        w = int(sliding_window)
+        mask = (full.tril(k_len - q_len) & full.triu(k_len - q_len - w + 1) if causal else full.triu(1 - w).tril(w - 1))[
+            None, None
+        ]
+    elif mask is None and causal and q_len > 1:
+        if q_len == k_len:
+            is_causal = True
+        else:
+            mask = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril(k_len - q_len)[None, None]
+    out = nn.functional.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=mask,
+        dropout_p=dropout if module.training else 0.0,
+        is_causal=is_causal,
+        scale=scaling,
+    )
+    return out.transpose(1, 2).contiguous()
 
 
 def register() -> str:
