@@ -39,7 +39,9 @@ def full(adapter: ModelAdapter) -> tuple[np.ndarray, np.ndarray]:
 def recorded(adapter: ModelAdapter, tmp_path, rows=None, layers=None, heads=None, chunk=3):
     inputs = adapter.encode(TEXT)
     n = inputs.lengths[0]
-    sel = Selection(layers or list(range(adapter.n_layers)), heads or list(range(adapter.n_heads)), rows or list(range(n)))
+    sel = Selection(
+        layers or list(range(adapter.n_layers)), heads or list(range(adapter.n_heads)), rows or list(range(n))
+    )
     logits, rec = record(adapter, inputs, tmp_path, sel, chunk=chunk)
     return logits[0].numpy(), rec, QKStore(tmp_path, rec.describe())
 

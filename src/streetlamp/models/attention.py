@@ -83,7 +83,7 @@ def streetlamp_attention(
     softcap: float | None = None,
     sliding_window: int | None = None,
     **kwargs: object,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     if scaling is None:
         scaling = query.size(-1) ** -0.5
     groups = int(getattr(module, "num_key_value_groups", 1) or 1)
@@ -163,9 +163,9 @@ def _sdpa(
     if mask is None and sliding_window:
         full = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device)
         w = int(sliding_window)
-        mask = (full.tril(k_len - q_len) & full.triu(k_len - q_len - w + 1) if causal else full.triu(1 - w).tril(w - 1))[
-            None, None
-        ]
+        mask = (
+            full.tril(k_len - q_len) & full.triu(k_len - q_len - w + 1) if causal else full.triu(1 - w).tril(w - 1)
+        )[None, None]
     elif mask is None and causal and q_len > 1:
         if q_len == k_len:
             is_causal = True

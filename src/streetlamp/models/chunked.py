@@ -143,12 +143,19 @@ class Recorder:
         if key.shape[2] != n:
             raise StreetlampError("long-context recording needs queries and keys of the same length (no cache)")
         self.n_tokens = n
-        rule = LayerRule(float(scaling), None if softcap is None else float(softcap),
-                         bool(getattr(module, "is_causal", False)), int(sliding_window) if sliding_window else None,
-                         groups)
+        rule = LayerRule(
+            float(scaling),
+            None if softcap is None else float(softcap),
+            bool(getattr(module, "is_causal", False)),
+            int(sliding_window) if sliding_window else None,
+            groups,
+        )
         self.rules[layer] = rule
         q, k = query[0].detach(), key[0].detach()
-        save_file({"query": q.contiguous().cpu(), "key": k.contiguous().cpu()}, str(self.folder / "qk" / f"L{layer}.safetensors"))
+        save_file(
+            {"query": q.contiguous().cpu(), "key": k.contiguous().cpu()},
+            str(self.folder / "qk" / f"L{layer}.safetensors"),
+        )
         kr = repeat_heads(key[0], groups)
         v = repeat_heads(value[0], groups)
         out = torch.empty(query.shape[1], n, value.shape[-1], dtype=value.dtype, device=value.device)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+
 import numpy as np
 import torch
 from safetensors import safe_open
@@ -64,9 +65,7 @@ def parse_rows(spec: str | None, n: int, explained: int) -> list[int]:
                     raise StreetlampError(f"--rows {i} out of range: the text has positions 0..{n - 1}")
                 out.add(i % n)
         except ValueError:
-            raise StreetlampError(
-                f"--rows takes last, explained, N or A:B, comma-separated (got {part!r})"
-            ) from None
+            raise StreetlampError(f"--rows takes last, explained, N or A:B, comma-separated (got {part!r})") from None
     return sorted(out)
 
 
@@ -139,7 +138,9 @@ class LongResult:
         ]
         for name, row in self.rows.items():
             top = np.argsort(-row)[:3]
-            out.append(f"{name} row {self.position}, top: " + ", ".join(f"{self.labels[j]!r}@{j} {row[j]:.3f}" for j in top))
+            out.append(
+                f"{name} row {self.position}, top: " + ", ".join(f"{self.labels[j]!r}@{j} {row[j]:.3f}" for j in top)
+            )
         out.append(f"output: {self.out}/ (manifest.json, attention/ shards, qk/, arrays.safetensors)")
         return out
 
@@ -187,7 +188,9 @@ def explain_long(
     rf.out.parent.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(rf.out.parent).free
     if need > free:
-        raise StreetlampError(f"the recording needs {need / (1 << 30):.2f} GiB on disk, {free / (1 << 30):.2f} GiB free")
+        raise StreetlampError(
+            f"the recording needs {need / (1 << 30):.2f} GiB on disk, {free / (1 << 30):.2f} GiB free"
+        )
     with rf.staging() as w:
         logits, rec = record(adapter, inputs, w.path, sel, chunk)
         index = int(adapter.resolve(inputs, target, logits)[0])
@@ -223,3 +226,30 @@ def explain_long(
         )
     return res
 
+
+def print_row(folder: Path, layer: int, row: str, heads: str | None, column: bool = False) -> int:
+    """``streetlamp attention-row``: one row (or column) as tab-separated text, one line per position."""
+    import json
+
+    store = QKStore(folder)
+    manifest = json.loads((Path(folder) / "manifest.json").read_text())
+    labels = manifest["token_labels"]
+    n_layers, n_heads = store.n_layers, int(store.section["n_heads"])
+    if not -n_layers <= layer < n_layers:
+        raise StreetlampError(f"--layer {layer} out of range: the recording has layers 0..{n_layers - 1}")
+    layer %= n_layers
+    explained = int(manifest["explained_position"]["index"])
+    pos = parse_rows(row, store.n_tokens, explained)
+    if len(pos) != 1:
+        raise StreetlampError(f"--row takes one position (got {row!r})")
+    hs = parse_indices(heads, n_heads, "--heads", "head")
+    if column:
+        values = store.column(layer, pos[0])[hs].numpy()  # [head, query]
+    else:
+        values = read_rows(folder, layer, pos, hs)[:, 0]  # [head, key]
+    what = "query" if column else "key"
+    print(f"# layer {layer}, {'column (key)' if column else 'row (query)'} {pos[0]} {labels[pos[0]]!r}")
+    print("\t".join([what, "token", *(f"head {h}" for h in hs)]))
+    for j in range(values.shape[1]):
+        print("\t".join([str(j), json.dumps(labels[j], ensure_ascii=False), *(f"{v:.6g}" for v in values[:, j])]))
+    return 0
