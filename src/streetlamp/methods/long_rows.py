@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..errors import StreetlampError
-from ..models.chunked import QKStore, chunk_rows, pattern_rows
+from ..models.chunked import QKStore, chunk_rows, pattern_block
 from .maxflow import layered_max_flow
 
 FUSIONS = ("mean", "max", "min")
@@ -38,12 +38,18 @@ def _fuse(p: torch.Tensor, fusion: str) -> torch.Tensor:
     return a.amax(0) if fusion == "max" else a.amin(0)
 
 
-def residual_rows(p: torch.Tensor, r0: int, fusion: str) -> torch.Tensor:
-    """Rows r0.. of ``Â = 0.5·fuse_h A + 0.5·I`` (renormalised), float64, from probabilities ``[head, rows, key]``."""
+def residual_block(p: torch.Tensor, r0: int, k0: int, fusion: str) -> torch.Tensor:
+    """Rows r0.. of ``Â = 0.5·fuse_h A + 0.5·I`` (renormalised), float64, from probabilities ``[head, rows,
+    keys k0..]`` (the diagonal key r0 + i lies inside the block: every query sees itself)."""
     a = 0.5 * _fuse(p, fusion)
     idx = torch.arange(a.shape[0])
-    a[idx, r0 + idx] += 0.5
+    a[idx, r0 - k0 + idx] += 0.5
     return a / a.sum(-1, keepdim=True)
+
+
+def residual_rows(p: torch.Tensor, r0: int, fusion: str) -> torch.Tensor:
+    """Rows r0.. of ``Â`` from probabilities over every key ``[head, rows, key]``."""
+    return residual_block(p, r0, 0, fusion)
 
 
 def rollout_row(store: QKStore, pos: int, fusion: str = "mean", chunk: int | None = None) -> np.ndarray:
@@ -65,7 +71,9 @@ def rollout_row(store: QKStore, pos: int, fusion: str = "mean", chunk: int | Non
                 continue
             nz = torch.nonzero(w).flatten()
             lo, hi = r0 + int(nz[0]), r0 + int(nz[-1]) + 1  # only the rows that carry weight
-            nxt += w[lo - r0 : hi - r0] @ residual_rows(pattern_rows(q, k, lo, hi, rule), lo, fusion)
+            block, k0 = pattern_block(q, k, lo, hi, rule)  # only the keys these rows can see
+            a = residual_block(block, lo, k0, fusion)
+            nxt[k0 : k0 + a.shape[-1]] += w[lo - r0 : hi - r0] @ a
         v = nxt
     return v.numpy()
 

@@ -62,14 +62,24 @@ class LayerRule:
     groups: int  # query heads per key head (repeat_kv)
 
 
-def allowed_rows(r0: int, r1: int, n_keys: int, causal: bool, window: int | None, device: torch.device) -> torch.Tensor:
-    """``[r1 - r0, n_keys]`` bool: which keys queries r0..r1-1 may see under the rule (one text, no padding)."""
+def allowed_rows(
+    r0: int, r1: int, n_keys: int, causal: bool, window: int | None, device: torch.device, k0: int = 0
+) -> torch.Tensor:
+    """``[r1 - r0, n_keys - k0]`` bool: which keys k0.. queries r0..r1-1 may see under the rule (one text, no padding)."""
     i = torch.arange(r0, r1, device=device)[:, None]
-    j = torch.arange(n_keys, device=device)[None, :]
-    ok = j <= i if causal else torch.ones(r1 - r0, n_keys, dtype=torch.bool, device=device)
+    j = torch.arange(k0, n_keys, device=device)[None, :]
+    ok = j <= i if causal else torch.ones(r1 - r0, n_keys - k0, dtype=torch.bool, device=device)
     if window:
         ok = ok & (j > i - int(window)) if causal else ok & ((i - j).abs() < int(window))
     return ok
+
+
+def key_range(r0: int, r1: int, n: int, rule: LayerRule) -> tuple[int, int]:
+    """Keys k0..k1-1 that queries r0..r1-1 may see at all (causal: none after r1 - 1; a window: none
+    before r0 - window + 1); the probabilities outside are exactly 0 and are not computed."""
+    w = rule.window or n
+    k0 = max(0, r0 - w + 1)
+    return k0, (r1 if rule.causal else min(n, r1 + w - 1))
 
 
 def repeat_heads(k: torch.Tensor, groups: int) -> torch.Tensor:
@@ -80,15 +90,25 @@ def repeat_heads(k: torch.Tensor, groups: int) -> torch.Tensor:
     return k[:, None].expand(h, groups, s, d).reshape(h * groups, s, d)
 
 
-def pattern_rows(q: torch.Tensor, k: torch.Tensor, r0: int, r1: int, rule: LayerRule) -> torch.Tensor:
-    """Probabilities ``[head, r1 - r0, key]`` of query rows r0..r1-1 from queries ``q`` ``[head, pos, d]``
-    and repeated keys ``k`` ``[head, pos, d]`` (the eager path's arithmetic, row by row)."""
-    scores = torch.matmul(q[:, r0:r1], k.transpose(1, 2)) * rule.scaling
+def pattern_block(q: torch.Tensor, k: torch.Tensor, r0: int, r1: int, rule: LayerRule) -> tuple[torch.Tensor, int]:
+    """Probabilities ``[head, r1 - r0, k1 - k0]`` of query rows r0..r1-1 over the keys they can see
+    (:func:`key_range`), and k0; queries ``q`` and repeated keys ``k`` are ``[head, pos, d]``. The
+    eager path's arithmetic: ``softmax(cap(q kᵀ · scaling), masked)`` in at least float32."""
+    k0, k1 = key_range(r0, r1, k.shape[1], rule)
+    scores = torch.matmul(q[:, r0:r1], k[:, k0:k1].transpose(1, 2)) * rule.scaling
     if rule.softcap is not None:
         scores = torch.tanh(scores / rule.softcap) * rule.softcap
-    ok = allowed_rows(r0, r1, k.shape[1], rule.causal, rule.window, q.device)
+    ok = allowed_rows(r0, r1, k1, rule.causal, rule.window, q.device, k0)
     scores = scores.masked_fill(~ok, torch.finfo(scores.dtype).min)
-    return torch.softmax(scores, -1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
+    return torch.softmax(scores, -1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype), k0
+
+
+def pattern_rows(q: torch.Tensor, k: torch.Tensor, r0: int, r1: int, rule: LayerRule) -> torch.Tensor:
+    """Probabilities ``[head, r1 - r0, key]`` of query rows r0..r1-1 over every key (zeros where masked)."""
+    block, k0 = pattern_block(q, k, r0, r1, rule)
+    out = torch.zeros(q.shape[0], r1 - r0, k.shape[1], dtype=block.dtype, device=block.device)
+    out[:, :, k0 : k0 + block.shape[-1]] = block
+    return out
 
 
 def chunk_rows(n_heads: int, n_keys: int, element: int = 4) -> int:
@@ -165,14 +185,14 @@ class Recorder:
         rows = torch.tensor(self.sel.rows, dtype=torch.long)
         for r0 in range(0, n, step):
             r1 = min(n, r0 + step)
-            probs = pattern_rows(query[0], kr, r0, r1, rule)
+            block, k0 = pattern_block(query[0], kr, r0, r1, rule)
             if attention_mask is not None:
                 self._check_mask(attention_mask, r0, r1, n, rule, layer)
-            out[:, r0:r1] = torch.matmul(probs, v)
+            out[:, r0:r1] = torch.matmul(block, v[:, k0 : k0 + block.shape[-1]])
             if keep:
                 here = rows[(rows >= r0) & (rows < r1)]
                 if len(here):
-                    self._write_shard(layer, probs, here - r0, here)
+                    self._write_shard(layer, block, k0, n, here - r0, here)
         return out.transpose(0, 1)[None]
 
     def _check_mask(self, mask: torch.Tensor, r0: int, r1: int, n: int, rule: LayerRule, layer: int) -> None:
@@ -184,9 +204,12 @@ class Recorder:
                 "(padding?); long-context recording takes one unpadded text"
             )
 
-    def _write_shard(self, layer: int, probs: torch.Tensor, local: torch.Tensor, rows: torch.Tensor) -> None:
+    def _write_shard(
+        self, layer: int, block: torch.Tensor, k0: int, n: int, local: torch.Tensor, rows: torch.Tensor
+    ) -> None:
         heads = torch.tensor(self.sel.heads, dtype=torch.long)
-        part = probs.detach()[heads][:, local].contiguous().cpu()
+        part = torch.zeros(len(heads), len(local), n, dtype=block.dtype)
+        part[:, :, k0 : k0 + block.shape[-1]] = block.detach()[heads][:, local].cpu()
         name = f"attention/L{layer}_{int(rows[0])}-{int(rows[-1])}.safetensors"
         save_file({"pattern": part}, str(self.folder / name))
         self.shards.append({"file": name, "layer": layer, "rows": rows.tolist(), "heads": list(self.sel.heads)})
