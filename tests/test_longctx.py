@@ -14,7 +14,7 @@ from streetlamp.methods.maxflow import layered_max_flow
 from streetlamp.methods.rollout import residual_attention, rollout_matrix
 from streetlamp.models.adapter import ModelAdapter
 from streetlamp.models.attention import fused_attention
-from streetlamp.models.chunked import QKStore, Selection
+from streetlamp.models.chunked import QKStore, Selection, fused_long
 from streetlamp.models.tiny import tiny_model
 from streetlamp.runners.explain_long import read_rows, record
 
@@ -109,6 +109,11 @@ def test_fused_attention_logits_equal_the_eager_path(family: str) -> None:
     eager = adapter.forward(inputs).logits
     with fused_attention():
         fused = adapter.forward(inputs).logits
+    one = adapter.encode(TEXT)
+    with fused_long(adapter):  # masks for SDPA (None for one causal text)
+        fused_one = adapter.forward(one).logits
+    assert torch.allclose(fused_one, eager[:1], atol=f32_tol(3, float(eager.abs().max())), rtol=0)
+    with fused_attention():
         # a layer whose pattern is asked for stays eager (layer 0, whose input no fused layer touched:
         # bit for bit), the others still fused
         rec = adapter.forward(inputs, record=["layers.0.attn.pattern"])

@@ -252,20 +252,40 @@ def _configs(model: torch.nn.Module) -> list[Any]:
 
 
 @contextmanager
-def record_long(adapter: ModelAdapter, recorder: Recorder) -> Iterator[Recorder]:
-    """Run the model's forward passes inside this block through ``recorder`` (chunked attention)."""
+def _chunked_masks(adapter: ModelAdapter) -> Iterator[None]:
+    """Inside this block the model builds ``sdpa_mask`` masks (None or boolean, never a float [S, S])."""
     register_chunked()
     configs = _configs(adapter.hf_model)
     before = [c._attn_implementation for c in configs]
-    token = _RECORDER.set(recorder)
     try:
         for c in configs:
             c._attn_implementation = CHUNKED_IMPLEMENTATION
-        yield recorder
+        yield
     finally:
-        _RECORDER.reset(token)
         for c, b in zip(configs, before):
             c._attn_implementation = b
+
+
+@contextmanager
+def record_long(adapter: ModelAdapter, recorder: Recorder) -> Iterator[Recorder]:
+    """Run the model's forward passes inside this block through ``recorder`` (chunked attention)."""
+    token = _RECORDER.set(recorder)
+    try:
+        with _chunked_masks(adapter):
+            yield recorder
+    finally:
+        _RECORDER.reset(token)
+
+
+@contextmanager
+def fused_long(adapter: ModelAdapter) -> Iterator[None]:
+    """Forward passes that need no attention weights, on long inputs: the fused kernel
+    (:func:`~streetlamp.models.attention.fused_attention`) with the masks built for it (None for
+    one causal text, so no ``[S, S]`` tensor exists at all)."""
+    from .attention import fused_attention
+
+    with _chunked_masks(adapter), fused_attention():
+        yield
 
 
 class QKStore:
