@@ -124,3 +124,25 @@ def test_fused_attention_logits_equal_the_eager_path(family: str) -> None:
     assert torch.allclose(rec.logits, eager, atol=f32_tol(3, scale), rtol=0)
     if family == "gemma2":  # soft-capped layers cannot be fused: eager, identical
         assert torch.equal(fused, eager)
+
+
+@pytest.mark.parametrize("family", ["llama", "bert"])
+def test_attention_x_gradient_row_equals_the_full_method(family: str, tmp_path) -> None:
+    from streetlamp.methods.attention_grad import AttentionXGradient
+    from streetlamp.models.adapter import Target
+    from streetlamp.runners.explain_long import attention_x_gradient_row
+
+    adapter = tiny64(family)
+    inputs = adapter.encode(TEXT)
+    sel = Selection([0], [0], [0])
+    for target in (Target(), Target(index=1, quantity="logit")):
+        ref = AttentionXGradient().attribute(adapter, inputs, target=target)[0].scores
+        for mode in (True, False):
+            with torch.set_grad_enabled(mode):
+                row, logits, _ = attention_x_gradient_row(
+                    adapter, inputs, tmp_path / f"{target.index}{mode}", sel, target
+                )
+                assert torch.is_grad_enabled() == mode  # the mode is restored after the pass
+            np.testing.assert_allclose(row, ref, atol=F64_TOL, rtol=0)
+            assert logits.grad_fn is None
+        assert np.abs(ref).max() > 1e-6  # not a comparison of zeros

@@ -13,6 +13,8 @@ from safetensors.numpy import load_file
 import streetlamp
 from streetlamp.cli import main
 from streetlamp.methods.attention import record_attention
+from streetlamp.methods.attention_grad import AttentionXGradient
+from streetlamp.models.adapter import Target
 from streetlamp.methods.rollout import residual_attention, rollout_matrix
 from streetlamp.models.tiny import save_tiny
 from streetlamp.runners.explain_long import read_rows
@@ -28,10 +30,13 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def full_att(ckpt: Path) -> np.ndarray:
-    """Attention [L, H, n, n] of the existing full-tensor path on the same checkpoint: the reference."""
+def full_att(ckpt: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Attention [L, H, n, n] and attention x gradient's tokens from the existing full-tensor methods on
+    the same checkpoint: the reference."""
     adapter = streetlamp.load(str(ckpt))
-    return record_attention(adapter, adapter.encode(TEXT))[1][0].double().numpy()
+    inputs = adapter.encode(TEXT)
+    axg = AttentionXGradient().attribute(adapter, inputs, target=Target())[0].scores
+    return record_attention(adapter, inputs)[1][0].double().numpy(), axg
 
 
 def run(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
@@ -43,18 +48,20 @@ def run(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
 def test_explain_rows_keeps_what_was_asked_and_reads_back(ckpt, full_att, tmp_path, capsys) -> None:
     out = tmp_path / "o"
     args = ["--model", str(ckpt), "--out", str(out), "--rows", "last,0:2", "--layers", "0,-1", "--heads", "1,3"]
+    args += ["--methods", "rollout,attention_x_gradient"]
     rc, stdout, _ = run(capsys, "explain", TEXT, *args)
     assert rc == 0 and "kept attention rows 0..1,10 of layers 0,2, heads 1,3" in stdout
     m = json.loads((out / "manifest.json").read_text())
     assert m["long_context"]["kept"] == {"layers": [0, 2], "heads": [1, 3], "rows": [0, 1, 10]}
     assert {s["layer"] for s in m["long_context"]["shards"]} == {0, 2}
     assert sorted(p.name for p in (out / "qk").iterdir()) == ["L0.safetensors", "L1.safetensors", "L2.safetensors"]
-    att = full_att  # float32 model: the chunked and the full path sum in the same order, to eps32 x depth
+    att, axg = full_att  # float32 model: the chunked and the full path sum in the same order, to eps32 x depth
     tol = f32_tol(3)
     for layer in range(3):  # kept (layers 0, 2) and recomputed (layer 1) rows alike
         np.testing.assert_allclose(read_rows(out, layer, [0, 1, 10]), att[layer][:, [0, 1, 10]], atol=tol, rtol=0)
-    rollout = load_file(str(out / "arrays.safetensors"))["rollout.tokens"]
-    np.testing.assert_allclose(rollout, rollout_matrix(residual_attention(att))[10], atol=tol, rtol=0)
+    arrays = load_file(str(out / "arrays.safetensors"))
+    np.testing.assert_allclose(arrays["rollout.tokens"], rollout_matrix(residual_attention(att))[10], atol=tol, rtol=0)
+    np.testing.assert_allclose(arrays["attention_x_gradient.tokens"], axg, atol=f32_tol(3, float(np.abs(axg).max())))
     rc, stdout, _ = run(capsys, "attention-row", str(out), "--layer", "1", "--row", "last", "--heads", "2")
     lines = stdout.splitlines()
     assert rc == 0 and lines[1] == "key\ttoken\thead 2" and len(lines) == 2 + 11
@@ -74,7 +81,7 @@ def test_explain_rows_keeps_what_was_asked_and_reads_back(ckpt, full_att, tmp_pa
         (["--layers", "3"], "--layers 3 out of range: the model has layers 0..2"),
         (["--layers", "-4"], "--layers -4 out of range"),
         (["--heads", "4"], "--heads 4 out of range: the model has heads 0..3"),
-        (["--rows", "last", "--methods", "occlusion"], "runs only rollout, flow (not occlusion)"),
+        (["--rows", "last", "--methods", "occlusion"], "runs only rollout, flow, attention_x_gradient (not occlusion)"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(ckpt, tmp_path, capsys, flags, message) -> None:

@@ -138,6 +138,12 @@ class Recorder:
         self.shards: list[dict[str, Any]] = []
         self.n_tokens: int | None = None
         self.step: int | None = None
+        # attention x gradient of one row (grad_row, default the last) at one layer (grad_layer)
+        self.grad_layer: int | None = None
+        self.grad_row: int | None = None
+        self.z_leaf: torch.Tensor | None = None
+        self.grad_pattern: torch.Tensor | None = None
+        self.grad_values: torch.Tensor | None = None
         (self.folder / "qk").mkdir(parents=True, exist_ok=True)
         (self.folder / "attention").mkdir(parents=True, exist_ok=True)
 
@@ -193,7 +199,32 @@ class Recorder:
                 here = rows[(rows >= r0) & (rows < r1)]
                 if len(here):
                     self._write_shard(layer, block, k0, n, here - r0, here)
+        if layer == self.grad_layer:
+            return self._grad_leaf(out, v, query[0], kr, rule)
         return out.transpose(0, 1)[None]
+
+    def _grad_leaf(
+        self, out: torch.Tensor, v: torch.Tensor, q: torch.Tensor, k: torch.Tensor, rule: LayerRule
+    ) -> torch.Tensor:
+        """At ``grad_layer``: keep the explained row ``A[:, pos]`` and the values, and return the layer's
+        output as a leaf that requires grad; gradient tracking is switched on from here to the end of
+        the pass (nothing before this layer is in the graph). ``∂F/∂A[h, pos, j] = ∂F/∂z[pos, h] · v[h, j]``."""
+        pos = int(self.grad_row if self.grad_row is not None else out.shape[1] - 1)
+        self.grad_pattern = pattern_rows(q, k, pos, pos + 1, rule)[:, 0].detach()  # [head, key]
+        self.grad_values = v.detach()
+        z = out.transpose(0, 1)[None].detach().requires_grad_(True)
+        self.z_leaf = z
+        torch.set_grad_enabled(True)  # restored by the caller's no_grad block when the pass ends
+        return z
+
+    def attention_x_gradient(self, f: torch.Tensor) -> torch.Tensor:
+        """``A ⊙ ∂F/∂A`` ``[head, key]`` of the explained row at ``grad_layer`` for the scalar ``f``."""
+        if self.z_leaf is None or self.grad_pattern is None or self.grad_values is None:
+            raise RuntimeError("attention_x_gradient needs a pass recorded with grad_layer set")
+        (g,) = torch.autograd.grad(f, [self.z_leaf])
+        pos = int(self.grad_row if self.grad_row is not None else g.shape[1] - 1)
+        dfda = torch.einsum("hd,hjd->hj", g[0, pos], self.grad_values)
+        return self.grad_pattern * dfda
 
     def _check_mask(self, mask: torch.Tensor, r0: int, r1: int, n: int, rule: LayerRule, layer: int) -> None:
         m = mask[0, 0, r0:r1, :n] if mask.dim() == 4 else mask[r0:r1, :n]

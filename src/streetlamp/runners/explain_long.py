@@ -22,7 +22,7 @@ from ..models.adapter import Inputs, ModelAdapter, Target
 from ..models.chunked import QKStore, Recorder, Selection, record_long
 from ..store.run_folder import RunFolder
 
-LONG_METHODS = ("rollout", "flow")
+LONG_METHODS = ("rollout", "flow", "attention_x_gradient")
 
 
 def parse_indices(spec: str | None, n: int, flag: str, what: str) -> list[int]:
@@ -88,15 +88,41 @@ def qk_bytes(adapter: ModelAdapter, n_tokens: int) -> int:
 
 
 def record(
-    adapter: ModelAdapter, inputs: Inputs, folder: Path, selection: Selection, chunk: int | None = None
+    adapter: ModelAdapter,
+    inputs: Inputs,
+    folder: Path,
+    selection: Selection,
+    chunk: int | None = None,
+    grad_row: int | None = None,
 ) -> tuple[torch.Tensor, Recorder]:
-    """One forward pass with chunked attention; the explained logits ``[1, n_out]`` and the recorder."""
+    """One forward pass with chunked attention; the explained logits ``[1, n_out]`` and the recorder.
+    ``grad_row``: keep the graph from the last layer's attention output on, for
+    :meth:`Recorder.attention_x_gradient` of that row (the logits then carry a graph)."""
     if len(inputs) != 1:
         raise StreetlampError("long-context recording takes one text")
     rec = Recorder(adapter, folder, selection, chunk)
-    with torch.no_grad(), record_long(adapter, rec):
+    if grad_row is not None:
+        rec.grad_layer, rec.grad_row = adapter.n_layers - 1, grad_row
+    # the pass itself runs without grad (adapter.forward); the recorder switches it on at grad_layer, and
+    # the explained logits are picked out after the pass, under this block's mode
+    with torch.set_grad_enabled(grad_row is not None), record_long(adapter, rec):
         logits = adapter.forward(inputs).logits
     return logits, rec
+
+
+def attention_x_gradient_row(
+    adapter: ModelAdapter, inputs: Inputs, folder: Path, selection: Selection, target: Target, chunk: int | None = None
+) -> tuple[np.ndarray, torch.Tensor, Recorder]:
+    """Attention x gradient of the explained row at the last layer, summed over heads (the ``tokens`` of
+    :class:`~streetlamp.methods.attention_grad.AttentionXGradient`), in one chunked pass: ``[seq]``,
+    with the (detached) explained logits and the recorder."""
+    pos = adapter.explained_position(inputs.lengths[0])
+    logits, rec = record(adapter, inputs, folder, selection, chunk, grad_row=pos)
+    index = adapter.resolve(inputs, target, logits.detach())
+    with torch.enable_grad():
+        f = adapter.score(logits, index.to(logits.device), target).sum()
+        axg = rec.attention_x_gradient(f)
+    return axg.sum(0).double().cpu().numpy(), logits.detach(), rec
 
 
 def read_rows(folder: Path | str, layer: int, rows: list[int], heads: list[int] | None = None) -> np.ndarray:
@@ -192,24 +218,33 @@ def explain_long(
             f"the recording needs {need / (1 << 30):.2f} GiB on disk, {free / (1 << 30):.2f} GiB free"
         )
     with rf.staging() as w:
-        logits, rec = record(adapter, inputs, w.path, sel, chunk)
+        if "attention_x_gradient" in methods:  # the same single pass, with the last layer's graph
+            axg, logits, rec = attention_x_gradient_row(adapter, inputs, w.path, sel, target, chunk)
+        else:
+            logits, rec = record(adapter, inputs, w.path, sel, chunk)
         index = int(adapter.resolve(inputs, target, logits)[0])
         probs = torch.softmax(logits[0].float(), -1).cpu().numpy()
         section = rec.describe()
         store = QKStore(w.path, section)
         res = LongResult(rf.out, n, pos, inputs.labels[0], adapter.output_label(int(probs.argmax())), section["kept"])
         res.disk = need
+        meaning = {}
         for m in methods:
-            res.rows[m] = (rollout_row if m == "rollout" else flow_row)(store, pos, fusion, chunk)
+            if m == "attention_x_gradient":
+                res.rows[m] = axg
+                meaning[m] = (
+                    f"sum over heads of the last layer's row {pos} of A ⊙ dF/dA, dF/dA[h, {pos}, j] = dF/dz[{pos}, h] · v[h, j] "
+                    f"(F = {target.describe(adapter, index)})"
+                )
+            else:
+                res.rows[m] = (rollout_row if m == "rollout" else flow_row)(store, pos, fusion, chunk)
+                meaning[m] = (
+                    f"{m} row of position {pos}: Â_l = 0.5·{fusion}_h A[l] + 0.5·I (rows renormalised), "
+                    "recomputed from the stored queries and keys chunk by chunk"
+                )
         w.add_array("probs", probs, axes=["output"], meaning="softmax of the explained logits")
         for m, row in res.rows.items():
-            w.add_array(
-                f"{m}.tokens",
-                row.astype(np.float32),
-                axes=["token"],
-                meaning=f"{m} row of position {pos}: Â_l = 0.5·{fusion}_h A[l] + 0.5·I (rows renormalised), "
-                "recomputed from the stored queries and keys chunk by chunk",
-            )
+            w.add_array(f"{m}.tokens", row.astype(np.float32), axes=["token"], meaning=meaning[m])
         w.write_manifest(
             {
                 "model": adapter.describe(),
