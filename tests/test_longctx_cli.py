@@ -14,8 +14,8 @@ import streetlamp
 from streetlamp.cli import main
 from streetlamp.methods.attention import record_attention
 from streetlamp.methods.attention_grad import AttentionXGradient
-from streetlamp.models.adapter import Target
 from streetlamp.methods.rollout import residual_attention, rollout_matrix
+from streetlamp.models.adapter import Target
 from streetlamp.models.tiny import save_tiny
 from streetlamp.runners.explain_long import read_rows
 
