@@ -32,10 +32,10 @@ FLOW_MAX_BYTES = 8 << 30  # capacities + flow, float64
 
 
 def _fuse(p: torch.Tensor, fusion: str) -> torch.Tensor:
-    a = p.double()
+    """Head fusion in float64 without a float64 copy of ``[head, rows, key]`` (max/min are exact in any dtype)."""
     if fusion == "mean":
-        return a.mean(0)
-    return a.amax(0) if fusion == "max" else a.amin(0)
+        return p.sum(0, dtype=torch.float64) / p.shape[0]
+    return (p.amax(0) if fusion == "max" else p.amin(0)).double()
 
 
 def residual_block(p: torch.Tensor, r0: int, k0: int, fusion: str) -> torch.Tensor:
