@@ -72,7 +72,7 @@ def test_recorded_and_recomputed_rows_equal_the_full_tensor(family: str, tmp_pat
 
 @pytest.mark.parametrize("family", ["llama", "bert", "gemma2"])
 def test_rollout_row_equals_the_full_rollout(family: str, tmp_path) -> None:
-    adapter = tiny64(family, layers=4)
+    adapter = tiny64(family)
     _, att = full(adapter)
     _, _, store = recorded(adapter, tmp_path, rows=[0], layers=[0], chunk=4)
     for fusion in ("mean", "max", "min"):
@@ -101,7 +101,7 @@ def test_recorded_rows_keep_only_what_was_asked(tmp_path) -> None:
     assert rec.describe()["kept"] == {"layers": [1], "heads": [0, 2], "rows": [2, 3, 9]}
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "mistral", "bert", "gemma2"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "bert", "gemma2"])
 def test_fused_attention_logits_equal_the_eager_path(family: str) -> None:
     model, tok = tiny_model(family, seed=1, layers=3)  # float32: SDPA sums in another order
     adapter = ModelAdapter(model, tok, f"tiny-{family}")
