@@ -107,6 +107,14 @@ def test_average_precision_and_precision_at_k() -> None:
     assert lb.word_scores(np.array([5.0, -1.0, 2.0, 7.0])).tolist() == [1.0, 2.0]
 
 
+def test_edge_share() -> None:
+    """Share of |score| mass on the first and last tokens, by hand."""
+    assert lb.edge_share(np.array([-3.0, 1.0, 0.0, 2.0, 4.0])) == pytest.approx(7 / 10)
+    assert lb.edge_share(np.array([0.0, 5.0, 0.0])) == 0.0
+    assert lb.edge_share(np.zeros(4)) == 0.0  # no mass anywhere: no skew to report
+    assert lb.edge_share(np.ones(8)) == pytest.approx(2 / 8)  # uniform: the edge_share_uniform column
+
+
 def test_oracle_is_one_and_random_is_its_expectation() -> None:
     """Random rankings average to the exact E[AP] (by enumerating permutations), near the base rate."""
     examples = TASKS["order"].generate(3000, seed=3)

@@ -98,8 +98,12 @@ def test_cli_benchmark_writes_csv(tmp_path: Path, capsys: pytest.CaptureFixture)
         "precision_at_k",
         "comprehensiveness",
         "sufficiency",
+        "edge_share",
+        "edge_share_uniform",
     ):
         assert col in rows[0]
+    for r in rows:  # shares are fractions; uniform scores give 2/n, n >= 8 tokens (6+ words, [CLS], [SEP])
+        assert 0 <= float(r["edge_share"]) <= 1 and 0 < float(r["edge_share_uniform"]) <= 2 / 8
     assert {(r["variant"], r["method"]) for r in rows} == {
         (v, m) for v in ("normal", "deceptive") for m in ("random", "attention", "occlusion")
     }

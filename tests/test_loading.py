@@ -69,3 +69,23 @@ def test_unroutable_family_is_one_line(model_type: str, why: str, tmp_path: Path
         streetlamp.load(str(tmp_path))
     msg = str(e.value)
     assert why in msg and "supported: bert, distilbert, gemma2" in msg and "\n" not in msg
+
+
+def test_attention_that_cannot_be_routed_is_one_line() -> None:
+    """A model class whose attention modules do not call ALL_ATTENTION_FUNCTIONS (transformers detects it
+    from the class's source, caches the answer, only warns and keeps its own attention): refused in one line."""
+    from transformers import LlamaForCausalLM
+
+    from streetlamp.models.adapter import ModelAdapter
+
+    class OwnAttentionLlamaForCausalLM(LlamaForCausalLM):
+        _can_set_attn_implementation_cached_value = False  # what transformers concludes for such a class
+
+    model, tok = tiny_model("llama", seed=0)
+    own = OwnAttentionLlamaForCausalLM(model.config)
+    with pytest.raises(streetlamp.StreetlampError) as e:
+        ModelAdapter(own, tok, "own")
+    msg = str(e.value)
+    assert "OwnAttentionLlamaForCausalLM's attention cannot be routed" in msg and "attn_implementation='eager'" in msg
+    assert "\n" not in msg
+    ModelAdapter(model, tok, "plain")  # the same model class without the flag is routed

@@ -10,6 +10,9 @@ text are ranked: ``[CLS]`` and ``[SEP]`` can never be planted and are left out.
 * AUPRC: the trapezoid area under the precision-recall curve (ERASER's and ferret's number).
 * precision@k: ``k`` = number of planted tokens; expected fraction of the top-``k`` that are planted
   (ties at the cut broken at random). All three from :mod:`streetlamp.stats`.
+* edge share: the share of ``sum |score|`` on the sequence's first and last tokens (``[CLS]`` and
+  ``[SEP]`` here, never planted; ``2 / n`` if scores were uniform). AttnLRP is known to pile relevance
+  on the first and last tokens; this column measures that skew for every method instead of assuming it.
 * Comprehensiveness / sufficiency (DeYoung et al., ACL 2020, ERASER), AOPC over {1,5,10,20,50}%,
   tokens deleted, computed by :mod:`streetlamp.evaluation.erasure` on the method's signed scores.
 """
@@ -23,12 +26,19 @@ from ..evaluation.erasure import ErasurePlan
 from ..models.adapter import Inputs, ModelAdapter
 from ..stats import auprc, average_precision, precision_at_k
 
-__all__ = ["auprc", "average_precision", "precision_at_k", "word_scores", "erasure_metrics"]
+__all__ = ["auprc", "average_precision", "precision_at_k", "word_scores", "edge_share", "erasure_metrics"]
 
 
 def word_scores(token_scores: np.ndarray) -> np.ndarray:
     """|score| of the words: drop ``[CLS]`` (first) and ``[SEP]`` (last)."""
     return np.abs(np.asarray(token_scores, dtype=np.float64)[1:-1])
+
+
+def edge_share(token_scores: np.ndarray) -> float:
+    """Share of ``sum |score|`` on the first and last tokens; 0 when every score is 0."""
+    a = np.abs(np.asarray(token_scores, dtype=np.float64))
+    total = a.sum()
+    return float((a[0] + a[-1]) / total) if total > 0 and a.size > 1 else 0.0
 
 
 def erasure_metrics(

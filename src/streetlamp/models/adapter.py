@@ -181,6 +181,13 @@ class ModelAdapter:
                 "(bert, roberta, distilbert, gpt2, llama) and *ForCausalLM / GPT2LMHeadModel"
             )
         hf_model.set_attn_implementation(attention.register())
+        routed = getattr(hf_model.config, "_attn_implementation", None)
+        if routed != attention.ATTN_IMPLEMENTATION:  # transformers only warns and keeps its own
+            raise StreetlampError(
+                f"{arch}'s attention cannot be routed through streetlamp's attention function (its attention "
+                f"modules do not call ALL_ATTENTION_FUNCTIONS; transformers kept attn_implementation={routed!r}), "
+                "so streetlamp could neither record nor edit it"
+            )
         hf_model.eval()
         self.hf_model = hf_model
         self.tokenizer = tokenizer

@@ -40,6 +40,8 @@ COLUMNS = [
     "comprehensiveness",
     "sufficiency",
     "base_rate",
+    "edge_share",
+    "edge_share_uniform",
     "n_examples",
     "seconds",
     "error",
@@ -129,6 +131,8 @@ def score_method(
         "comprehensiveness": float(comp.mean()),
         "sufficiency": float(suff.mean()),
         "base_rate": float(np.mean([m.mean() for m in masks])),
+        "edge_share": float(np.mean([lb.edge_share(s) for s in token_scores])),
+        "edge_share_uniform": float(np.mean([2 / n for n in inputs.lengths])),
         "seconds": round(secs, 2),
     }
 
