@@ -106,3 +106,15 @@ def test_attention_row_bad_input(ckpt, tmp_path, capsys) -> None:
     (other / "manifest.json").write_text(json.dumps({"streetlamp": "explain"}))  # a full-tensor run's manifest
     rc, _, stderr = run(capsys, "attention-row", str(other), "--layer", "0")
     assert rc == 2 and "holds no long-context recording" in stderr
+
+
+def test_full_tensor_refusal_points_to_rows(ckpt, tmp_path, capsys, monkeypatch) -> None:
+    """A text whose full tensors would not fit is refused with the long path named; --rows then runs."""
+    import streetlamp.models.memory as memory
+
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 1024)  # as if 1 KiB were free
+    out = tmp_path / "o"
+    rc, _, stderr = run(capsys, "explain", TEXT, "--model", str(ckpt), "--out", str(out))
+    assert rc == 2 and "would not fit; record only some rows (explain --rows explained" in stderr
+    assert not out.exists()
+    assert run(capsys, "explain", TEXT, "--model", str(ckpt), "--out", str(out), "--rows", "explained")[0] == 0
