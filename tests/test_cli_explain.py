@@ -131,9 +131,11 @@ def test_refuses_non_empty_out_unless_overwrite(
 
 
 def test_unsupported_checkpoints(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    bad = tmp_path / "t5"
+    bad = tmp_path / "pegasus"
     bad.mkdir()
-    (bad / "config.json").write_text(json.dumps({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]}))
+    (bad / "config.json").write_text(
+        json.dumps({"model_type": "pegasus", "architectures": ["PegasusForConditionalGeneration"]})
+    )
     rc, _, err = run(capsys, "explain", "hi", "--model", str(bad), "--out", str(tmp_path / "o"))
     assert rc == 2 and "not supported" in err and "bert" in err
     empty = tmp_path / "empty"

@@ -36,6 +36,7 @@ def _layers(twin: torch.nn.Module) -> list[torch.nn.Module]:
             "roberta": lambda: base.encoder.layer,
             "distilbert": lambda: base.transformer.layer,
             "gpt2": lambda: base.h,
+            "deberta-v2": lambda: base.encoder.layer,
         }.get(t, lambda: base.layers)()
     )  # Llama, Mistral, Qwen, Phi-3, Gemma: base.layers
 
@@ -50,6 +51,8 @@ def hand_values(twin: torch.nn.Module, layer: torch.nn.Module, h: torch.Tensor) 
         v, wo = layer.attention.self.value(h), layer.attention.output.dense.weight.t()
     elif t == "distilbert":
         v, wo = layer.attention.v_lin(h), layer.attention.out_lin.weight.t()
+    elif t == "deberta-v2":
+        v, wo = layer.attention.self.value_proj(h), layer.attention.output.dense.weight.t()
     elif t == "gpt2":
         v, wo = layer.attn.c_attn(layer.ln_1(h))[:, 2 * d :], layer.attn.c_proj.weight
     elif t == "modernbert":  # fused Wqkv: [q, k, v], each d wide
@@ -138,7 +141,7 @@ def _block_outputs(twin: torch.nn.Module, enc) -> list[torch.Tensor]:  # noqa: A
     got: list[torch.Tensor] = []
     handles = []
     for layer in _layers(twin):
-        if t in ("bert", "roberta", "distilbert"):
+        if t in ("bert", "roberta", "distilbert", "deberta-v2"):
             mod = layer.attention.output.LayerNorm if t != "distilbert" else layer.sa_layer_norm
             handles.append(mod.register_forward_hook(lambda m, a, o: got.append(o[0].detach())))
         else:
@@ -191,7 +194,7 @@ def test_alti_decomposition_is_exact(tiny: ModelAdapter) -> None:
 
 
 def test_alti_unsupported_family_is_a_clear_error() -> None:
-    fake = types.SimpleNamespace(family=types.SimpleNamespace(name="vit"))
+    fake = types.SimpleNamespace(family=types.SimpleNamespace(name="no-such-family"))
     with pytest.raises(StreetlampError, match="supported: bert"):
         placement(fake)  # type: ignore[arg-type]
 

@@ -95,6 +95,10 @@ def _load(args: argparse.Namespace, settings: Settings):
         raise StreetlampError("--device and --device-map exclude each other: the map places the model")
     max_memory = parse_max_memory(getattr(args, "max_memory", None)) if device_map else None
     adapter = load(args.model)
+    if not isinstance(settings, GenerationSettings):
+        from .models.seq2seq import require_one_stack
+
+        require_one_stack(adapter, args.command)
     if device_map is not None:
         adapter.dispatch(max_memory, args.offload_folder, args.dtype)
     else:
@@ -314,6 +318,33 @@ def cmd_mediate(args: argparse.Namespace) -> int:
     return _print(run_mediate(adapter, out, n_prompts=s.prompts, head_site=s.component, batch_size=s.batch_size))
 
 
+def cmd_replicate(args: argparse.Namespace) -> int:
+    from .evaluation.replicate import ReplicateSettings
+    from .models.loading import load
+    from .runners.replicate import parse_data, replicate
+
+    data = parse_data(args.data)
+    if args.device_map is not None or args.max_memory or args.offload_folder:
+        raise StreetlampError(
+            "replicate runs on one device: give --device, not --device-map / --max-memory / --offload-folder"
+        )
+    s = ReplicateSettings(
+        seed=args.seed,
+        batch_size=args.batch_size,
+        permutations=args.permutations,
+        adv_steps=args.adv_steps,
+        adv_layers=args.adv_layers,
+        eps=args.eps,
+        head_examples=args.head_examples,
+        layers=args.layers,
+    )
+    adapter = load(args.model)
+    adapter.to(args.device, args.dtype)
+    return _print(
+        replicate(args.model, data, Path(args.out), s, limit=args.limit, chunk_size=args.chunk_size, adapter=adapter)
+    )
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from .methods.registry import parse_methods
     from .runners.evaluate import evaluate
@@ -483,6 +514,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     adapters = {}
     for name in args.model or [DEFAULT_MODEL]:
         a = load(name)
+        from .models.seq2seq import require_one_stack
+
+        require_one_stack(a, "serve")
         adapters[a.name] = a.to(args.device)
     serve(adapters, args.host, args.port, args.allow_remote, args.runs, args.timeout, args.queue)
     return 0
@@ -574,7 +608,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="explain one text: attention of every layer and head, methods, figures",
         parents=[shared_options(model=DEFAULT_MODEL, out="output folder (default runs/explain-<time>)")],
     )
-    s.add_argument("text")
+    s.add_argument("text", help="the text, or for an image model (ViT) an image file")
     s.add_argument(
         "--target",
         default=None,
@@ -609,7 +643,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_attention_row)
     s = sub.add_parser(
         "explain-generation",
-        help="causal LM: attribution of every generated (or given) token over the prompt and earlier tokens, "
+        help="causal LM or encoder-decoder (T5, BART): attribution of every generated (or given) token over the "
+        "prompt (source) and earlier tokens, "
         "with any method (default integrated gradients, one shared path)",
         parents=[shared_options(model="smollm2-135m", out="output folder (default runs/generation-<time>)")],
     )
@@ -619,8 +654,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--continuation",
         default=None,
-        help="forced decoding: explain this given continuation (re-tokenised after the prompt) instead of "
-        "generating greedily",
+        help="forced decoding: explain this given continuation (causal LM: re-tokenised after the prompt; "
+        "encoder-decoder: the target text, tokenised alone) instead of generating greedily",
     )
     s.add_argument(
         "--methods",
@@ -758,6 +793,30 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ray-address", default=None, help="existing Ray cluster (e.g. auto, ray://head:10001)")
     s.add_argument("--workers", type=int, default=None, help="Ray actors (one model each)")
     s.set_defaults(func=cmd_evaluate)
+    s = sub.add_parser(
+        "replicate",
+        help="Jain & Wallace, Serrano & Smith, Wiegreffe & Pinter per layer and head (docs/replication.md)",
+        parents=[
+            shared_options(
+                model="smollm2-135m", out="run folder; the same command resumes it", out_required=True, overwrite=False
+            )
+        ],
+    )
+    s.add_argument("--data", default="movies,tweets,recall", help="comma-separated: movies, tweets, recall")
+    s.add_argument("--limit", type=int, default=None, help="N examples per dataset, drawn with --seed")
+    s.add_argument("--permutations", type=int, default=3, help="random permutations per layer")
+    s.add_argument("--adv-steps", type=int, default=8, help="adversarial attention: optimiser steps")
+    s.add_argument("--adv-layers", type=int, default=3, help="adversarial attention at K evenly spaced layers")
+    s.add_argument("--eps", type=float, default=0.01, help="adversarial attention: max output change (TVD)")
+    s.add_argument(
+        "--head-examples",
+        type=int,
+        default=0,
+        help="per dataset, the first K examples also get per-head zeroing (-1: all)",
+    )
+    s.add_argument("--layers", default="all", help="layers with interventions: all, every:K or a comma list")
+    s.add_argument("--chunk-size", type=int, default=4, help="examples per stored chunk (unit of resumption)")
+    s.set_defaults(func=cmd_replicate)
     s = sub.add_parser(
         "benchmark",
         help="ground truth: which methods recover planted tokens (normal vs deceptive)",

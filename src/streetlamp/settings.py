@@ -129,8 +129,10 @@ class GenerationSettings(Settings):
             raise StreetlampError(f"--new-tokens must be 1..64 (got {self.new_tokens})")
 
     def validate(self, adapter: ModelAdapter) -> None:
-        if adapter.kind != "causal_lm":
-            raise StreetlampError(f"explain-generation needs a causal LM; {adapter.name} is a {adapter.kind}")
+        if adapter.kind not in ("causal_lm", "seq2seq"):
+            raise StreetlampError(
+                f"explain-generation needs a causal LM or an encoder-decoder; {adapter.name} is a {adapter.kind}"
+            )
 
 
 @dataclass

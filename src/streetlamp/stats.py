@@ -16,6 +16,8 @@
   starts at the point (recall 0, precision 1)). Not the same number as average precision.
 * :func:`precision_at_k` -- expected precision of the top ``k`` when ties at the cut are broken at
   random (so it too does not depend on token order).
+* :func:`bootstrap_ci` -- the mean and its percentile bootstrap confidence interval over independent
+  units (examples), NaNs dropped.
 """
 
 from __future__ import annotations
@@ -125,3 +127,28 @@ def precision_at_k(scores: np.ndarray, relevant: np.ndarray, k: int | None = Non
     tied = s == cut
     hits = rel[above].sum() + (k - above.sum()) * rel[tied].mean()
     return float(hits / k)
+
+
+def bootstrap_ci(
+    values: np.ndarray, n_boot: int = 2000, level: float = 0.95, seed: int = 0
+) -> tuple[float, float, float, int]:
+    """``(mean, low, high, n)``: the mean of the non-NaN ``values`` and its percentile bootstrap interval.
+
+    ``n_boot`` resamples of the ``n`` values with replacement (``numpy.random.default_rng(seed)``); the
+    interval is the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of the resampled means (linear
+    interpolation). The values must be independent units (one per example), not e.g. the heads of one
+    example. NaN interval when fewer than two values remain; all NaN when none does."""
+    v = np.asarray(values, np.float64).reshape(-1)
+    v = v[~np.isnan(v)]
+    n = int(v.size)
+    if n == 0:
+        return float("nan"), float("nan"), float("nan"), 0
+    mean = float(v.mean())
+    if n < 2:
+        return mean, float("nan"), float("nan"), n
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+    means = v[idx].mean(1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return mean, float(lo), float(hi), n

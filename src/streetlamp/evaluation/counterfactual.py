@@ -21,7 +21,7 @@ attention distribution read by the classifier -- for each layer in ``layers``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +30,14 @@ import torch
 from ..models.adapter import Inputs, ModelAdapter, at_least_float32
 from ..stats import js_divergence_t, total_variation_t
 from .common import output_map, output_probs
+
+# maps output distributions [rows, n_outputs] to the distributions compared (e.g. renormalised over a
+# causal LM's label tokens); None compares the whole output distribution
+Project = Callable[[torch.Tensor], torch.Tensor] | None
+
+
+def _identity(p: torch.Tensor) -> torch.Tensor:
+    return p
 
 
 def _row_edit(pos: torch.Tensor, new_rows: torch.Tensor):
@@ -60,10 +68,17 @@ class Counterfactual:
         layer: int,
         seeds: Sequence[int],
         budget: int | None,
+        project: Project = None,
+        att: torch.Tensor | None = None,
     ) -> list[float]:
+        """Median output TVD over the permutations, per text. ``probs`` are the (projected)
+        distributions compared; ``att`` the layer's recorded pattern when the caller has it."""
         rows = inp.rows()
-        with torch.no_grad():
-            att = adapter.forward(inp, record=[f"layers.{layer}.attn.pattern"]).cache[f"layers.{layer}.attn.pattern"]
+        proj = project or _identity
+        if att is None:
+            with torch.no_grad():
+                site = f"layers.{layer}.attn.pattern"
+                att = adapter.forward(inp, record=[site]).cache[site]
         plan, new_rows, where = [], [], []
         for b, n in enumerate(inp.lengths):
             pos = adapter.explained_position(n)
@@ -83,19 +98,29 @@ class Counterfactual:
             return {f"layers.{layer}.attn.pattern": _row_edit(pos, nr)}
 
         ref = torch.as_tensor(np.asarray(probs, np.float64)[np.array(where)])
-        d = output_map(adapter, plan, budget, lambda group, p: total_variation_t(p, ref[group].to(p.device)), 1, build)[
-            :, 0
-        ]
+        d = output_map(
+            adapter, plan, budget, lambda group, p: total_variation_t(proj(p), ref[group].to(p.device)), 1, build
+        )[:, 0]
         return [float(np.median(d[np.array(where) == b])) for b in range(len(rows))]
 
     def adversarial(
-        self, adapter: ModelAdapter, inp: Inputs, probs: np.ndarray, layer: int, seeds: Sequence[int]
+        self,
+        adapter: ModelAdapter,
+        inp: Inputs,
+        probs: np.ndarray,
+        layer: int,
+        seeds: Sequence[int],
+        project: Project = None,
+        att: torch.Tensor | None = None,
     ) -> tuple[list[float], list[float]]:
         """Best feasible JS (bits) and its output TVD per text, for one layer; one padded batch."""
         site = f"layers.{layer}.attn.pattern"
         dev = adapter.device
-        with torch.no_grad():
-            att = adapter.forward(inp, record=[site]).cache[site].float()
+        proj = project or _identity
+        if att is None:
+            with torch.no_grad():
+                att = adapter.forward(inp, record=[site]).cache[site]
+        att = att.detach().float()
         lengths = inp.lengths
         pos = torch.tensor([adapter.explained_position(n) for n in lengths])
         width = att.shape[-1]
@@ -118,7 +143,7 @@ class Counterfactual:
             new = torch.softmax(z.masked_fill(~real[:, None, :], float("-inf")), -1)
             with torch.enable_grad():
                 logits = adapter.forward(inp, edit={site: _row_edit(pos, new)}, grad=True).logits
-            y = torch.softmax(at_least_float32(logits), -1)
+            y = proj(torch.softmax(at_least_float32(logits), -1))
             d = total_variation_t(y, y0)
             js = js_divergence_t(new, orig).mean(-1)
             js_np, d_np = js.detach().cpu().numpy(), d.detach().cpu().numpy()
@@ -130,8 +155,11 @@ class Counterfactual:
             opt.step()
         return best_js.tolist(), best_tvd.tolist()
 
-    def uniform(self, adapter: ModelAdapter, inp: Inputs, budget: int | None) -> np.ndarray:
-        """Output distributions with uniform attention (over allowed keys) in every row and layer."""
+    def uniform(
+        self, adapter: ModelAdapter, inp: Inputs, budget: int | None, layers: Sequence[int] | None = None
+    ) -> np.ndarray:
+        """Output distributions with uniform attention (over allowed keys) in every row of ``layers``
+        (default: every layer)."""
 
         def build(group: list[int], width: int) -> dict:
             def fn(p: torch.Tensor) -> torch.Tensor:
@@ -142,6 +170,6 @@ class Counterfactual:
                 u = allowed.to(p.dtype)[:, None, :, :].expand_as(p)
                 return u / u.sum(-1, keepdim=True).clamp_min(1)
 
-            return {f"layers.{l}.attn.pattern": fn for l in range(adapter.n_layers)}
+            return {f"layers.{l}.attn.pattern": fn for l in (range(adapter.n_layers) if layers is None else layers)}
 
         return output_probs(adapter, inp.rows(), budget, build)

@@ -41,6 +41,10 @@ class Method(ABC):
 
     def check(self, adapter: ModelAdapter) -> None:
         """Raise a StreetlampError saying why this method cannot apply to ``adapter``."""
+        if adapter.kind == "seq2seq":
+            from ..models.seq2seq import refusal
+
+            raise StreetlampError(refusal(self.name, adapter.name))
         if adapter.kind not in self.kinds:
             raise StreetlampError(f"method {self.name!r} does not apply to a {adapter.kind}")
 

@@ -36,7 +36,7 @@ def embed_ids(adapter: ModelAdapter, ids: torch.Tensor) -> torch.Tensor:
 
     The site is the output of the token-embedding module (``Session`` hooks exactly that module), so
     the lookup alone gives it; running the whole model to record it cost one forward pass per call."""
-    return adapter.embed_module(ids.view(1, -1).to(adapter.device))[0]
+    return adapter.embed_tokens(ids)
 
 
 def scores_at(

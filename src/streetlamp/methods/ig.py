@@ -63,6 +63,10 @@ class IntegratedGradients(Method):
 
     def check(self, adapter: ModelAdapter) -> None:
         super().check(adapter)
+        self.check_params()
+
+    def check_params(self) -> None:
+        """The parameter checks that need no model."""
         if self.rule not in RULES:
             raise StreetlampError(f"unknown IG rule {self.rule!r}; choose one of {', '.join(RULES)}")
         if self.baseline not in BASELINES:

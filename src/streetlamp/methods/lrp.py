@@ -48,7 +48,7 @@ def attnlrp_relevance(
 
 
 # families whose norms, activations and gated products have rules (the conservation test passes on each)
-RULE_FAMILIES = ("bert", "roberta", "distilbert", "gpt2", "llama", "mistral", "qwen2")
+RULE_FAMILIES = ("bert", "roberta", "distilbert", "gpt2", "llama", "mistral", "qwen2", "vit")
 
 
 @dataclass

@@ -27,9 +27,29 @@ from .maxflow import layered_max_flow
 FUSIONS = ("mean", "max", "min")
 
 
-def residual_attention(att: np.ndarray, fusion: str = "mean") -> np.ndarray:
-    """``Â_l = 0.5·fuse_h A[l] + 0.5·I``, rows renormalised. ``att`` ``[L, H, S, S]`` -> ``[L, S, S]``."""
+def discard_lowest(fused: np.ndarray, ratio: float) -> np.ndarray:
+    """vit-explain's ``discard_ratio`` (Gildenblat's rollout for ViT, github.com/jacobgil/vit-explain):
+    in each layer's head-fused ``[S, S]`` matrix the ``int(S*S*ratio)`` smallest entries are set to 0,
+    except entry ``(0, 0)`` ([CLS] to itself, the flat index 0 that its code keeps). Ties are broken by
+    position (a stable sort). ``fused`` ``[L, S, S]``; a copy is returned."""
+    out = fused.copy()
+    s = fused.shape[-1]
+    k = int(s * s * ratio)
+    if k == 0:
+        return out
+    for layer in out:
+        flat = layer.reshape(-1)
+        drop = np.argsort(flat, kind="stable")[:k]
+        flat[drop[drop != 0]] = 0.0
+    return out
+
+
+def residual_attention(att: np.ndarray, fusion: str = "mean", discard_ratio: float = 0.0) -> np.ndarray:
+    """``Â_l = 0.5·fuse_h A[l] + 0.5·I``, rows renormalised. ``att`` ``[L, H, S, S]`` -> ``[L, S, S]``.
+    ``discard_ratio`` > 0 first drops the lowest fused entries (:func:`discard_lowest`)."""
     fused = {"mean": att.mean(1), "max": att.max(1), "min": att.min(1)}[fusion].astype(np.float64)
+    if discard_ratio:
+        fused = discard_lowest(fused, discard_ratio)
     a = 0.5 * fused + 0.5 * np.eye(att.shape[-1])[None]
     return a / a.sum(-1, keepdims=True)
 
@@ -62,20 +82,45 @@ def attention_per_text(
 class _AttentionGraphMethod(Method):
     family = "attention"
     fusion: str
+    discard_ratio: float
 
     def check(self, adapter: ModelAdapter) -> None:
         super().check(adapter)
         if self.fusion not in FUSIONS:
             raise StreetlampError(f"unknown head fusion {self.fusion!r}; choose one of {', '.join(FUSIONS)}")
+        r = self.discard_ratio
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r < 1:
+            raise StreetlampError(f"discard_ratio must be a number in [0, 1), not {r!r}")
+
+    def image_grid(self, adapter: ModelAdapter, row: np.ndarray) -> dict[str, tuple[np.ndarray, list[str], str]]:
+        """Image models: the explained row over the patches as the patch grid, divided by its maximum
+        (vit-explain's ``mask / mask.max()``); nothing for text models."""
+        if adapter.modality != "image":
+            return {}
+        g = adapter.patch_grid()
+        grid = row[1:].reshape(g["patch_rows"], g["patch_cols"])
+        top = grid.max()
+        return {
+            "grid": (
+                (grid / top if top > 0 else grid).astype(np.float32),
+                ["patch_row", "patch_col"],
+                "the explained row's patch entries (no [CLS]) on the patch grid, divided by their maximum",
+            )
+        }
 
 
 @dataclass
 class Rollout(_AttentionGraphMethod):
     """Attention rollout (Abnar & Zuidema 2020): ``Â_l = 0.5·fuse_h A[l] + 0.5·I`` with rows
     renormalised, ``R = Â_L ⋯ Â_1``; ``R[i, j]`` is the share of output position i that comes from
-    input token j. ``fusion``: how heads are combined (``mean`` as in the paper, ``max``, ``min``)."""
+    input token j. ``fusion``: how heads are combined (``mean`` as in the paper, ``max``, ``min``).
+    ``discard_ratio``: drop the lowest fused entries first, as vit-explain does on images
+    (:func:`discard_lowest`; its authors' ViT demos use max fusion with 0.9); rows are renormalised
+    as in the paper (vit-explain's ``a / a.sum(dim=-1)`` broadcasts over columns instead). On an image
+    model the explanation also has ``grid``: the [CLS] row over the patches, on the patch grid."""
 
     fusion: Literal["mean", "max", "min"] = "mean"
+    discard_ratio: float = 0.0
 
     name = "rollout"
     description = "attention rollout: product of residual-augmented, head-fused attention over layers"
@@ -90,7 +135,9 @@ class Rollout(_AttentionGraphMethod):
         for b, att in enumerate(atts):
             n = att.shape[-1]
             pos = adapter.explained_position(n)
-            r = rollout_matrix(residual_attention(att, self.fusion))
+            r = rollout_matrix(residual_attention(att, self.fusion, self.discard_ratio))
+            grid = self.image_grid(adapter, r[pos])
+            dropped = f" after dropping the lowest {self.discard_ratio:.0%} of entries" if self.discard_ratio else ""
             out.append(
                 self.explanation(
                     adapter,
@@ -98,12 +145,21 @@ class Rollout(_AttentionGraphMethod):
                     b,
                     int(index[b]),
                     target,
-                    arrays={"tokens": r[pos].astype(np.float32), "matrix": r.astype(np.float32)},
-                    axes={"tokens": ["token"], "matrix": ["output_position", "token"]},
+                    arrays={
+                        "tokens": r[pos].astype(np.float32),
+                        "matrix": r.astype(np.float32),
+                        **{k: v[0] for k, v in grid.items()},
+                    },
+                    axes={
+                        "tokens": ["token"],
+                        "matrix": ["output_position", "token"],
+                        **{k: v[1] for k, v in grid.items()},
+                    },
                     meaning={
                         "tokens": f"rollout row of position {pos} ({inputs.labels[b][pos]}): share of its "
                         "final representation that flows from each input token",
-                        "matrix": f"R = Â_L…Â_1, Â_l = 0.5·{self.fusion}_h A[l] + 0.5·I, rows renormalised",
+                        "matrix": f"R = Â_L…Â_1, Â_l = 0.5·{self.fusion}_h A[l]{dropped} + 0.5·I, rows renormalised",
+                        **{k: v[2] for k, v in grid.items()},
                     },
                     position=pos,
                     target_independent=True,
@@ -119,10 +175,13 @@ class Flow(_AttentionGraphMethod):
     ``Flow[i, j]`` = value of the maximum flow from ``(0, j)`` to ``(L, i)``, computed exactly by
     :func:`~streetlamp.methods.maxflow.layered_max_flow` (equal to networkx's max-flow to ~1e-12).
     Raw max-flow values, not renormalised (the authors' code divides each row by its sum).
-    ``rows="explained"`` (default) computes only the explained position's row; ``"all"`` the matrix."""
+    ``rows="explained"`` (default) computes only the explained position's row; ``"all"`` the matrix.
+    ``discard_ratio`` as in :class:`Rollout` (applied to the capacities' fused attention); an image
+    model's explanation also has ``grid`` (the explained row over the patch grid)."""
 
     fusion: Literal["mean", "max", "min"] = "mean"
     rows: Literal["explained", "all"] = "explained"
+    discard_ratio: float = 0.0
 
     name = "flow"
     description = "attention flow: max-flow from each input token to the output through the layered attention graph"
@@ -142,7 +201,7 @@ class Flow(_AttentionGraphMethod):
         for b, att in enumerate(atts):
             n = att.shape[-1]
             pos = adapter.explained_position(n)
-            caps = residual_attention(att, self.fusion)
+            caps = residual_attention(att, self.fusion, self.discard_ratio)
             arrays = {}
             axes = {"tokens": ["token"]}
             meaning = {
@@ -158,6 +217,8 @@ class Flow(_AttentionGraphMethod):
             else:
                 row = layered_max_flow(caps, [pos])[0]
             arrays["tokens"] = row.astype(np.float32)
+            for k, (v, ax, mean) in self.image_grid(adapter, row).items():
+                arrays[k], axes[k], meaning[k] = v, ax, mean
             out.append(
                 self.explanation(
                     adapter,

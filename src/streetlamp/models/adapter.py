@@ -27,7 +27,8 @@ from . import attention
 from .sites import FAMILIES, Family, site_names
 from .trace import Edit, Session
 
-Kind = Literal["classifier", "causal_lm"]
+Kind = Literal["classifier", "causal_lm", "seq2seq"]
+Modality = Literal["text", "image"]
 Quantity = Literal["prob", "logit", "logprob"]
 # When the asked-for replacement token does not exist (causal LMs have no [MASK]), use the next one.
 REPLACEMENT_FALLBACK = {"mask": ("mask", "unk", "pad", "eos"), "unk": ("unk", "pad", "eos"), "pad": ("pad", "eos")}
@@ -39,6 +40,18 @@ STRUCTURAL_SPECIALS = ("cls", "sep", "bos", "eos", "pad")
 def at_least_float32(t: torch.Tensor) -> torch.Tensor:
     """``t`` in float32, or float64 if it already is (half precision is upcast, double is kept)."""
     return t if t.dtype == torch.float64 else t.float()
+
+
+def route_attention(hf_model: PreTrainedModel) -> None:
+    """Route the model's attention through streetlamp's function, or refuse in one line."""
+    hf_model.set_attn_implementation(attention.register())
+    routed = getattr(hf_model.config, "_attn_implementation", None)
+    if routed != attention.ATTN_IMPLEMENTATION:  # transformers only warns and keeps its own
+        raise StreetlampError(
+            f"{type(hf_model).__name__}'s attention cannot be routed through streetlamp's attention function (its "
+            f"attention modules do not call ALL_ATTENTION_FUNCTIONS; transformers kept attn_implementation={routed!r}), "
+            "so streetlamp could neither record nor edit it"
+        )
 
 
 def _get(root: nn.Module, path: str) -> nn.Module:
@@ -161,33 +174,40 @@ class Forward:
 
 
 class ModelAdapter:
-    """Wraps a Hugging Face classifier or causal LM of a supported family."""
+    """Wraps a Hugging Face classifier or causal LM of a supported family, or a ViT image classifier.
+
+    For an image model pass its image processor as ``tokenizer``: the adapter wraps it in a
+    :class:`~streetlamp.models.images.PatchVocabulary` (patches as tokens) and ``modality`` is ``image``.
+    """
 
     def __init__(
-        self, hf_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, name: str, source: str = ""
+        self, hf_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | Any, name: str, source: str = ""
     ) -> None:
         model_type = hf_model.config.model_type
         if model_type not in FAMILIES:
             raise StreetlampError(f"unsupported model type {model_type!r}; supported: {', '.join(sorted(FAMILIES))}")
         self.family: Family = FAMILIES[model_type]
         arch = type(hf_model).__name__
-        if arch.endswith("ForSequenceClassification"):
+        self.modality: Modality = "text"
+        if arch.endswith("ForImageClassification"):
+            from .images import PatchVocabulary
+
             self.kind: Kind = "classifier"
+            self.modality = "image"
+            if not isinstance(tokenizer, PatchVocabulary):  # an image processor; a vocabulary is shared as is
+                tokenizer = PatchVocabulary(tokenizer, hf_model.config)
+        elif arch.endswith("ForSequenceClassification"):
+            self.kind = "classifier"
         elif arch.endswith("ForCausalLM") or arch.endswith("LMHeadModel"):
             self.kind = "causal_lm"
         else:
             raise StreetlampError(
                 f"unsupported architecture {arch}; supported: *ForSequenceClassification "
-                "(bert, roberta, distilbert, gpt2, llama) and *ForCausalLM / GPT2LMHeadModel"
+                "(bert, roberta, distilbert, gpt2, llama, ...), *ForCausalLM / GPT2LMHeadModel and "
+                "ViTForImageClassification"
             )
-        hf_model.set_attn_implementation(attention.register())
-        routed = getattr(hf_model.config, "_attn_implementation", None)
-        if routed != attention.ATTN_IMPLEMENTATION:  # transformers only warns and keeps its own
-            raise StreetlampError(
-                f"{arch}'s attention cannot be routed through streetlamp's attention function (its attention "
-                f"modules do not call ALL_ATTENTION_FUNCTIONS; transformers kept attn_implementation={routed!r}), "
-                "so streetlamp could neither record nor edit it"
-            )
+        if not self.family.own_attention:  # DeBERTa-v2: hooks on its own module instead (models/deberta.py)
+            route_attention(hf_model)
         hf_model.eval()
         self.hf_model = hf_model
         self.tokenizer = tokenizer
@@ -211,6 +231,8 @@ class ModelAdapter:
         max_pos = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or 10**9)
         # RoBERTa numbers positions from padding_idx + 1, so two position slots are never usable.
         self.max_positions = max_pos - 2 if model_type == "roberta" else max_pos
+        if self.modality == "image":
+            self.max_positions = 1 + cast(Any, tokenizer).n_patches
 
     def to(self, device: str | torch.device = "cpu", dtype: str = "float32") -> ModelAdapter:
         """Move the model (e.g. ``"cuda"``, ``dtype="bfloat16"``); a clear error if the device is missing."""
@@ -292,7 +314,7 @@ class ModelAdapter:
 
     def explained_position(self, length: int) -> int:
         """The position whose output is explained: [CLS] (0) for BERT-style classifiers, else the last token."""
-        if self.kind == "classifier" and self.family.name in ("bert", "roberta", "distilbert"):
+        if self.kind == "classifier" and self.family.name in ("bert", "roberta", "distilbert", "vit", "deberta-v2"):
             return 0
         return length - 1
 
@@ -320,6 +342,11 @@ class ModelAdapter:
         ``mask`` falls back to ``unk``, then ``pad``, then ``eos`` (causal LMs usually have no [MASK];
         SmolLM2's ``unk`` is ``<|endoftext|>``). ``delete`` has no token."""
         if replacement == "delete":
+            if self.modality == "image":
+                raise StreetlampError(
+                    "an image's patches cannot be deleted (a ViT's positions are a fixed grid): use replacement "
+                    "'mask', the mean-pixel patch [MEAN]"
+                )
             return "delete", None, None
         if replacement not in REPLACEMENT_FALLBACK:
             raise StreetlampError(f"unknown replacement {replacement!r}; choose one of mask, unk, pad, delete")
@@ -342,6 +369,8 @@ class ModelAdapter:
             "name": self.name,
             "source": self.source,
             "kind": self.kind,
+            "modality": self.modality,
+            **(self.patch_grid() if self.modality == "image" else {}),
             "family": self.family.name,
             "architecture": type(self.hf_model).__name__,
             "layers": self.n_layers,
@@ -355,12 +384,29 @@ class ModelAdapter:
             "dtype": str(next(self.hf_model.parameters()).dtype).replace("torch.", ""),
         }
 
+    def patch_grid(self) -> dict[str, int]:
+        """Image models: the patch grid (``rows`` x ``cols`` patches of ``patch`` pixels)."""
+        v: Any = self.tokenizer
+        return {"patch_rows": v.rows, "patch_cols": v.cols, "patch_size": v.patch}
+
     # -- inputs --------------------------------------------------------------------------------
-    def encode(self, texts: str | Iterable[str], truncate: bool = False) -> Inputs:
-        texts = [texts] if isinstance(texts, str) else list(texts)
+    def encode(self, texts: Any, truncate: bool = False) -> Inputs:
+        """Texts (a text model), or images (an image model: file paths or PIL images) -> :class:`Inputs`."""
+        from .images import looks_like_image_file
+
+        if self.modality == "image":
+            return self._encode_images(texts)
+        texts = [texts] if isinstance(texts, str) or not isinstance(texts, Iterable) else list(texts)
         if not texts:
             raise StreetlampError("no text given")
         for t in texts:
+            if looks_like_image_file(t):
+                raise StreetlampError(
+                    f"{self.name} is a text model ({self.family.name}): it cannot read the image "
+                    f"{str(getattr(t, 'filename', '') or t)[:80]!r}; give text, or an image model (ViT)"
+                )
+            if not isinstance(t, str):
+                raise StreetlampError(f"a text model reads strings, not {type(t).__name__}")
             if not t or not t.strip():
                 raise StreetlampError("empty text: give at least one non-space character")
         enc = self.tokenizer(texts, padding=False, truncation=False)
@@ -377,6 +423,50 @@ class ModelAdapter:
                 rows[i] = self.tokenizer(texts[i], truncation=True, max_length=self.max_positions)["input_ids"]
             truncated.append(len(r) > self.max_positions)
         return Inputs.from_ids(self, rows, texts, truncated)
+
+    def _encode_images(self, images: Any) -> Inputs:
+        from .images import read_image
+
+        items = [images] if isinstance(images, (str, Path)) or not isinstance(images, Iterable) else list(images)
+        if not items:
+            raise StreetlampError("no image given")
+        pil, names = [], []
+        for k, x in enumerate(items):
+            if isinstance(x, (str, Path)):
+                if not Path(x).expanduser().is_file():
+                    raise StreetlampError(
+                        f"{self.name} is an image model ({self.family.name}): give an image file (PNG, JPEG, ...), "
+                        f"not text or a missing file: {str(x)[:80]!r}"
+                    )
+                pil.append(read_image(x))
+                names.append(str(x))
+            elif hasattr(x, "convert") and hasattr(x, "size"):  # a PIL image
+                pil.append(x.convert("RGB"))
+                names.append(str(getattr(x, "filename", "") or f"<image {k}>"))
+            else:
+                raise StreetlampError(f"an image model reads image files or PIL images, not {type(x).__name__}")
+        rows, _ = cast(Any, self.tokenizer).encode(pil)
+        return Inputs.from_ids(self, rows, names)
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """The ``embed`` site of one row of ids ``[pos]`` -> ``[pos, d_model]`` (the lookup alone, no forward
+        pass); for an image model ``[CLS]`` and the patch embeddings of the row's pixels."""
+        if self.modality == "image":
+            from .images import token_embeddings
+
+            vocab: Any = self.tokenizer
+            row = ids.view(-1).cpu().clone()
+            first, row[0] = int(row[0]), vocab.cls_token_id  # a baseline row may hold a patch at position 0
+            e = token_embeddings(self.embed_module, vocab.pixels(row[None]).to(self.device, self._dtype))[0]
+            if first != vocab.cls_token_id:
+                patch = vocab.patch_pixels(first).to(self.device, self._dtype)
+                e = torch.cat([token_embeddings(self.embed_module, patch)[0, 1:], e[1:]])
+            return e
+        return self.embed_module(ids.view(1, -1).to(self.device))[0]
+
+    @property
+    def _dtype(self) -> torch.dtype:
+        return next(self.hf_model.parameters()).dtype
 
     def token_label(self, token: str) -> str:
         s = self.tokenizer.convert_tokens_to_string([token])
@@ -421,7 +511,13 @@ class ModelAdapter:
             keep = torch.unique(last)
             kw["logits_to_keep"] = keep.to(dev)
         with torch.set_grad_enabled(grad or keep_grad), self.session(record, edit, keep_grad) as s:
-            out = self.hf_model(input_ids=inputs.input_ids.to(dev), attention_mask=inputs.attention_mask.to(dev), **kw)
+            if self.modality == "image":  # every row is [CLS] + all patches: no padding, no mask
+                pixel = cast(Any, self.tokenizer).pixels(inputs.input_ids)
+                out = self.hf_model(pixel_values=pixel.to(dev, self._dtype))
+            else:
+                out = self.hf_model(
+                    input_ids=inputs.input_ids.to(dev), attention_mask=inputs.attention_mask.to(dev), **kw
+                )
         if self.kind == "classifier":
             return Forward(out.logits, s.cache)
         col = torch.searchsorted(keep, last).to(out.logits.device)

@@ -21,7 +21,13 @@ absent); ``softcap`` caps the scaled scores as ``softcap * tanh(scores / softcap
 is added (Gemma 2); ``sliding_window`` is already inside the per-layer mask transformers builds for
 sliding layers (through the mask builder registered below), and is applied here only when no mask
 arrives (a causal query i then sees keys i - window + 1 .. i; a bidirectional one keys with
-|i - j| < window).
+|i - j| < window). ``position_bias`` (T5: the relative-position bias of the stack's first layer,
+``[1 or batch, head, query, key]``, zeros for cross-attention) is added to the scaled scores before the
+mask, as T5's eager code does; T5 passes ``scaling=1.0`` (it does not scale q·k).
+
+Encoder-decoders (T5, BART) name the sites by stack and attention kind
+(``encoder.layers.{l}.attn.*``, ``decoder.layers.{l}.self_attn.*``, ``decoder.layers.{l}.cross_attn.*``):
+the session says which prefix a module's call belongs to.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from .trace import active_session
 ATTN_IMPLEMENTATION = "streetlamp"
 _FUSED: ContextVar[bool] = ContextVar("streetlamp_fused_attention", default=False)
 # sites computed inside this function: a layer whose site is recorded or edited needs the weights
-_INSIDE = ("attn.v", "attn.pattern", "attn.z")
+_INSIDE = ("v", "pattern", "z")
 
 
 @contextmanager
@@ -57,11 +63,12 @@ def fused_attention(on: bool = True) -> Iterator[None]:
         _FUSED.reset(token)
 
 
-def _needs_weights(session: object, layer: int | None) -> bool:
-    if session is None or layer is None:
+def _needs_weights(session: object, prefix: str) -> bool:
+    """Whether the session records or edits a site inside this call (``{prefix}.v/.pattern/.z``)."""
+    if session is None or not prefix:
         return False
     wanted = getattr(session, "record", set()) | set(getattr(session, "edits", {}))
-    return any(f"layers.{layer}.{s}" in wanted for s in _INSIDE)
+    return any(f"{prefix}.{s}" in wanted for s in _INSIDE)
 
 
 def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -82,32 +89,38 @@ def streetlamp_attention(
     dropout: float = 0.0,
     softcap: float | None = None,
     sliding_window: int | None = None,
+    position_bias: torch.Tensor | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     if scaling is None:
         scaling = query.size(-1) ** -0.5
     groups = int(getattr(module, "num_key_value_groups", 1) or 1)
     session = active_session()
-    layer = session.layer_of(module) if session is not None else None
+    where = session.attn_site(module) if session is not None else None
+    layer, prefix = where if where is not None else (None, "")
     recorder = active_recorder()
     if recorder is not None:  # long context: query chunks, selected rows and q/k to disk
-        if _needs_weights(session, layer):
+        if _needs_weights(session, prefix):
             raise StreetlampError("a long-context recording cannot also record or edit attention sites")
+        if position_bias is not None:
+            raise StreetlampError("long-context recording does not support a relative-position bias (T5) yet")
         out = recorder.attend(module, query, key, value, attention_mask, scaling, softcap, sliding_window, groups)
         return out, None
     key = repeat_kv(key, groups)
     value = repeat_kv(value, groups)
-    if _FUSED.get() and softcap is None and not _needs_weights(session, layer):
+    if _FUSED.get() and softcap is None and position_bias is None and not _needs_weights(session, prefix):
         return _sdpa(module, query, key, value, attention_mask, scaling, dropout, sliding_window), None
     if layer is not None:
         assert session is not None
         v = value.transpose(1, 2)
-        v_new = session.site(f"layers.{layer}.attn.v", v)
+        v_new = session.site(f"{prefix}.v", v)
         if v_new is not v:
             value = v_new.transpose(1, 2)
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
+    if position_bias is not None:
+        scores = scores + position_bias
     q_len, k_len = query.shape[-2], key.shape[-2]
     if attention_mask is not None:
         if attention_mask.dtype == torch.bool:
@@ -135,12 +148,12 @@ def streetlamp_attention(
     probs = nn.functional.dropout(probs, p=dropout, training=module.training)
     if layer is not None:
         assert session is not None
-        session.note_allowed(allowed, query.shape[0], layer)
-        probs = session.site(f"layers.{layer}.attn.pattern", probs)
+        session.note_allowed(allowed, query.shape[0], layer, prefix)
+        probs = session.site(f"{prefix}.pattern", probs)
     out = torch.matmul(probs, value).transpose(1, 2).contiguous()
     if layer is not None:
         assert session is not None
-        out = session.site(f"layers.{layer}.attn.z", out)
+        out = session.site(f"{prefix}.z", out)
         session.stash_z(layer, out)
     return out, probs
 

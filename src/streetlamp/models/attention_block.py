@@ -54,6 +54,8 @@ DECOMPOSE: dict[str, NormPlacement] = {
     "modernbert": NormPlacement("pre", "attn_norm", "layernorm"),  # layer 0's attn_norm is the identity
     "gemma2": NormPlacement("sandwich", "post_attention_layernorm", "rmsnorm_1p"),
     "gemma3_text": NormPlacement("sandwich", "post_attention_layernorm", "rmsnorm_1p"),
+    "vit": NormPlacement("pre", "layernorm_before", "layernorm"),
+    "deberta-v2": NormPlacement("post", "attention.output.LayerNorm", "layernorm"),
 }
 
 

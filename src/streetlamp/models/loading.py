@@ -16,6 +16,7 @@ from safetensors.torch import save_model
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
     AutoModelForSequenceClassification,
     AutoTokenizer,
     PreTrainedModel,
@@ -26,6 +27,7 @@ from ..errors import StreetlampError
 from . import attention
 from .adapter import ModelAdapter
 from .minilm import MissingPackageError, build_minilm_classifier, package_dir
+from .seq2seq import SEQ2SEQ_FAMILIES, Seq2SeqAdapter
 from .sites import FAMILIES, unsupported_message
 
 SMOLLM_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -151,17 +153,27 @@ def load_checkpoint(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
         config = AutoConfig.from_pretrained(str(path))
     except (ValueError, OSError) as e:
         raise StreetlampError(f"cannot read {path / 'config.json'}: {e}".splitlines()[0]) from None
-    if config.model_type not in FAMILIES:
+    if config.model_type not in FAMILIES and config.model_type not in SEQ2SEQ_FAMILIES:
         raise StreetlampError(unsupported_message(config.model_type))
     archs = config.architectures or []
-    if any(a.endswith("ForSequenceClassification") for a in archs):
-        auto: type[Any] = AutoModelForSequenceClassification
+    if config.model_type in SEQ2SEQ_FAMILIES:
+        if not any(a.endswith("ForConditionalGeneration") for a in archs):
+            raise StreetlampError(
+                f"architecture {archs or 'unknown'} is not supported; encoder-decoders load as *ForConditionalGeneration"
+            )
+        auto: type[Any] = AutoModelForSeq2SeqLM
+    elif any(a.endswith("ForImageClassification") for a in archs):
+        from transformers import AutoModelForImageClassification
+
+        auto = AutoModelForImageClassification
+    elif any(a.endswith("ForSequenceClassification") for a in archs):
+        auto = AutoModelForSequenceClassification
     elif any(a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in archs):
         auto = AutoModelForCausalLM
     else:
         raise StreetlampError(
             f"architecture {archs or 'unknown'} is not supported; supported: "
-            "*ForSequenceClassification and *ForCausalLM / GPT2LMHeadModel"
+            "*ForSequenceClassification, *ForCausalLM / GPT2LMHeadModel and ViTForImageClassification"
         )
     if not list(path.glob("*.safetensors")):
         raise StreetlampError(
@@ -169,11 +181,31 @@ def load_checkpoint(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
             "(convert pickled weights with a trusted tool first)"
         )
     model = auto.from_pretrained(str(path), attn_implementation=attention.register(), use_safetensors=True)
+    if auto.__name__ == "AutoModelForImageClassification":
+        return model, image_processor(path)
     try:
         tok = AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError, TypeError) as e:
         raise StreetlampError(f"{path} has no usable tokenizer: {e}".splitlines()[0]) from None
     return model, tok
+
+
+def image_processor(path: Path) -> Any:
+    """The checkpoint's image processor (``preprocessor_config.json``); the Pillow implementation when
+    torchvision is missing, without transformers' warning about the fallback."""
+    from transformers import AutoImageProcessor
+    from transformers.utils import logging as hf_logging
+
+    if not (path / "preprocessor_config.json").exists():
+        raise StreetlampError(f"{path} has no preprocessor_config.json: an image model needs its image processor")
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return AutoImageProcessor.from_pretrained(str(path))
+    except (OSError, ValueError, TypeError) as e:
+        raise StreetlampError(f"{path} has no usable image processor: {e}".splitlines()[0]) from None
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 def hub_cache_dir() -> Path:
@@ -241,7 +273,7 @@ def load(name_or_path: str | os.PathLike = DEFAULT_MODEL) -> ModelAdapter:
     if not path.exists() and looks_like_hub_name(key):
         snap = resolve_hub_name(key)
         model, tok = load_checkpoint(snap)
-        return ModelAdapter(model, tok, key, f"{key} from the Hugging Face cache ({snap})")
+        return adapter_for(model, tok, key, f"{key} from the Hugging Face cache ({snap})")
     if not path.exists():
         raise StreetlampError(
             f"unknown model {key!r}: not an embedded name ({', '.join(EMBEDDED)}), "
@@ -255,4 +287,11 @@ def load(name_or_path: str | os.PathLike = DEFAULT_MODEL) -> ModelAdapter:
             f"{path} is a file; give a checkpoint folder, a .gguf file or one of: {', '.join(EMBEDDED)}"
         )
     model, tok = load_checkpoint(path)
-    return ModelAdapter(model, tok, path.name, str(path.resolve()))
+    return adapter_for(model, tok, path.name, str(path.resolve()))
+
+
+def adapter_for(model: PreTrainedModel, tok: PreTrainedTokenizerBase, name: str, source: str) -> ModelAdapter:
+    """The adapter of a loaded model: :class:`Seq2SeqAdapter` for T5 / BART, else :class:`ModelAdapter`."""
+    if model.config.model_type in SEQ2SEQ_FAMILIES:
+        return Seq2SeqAdapter(model, tok, name, source)
+    return ModelAdapter(model, tok, name, source)

@@ -53,6 +53,9 @@ class Family:
     # Gemma 2/3 RMS-normalise a layer's attention output before it joins the residual stream
     # ("sandwich" norms): the output is then unchanged when all of a layer's attention is scaled by α > 0
     normed_attention_output: bool = False
+    # DeBERTa-v2/v3 compute attention inside their own module, not through ALL_ATTENTION_FUNCTIONS: the
+    # attention sites come from hooks on that module (models/deberta.py) instead of our attention function
+    own_attention: bool = False
 
 
 _BERT: dict[str, Any] = dict(
@@ -95,13 +98,17 @@ FAMILIES: dict[str, Family] = {
         mlp_out="mlp.Wo",
         embed="embeddings.tok_embeddings",
     ),
+    # disentangled attention (c2c + c2p + p2c scores); sites from hooks, see models/deberta.py
+    "deberta-v2": Family("deberta-v2", **_BERT, own_attention=True),
+    # ViTForImageClassification (transformers 5: q/k/v/o_proj, mlp.fc1/fc2); ``embed`` hooks ViTEmbeddings
+    # and exposes cat([CLS], patch embeddings) before the position embeddings (models/images.py)
     "vit": Family(
         "vit",
-        layers="encoder.layer",
-        attn="attention.attention",
-        o_proj="attention.output.dense",
-        mlp_out="output.dense",
-        embed="embeddings.patch_embeddings",
+        layers="layers",
+        attn="attention",
+        o_proj="attention.o_proj",
+        mlp_out="mlp.fc2",
+        embed="embeddings",
     ),
 }
 
@@ -109,20 +116,17 @@ FAMILIES: dict[str, Family] = {
 # Families whose attention transformers 5 does not compute through ALL_ATTENTION_FUNCTIONS (so ours
 # cannot be registered), or that need inputs streetlamp does not model yet: the reason is the error.
 UNSUPPORTED: dict[str, str] = {
-    "deberta": "DeBERTa's disentangled attention (content-to-content plus content-to-position and "
-    "position-to-content scores from relative-position embeddings) is computed inside its own "
-    "module in transformers 5, not through ALL_ATTENTION_FUNCTIONS, so streetlamp cannot record "
-    "or edit it",
-    "t5": "encoder-decoder models (T5, BART) are not supported yet",
-    "bart": "encoder-decoder models (T5, BART) are not supported yet",
+    "deberta": "DeBERTa v1 computes its disentangled attention inside its own module in transformers 5, "
+    "not through ALL_ATTENTION_FUNCTIONS, and streetlamp hooks only DeBERTa-v2/v3's module "
+    "(model_type 'deberta-v2'); use a v2/v3 checkpoint",
 }
-UNSUPPORTED["deberta-v2"] = UNSUPPORTED["deberta"]
 
 
 def unsupported_message(model_type: str) -> str:
     """One line: why ``model_type`` cannot be loaded, and the supported families."""
     why = UNSUPPORTED.get(model_type, "not supported")
-    return f"model type {model_type!r}: {why}; supported: {', '.join(sorted(FAMILIES))}"
+    # the encoder-decoders (models/seq2seq.py) after the single-stack families
+    return f"model type {model_type!r}: {why}; supported: {', '.join(sorted(FAMILIES))}; encoder-decoder: bart, t5"
 
 
 def site_names(n_layers: int) -> list[str]:

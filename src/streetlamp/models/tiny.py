@@ -12,8 +12,12 @@ from typing import Any, cast
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import (
+    BartConfig,
+    BartForConditionalGeneration,
     BertConfig,
     BertForSequenceClassification,
+    DebertaV2Config,
+    DebertaV2ForSequenceClassification,
     DistilBertConfig,
     DistilBertForSequenceClassification,
     Gemma2Config,
@@ -38,6 +42,11 @@ from transformers import (
     Qwen3ForCausalLM,
     RobertaConfig,
     RobertaForSequenceClassification,
+    T5Config,
+    T5ForConditionalGeneration,
+    ViTConfig,
+    ViTForImageClassification,
+    ViTImageProcessorPil,
 )
 
 WORDS = (
@@ -51,6 +60,7 @@ FAMILY_KINDS = {
     "roberta": "classifier",
     "distilbert": "classifier",
     "modernbert": "classifier",
+    "deberta-v2": "classifier",
     "gpt2": "causal_lm",
     "llama": "causal_lm",
     "qwen2": "causal_lm",
@@ -60,6 +70,10 @@ FAMILY_KINDS = {
     "gemma2": "causal_lm",
     "gemma3_text": "causal_lm",
 }
+# Image families: not in FAMILY_KINDS (whose tests feed text); tests/test_vit*.py run them.
+IMAGE_FAMILY_KINDS = {"vit": "classifier"}
+# The tiny ViT: 32 x 32 RGB images cut into 8 x 8 patches, so [CLS] + 16 patch tokens.
+TINY_IMAGE_SIZE, TINY_PATCH = 32, 8
 # Sliding-window size of the tiny Mistral and Gemma configs: shorter than the test texts, so the
 # window mask matters (a 4-token window lets query i see keys i-3 .. i).
 TINY_WINDOW = 4
@@ -140,8 +154,10 @@ def tiny_model(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """A randomly initialised model of ``family`` (classifier for encoders, causal LM for decoders)."""
     torch.manual_seed(seed)
+    if family in IMAGE_FAMILY_KINDS:
+        return _tiny_vit(layers, heads, d_model, attn_implementation)  # type: ignore[return-value]
     if family not in FAMILY_KINDS:
-        raise ValueError(f"no tiny model for family {family!r}; have {sorted(FAMILY_KINDS)}")
+        raise ValueError(f"no tiny model for family {family!r}; have {sorted(FAMILY_KINDS)} and vit")
     tok = family_tokenizer(family)
     v = len(tok)
     common: dict[str, Any] = dict(
@@ -189,6 +205,29 @@ def tiny_model(
             **common,
         )
         model = ModernBertForSequenceClassification(cfg)
+    elif family == "deberta-v2":
+        # DeBERTa-v3's layout: c2p and p2c terms, query/key projections shared with the relative
+        # positions, log-bucketed relative distances (8 buckets: fewer than the test texts' tokens, so
+        # bucketing matters), layer-normed relative embeddings, no absolute position embeddings
+        cfg = cast(Any, DebertaV2Config)(
+            hidden_size=d_model,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=2 * d_model,
+            max_position_embeddings=64,
+            relative_attention=True,
+            pos_att_type=["p2c", "c2p"],
+            position_buckets=8,
+            max_relative_positions=64,
+            share_att_key=True,
+            norm_rel_ebd="layer_norm",
+            position_biased_input=False,
+            type_vocab_size=0,
+            pooler_hidden_size=d_model,
+            initializer_range=0.2,
+            **common,
+        )
+        model = DebertaV2ForSequenceClassification(cfg)
     elif family == "distilbert":
         cfg = DistilBertConfig(
             dim=d_model, n_layers=layers, n_heads=heads, hidden_dim=2 * d_model, max_position_embeddings=64, **common
@@ -227,6 +266,35 @@ def tiny_model(
         raise ValueError(f"no tiny model for family {family!r}; have {sorted(FAMILY_KINDS)}")
     model.set_attn_implementation(attn_implementation)
     return model.eval(), tok
+
+
+def _tiny_vit(
+    layers: int, heads: int, d_model: int, attn_implementation: str
+) -> tuple[PreTrainedModel, ViTImageProcessorPil]:
+    """A ViTForImageClassification on 32 x 32 images with 8 x 8 patches, and its image processor
+    (the Pillow one: no torchvision needed; resize to 32 x 32, scale to [0, 1], normalise with mean
+    and std 0.5 as google/vit-base-patch16-224 does). ``initializer_range`` 0.2, as for the tiny
+    decoders, so attention is far from uniform."""
+    cfg = cast(Any, ViTConfig)(
+        hidden_size=d_model,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=2 * d_model,
+        image_size=TINY_IMAGE_SIZE,
+        patch_size=TINY_PATCH,
+        num_channels=3,
+        initializer_range=0.2,
+        num_labels=3,
+        id2label={0: "cat", 1: "dog", 2: "car"},
+        label2id={"cat": 0, "dog": 1, "car": 2},
+    )
+    model = ViTForImageClassification(cfg)
+    with torch.no_grad():  # HF initialises it to 0; a trained ViT's is not, so the [MEAN] patch's embedding
+        # (the projection of a zero patch: this bias) differs from IG's zero-vector baseline, as on real models
+        cast(torch.Tensor, model.vit.embeddings.patch_embeddings.projection.bias).normal_(0.0, 0.2)
+    model.set_attn_implementation(attn_implementation)
+    proc = ViTImageProcessorPil(size={"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE})
+    return model.eval(), proc
 
 
 def _modern_decoder(
@@ -279,8 +347,88 @@ def _modern_decoder(
     return Gemma3ForCausalLM(Gemma3TextConfig(**gemma))
 
 
+# Encoder-decoders (kind "seq2seq"), kept apart from FAMILY_KINDS: the single-stack tests iterate that.
+# Special tokens as the published tokenizers lay them out: T5 appends </s> (no BOS; <pad> also starts
+# the decoder), BART wraps a text in <s> ... </s> and starts the decoder with </s>.
+SEQ2SEQ_SPECIALS: dict[str, tuple[dict[str, str], str]] = {
+    "t5": ({"pad": "<pad>", "eos": "</s>", "unk": "<unk>"}, "$A </s>"),
+    "bart": ({"bos": "<s>", "pad": "<pad>", "eos": "</s>", "unk": "<unk>", "mask": "<mask>"}, "<s> $A </s>"),
+}
+
+
+def seq2seq_tokenizer(family: str) -> PreTrainedTokenizerFast:
+    """The tiny word-level tokenizer with ``family``'s special tokens and template (SEQ2SEQ_SPECIALS)."""
+    names, template = SEQ2SEQ_SPECIALS[family]
+    vocab = {t: i for i, t in enumerate(list(names.values()) + list(WORDS) + [",", ".", "!"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=names["unk"]))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace()])
+    used = [t for t in names.values() if t in template]
+    tok.post_processor = processors.TemplateProcessing(single=template, special_tokens=[(t, vocab[t]) for t in used])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **{f"{k}_token": v for k, v in names.items()})
+
+
+def tiny_seq2seq(
+    family: str, seed: int = 0, layers: int = 2, heads: int = 4, d_model: int = 32, attn_implementation: str = "eager"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """A random T5ForConditionalGeneration or BartForConditionalGeneration at toy size.
+
+    T5: relative position buckets few enough (8, max distance 16) that the test texts fill several, a
+    bias only in the first layer of each stack (as T5 has it), no query scaling (T5's), tied embeddings
+    (so the LM head is scaled by d_model^-0.5). BART: learned positions, scaled embeddings
+    (``scale_embedding``) and initializer_range 0.2, so the patterns are far from uniform."""
+    if family not in SEQ2SEQ_SPECIALS:
+        raise ValueError(f"no tiny encoder-decoder for family {family!r}; have {sorted(SEQ2SEQ_SPECIALS)}")
+    torch.manual_seed(seed)
+    tok = seq2seq_tokenizer(family)
+    model: PreTrainedModel
+    if family == "t5":
+        cfg: Any = cast(Any, T5Config)(  # decoder_start_token_id is a PretrainedConfig keyword
+            vocab_size=len(tok),
+            d_model=d_model,
+            d_kv=d_model // heads,
+            d_ff=2 * d_model,
+            num_layers=layers,
+            num_decoder_layers=layers,
+            num_heads=heads,
+            relative_attention_num_buckets=8,
+            relative_attention_max_distance=16,
+            dropout_rate=0.0,
+            feed_forward_proj="relu",
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+            decoder_start_token_id=tok.pad_token_id,
+        )
+        model = T5ForConditionalGeneration(cfg)
+    else:
+        cfg = cast(Any, BartConfig)(
+            vocab_size=len(tok),
+            d_model=d_model,
+            encoder_layers=layers,
+            decoder_layers=layers,
+            encoder_attention_heads=heads,
+            decoder_attention_heads=heads,
+            encoder_ffn_dim=2 * d_model,
+            decoder_ffn_dim=2 * d_model,
+            max_position_embeddings=64,
+            init_std=0.2,
+            dropout=0.0,
+            attention_dropout=0.0,
+            activation_dropout=0.0,
+            scale_embedding=True,
+            pad_token_id=tok.pad_token_id,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            decoder_start_token_id=tok.eos_token_id,
+        )
+        model = BartForConditionalGeneration(cfg)
+    model.set_attn_implementation(attn_implementation)
+    return model.eval(), tok
+
+
 def save_tiny(family: str, path: str | Path, seed: int = 0, **kw: Any) -> Path:
-    model, tok = tiny_model(family, seed=seed, **kw)
+    """Save ``tiny_model(family)`` (``tiny_seq2seq`` for T5/BART) and its tokenizer (image processor for
+    ViT) as a checkpoint folder."""
+    model, tok = (tiny_seq2seq if family in SEQ2SEQ_SPECIALS else tiny_model)(family, seed=seed, **kw)
     path = Path(path)
     model.save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)

@@ -34,7 +34,8 @@ def expand_sites(patterns: Iterable[str], names: list[str]) -> list[str]:
     for p in patterns:
         hits = [n for n in names if fnmatch.fnmatchcase(n, p)]
         if not hits:
-            raise StreetlampError(f"no site matches {p!r}; sites look like 'embed', 'layers.0.attn.pattern'")
+            example = next((n for n in names if n.endswith(".pattern")), "")
+            raise StreetlampError(f"no site matches {p!r}; sites look like {names[0]!r}, {example!r}")
         out.extend(h for h in hits if h not in out)
     return out
 
@@ -78,7 +79,12 @@ class Session:
     def layer_of(self, module: nn.Module) -> int | None:
         return self._layer_of.get(id(module))
 
-    def note_allowed(self, allowed: torch.Tensor, batch: int, layer: int) -> None:
+    def attn_site(self, module: nn.Module) -> tuple[int, str] | None:
+        """(layer, site prefix) of an attention module's call, e.g. (3, "layers.3.attn"); None if not ours."""
+        l = self._layer_of.get(id(module))
+        return None if l is None else (l, f"layers.{l}.attn")
+
+    def note_allowed(self, allowed: torch.Tensor, batch: int, layer: int, prefix: str = "") -> None:
         a = allowed[:, 0] if allowed.dim() == 4 else allowed
         a = a.expand(batch, *a.shape[-2:]).detach()
         prev = self.cache.get("allowed")
@@ -140,7 +146,11 @@ class Session:
     def __enter__(self) -> Session:
         a = self.adapter
         try:
-            if self._wants("embed"):
+            if self._wants("embed") and a.modality == "image":
+                from .images import vit_embed_hook
+
+                self._handles.append(a.embed_module.register_forward_hook(vit_embed_hook(self), with_kwargs=True))
+            elif self._wants("embed"):
                 self._handles.append(a.embed_module.register_forward_hook(self._out_hook("embed")))
             for l, layer in enumerate(a.layer_modules):
                 if self._wants(f"layers.{l}.resid_pre"):
@@ -149,6 +159,10 @@ class Session:
                     )
                 if self._wants(f"layers.{l}.resid_post"):
                     self._handles.append(layer.register_forward_hook(self._out_hook(f"layers.{l}.resid_post")))
+                if a.family.own_attention:
+                    from .deberta import deberta_hooks
+
+                    self._handles.extend(deberta_hooks(self, l, a.attn_modules[l]))
                 o_proj = a.o_proj_modules[l]
                 if l in self._head_out_layers:
                     self._handles.append(o_proj.register_forward_hook(self._head_out_hook(l, o_proj)))

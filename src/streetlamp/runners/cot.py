@@ -378,6 +378,9 @@ def make_engine(
 
     if adapter is None:
         adapter = load(model)  # type: ignore[arg-type]
+        from ..models.seq2seq import require_one_stack
+
+        require_one_stack(adapter, "cot")
         adapter.to(device)
     local = LocalEngine(adapter, temperature=temperature)
     return local, {"engine": "local", "name": adapter.name, "source": adapter.source}

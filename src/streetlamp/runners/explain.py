@@ -35,13 +35,15 @@ class ExplainResult:
     explanations: dict[str, Explanation] = field(default_factory=dict)
     summary: list[str] = field(default_factory=list)
     model: str = ""  # "name (kind, L layers x H heads)"
+    image: np.ndarray | None = None  # image models: the input as the model sees it, RGB [H, W, 3] in [0, 1]
 
     def lines(self) -> list[str]:
         return [
             f"model: {self.model}",
             *self.summary,
             f"output: {self.out}/ (manifest.json, arrays.safetensors, PNG heatmaps"
-            + (", methods_comparison.png, kendall_tau.csv)" if self.explanations else ")"),
+            + (", methods_comparison.png, kendall_tau.csv" if self.explanations else "")
+            + (", image_overlay.png)" if self.image is not None else ")"),
         ]
 
     def _repr_html_(self) -> str:  # a notebook shows the run's report inline
@@ -131,6 +133,8 @@ def compute(
         allowed,
         pos,
     )
+    if adapter.modality == "image":
+        res.image = cast(Any, adapter.tokenizer).rgb(inputs.input_ids[0])
     run_target = Target(index, target.contrast, target.quantity)
     for name in methods or []:
         if stage:
@@ -231,9 +235,44 @@ def write_outputs(
                 k: {kk: vv for kk, vv in e.info.items() if kk != "params"} for k, e in res.explanations.items()
             },
             "seed": seed,
+            **({"image": image_record(adapter, res)} if res.image is not None else {}),
             **(extra or {}),
         }
     )
+
+
+def image_record(adapter: ModelAdapter, res: ExplainResult) -> dict[str, Any]:
+    """What the manifest says about an image input: the file, the grid, how patches are named."""
+    assert res.image is not None
+    return {
+        "file": res.text,
+        "size_seen": list(res.image.shape[:2]),
+        **adapter.patch_grid(),
+        "tokens": "[CLS] then the patches row by row: patch(r,c) is row r, column c of the patch grid",
+        "overlay": "image_overlay.png: each method's patch scores drawn over the image, one square per patch",
+        "replacement": "[MEAN]: a patch at the image processor's mean pixel (0 after normalisation); what an "
+        "occluded patch becomes and the integrated-gradients baseline patch",
+    }
+
+
+def write_image_overlay(adapter: ModelAdapter, res: ExplainResult, w: RunWriter) -> None:
+    """``image_overlay.png``: attention (the explained row, last layer, head mean, unless the run has the
+    attention method) and every method's scores over the patches, drawn on the image."""
+    from ..report.image_overlay import OVERLAY_FILE, patch_grid, plot_overlay
+
+    assert res.image is not None
+    g = adapter.patch_grid()
+    rows, cols = g["patch_rows"], g["patch_cols"]
+    L, H = res.attention.shape[:2]
+    panels: dict[str, np.ndarray] = {}
+    if "attention" not in res.explanations:
+        row = res.attention[L - 1, :, res.position].mean(0)
+        panels[f"attention from [CLS], layer {L - 1}, head mean"] = patch_grid(row, rows, cols)
+    for name, e in res.explanations.items():
+        panels[name] = patch_grid(e.scores, rows, cols)
+    title = f"{adapter.name}: explaining {adapter.output_label(res.target_index)!r} (patches {rows} x {cols})"
+    plot_overlay(res.image, panels, title, w.path / OVERLAY_FILE)
+    w.add_figure(file=OVERLAY_FILE, shows="patch scores of each method over the image", view="explain")
 
 
 def write_figures(adapter: ModelAdapter, res: ExplainResult, w: RunWriter, layer: int | None, head: int | None) -> None:
@@ -259,6 +298,8 @@ def write_figures(adapter: ModelAdapter, res: ExplainResult, w: RunWriter, layer
         w.path / "attention_head_mean.png",
     )
     w.add_figure(file="attention_head_mean.png", shows="mean over heads, each layer", **grid)
+    if res.image is not None:
+        write_image_overlay(adapter, res, w)
     if res.explanations:
         from ..report.compare import write_comparison
 

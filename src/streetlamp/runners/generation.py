@@ -94,6 +94,24 @@ def explain_generation(
 ) -> GenerationResult:
     """Each method's attribution of each generated token (greedy, or the forced ``continuation``: ids,
     or a text re-tokenised after the prompt) over the prompt and earlier tokens."""
+    if adapter.kind == "seq2seq":  # source -> target: its own runner, the same matrices and files
+        from ..models.seq2seq import Seq2SeqAdapter
+        from .seq2seq_generation import explain_seq2seq_generation
+
+        return explain_seq2seq_generation(
+            cast(Seq2SeqAdapter, adapter),
+            prompt,
+            out,
+            new_tokens=new_tokens,
+            continuation=continuation,
+            methods=methods,
+            quantity=quantity,
+            overwrite=overwrite,
+            batch_size=batch_size,
+            seed=seed,
+            ig_params=ig_params,
+            method_params=method_params,
+        )
     rf = RunFolder.of(out, "explain-generation", overwrite)
     if adapter.kind != "causal_lm":
         raise StreetlampError(f"explain-generation needs a causal LM; {adapter.name} is a {adapter.kind}")

@@ -493,6 +493,9 @@ def load_model(model: str, device: str) -> ModelAdapter:
         adapter.name = model
     else:
         adapter = load(model)
+    from ..models.seq2seq import require_one_stack
+
+    require_one_stack(adapter, "probe")
     if device != "cpu":
         adapter.to(device)
     return adapter

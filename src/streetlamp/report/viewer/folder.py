@@ -261,6 +261,10 @@ def load_folder(folder: Path) -> tuple[dict, Packed]:
     if kind not in VIEWS_WITHOUT_FIGURES:
         extra["figures"] = figure_uris(folder, manifest)
         extra["csv_tables"] = csv_tables(folder, manifest)
+    else:  # only the figures the arrays cannot redraw, marked for the view (an image model's overlay)
+        marked = {f.get("file") for f in manifest.get("figures") or [] if isinstance(f, dict) and f.get("view") == kind}
+        if marked:
+            extra["figures"] = [f for f in figure_uris(folder, manifest) if f["file"] in marked]
     model = {"view": kind, "manifest": _clean(manifest), "arrays": packed.index, **_clean(extra)}
     return model, packed
 

@@ -225,6 +225,7 @@
     // ---- light versus use ----
     const cmpBox = el("div", { id: "compare" });
     root.appendChild(el("div", { cls: "panel" }, el("h2", { text: "Where the light is versus what the model uses" }), cmpBox));
+    const figs = L.figures(); if (figs) root.appendChild(figs); // an image model's overlay (drawn over the picture)
 
     // hidden when "hide" is on: special tokens and sinks; the explained position stays in the strip (it is the
     // query the methods explain) but leaves the key lists like any other special token

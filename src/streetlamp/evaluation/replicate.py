@@ -1,0 +1,340 @@
+"""The 2019 "is attention explanation?" experiments, per layer and per head, on one chunk of examples.
+
+A pure function of (model, decision space, examples, settings), like :mod:`.pipeline`, reusing its pieces:
+:func:`~streetlamp.stats.kendall_tau`, :class:`~.counterfactual.Counterfactual` (permutation, adversarial
+and uniform attention), :func:`~.flip._zero_edit` (zeroing attention items) and :func:`~.common.output_map`.
+
+**Decision.** The model's decision is the argmax of a distribution over a *decision space*: every output
+(a classifier's classes; a causal LM's vocabulary for next-token recall) or a few output ids renormalised
+(a causal LM's label tokens `` negative`` / `` positive`` for zero-shot sentiment, so the decision is
+binary as the classifier's). Every output change below (TVD, JS in bits, flip = argmax changed) is
+measured in that space. ``F`` = the decision-space probability of the predicted decision.
+
+**Items** are the tokens of the data's own text (``TaskExample.items``): never a special token, never the
+prompt's template, and for a next-token prompt never the explained (last) position.
+
+Per example:
+
+* Jain & Wallace (NAACL 2019), agreement: Kendall tau-b (:func:`~streetlamp.stats.kendall_tau`, over items)
+  between the explained position's attention row and (a) gradient importance ``||dF/de_i||`` (the
+  registered ``saliency`` method) and (b) leave-one-out importance ``TVD(y(x without token i), y(x))``
+  (the token deleted on a causal LM, [MASK] on a masked LM, as :func:`~..methods.scorer.occlusion_replacement`).
+  Per head (``head{L}.{H}``: that head's row) and per layer (``layer{L}``: the mean row over heads);
+  ``model / tau_gradient_loo`` is the two non-attention rankings' own agreement, the ceiling to compare with.
+Interventions run at the layers of ``ReplicateSettings.layers`` (default all; the taus are always computed
+for every layer and head, at no extra cost).
+
+* Jain & Wallace, counterfactual attention per layer: ``perm_tvd_median`` (the explained row of every head
+  permuted), and at ``adv_layers`` evenly spaced layers ``adv_js`` / ``adv_tvd`` (see :mod:`.counterfactual`).
+* Serrano & Smith (ACL 2019), per layer: zero one item in every head and query row of the layer and
+  renormalise (:mod:`.flip`'s edit): the top item by attention (mean over heads of the explained row), by
+  gradient (``sum_{h,q} dF/dA[h,q,j]`` at the layer) or a random other item; ``flip_*``, ``js_*``,
+  ``tvd_*``. Per head (examples with ``per_head``): the same with the item zeroed in that head only,
+  chosen by that head's attention or at random.
+* Wiegreffe & Pinter (EMNLP 2019): every attention row uniform over the allowed keys, in one layer
+  (``layer{L} / uniform_*``) or in all layers (``all_layers / uniform_*``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from ..errors import StreetlampError
+from ..methods.registry import get_method
+from ..methods.scorer import occlusion_replacement, perturbed_row
+from ..models.adapter import Inputs, ModelAdapter, Target, at_least_float32
+from ..stats import js_divergence_t, kendall_tau, total_variation_t
+from .common import output_map
+from .counterfactual import Counterfactual
+from .flip import _zero_edit
+
+Rows = list[tuple[str, str, str, float]]
+
+
+@dataclass
+class ReplicateSettings:
+    seed: int = 0
+    batch_size: int | None = None
+    permutations: int = 3
+    adv_steps: int = 8
+    adv_layers: int = 3  # evenly spaced layers (first and last included) that get the adversarial search
+    eps: float = 0.01
+    head_examples: int = 0  # per dataset, the first K examples also get per-head zeroing (-1: all)
+    layers: str = "all"  # the layers that get interventions (all, every:K or a comma list); taus: every layer
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def counterfactual(self) -> Counterfactual:
+        return Counterfactual(eps=self.eps, n_permutations=self.permutations, steps=self.adv_steps)
+
+
+@dataclass
+class TaskExample:
+    index: int  # position in the run (seeds derive from it)
+    id: str
+    ids: list[int]
+    text: str  # the model's input (the prompt)
+    gold: int  # index in the decision space
+    items: np.ndarray  # bool [n]
+    per_head: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The decision space: every output of the model (``candidates`` None) or these output ids, renormalised."""
+
+    candidates: tuple[int, ...] | None = None
+
+    def project(self, p: torch.Tensor) -> torch.Tensor:
+        if self.candidates is None:
+            return p
+        q = p[:, list(self.candidates)]
+        return q / q.sum(-1, keepdim=True)
+
+    def target(self, pred: int) -> Target:
+        """The registered methods' target with the same ranking as ``F``: a binary decision's logit
+        difference (F is its sigmoid), else the output's probability."""
+        c = self.candidates
+        if c is None:
+            return Target(index=pred)
+        if len(c) == 2:
+            return Target(index=c[pred], contrast=c[1 - pred], quantity="logit")
+        raise ValueError("a decision space of candidates needs exactly two of them")
+
+
+def intervention_layers(n_layers: int, spec: str) -> list[int]:
+    """``all``; ``every:K`` = layers 0, K, 2K, ... and the last; or a comma list of layer numbers."""
+    spec = spec.strip()
+    if spec == "all":
+        return list(range(n_layers))
+    try:
+        if spec.startswith("every:"):
+            k = int(spec[6:])
+            if k < 1:
+                raise ValueError
+            return sorted(set(range(0, n_layers, k)) | {n_layers - 1})
+        out = sorted({int(x) for x in spec.split(",") if x.strip()})
+    except ValueError:
+        raise StreetlampError(
+            f"--layers must be all, every:K (K >= 1) or a comma list of layers (got {spec!r})"
+        ) from None
+    if not out or out[0] < 0 or out[-1] >= n_layers:
+        raise StreetlampError(f"--layers {spec!r}: the model has layers 0..{n_layers - 1}")
+    return out
+
+
+def adv_layers(n_layers: int, k: int) -> list[int]:
+    """``k`` evenly spaced layers, first and last included (all when ``k >= n_layers``)."""
+    if k <= 0:
+        return []
+    return sorted({int(round(x)) for x in np.linspace(0, n_layers - 1, min(k, n_layers))})
+
+
+def _stats_fn(decision: Decision, ref: torch.Tensor, owner: np.ndarray) -> Callable:
+    """Reduce a group's output distributions to [argmax, TVD, JS] in the decision space vs its example's."""
+
+    def fn(group: list[int], p: torch.Tensor) -> torch.Tensor:
+        y = decision.project(p)
+        r = ref[owner[group]].to(p.device)
+        return torch.stack([y.argmax(-1).double(), total_variation_t(y, r), js_divergence_t(y, r)], 1)
+
+    return fn
+
+
+def _head_zero_edit(keep: list[np.ndarray], heads: list[int], layer: int, n_heads: int):
+    """Like :func:`.flip._zero_edit`, but row ``i`` zeroes its items in head ``heads[i]`` only."""
+
+    def build(group: list[int], width: int) -> dict:
+        k = torch.ones((len(group), n_heads, width), dtype=torch.float32)
+        for r, i in enumerate(group):
+            k[r, heads[i], : keep[i].shape[0]] = torch.as_tensor(keep[i], dtype=torch.float32)
+
+        def fn(p: torch.Tensor) -> torch.Tensor:
+            z = p * k.to(p.device, p.dtype)[:, :, None, :]
+            s = z.sum(-1, keepdim=True)
+            return torch.where(s > 0, z / s.clamp_min(torch.finfo(p.dtype).tiny), p)
+
+        return {f"layers.{layer}.attn.pattern": fn}
+
+    return build
+
+
+def _top(scores: np.ndarray, items: np.ndarray) -> int:
+    idx = np.flatnonzero(items)
+    return int(idx[np.argmax(np.asarray(scores)[idx])])  # first maximum: ties go to the earlier token
+
+
+def _other(rng: np.random.Generator, items: np.ndarray, not_this: int) -> int:
+    idx = [int(j) for j in np.flatnonzero(items) if j != not_this]
+    return int(rng.choice(idx)) if idx else not_this
+
+
+def loo_tvd(
+    adapter: ModelAdapter, decision: Decision, examples: Sequence[TaskExample], probs: torch.Tensor, budget: int | None
+) -> list[np.ndarray]:
+    """Leave-one-out importance of every item, ``TVD(y(x without i), y(x))`` in the decision space (0 elsewhere)."""
+    _, tid, _ = occlusion_replacement(adapter, "mask")
+    rows, owner, where = [], [], []
+    for b, e in enumerate(examples):
+        ids = torch.tensor(e.ids)
+        for j in np.flatnonzero(e.items):
+            absent = np.zeros(len(e.ids), bool)
+            absent[j] = True
+            rows.append(perturbed_row(ids, absent, tid).tolist())
+            owner.append(b)
+            where.append((b, int(j)))
+    out = [np.zeros(len(e.ids)) for e in examples]
+    if rows:
+        res = output_map(adapter, rows, budget, _stats_fn(decision, probs, np.array(owner)), 3)
+        for r, (b, k) in enumerate(where):
+            out[b][k] = res[r, 1]
+    return out
+
+
+def replicate_chunk(
+    adapter: ModelAdapter, decision: Decision, examples: list[TaskExample], s: ReplicateSettings
+) -> tuple[Rows, dict[str, dict[str, np.ndarray]]]:
+    rows: Rows = []
+    arrays: dict[str, dict[str, np.ndarray]] = {e.id: {} for e in examples}
+    if not examples:
+        return rows, arrays
+    add = lambda eid, m, k, v: rows.append((eid, m, k, float(v)))  # noqa: E731
+    budget = s.batch_size
+    n_l, n_h = adapter.n_layers, adapter.n_heads
+    ids = [e.ids for e in examples]
+    inp = Inputs.from_ids(adapter, ids, [e.text for e in examples])
+    seeds = [s.seed * 1_000_003 + e.index for e in examples]
+    width = adapter.n_outputs if decision.candidates is None else len(decision.candidates)
+    probs = torch.as_tensor(output_map(adapter, ids, budget, lambda g, p: decision.project(p), width))
+    probs_np = probs.numpy()
+    pred = probs_np.argmax(-1)
+    ref_stats = lambda owner: _stats_fn(decision, probs, np.asarray(owner))  # noqa: E731
+
+    # -- attention and dF/dA of every head (one forward and backward) --------------------------------
+    sites = [f"layers.{l}.attn.pattern" for l in range(n_l)]
+    fwd = adapter.forward(inp, record=sites, keep_grad=True, grad=True)
+    q = decision.project(torch.softmax(at_least_float32(fwd.logits), -1))
+    f = q.gather(1, torch.as_tensor(pred, dtype=torch.long).view(-1, 1).to(q.device)).sum()
+    pats = [fwd.cache[x] for x in sites]
+    grads = torch.autograd.grad(f, pats)
+    att_layers = [p.detach() for p in pats]  # [B, H, W, W] per layer, for the counterfactuals
+    pos = [adapter.explained_position(len(r)) for r in ids]
+    att = [
+        torch.stack([a[b, :, pos[b], : len(ids[b])] for a in att_layers]).double().cpu().numpy()
+        for b in range(len(ids))
+    ]
+    gsum = [
+        torch.stack([g[b, :, :, : len(ids[b])].sum((0, 1)) for g in grads]).double().cpu().numpy()
+        for b in range(len(ids))
+    ]
+    del fwd, pats, grads
+
+    # -- the two non-attention importances ----------------------------------------------------------
+    sal: list[np.ndarray] = [np.zeros(0)] * len(examples)
+    method = get_method("saliency")
+    targets = [decision.target(int(p)) for p in pred]
+    for t in dict.fromkeys(targets):
+        idx = [b for b in range(len(examples)) if targets[b] == t]
+        for b, x in zip(idx, method.attribute(adapter, inp.select(idx), target=t, batch_size=budget, seed=s.seed)):
+            sal[b] = np.asarray(x.scores, np.float64)
+    loo = loo_tvd(adapter, decision, examples, probs, budget)
+
+    for b, e in enumerate(examples):
+        ex = ~e.items
+        add(e.id, "model", "correct", pred[b] == e.gold)
+        add(e.id, "model", "prob", probs_np[b, pred[b]])
+        add(e.id, "model", "n_tokens", len(e.ids))
+        add(e.id, "model", "n_items", e.items.sum())
+        add(e.id, "model", "tau_gradient_loo", kendall_tau(sal[b], loo[b], ex))
+        for l in range(n_l):
+            mean_row = att[b][l].mean(0)
+            add(e.id, f"layer{l:02d}", "tau_attention_gradient", kendall_tau(mean_row, sal[b], ex))
+            add(e.id, f"layer{l:02d}", "tau_attention_loo", kendall_tau(mean_row, loo[b], ex))
+            for h in range(n_h):
+                add(e.id, f"head{l:02d}.{h:02d}", "tau_attention_gradient", kendall_tau(att[b][l, h], sal[b], ex))
+                add(e.id, f"head{l:02d}.{h:02d}", "tau_attention_loo", kendall_tau(att[b][l, h], loo[b], ex))
+        arrays[e.id].update(
+            input_ids=np.asarray(e.ids, np.int64),
+            items=e.items.astype(np.uint8),
+            attention=att[b].astype(np.float32),  # [layers, heads, tokens]: the explained position's rows
+            saliency=sal[b].astype(np.float32),
+            loo_tvd=loo[b].astype(np.float32),
+            probs=probs_np[b].astype(np.float32) if width <= 1000 else probs_np[b, [pred[b]]].astype(np.float32),
+        )
+
+    # -- Serrano & Smith: zero one item per layer (every head), and per head -------------------------
+    layers_i = intervention_layers(n_l, s.layers)
+    for l in layers_i:
+        keeps, owner, names = [], [], []
+        for b, e in enumerate(examples):
+            if not e.items.any():
+                continue
+            top_a = _top(att[b][l].mean(0), e.items)
+            choice = {
+                "top_attention": top_a,
+                "top_gradient": _top(gsum[b][l], e.items),
+                "random": _other(np.random.default_rng([seeds[b], l]), e.items, top_a),
+            }
+            for name, j in choice.items():
+                k = np.ones(len(e.ids), np.float32)
+                k[j] = 0.0
+                keeps.append(k)
+                owner.append(b)
+                names.append((b, name))
+        if keeps:
+            res = output_map(adapter, [ids[b] for b in owner], budget, ref_stats(owner), 3, _zero_edit(keeps, [l]))
+            for r, (b, name) in enumerate(names):
+                eid = examples[b].id
+                add(eid, f"layer{l:02d}", f"flip_{name}", int(res[r, 0]) != pred[b])
+                add(eid, f"layer{l:02d}", f"tvd_{name}", res[r, 1])
+                add(eid, f"layer{l:02d}", f"js_{name}", res[r, 2])
+        keeps, heads, owner = [], [], []
+        head_names: list[tuple[int, int, str]] = []
+        for b, e in enumerate(examples):
+            if not (e.per_head and e.items.any()):
+                continue
+            for h in range(n_h):
+                top_h = _top(att[b][l, h], e.items)
+                rnd = _other(np.random.default_rng([seeds[b], l, h]), e.items, top_h)
+                for name, j in (("top_attention", top_h), ("random", rnd)):
+                    k = np.ones(len(e.ids), np.float32)
+                    k[j] = 0.0
+                    keeps.append(k)
+                    heads.append(h)
+                    owner.append(b)
+                    head_names.append((b, h, name))
+        if keeps:
+            edit = _head_zero_edit(keeps, heads, l, n_h)
+            res = output_map(adapter, [ids[b] for b in owner], budget, ref_stats(owner), 3, edit)
+            for r, (b, h, name) in enumerate(head_names):
+                eid = examples[b].id
+                add(eid, f"head{l:02d}.{h:02d}", f"flip_{name}", int(res[r, 0]) != pred[b])
+                add(eid, f"head{l:02d}.{h:02d}", f"js_{name}", res[r, 2])
+
+    # -- Jain & Wallace: permuted and adversarial attention; Wiegreffe & Pinter: uniform --------------
+    cf = s.counterfactual()
+    adv = set(adv_layers(n_l, s.adv_layers))
+    for l in sorted(set(layers_i) | adv):
+        perm = cf.permutations(adapter, inp, probs_np, l, seeds, budget, decision.project, att_layers[l])
+        for b, e in enumerate(examples):
+            add(e.id, f"layer{l:02d}", "perm_tvd_median", perm[b])
+        if l in adv:
+            js, tvd = cf.adversarial(adapter, inp, probs_np, l, seeds, decision.project, att_layers[l])
+            for b, e in enumerate(examples):
+                add(e.id, f"layer{l:02d}", "adv_js", js[b])
+                add(e.id, f"layer{l:02d}", "adv_tvd", tvd[b])
+                add(e.id, f"layer{l:02d}", "adv_exists", js[b] >= cf.js_threshold)
+    for name, layers in [(f"layer{l:02d}", [l]) for l in layers_i] + [("all_layers", None)]:
+        u = decision.project(torch.as_tensor(cf.uniform(adapter, inp, budget, layers)))
+        tv = total_variation_t(u, probs).numpy()
+        for b, e in enumerate(examples):
+            add(e.id, name, "uniform_tvd", tv[b])
+            add(e.id, name, "uniform_flip", int(u[b].argmax()) != pred[b])
+            if layers is None:
+                add(e.id, name, "uniform_correct", int(u[b].argmax()) == e.gold)
+    return rows, arrays

@@ -1,0 +1,277 @@
+"""``streetlamp replicate``: Jain & Wallace, Serrano & Smith and Wiegreffe & Pinter per layer and per head,
+over bundled data, in one resumable run folder (the :class:`~streetlamp.store.RunStore` of ``evaluate``).
+
+Tasks: ``movies`` and ``tweets`` are sentiment (a classifier's classes; a causal LM reads the zero-shot
+prompt :data:`PROMPTS` and decides between the label tokens), ``recall`` is next-token factual recall
+(causal LMs only: the decision is the top next token over the vocabulary). The summary is the mean of
+every metric per dataset x layer / head with a bootstrap 95% interval over examples.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .. import progress
+from ..data import load_dataset, sample_indices
+from ..errors import StreetlampError
+from ..evaluation.replicate import (
+    Decision,
+    ReplicateSettings,
+    TaskExample,
+    adv_layers,
+    intervention_layers,
+    replicate_chunk,
+)
+from ..models.adapter import ModelAdapter
+from ..stats import bootstrap_ci
+from ..store import RunStore
+from .evaluate import label_indices, next_token_labels
+
+DATASETS = ("movies", "tweets", "recall")
+PROMPTS = {
+    "movies": "Review: {text}\nSentiment (positive or negative):",
+    "tweets": "Tweet: {text}\nSentiment (positive or negative):",
+    "recall": "{text}",
+}
+# the per-layer table of summary.md: (column, metric)
+LAYER_COLUMNS = [
+    ("tau(att,grad)", "tau_attention_gradient"),
+    ("tau(att,loo)", "tau_attention_loo"),
+    ("flip top-att", "flip_top_attention"),
+    ("flip top-grad", "flip_top_gradient"),
+    ("flip random", "flip_random"),
+    ("JS top-att", "js_top_attention"),
+    ("JS random", "js_random"),
+    ("perm TVD", "perm_tvd_median"),
+    ("adv JS", "adv_js"),
+    ("uniform TVD", "uniform_tvd"),
+    ("uniform flip", "uniform_flip"),
+]
+
+
+@dataclass
+class ReplicateResult:
+    out: Path
+    n_examples: int
+    n_computed_chunks: int
+    summary: pd.DataFrame
+    table: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        return [
+            *self.table[:60],
+            f"{self.n_examples} examples, {self.n_computed_chunks} chunks computed now; run folder: {self.out}/ "
+            "(summary.md, summary.csv with 95% bootstrap intervals, metrics/*.parquet, arrays/)",
+        ]
+
+
+def parse_data(spec: str) -> list[str]:
+    names = [x.strip() for x in spec.split(",") if x.strip()]
+    bad = [x for x in names if x not in DATASETS]
+    if not names or bad:
+        raise StreetlampError(f"--data takes a comma-separated list of {', '.join(DATASETS)} (got {spec!r})")
+    return list(dict.fromkeys(names))
+
+
+def text_items(
+    adapter: ModelAdapter, prompt: str, start: int, end: int, exclude_last: bool
+) -> tuple[list[int], np.ndarray]:
+    """Token ids of ``prompt`` and the mask of its items: tokens overlapping characters ``start:end``
+    (the data's text), never a special token, and not the last token when ``exclude_last``."""
+    enc = adapter.tokenizer(prompt, return_offsets_mapping=True)
+    ids = list(enc["input_ids"])
+    spans = enc["offset_mapping"]
+    items = np.array([a < end and b > start and b > a for a, b in spans], bool) & ~adapter.special_mask(ids)
+    if exclude_last:
+        items[len(ids) - 1] = False
+    return ids, items
+
+
+def _one_token(adapter: ModelAdapter, label: str) -> bool:
+    try:
+        next_token_labels(adapter, [label])
+    except StreetlampError:
+        return False
+    return True
+
+
+def prepare(
+    adapter: ModelAdapter, name: str, limit: int | None, seed: int, head_examples: int, offset: int
+) -> tuple[Decision, list[TaskExample], dict]:
+    """One dataset's decision space and examples (``limit`` drawn with ``seed``, in file order)."""
+    ds = load_dataset(name)
+    causal = adapter.kind == "causal_lm"
+    if name == "recall" and not causal:
+        raise StreetlampError(f"recall is a next-token task: {adapter.name} is not a causal LM (use movies,tweets)")
+    dropped: list[str] = []
+    if name == "recall":  # another tokenizer may split an answer: those prompts are left out and listed
+        one = {lab for lab in ds.labels() if _one_token(adapter, lab)}
+        dropped = [e.id for e in ds.examples if e.label not in one]
+        ds.examples = [e for e in ds.examples if e.label in one]
+        if not ds.examples:
+            raise StreetlampError(f"no recall answer is one token of {adapter.name}'s vocabulary")
+    if limit is not None:
+        ds.examples = [ds.examples[i] for i in sample_indices(len(ds.examples), limit, seed)]
+    labels = ds.labels()
+    if name == "recall":
+        decision, gold = Decision(None), next_token_labels(adapter, labels)
+    elif causal:
+        tok = next_token_labels(adapter, labels)
+        decision, gold = Decision(tuple(tok[x] for x in labels)), {x: i for i, x in enumerate(labels)}
+    else:
+        decision, gold = Decision(None), label_indices(adapter, ds)
+    template = PROMPTS[name] if causal else "{text}"
+    out = []
+    for i, e in enumerate(ds.examples):
+        prompt = template.format(text=e.text)
+        start = template.index("{text}")
+        ids, items = text_items(adapter, prompt, start, start + len(e.text), exclude_last=causal and name == "recall")
+        if len(ids) > adapter.max_positions:
+            continue
+        per_head = head_examples < 0 or i < head_examples
+        out.append(TaskExample(offset + i, f"{name}:{e.id}", ids, prompt, gold[e.label], items, per_head))
+    info = {
+        "source": ds.source,
+        "sha256": ds.hash(),
+        "n_examples": len(out),
+        "prompt": template,
+        "labels": labels if name != "recall" else "one answer token per prompt",
+        **({"skipped_multi_token_answer": dropped} if dropped else {}),
+        "decision": "label tokens, renormalised"
+        if decision.candidates is not None
+        else ("the whole vocabulary" if causal else "the classes"),
+    }
+    return decision, out, info
+
+
+def replicate(
+    model: str,
+    data: list[str],
+    out: Path,
+    settings: ReplicateSettings,
+    *,
+    limit: int | None = None,
+    chunk_size: int = 4,
+    adapter: ModelAdapter | None = None,
+) -> ReplicateResult:
+    from ..models.loading import load
+
+    if limit is not None and limit < 1:
+        raise StreetlampError("--limit must be at least 1")
+    if chunk_size < 1:
+        raise StreetlampError("--chunk-size must be at least 1")
+    for flag, v, lo in (("--permutations", settings.permutations, 1), ("--adv-steps", settings.adv_steps, 0)):
+        if v < lo:
+            raise StreetlampError(f"{flag} must be at least {lo}")
+    if adapter is None:
+        adapter = load(model)
+    intervention_layers(adapter.n_layers, settings.layers)  # a bad --layers: refused before the store exists
+    tasks, infos, offset = [], {}, 0
+    for name in data:  # every check before the store is touched
+        decision, examples, info = prepare(adapter, name, limit, settings.seed, settings.head_examples, offset)
+        offset += 1_000_000
+        tasks.append((name, decision, examples))
+        infos[name] = info
+    run_settings = {
+        "model": {"name": adapter.name, "source": adapter.source},
+        "data": infos,
+        "limit": limit,
+        "chunk_size": chunk_size,
+        "settings": settings.to_dict(),
+        "adv_layers": adv_layers(adapter.n_layers, settings.adv_layers),
+    }
+    store = RunStore.open(Path(out), run_settings, {"model_info": adapter.describe()}, command="replicate")
+    per_task = [[(d, ex[i : i + chunk_size]) for i in range(0, len(ex), chunk_size)] for _, d, ex in tasks]
+    # datasets interleaved, so a run stopped early has every dataset
+    chunks = [c for k in range(max(map(len, per_task))) for t in per_task if k < len(t) for c in [t[k]]]
+    done = store.done_chunks()
+    todo = [c for c in range(len(chunks)) if c not in done]
+    total = sum(len(c[1]) for c in chunks)
+    with progress.bar(total, "replicate", file=sys.stderr, dynamic_ncols=True) as bar:
+        bar.update(sum(len(chunks[c][1]) for c in done if c < len(chunks)))
+        for c in todo:
+            rows, arrays = replicate_chunk(adapter, chunks[c][0], chunks[c][1], settings)
+            store.write_chunk(c, rows, arrays)
+            bar.update(len(chunks[c][1]))
+    summary = summarise(store.metrics())
+    lines = write_summary(store.folder, summary, adapter.name)
+    return ReplicateResult(store.folder, total, len(todo), summary, lines)
+
+
+def summarise(df: pd.DataFrame, n_boot: int = 2000) -> pd.DataFrame:
+    """Mean and 95% bootstrap interval over examples per dataset x method (layer / head) x metric."""
+    cols = ["dataset", "method", "metric", "mean", "low", "high", "n"]
+    if df.empty:
+        return pd.DataFrame(columns=cols)
+    df = df.assign(dataset=df.example_id.str.split(":").str[0])
+    out = []
+    for (d, m, k), g in df.groupby(["dataset", "method", "metric"], sort=True):
+        out.append((d, m, k, *bootstrap_ci(g["value"].to_numpy(), n_boot=n_boot)))
+    return pd.DataFrame(out, columns=cols)
+
+
+def _cell(r: pd.Series | None) -> str:
+    if r is None or math.isnan(r["mean"]):
+        return ""
+    if math.isnan(r["low"]):
+        return f"{r['mean']:.3f}"
+    return f"{r['mean']:.3f} [{r['low']:.3f}, {r['high']:.3f}]"
+
+
+def head_digest(sd: pd.DataFrame) -> list[str]:
+    """Per layer: how many heads' tau interval lies above / below 0, the best head, and per-head flips."""
+    heads = sd[sd.method.str.startswith("head")]
+    if heads.empty:
+        return []
+    heads = heads.assign(layer=heads.method.str[4:6].astype(int))
+    out = [
+        "Per head (each head's own attention row; intervals over examples): heads whose tau interval is above 0 "
+        "/ below 0, the head with the highest mean tau, and per-head zeroing (examples with --head-examples)",
+        "",
+        "| layer | tau(att,grad) >0 / <0 | best head (att,grad) | tau(att,loo) >0 / <0 | best head (att,loo) "
+        "| flip top-att | flip random | JS top-att | JS random |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for layer, g in heads.groupby("layer"):
+        cells = [str(layer)]
+        for metric in ("tau_attention_gradient", "tau_attention_loo"):
+            t = g[g.metric == metric]
+            cells.append(f"{int((t.low > 0).sum())} / {int((t.high < 0).sum())} of {len(t)}")
+            best = t.loc[t["mean"].idxmax()] if t["mean"].notna().any() else None
+            cells.append("" if best is None else f"{best.method[4:]}: {_cell(best)}")
+        for metric in ("flip_top_attention", "flip_random", "js_top_attention", "js_random"):
+            v = g[g.metric == metric]
+            # pooled over heads: the mean of the heads' means (each head over the same examples)
+            cells.append(f"{v['mean'].mean():.3f} (n={int(v.n.sum())})" if len(v) else "")
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def write_summary(folder: Path, summary: pd.DataFrame, model: str) -> list[str]:
+    summary.to_csv(folder / "summary.csv", index=False)
+    lines = [f"# Attention vs interventions, {model}: mean [95% bootstrap interval] over examples", ""]
+    for d, sd in summary.groupby("dataset", sort=False):
+        key = {(m, k): r for (m, k), r in zip(zip(sd.method, sd.metric), (r for _, r in sd.iterrows()))}
+        n = int(sd[(sd.method == "model") & (sd.metric == "correct")]["n"].max())
+        lines += [
+            f"## {d} ({n} examples)",
+            "",
+            f"accuracy {_cell(key.get(('model', 'correct')))}; uniform attention in every layer: flip "
+            f"{_cell(key.get(('all_layers', 'uniform_flip')))}, accuracy {_cell(key.get(('all_layers', 'uniform_correct')))}; "
+            f"tau(gradient, leave-one-out) {_cell(key.get(('model', 'tau_gradient_loo')))}",
+            "",
+            "| layer | " + " | ".join(c for c, _ in LAYER_COLUMNS) + " |",
+            "|---" * (len(LAYER_COLUMNS) + 1) + "|",
+        ]
+        layers = sorted(m for m in sd.method.unique() if m.startswith("layer"))
+        for m in layers:
+            lines.append(f"| {int(m[5:])} | " + " | ".join(_cell(key.get((m, k))) for _, k in LAYER_COLUMNS) + " |")
+        lines += ["", *head_digest(sd), ""]
+    (folder / "summary.md").write_text("\n".join(lines) + "\n")
+    return lines
