@@ -137,12 +137,19 @@ def cmd_explain(args: argparse.Namespace) -> int:
     adapter = _load(args, s)
     from .models.memory import check_memory
 
-    check_memory(adapter, max(adapter.encode(s.text, truncate=s.truncate).lengths), args.force)
+    long = args.rows is not None or args.layers is not None or args.heads is not None  # docs/long-context.md
+    if not long:
+        check_memory(adapter, max(adapter.encode(s.text, truncate=s.truncate).lengths), args.force)
     target = Target(
         parse_target(adapter, s.target),
         parse_target(adapter, s.contrast) if s.contrast else None,
         cast("Quantity", s.quantity),
     )  # argparse choices
+    if long:
+        from .runners.explain_long import explain_long
+
+        kw = dict(layers=args.layers, heads=args.heads, rows=args.rows, target=target, truncate=s.truncate)
+        return _print(explain_long(adapter, s.text, out, methods=methods if args.methods else None, **kw))
     return _print(
         explain(
             adapter,
@@ -158,6 +165,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
             method_params=s.method_params,
         )
     )
+
+
+def cmd_attention_row(args: argparse.Namespace) -> int:
+    from .runners.explain_long import print_row
+
+    return print_row(Path(args.dir), args.layer, args.row, args.heads, args.column)
 
 
 def cmd_explain_generation(args: argparse.Namespace) -> int:
@@ -621,7 +634,17 @@ def build_parser() -> argparse.ArgumentParser:
         help='JSON per method, e.g. \'{"occlusion": {"replacement": "unk", "group": "word"}, '
         '"integrated_gradients": {"baseline": "mask", "rule": "panels"}}\'',
     )
+    s.add_argument("--rows", default=None, help="long inputs: keep only these query rows: last, explained, N, A:B")
+    s.add_argument("--layers", default=None, help="long inputs: keep rows of these layers, e.g. 0,5,-1 (default all)")
+    s.add_argument("--heads", default=None, help="long inputs: keep rows of these heads, e.g. 0,3 (default all)")
     s.set_defaults(func=cmd_explain)
+    s = sub.add_parser("attention-row", help="print one attention row (or column) of a long-context explain run")
+    s.add_argument("dir", help="a run folder written by explain --rows")
+    s.add_argument("--layer", type=int, required=True, help="layer (negative: from the end)")
+    s.add_argument("--row", default="explained", help="query position: N, last or explained")
+    s.add_argument("--heads", default=None, help="comma-separated heads (default all)")
+    s.add_argument("--column", action="store_true", help="the column of key position --row instead of its row")
+    s.set_defaults(func=cmd_attention_row)
     s = sub.add_parser(
         "explain-generation",
         help="causal LM or encoder-decoder (T5, BART): attribution of every generated (or given) token over the "

@@ -32,14 +32,43 @@ the session says which prefix a module's call belongs to.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
+from ..errors import StreetlampError
+from .chunked import active_recorder
 from .trace import active_session
 
 ATTN_IMPLEMENTATION = "streetlamp"
+_FUSED: ContextVar[bool] = ContextVar("streetlamp_fused_attention", default=False)
+# sites computed inside this function: a layer whose site is recorded or edited needs the weights
+_INSIDE = ("v", "pattern", "z")
+
+
+@contextmanager
+def fused_attention(on: bool = True) -> Iterator[None]:
+    """Inside this block, layers whose weights nobody asked for (no recorded or edited ``attn.v``,
+    ``attn.pattern`` or ``attn.z`` site) run ``torch.nn.functional.scaled_dot_product_attention``
+    (no ``[head, query, key]`` tensor is returned; soft-capped layers, Gemma 2's, stay eager)."""
+    token = _FUSED.set(on)
+    try:
+        yield
+    finally:
+        _FUSED.reset(token)
+
+
+def _needs_weights(session: object, prefix: str) -> bool:
+    """Whether the session records or edits a site inside this call (``{prefix}.v/.pattern/.z``)."""
+    if session is None or not prefix:
+        return False
+    wanted = getattr(session, "record", set()) | set(getattr(session, "edits", {}))
+    return any(f"{prefix}.{s}" in wanted for s in _INSIDE)
 
 
 def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -62,15 +91,25 @@ def streetlamp_attention(
     sliding_window: int | None = None,
     position_bias: torch.Tensor | None = None,
     **kwargs: object,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     if scaling is None:
         scaling = query.size(-1) ** -0.5
     groups = int(getattr(module, "num_key_value_groups", 1) or 1)
-    key = repeat_kv(key, groups)
-    value = repeat_kv(value, groups)
     session = active_session()
     where = session.attn_site(module) if session is not None else None
     layer, prefix = where if where is not None else (None, "")
+    recorder = active_recorder()
+    if recorder is not None:  # long context: query chunks, selected rows and q/k to disk
+        if _needs_weights(session, prefix):
+            raise StreetlampError("a long-context recording cannot also record or edit attention sites")
+        if position_bias is not None:
+            raise StreetlampError("long-context recording does not support a relative-position bias (T5) yet")
+        out = recorder.attend(module, query, key, value, attention_mask, scaling, softcap, sliding_window, groups)
+        return out, None
+    key = repeat_kv(key, groups)
+    value = repeat_kv(value, groups)
+    if _FUSED.get() and softcap is None and position_bias is None and not _needs_weights(session, prefix):
+        return _sdpa(module, query, key, value, attention_mask, scaling, dropout, sliding_window), None
     if layer is not None:
         assert session is not None
         v = value.transpose(1, 2)
@@ -117,6 +156,44 @@ def streetlamp_attention(
         out = session.site(f"{prefix}.z", out)
         session.stash_z(layer, out)
     return out, probs
+
+
+def _sdpa(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """The fused kernel, with the mask the eager branch would apply."""
+    q_len, k_len = query.shape[-2], key.shape[-2]
+    causal = bool(getattr(module, "is_causal", False))
+    mask = attention_mask[:, :, :, :k_len] if attention_mask is not None else None
+    is_causal = False
+    if mask is None and sliding_window:
+        full = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device)
+        w = int(sliding_window)
+        mask = (
+            full.tril(k_len - q_len) & full.triu(k_len - q_len - w + 1) if causal else full.triu(1 - w).tril(w - 1)
+        )[None, None]
+    elif mask is None and causal and q_len > 1:
+        if q_len == k_len:
+            is_causal = True
+        else:
+            mask = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril(k_len - q_len)[None, None]
+    out = nn.functional.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=mask,
+        dropout_p=dropout if module.training else 0.0,
+        is_causal=is_causal,
+        scale=scaling,
+    )
+    return out.transpose(1, 2).contiguous()
 
 
 def register() -> str:

@@ -93,8 +93,13 @@ def check_memory(adapter, n_tokens: int, force: bool, record_attention: bool = T
     if est.available is not None and est.needed > est.available:
         if not force:
             raise StreetlampError(
-                f"{est.line()}: would not fit; shorten the text, use --dtype bfloat16/float16 "
-                "or a GPU, or pass --force to run anyway"
+                f"{est.line()}: would not fit; "
+                + (
+                    "record only some rows (explain --rows explained, docs/long-context.md), "
+                    if record_attention
+                    else ""
+                )
+                + "shorten the text, use --dtype bfloat16/float16 or a GPU, or pass --force to run anyway"
             )
         print(f"streetlamp: warning: {est.line()} (--force: running anyway)", file=sys.stderr)
     return est

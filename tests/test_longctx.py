@@ -1,0 +1,148 @@
+"""Long context in bounded memory: chunked recording, rows recomputed from stored q/k, rollout and
+flow of the explained row, the fused (SDPA) path; each against the full-tensor implementation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from streetlamp.errors import StreetlampError
+from streetlamp.methods.attention import record_attention
+from streetlamp.methods.long_rows import check_flow_size, flow_row, rollout_row
+from streetlamp.methods.maxflow import layered_max_flow
+from streetlamp.methods.rollout import residual_attention, rollout_matrix
+from streetlamp.models.adapter import ModelAdapter
+from streetlamp.models.attention import fused_attention
+from streetlamp.models.chunked import QKStore, Selection, fused_long
+from streetlamp.models.tiny import tiny_model
+from streetlamp.runners.explain_long import read_rows, record
+
+from .conftest import F64_TOL, f32_tol
+
+TEXT = "the movie was not good , but the acting was great and i loved it"
+# Gemma 2: soft-capping and sliding-window layers; BERT: bidirectional; GPT-2: MHA; Llama: GQA + RoPE
+EXACT_FAMILIES = ["llama", "gpt2", "gemma2", "bert"]
+
+
+def tiny64(family: str, layers: int = 3) -> ModelAdapter:
+    model, tok = tiny_model(family, seed=1, layers=layers)
+    return ModelAdapter(model.double(), tok, f"tiny-{family}")
+
+
+def full(adapter: ModelAdapter) -> tuple[np.ndarray, np.ndarray]:
+    """Logits and attention [L, H, n, n] from the existing full-tensor path (float64)."""
+    logits, att, _ = record_attention(adapter, adapter.encode(TEXT))
+    return logits[0].numpy(), att[0].numpy()
+
+
+def recorded(adapter: ModelAdapter, tmp_path, rows=None, layers=None, heads=None, chunk=3):
+    inputs = adapter.encode(TEXT)
+    n = inputs.lengths[0]
+    sel = Selection(
+        layers or list(range(adapter.n_layers)), heads or list(range(adapter.n_heads)), rows or list(range(n))
+    )
+    logits, rec = record(adapter, inputs, tmp_path, sel, chunk=chunk)
+    return logits[0].numpy(), rec, QKStore(tmp_path, rec.describe())
+
+
+@pytest.mark.parametrize("family", EXACT_FAMILIES)
+def test_recorded_and_recomputed_rows_equal_the_full_tensor(family: str, tmp_path) -> None:
+    adapter = tiny64(family)
+    ref_logits, att = full(adapter)
+    n = att.shape[-1]
+    rows, heads = [0, 4, n - 1], [1, 3]
+    logits, rec, store = recorded(adapter, tmp_path, rows=rows, heads=heads)
+    np.testing.assert_allclose(logits, ref_logits, atol=F64_TOL, rtol=0)  # the chunked forward is the model
+    assert {s["layer"] for s in rec.shards} == set(range(adapter.n_layers))
+    (tmp_path / "manifest.json").write_text(__import__("json").dumps({"long_context": rec.describe()}))
+    for layer in range(adapter.n_layers):
+        kept = read_rows(tmp_path, layer, rows, heads)  # from the shards
+        np.testing.assert_allclose(kept, att[layer][heads][:, rows], atol=F64_TOL, rtol=0)
+        again = store.rows(layer, rows).numpy()  # recomputed from q/k, every head
+        np.testing.assert_allclose(again, att[layer][:, rows], atol=F64_TOL, rtol=0)
+        assert np.array_equal(again[heads], kept)  # same code, same chunk shapes: bit for bit
+        np.testing.assert_allclose(store.column(layer, 2).numpy(), att[layer][:, :, 2], atol=F64_TOL, rtol=0)
+        other = read_rows(tmp_path, layer, [1, 2])  # not kept: recomputed
+        np.testing.assert_allclose(other, att[layer][:, [1, 2]], atol=F64_TOL, rtol=0)
+    if family == "gemma2":  # the sliding layer's rule really cuts: keys older than the window get 0
+        assert store.rules[0].window and store.rules[0].softcap and store.rules[1].window is None
+        assert np.all(store.rows(0, [n - 1]).numpy()[:, 0, : n - store.rules[0].window] == 0)
+
+
+@pytest.mark.parametrize("family", ["llama", "bert", "gemma2"])
+def test_rollout_row_equals_the_full_rollout(family: str, tmp_path) -> None:
+    adapter = tiny64(family)
+    _, att = full(adapter)
+    _, _, store = recorded(adapter, tmp_path, rows=[0], layers=[0], chunk=4)
+    for fusion in ("mean", "max", "min"):
+        ref = rollout_matrix(residual_attention(att, fusion))
+        for pos in (0, 5, att.shape[-1] - 1):
+            np.testing.assert_allclose(rollout_row(store, pos, fusion), ref[pos], atol=F64_TOL, rtol=0)
+
+
+def test_flow_row_equals_the_full_flow_and_refuses_past_the_limit(tmp_path) -> None:
+    adapter = tiny64("llama", layers=3)
+    _, att = full(adapter)
+    _, _, store = recorded(adapter, tmp_path, rows=[0], layers=[0])
+    pos = att.shape[-1] - 1
+    ref = layered_max_flow(residual_attention(att, "mean"), [pos])[0]
+    np.testing.assert_allclose(flow_row(store, pos), ref, atol=F64_TOL, rtol=0)
+    check_flow_size(30, 1024)  # the stated limit at SmolLM2's depth passes
+    with pytest.raises(StreetlampError, match="past the feasible max-flow size"):
+        check_flow_size(30, 1025)
+
+
+def test_recorded_rows_keep_only_what_was_asked(tmp_path) -> None:
+    adapter = tiny64("llama", layers=3)
+    _, rec, _ = recorded(adapter, tmp_path, rows=[2, 3, 9], layers=[1], heads=[0, 2], chunk=4)
+    assert [(s["layer"], s["rows"]) for s in rec.shards] == [(1, [2, 3]), (1, [9])]  # one shard per chunk
+    assert sorted(p.name for p in (tmp_path / "attention").iterdir()) == ["L1_2-3.safetensors", "L1_9-9.safetensors"]
+    assert rec.describe()["kept"] == {"layers": [1], "heads": [0, 2], "rows": [2, 3, 9]}
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "bert", "gemma2"])
+def test_fused_attention_logits_equal_the_eager_path(family: str) -> None:
+    model, tok = tiny_model(family, seed=1, layers=3)  # float32: SDPA sums in another order
+    adapter = ModelAdapter(model, tok, f"tiny-{family}")
+    inputs = adapter.encode([TEXT, "i loved it"])  # padding: the float mask goes to SDPA
+    eager = adapter.forward(inputs).logits
+    with fused_attention():
+        fused = adapter.forward(inputs).logits
+    one = adapter.encode(TEXT)
+    with fused_long(adapter):  # masks for SDPA (None for one causal text)
+        fused_one = adapter.forward(one).logits
+    assert torch.allclose(fused_one, eager[:1], atol=f32_tol(3, float(eager.abs().max())), rtol=0)
+    with fused_attention():
+        # a layer whose pattern is asked for stays eager (layer 0, whose input no fused layer touched:
+        # bit for bit), the others still fused
+        rec = adapter.forward(inputs, record=["layers.0.attn.pattern"])
+    scale = float(eager.abs().max())
+    assert torch.allclose(fused, eager, atol=f32_tol(3, scale), rtol=0)
+    site = "layers.0.attn.pattern"
+    assert torch.equal(rec.cache[site], adapter.forward(inputs, record=[site]).cache[site])
+    assert torch.allclose(rec.logits, eager, atol=f32_tol(3, scale), rtol=0)
+    if family == "gemma2":  # soft-capped layers cannot be fused: eager, identical
+        assert torch.equal(fused, eager)
+
+
+@pytest.mark.parametrize("family", ["llama", "bert"])
+def test_attention_x_gradient_row_equals_the_full_method(family: str, tmp_path) -> None:
+    from streetlamp.methods.attention_grad import AttentionXGradient
+    from streetlamp.models.adapter import Target
+    from streetlamp.runners.explain_long import attention_x_gradient_row
+
+    adapter = tiny64(family)
+    inputs = adapter.encode(TEXT)
+    sel = Selection([0], [0], [0])
+    for target in (Target(), Target(index=1, quantity="logit")):
+        ref = AttentionXGradient().attribute(adapter, inputs, target=target)[0].scores
+        for mode in (True, False):
+            with torch.set_grad_enabled(mode):
+                row, logits, _ = attention_x_gradient_row(
+                    adapter, inputs, tmp_path / f"{target.index}{mode}", sel, target
+                )
+                assert torch.is_grad_enabled() == mode  # the mode is restored after the pass
+            np.testing.assert_allclose(row, ref, atol=F64_TOL, rtol=0)
+            assert logits.grad_fn is None
+        assert np.abs(ref).max() > 1e-6  # not a comparison of zeros
