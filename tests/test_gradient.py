@@ -223,7 +223,7 @@ def test_bad_input() -> None:
     with pytest.raises(StreetlampError, match="unknown IG rule"):
         IntegratedGradients(rule="simpson").attribute(a, inputs, target=Target())
     with pytest.raises(StreetlampError, match="unknown IG baseline"):
-        IntegratedGradients(baseline="unk").attribute(a, inputs, target=Target())
+        IntegratedGradients(baseline="uniform").attribute(a, inputs, target=Target())
     with pytest.raises(StreetlampError, match="out of range"):
         IntegratedGradients().attribute(a, inputs, target=Target(index=3))
     with pytest.raises(StreetlampError, match="out of range"):

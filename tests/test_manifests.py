@@ -56,7 +56,7 @@ KEYS = {
     "prune": HEADER | {"arrays", "figures", "majority_baseline", "model", "notes", "parameters", "seed"},
     "patch": HEADER | {"arrays", "figures", "logit_diff", "model", "parameters", "seed", "summary"},
     "mediate": HEADER | {"arrays", "figures", "model", "parameters", "seed"},
-    "evaluate": HEADER | {"model_info", "replacement_token", "settings", "skipped_too_long"},
+    "evaluate": HEADER | {"model_info", "removal_rule", "replacement_token", "settings", "skipped_too_long"},
     "benchmark": HEADER | {"files", "method_params", "methods", "n_examples", "quantity", "seed", "tasks"},
     "lens": HEADER | {"arrays", "figures", "model", "parameters", "seed", "summary", "tables"},
 }

@@ -402,8 +402,13 @@ def test_bad_input() -> None:
     with pytest.raises(StreetlampError, match="out of range"):
         get_method("occlusion").attribute(a, inputs, target=Target(index=99))
     g = tiny("gpt2")
-    with pytest.raises(StreetlampError, match="removed every token"):
-        get_method("occlusion", replacement="delete").attribute(g, g.encode("movie"), target=Target())
+    # deleting on a decoder never empties the text: the explained (here the only) position is never removed
+    (only,) = get_method("occlusion", replacement="delete").attribute(g, g.encode("movie"), target=Target())
+    assert only.scores.tolist() == [0.0] and "never removed" in only.info["removal_rule"]
+    from streetlamp.methods.scorer import Scorer
+
+    with pytest.raises(StreetlampError, match="removed every token"):  # the scorer's own guard stays
+        Scorer(g, g.encode("movie").input_ids[0], Target(), None)([torch.tensor([], dtype=torch.long)])
 
 
 # ---- embedded models ----------------------------------------------------------------------------
