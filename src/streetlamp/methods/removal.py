@@ -29,8 +29,8 @@ from ..models.adapter import ModelAdapter
 DOCUMENT_SEPARATOR = "<|endoftext|>"
 DECODER_RULE = (
     "decoder removal: a removed first token is replaced by the document-start token {sink!r} (the attention "
-    "sink stays at position 0; the model adds no BOS there), the explained last position is never removed, "
-    "other removed tokens are deleted"
+    "sink stays at position 0; a BOS the tokenizer adds is special and never removed), the explained last "
+    "position is never removed, other removed tokens are deleted"
 )
 
 
