@@ -42,6 +42,7 @@ def test_explain_an_image(ckpts: dict[str, Path], image: Path, tmp_path: Path, c
     )
     assert rc == 0, err
     assert "attention from '[CLS]'" in stdout and "replaced by [MEAN]" in stdout and "image_overlay.png" in stdout
+    assert "over the 16 patches" in stdout and "word tokens" not in stdout
     m = json.loads((out / "manifest.json").read_text())
     assert m["model"]["modality"] == "image" and m["model"]["patch_rows"] == 4
     assert m["image"]["file"] == str(image) and m["tokens"][:2] == ["[CLS]", "patch(0,0)"]

@@ -376,6 +376,6 @@ def summarise(adapter: ModelAdapter, res: ExplainResult, k: int = 3) -> list[str
     tau = kendall_tau(row, np.abs(delta), special)
     lines.append(
         f"attention's top {k} and occlusion's top {k} share {shared} token(s); Kendall tau(attention, "
-        f"|occlusion|) over the {len(words)} word tokens = {tau:.2f}"
+        f"|occlusion|) over the {len(words)} {'patches' if adapter.modality == 'image' else 'word tokens'} = {tau:.2f}"
     )
     return lines
