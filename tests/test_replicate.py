@@ -22,29 +22,10 @@ from streetlamp.models.adapter import Inputs, ModelAdapter
 from streetlamp.models.tiny import tiny_model
 from streetlamp.stats import bootstrap_ci
 
+from .test_stats import tau_b_brute
+
 TEXTS = ["the movie was not good but the acting was great", "i loved it and it was fun"]
 SEED = 5
-
-
-def naive_tau_b(a: np.ndarray, b: np.ndarray) -> float:
-    """Kendall tau-b by counting pairs (Kendall 1945): (C - D) / sqrt((n0 - n1)(n0 - n2))."""
-    c = d = ta = tb = 0
-    n = len(a)
-    for i in range(n):
-        for j in range(i + 1, n):
-            x, y = np.sign(a[i] - a[j]), np.sign(b[i] - b[j])
-            if x == 0 and y == 0:
-                continue
-            if x == 0:
-                ta += 1
-            elif y == 0:
-                tb += 1
-            elif x == y:
-                c += 1
-            else:
-                d += 1
-    denom = math.sqrt((c + d + ta) * (c + d + tb))
-    return (c - d) / denom if denom else float("nan")
 
 
 @pytest.fixture(scope="module")
@@ -124,13 +105,13 @@ def test_decision_attention_and_taus(llama: ModelAdapter, run) -> None:
         items = e.items
         for l in range(llama.n_layers):
             assert table[(e.id, f"layer{l:02d}", "tau_attention_loo")] == pytest.approx(
-                naive_tau_b(rows[l].mean(0)[items], loo[items]), abs=1e-5
+                tau_b_brute(rows[l].mean(0)[items], loo[items]), abs=1e-5
             )
             for h in range(llama.n_heads):
                 got = table[(e.id, f"head{l:02d}.{h:02d}", "tau_attention_gradient")]
-                assert got == pytest.approx(naive_tau_b(rows[l, h][items], sal[items]), abs=1e-5)
+                assert got == pytest.approx(tau_b_brute(rows[l, h][items], sal[items]), abs=1e-5)
         assert table[(e.id, "model", "tau_gradient_loo")] == pytest.approx(
-            naive_tau_b(sal[items], loo[items]), abs=1e-5
+            tau_b_brute(sal[items], loo[items]), abs=1e-5
         )
 
 

@@ -33,7 +33,8 @@ def tau_b_brute(a: np.ndarray, b: np.ndarray) -> float:
             c += 1
         else:
             d += 1
-    return (c - d) / math.sqrt((c + d + ta) * (c + d + tb))
+    denom = math.sqrt((c + d + ta) * (c + d + tb))
+    return (c - d) / denom if denom else float("nan")  # a constant ranking: undefined
 
 
 def ap_brute(scores: np.ndarray, rel: np.ndarray) -> float:
