@@ -88,6 +88,34 @@ def build(model: str, n: int, dtype: str = "float32"):  # noqa: ANN201
     return adapter, Inputs.from_ids(adapter, [ids])
 
 
+def commit() -> str:
+    """The streetlamp commit measured (results from different code versions are told apart)."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+        )
+        return out.stdout.strip() or "?"
+    except OSError:
+        return "?"
+
+
+def progress_logger(what: str):  # noqa: ANN201
+    """A callback writing ``what layer L: seconds since the last, peak RSS`` to $LONGCTX_PROGRESS (if set)."""
+    path = os.environ.get("LONGCTX_PROGRESS")
+    last = [time.perf_counter()]
+
+    def log(layer: int) -> None:
+        now = time.perf_counter()
+        if path:
+            with open(path, "a") as fh:
+                fh.write(
+                    f"{time.strftime('%H:%M:%S')} {what} layer {layer}: {now - last[0]:.1f} s, peak {peak_gib():.3f} GiB\n"
+                )
+        last[0] = now
+
+    return log
+
+
 def hf_estimate(adapter, n: int) -> float:  # noqa: ANN001
     L, H = adapter.n_layers, adapter.n_heads
     return (L * H * n * n + 3 * H * n * n + n * n) * 4
@@ -102,16 +130,31 @@ def run_one(model: str, n: int, mode: str, work: Path) -> dict:
     from streetlamp.runners.explain_long import record
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+    res0 = {"threads": torch.get_num_threads(), "load_at_start": round(os.getloadavg()[0], 1)}
     adapter, inputs = build(model, n, "float64" if mode == "ref" else "float32")
     n = inputs.lengths[0]
     pos = adapter.explained_position(n)
-    res: dict = {"model": model, "tokens": n, "mode": mode, "rss_loaded_gib": round(peak_gib(), 3)}
+    res: dict = {
+        "model": model,
+        "tokens": n,
+        "mode": mode,
+        "rss_loaded_gib": round(peak_gib(), 3),
+        "code": commit(),
+        **res0,
+    }
     if mode == "ours":
         sel = Selection(list(range(adapter.n_layers)), list(range(adapter.n_heads)), [pos])
+        log = progress_logger(f"{model} {n} record")
+        hooks = [
+            m.register_forward_hook(lambda *_, i=i: log(i))  # type: ignore[misc]
+            for i, m in enumerate(adapter.attn_modules)
+        ]
         t0 = time.perf_counter()
         _, rec = record(adapter, inputs, work, sel)
         t1 = time.perf_counter()
-        row = rollout_row(QKStore(work, rec.describe()), pos)
+        for h in hooks:
+            h.remove()
+        row = rollout_row(QKStore(work, rec.describe()), pos, progress=progress_logger(f"{model} {n} rollout"))
         t2 = time.perf_counter()
         (work / "section.json").write_text(json.dumps(rec.describe()))
         np.save(work / "rollout.npy", row)

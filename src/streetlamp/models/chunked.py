@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -82,6 +83,21 @@ def key_range(r0: int, r1: int, n: int, rule: LayerRule) -> tuple[int, int]:
     return k0, (r1 if rule.causal else min(n, r1 + w - 1))
 
 
+def mask_bands(r0: int, r1: int, k0: int, k1: int, rule: LayerRule) -> list[tuple[int, int]]:
+    """Key ranges ``[a, b)`` inside ``[k0, k1)`` where some query r0..r1-1 may have a masked key; every
+    key outside them is allowed for every query of the chunk (so only these columns are masked). Causal:
+    keys after the first query (``j > r0``); a window ``w``: keys before ``r1 - w`` (``j <= i - w``) and,
+    bidirectional, from ``r0 + w`` on (``j >= i + w``)."""
+    bands = []
+    if rule.window:
+        bands.append((k0, min(k1, r1 - int(rule.window))))
+    if rule.causal:
+        bands.append((max(k0, r0 + 1), k1))
+    elif rule.window:
+        bands.append((max(k0, r0 + int(rule.window)), k1))
+    return [(a, b) for a, b in bands if a < b]
+
+
 def repeat_heads(k: torch.Tensor, groups: int) -> torch.Tensor:
     """``[kv_head, pos, d]`` -> ``[kv_head * groups, pos, d]`` (the attention function's repeat_kv)."""
     if groups == 1:
@@ -90,22 +106,67 @@ def repeat_heads(k: torch.Tensor, groups: int) -> torch.Tensor:
     return k[:, None].expand(h, groups, s, d).reshape(h * groups, s, d)
 
 
-def pattern_block(q: torch.Tensor, k: torch.Tensor, r0: int, r1: int, rule: LayerRule) -> tuple[torch.Tensor, int]:
+def qk_matmul(q: torch.Tensor, kt: torch.Tensor, out: torch.Tensor) -> None:
+    """``out = q @ kt`` (``[head, rows, d] @ [head, d, keys]``). On the CPU through numpy's BLAS: for this
+    shape (inner dimension d_head, tens of thousands of keys) OpenBLAS ran 1.7-1.8x faster than torch's
+    MKL on the AMD development machine (docs/measurements/longctx.md); elsewhere torch's matmul."""
+    if out.device.type == "cpu":
+        np.matmul(q.detach().numpy(), kt.detach().numpy(), out=out.numpy())
+    else:
+        torch.matmul(q, kt, out=out)
+
+
+class Scratch:
+    """One reusable buffer for a chunk's scores/probabilities. A fresh ``[head, chunk, key]`` tensor per
+    chunk costs more than the arithmetic (tens of MiB are mapped and page-faulted anew each time); the
+    chunk is computed in place in this buffer instead. A block it returns is valid until the next call."""
+
+    def __init__(self) -> None:
+        self.buf: torch.Tensor | None = None
+
+    def view(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        size = 1
+        for x in shape:
+            size *= x
+        b = self.buf
+        if b is None or b.dtype != dtype or b.device != device or b.numel() < size:
+            b = self.buf = torch.empty(size, dtype=dtype, device=device)
+        return b[:size].view(shape)
+
+
+def pattern_block(
+    q: torch.Tensor, k: torch.Tensor, r0: int, r1: int, rule: LayerRule, scratch: Scratch | None = None
+) -> tuple[torch.Tensor, int]:
     """Probabilities ``[head, r1 - r0, k1 - k0]`` of query rows r0..r1-1 over the keys they can see
     (:func:`key_range`), and k0; queries ``q`` and repeated keys ``k`` are ``[head, pos, d]``. The
-    eager path's arithmetic: ``softmax(cap(q kᵀ · scaling), masked)`` in at least float32."""
+    eager path's arithmetic: ``softmax(cap(q kᵀ · scaling), masked)`` in at least float32. With
+    ``scratch`` (float32/float64 models) the block is computed in place in its buffer, bit for bit the
+    same numbers, and stays valid until the scratch's next use."""
     k0, k1 = key_range(r0, r1, k.shape[1], rule)
-    scores = torch.matmul(q[:, r0:r1], k[:, k0:k1].transpose(1, 2)) * rule.scaling
+    kt = k[:, k0:k1].transpose(1, 2)
+    if scratch is not None and q.dtype in (torch.float32, torch.float64):
+        scores = scratch.view((q.shape[0], r1 - r0, k1 - k0), q.dtype, q.device)
+        qk_matmul(q[:, r0:r1], kt, scores)
+        scores.mul_(rule.scaling)
+    else:
+        scores = torch.matmul(q[:, r0:r1], kt) * rule.scaling
     if rule.softcap is not None:
-        scores = torch.tanh(scores / rule.softcap) * rule.softcap
-    ok = allowed_rows(r0, r1, k1, rule.causal, rule.window, q.device, k0)
-    scores = scores.masked_fill(~ok, torch.finfo(scores.dtype).min)
-    return torch.softmax(scores, -1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype), k0
+        scores.div_(rule.softcap).tanh_().mul_(rule.softcap)
+    low = torch.finfo(scores.dtype).min
+    for a, b in mask_bands(r0, r1, k0, k1, rule):  # masked cells lie in these columns only
+        ok = allowed_rows(r0, r1, b, rule.causal, rule.window, q.device, a)
+        scores[:, :, a - k0 : b - k0].masked_fill_(~ok, low)
+    dtype = torch.promote_types(scores.dtype, torch.float32)
+    if dtype == scores.dtype:
+        return torch.softmax(scores, -1, out=scores), k0  # in place: each row's max and sum are read first
+    return torch.softmax(scores, -1, dtype=dtype).to(q.dtype), k0
 
 
-def pattern_rows(q: torch.Tensor, k: torch.Tensor, r0: int, r1: int, rule: LayerRule) -> torch.Tensor:
+def pattern_rows(
+    q: torch.Tensor, k: torch.Tensor, r0: int, r1: int, rule: LayerRule, scratch: Scratch | None = None
+) -> torch.Tensor:
     """Probabilities ``[head, r1 - r0, key]`` of query rows r0..r1-1 over every key (zeros where masked)."""
-    block, k0 = pattern_block(q, k, r0, r1, rule)
+    block, k0 = pattern_block(q, k, r0, r1, rule, scratch)
     out = torch.zeros(q.shape[0], r1 - r0, k.shape[1], dtype=block.dtype, device=block.device)
     out[:, :, k0 : k0 + block.shape[-1]] = block
     return out
@@ -128,8 +189,12 @@ class Selection:
 class Recorder:
     """Computes every layer's attention in query chunks; keeps the selected rows and q/k on disk."""
 
-    def __init__(self, adapter: ModelAdapter, folder: Path, selection: Selection, chunk: int | None = None) -> None:
+    def __init__(
+        self, adapter: ModelAdapter, folder: Path, selection: Selection, chunk: int | None = None, fused: bool = True
+    ) -> None:
         self.adapter = adapter
+        self.fused = fused
+        self.scratch = Scratch()
         self.folder = Path(folder)
         self.sel = selection
         self.chunk = chunk
@@ -184,24 +249,47 @@ class Recorder:
         )
         kr = repeat_heads(key[0], groups)
         v = repeat_heads(value[0], groups)
-        out = torch.empty(query.shape[1], n, value.shape[-1], dtype=value.dtype, device=value.device)
         step = self.chunk or chunk_rows(query.shape[1], n, max(4, query.element_size()))
         self.step = step
+        if attention_mask is not None:
+            for r0 in range(0, n, step):
+                self._check_mask(attention_mask, r0, min(n, r0 + step), n, rule, layer)
         keep = layer in self.sel.layers
-        rows = torch.tensor(self.sel.rows, dtype=torch.long)
+        rows = torch.tensor(self.sel.rows if keep else [], dtype=torch.long)
+        fused = self.fused and rule.softcap is None  # SDPA has no soft-cap: Gemma 2's layers run chunked
+        if fused:
+            out = self._fused(module, query, kr, v, attention_mask, rule)
+        else:
+            out = torch.empty(query.shape[1], n, value.shape[-1], dtype=value.dtype, device=value.device)
         for r0 in range(0, n, step):
             r1 = min(n, r0 + step)
-            block, k0 = pattern_block(query[0], kr, r0, r1, rule)
-            if attention_mask is not None:
-                self._check_mask(attention_mask, r0, r1, n, rule, layer)
-            out[:, r0:r1] = torch.matmul(block, v[:, k0 : k0 + block.shape[-1]])
-            if keep:
-                here = rows[(rows >= r0) & (rows < r1)]
-                if len(here):
-                    self._write_shard(layer, block, k0, n, here - r0, here)
+            here = rows[(rows >= r0) & (rows < r1)]
+            if fused and not len(here):
+                continue  # the layer's output came from SDPA; only chunks holding a kept row are computed
+            block, k0 = pattern_block(query[0], kr, r0, r1, rule, self.scratch)
+            if not fused:
+                out[:, r0:r1] = torch.matmul(block, v[:, k0 : k0 + block.shape[-1]])
+            if len(here):
+                self._write_shard(layer, block, k0, n, here - r0, here)
         if layer == self.grad_layer:
             return self._grad_leaf(out, v, query[0], kr, rule)
         return out.transpose(0, 1)[None]
+
+    def _fused(
+        self,
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None,
+        rule: LayerRule,
+    ) -> torch.Tensor:
+        """The layer's output ``[head, pos, d_head]`` from the fused kernel (no ``[head, query, key]``
+        tensor): the recorder's own rule gives the mask (causal, window), so none is built for plain text."""
+        from .attention import _sdpa
+
+        out = _sdpa(module, query, k[None], v[None], mask, rule.scaling, 0.0, rule.window)  # [1, pos, head, d]
+        return out[0].transpose(0, 1)
 
     def _grad_leaf(
         self, out: torch.Tensor, v: torch.Tensor, q: torch.Tensor, k: torch.Tensor, rule: LayerRule
@@ -333,6 +421,7 @@ class QKStore:
         self.rules = {int(l): LayerRule(**r) for l, r in section["qk"]["rules"].items()}
         self.n_tokens = int(section["n_tokens"])
         self.n_layers = len(self.rules)
+        self.scratch = Scratch()
 
     def load(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, LayerRule]:
         """Queries ``[head, pos, d]``, repeated keys ``[head, pos, d]`` and the rule of ``layer``."""
@@ -351,7 +440,7 @@ class QKStore:
         got: dict[int, torch.Tensor] = {}
         for c in sorted({r // step for r in rows}):  # the recording's chunks: the same matmul shapes
             r0, r1 = c * step, min(self.n_tokens, (c + 1) * step)
-            p = pattern_rows(q, k, r0, r1, rule)
+            p = pattern_rows(q, k, r0, r1, rule, self.scratch)
             got.update({r: p[:, r - r0] for r in rows if r0 <= r < r1})
         out = torch.stack([got[r] for r in rows], 1)
         return out if heads is None else out[torch.tensor(heads)]
@@ -365,7 +454,7 @@ class QKStore:
         step = chunk or self.chunk_size(q)
         for r0 in range(0, self.n_tokens, step):
             r1 = min(self.n_tokens, r0 + step)
-            yield r0, r1, pattern_rows(q, k, r0, r1, rule)
+            yield r0, r1, pattern_rows(q, k, r0, r1, rule, self.scratch)
 
     def column(self, layer: int, key: int, chunk: int | None = None) -> torch.Tensor:
         """Attention ``[head, query]`` every query pays to ``key`` at ``layer`` (rows recomputed chunk by chunk)."""
