@@ -100,18 +100,21 @@ def commit() -> str:
 
 
 def progress_logger(what: str):  # noqa: ANN201
-    """A callback writing ``what layer L: seconds since the last, peak RSS`` to $LONGCTX_PROGRESS (if set)."""
+    """A callback writing ``what layer L: wall seconds since the last, CPU seconds of this process since the
+    last, peak RSS, load`` to $LONGCTX_PROGRESS (if set): on a shared machine the CPU seconds say what the
+    layer costs, the wall seconds what the load let it have."""
     path = os.environ.get("LONGCTX_PROGRESS")
-    last = [time.perf_counter()]
+    last = [time.perf_counter(), time.process_time()]
 
     def log(layer: int) -> None:
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.process_time()
         if path:
             with open(path, "a") as fh:
                 fh.write(
-                    f"{time.strftime('%H:%M:%S')} {what} layer {layer}: {now - last[0]:.1f} s, peak {peak_gib():.3f} GiB\n"
+                    f"{time.strftime('%H:%M:%S')} {what} layer {layer}: {now - last[0]:.1f} s wall, "
+                    f"{cpu - last[1]:.1f} s cpu, peak {peak_gib():.3f} GiB, load {os.getloadavg()[0]:.1f}\n"
                 )
-        last[0] = now
+        last[0], last[1] = now, cpu
 
     return log
 
