@@ -37,6 +37,9 @@ from pathlib import Path
 GIB = float(1 << 30)
 HF_LIMIT = 10 * GIB  # this session's share of the shared 24 GiB machine (the brief: never over ~12 GiB)
 REF_MAX_TOKENS = 2048
+# --device/--dtype reach the per-case subprocesses through the environment
+DEVICE = os.environ.get("LONGCTX_DEVICE", "cpu")
+DTYPE = os.environ.get("LONGCTX_DTYPE", "float32")
 MODELS = ("tiny-deep", "smollm2-shape", "smollm2-135m", "smollm2-shape-1layer")
 MAX_TOKENS = {"smollm2-135m": 8192}
 SHAPES = {
@@ -69,8 +72,7 @@ def build(model: str, n: int, dtype: str = "float32"):  # noqa: ANN201
         from common import text_of_length
 
         adapter = streetlamp.load("smollm2-135m")
-        if dtype == "float64":
-            adapter.hf_model.double()
+        adapter.hf_model.to(DEVICE, getattr(torch, dtype))
         return adapter, adapter.encode(text_of_length(adapter, n))
     from streetlamp.models.tiny import tiny_tokenizer
 
@@ -81,8 +83,7 @@ def build(model: str, n: int, dtype: str = "float32"):  # noqa: ANN201
     hf = LlamaForCausalLM(
         LlamaConfig(max_position_embeddings=32768, pad_token_id=0, bos_token_id=2, eos_token_id=3, **cfg)
     )
-    if dtype == "float64":
-        hf = hf.double()
+    hf = hf.to(DEVICE, getattr(torch, dtype))
     adapter = ModelAdapter(hf.eval(), tok, model)
     ids = torch.randint(5, len(tok), (n,), generator=torch.Generator().manual_seed(1)).tolist()
     return adapter, Inputs.from_ids(adapter, [ids])
@@ -134,7 +135,9 @@ def run_one(model: str, n: int, mode: str, work: Path) -> dict:
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     res0 = {"threads": torch.get_num_threads(), "load_at_start": round(os.getloadavg()[0], 1)}
-    adapter, inputs = build(model, n, "float64" if mode == "ref" else "float32")
+    adapter, inputs = build(model, n, "float64" if mode == "ref" else DTYPE)
+    if DEVICE != "cpu":
+        res0.update(device=DEVICE, dtype=DTYPE)
     n = inputs.lengths[0]
     pos = adapter.explained_position(n)
     res: dict = {
@@ -157,7 +160,8 @@ def run_one(model: str, n: int, mode: str, work: Path) -> dict:
         t1 = time.perf_counter()
         for h in hooks:
             h.remove()
-        row = rollout_row(QKStore(work, rec.describe()), pos, progress=progress_logger(f"{model} {n} rollout"))
+        store = QKStore(work, rec.describe(), device=DEVICE)
+        row = rollout_row(store, pos, progress=progress_logger(f"{model} {n} rollout"))
         t2 = time.perf_counter()
         (work / "section.json").write_text(json.dumps(rec.describe()))
         np.save(work / "rollout.npy", row)
@@ -183,8 +187,12 @@ def run_one(model: str, n: int, mode: str, work: Path) -> dict:
         res["forward_s"] = round(time.perf_counter() - t0, 2)
         assert len(out.attentions) == adapter.n_layers
     elif mode == "ref":
+        if DEVICE != "cpu":
+            raise SystemExit("the float64 reference runs on the CPU (--device cpu)")
         res.update(compare_reference(adapter, inputs, pos, work))
     res["peak_rss_gib"] = round(peak_gib(), 3)
+    if DEVICE.startswith("cuda"):
+        res["peak_device_gib"] = round(torch.cuda.max_memory_allocated() / GIB, 3)
     return res
 
 
@@ -248,7 +256,8 @@ def table(results: list[dict]) -> str:
     )
     by: dict[tuple[str, int], dict[str, dict]] = {}
     for r in results:
-        by.setdefault((r["model"], r["tokens"]), {})[r["mode"]] = r
+        label = r["model"] + (f" ({r['device']}, {r['dtype']})" if r.get("device") else "")
+        by.setdefault((label, r["tokens"]), {})[r["mode"]] = r
     out = [head]
     for (model, n), modes in by.items():
         o, f, h, ref = (modes.get(k, {}) for k in ("ours", "fused", "hf", "ref"))
@@ -256,13 +265,17 @@ def table(results: list[dict]) -> str:
         def cell(r: dict, key: str) -> str:
             return str(r.get(key, r.get("error", "–")))
 
+        def peak(r: dict) -> str:  # on a GPU: host RSS / device peak
+            dev = r.get("peak_device_gib")
+            return cell(r, "peak_rss_gib") + (f" / {dev} on the device" if dev is not None else "")
+
         hf = h.get("skipped") or h.get("error") or (f"{h['forward_s']} / {h['peak_rss_gib']}" if h else "–")
         fu = f.get("error") or (f"{f['forward_s']} / {f['peak_rss_gib']}" if f else "–")
         ex = ref.get("error") or (
             f"{ref['max_err_rows']:.1e} / {ref['max_err_rollout']:.1e}" if ref else "no reference"
         )
         out.append(
-            f"| {model} | {n} | {cell(o, 'record_s')} | {cell(o, 'rollout_s')} | {cell(o, 'peak_rss_gib')} "
+            f"| {model} | {n} | {cell(o, 'record_s')} | {cell(o, 'rollout_s')} | {peak(o)} "
             f"| {cell(o, 'disk_gib')} | {fu} | {hf} | {ex} |"
         )
     return "\n".join(out) + "\n"
@@ -274,10 +287,15 @@ def main() -> int:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--lengths", default="2048,8192,32768")
     ap.add_argument("--modes", default="ours,ref,fused,hf")
+    ap.add_argument("--device", default=None, help="cpu (default) or cuda: where the model and the rows run")
+    ap.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
     ap.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per case")
     ap.add_argument("--jsonl", default=None, help="append each case's result here as it finishes")
     ap.add_argument("--table", default=None, help="write the markdown table of all results in --jsonl here")
     args = ap.parse_args()
+    for key, val in (("LONGCTX_DEVICE", args.device), ("LONGCTX_DTYPE", args.dtype)):
+        if val:
+            os.environ[key] = val  # for the subprocesses
     if args.one:
         model, n, mode, work = args.one
         print(json.dumps(run_one(model, int(n), mode, Path(work))), flush=True)

@@ -81,7 +81,14 @@ def test_explain_rows_keeps_what_was_asked_and_reads_back(ckpt, full_att, tmp_pa
         (["--layers", "3"], "--layers 3 out of range: the model has layers 0..2"),
         (["--layers", "-4"], "--layers -4 out of range"),
         (["--heads", "4"], "--heads 4 out of range: the model has heads 0..3"),
-        (["--rows", "last", "--methods", "occlusion"], "runs only rollout, flow, attention_x_gradient (not occlusion)"),
+        (
+            ["--rows", "last", "--methods", "lime"],
+            "runs only rollout, flow, attention_x_gradient, occlusion (not lime)",
+        ),
+        (["--rows", "last", "--methods", "occlusion", "--occlusion-window", "0"], "--occlusion-window 0 out of range"),
+        (["--rows", "last", "--methods", "occlusion", "--occlusion-window", "12"], "the text has 11 tokens (1..11)"),
+        (["--rows", "last", "--occlusion-window", "2"], "--occlusion-window applies to --methods occlusion"),
+        (["--occlusion-window", "2"], "--occlusion-window is for long inputs"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(ckpt, tmp_path, capsys, flags, message) -> None:
@@ -89,6 +96,31 @@ def test_bad_input_is_one_line_exit_2_nothing_written(ckpt, tmp_path, capsys, fl
     rc, stdout, stderr = run(capsys, "explain", TEXT, "--model", str(ckpt), "--out", str(out), *flags)
     assert rc == 2 and message in stderr and len(stderr.strip().splitlines()) == 1
     assert not out.exists() and list(tmp_path.iterdir()) == []  # not even a staging folder
+
+
+def test_explain_rows_occlusion_by_spans(ckpt, tmp_path, capsys) -> None:
+    """``--methods occlusion --occlusion-window W``: the span drops written are those of
+    :func:`occlusion_spans` (itself tested against plain occlusion and a full recompute), spans of W tokens."""
+    from streetlamp.methods.long_occlusion import occlusion_spans
+
+    out = tmp_path / "o"
+    args = ["--model", str(ckpt), "--out", str(out), "--rows", "last", "--methods", "occlusion,rollout"]
+    rc, stdout, _ = run(capsys, "explain", TEXT, *args, "--occlusion-window", "4")
+    assert rc == 0 and "occlusion row 10, top:" in stdout
+    arrays = load_file(str(out / "arrays.safetensors"))
+    assert arrays["occlusion.spans"].tolist() == [[0, 4], [4, 8], [8, 11]]
+    adapter = streetlamp.load(str(ckpt))
+    ref = occlusion_spans(adapter, adapter.encode(TEXT), Target(), window=4)
+    np.testing.assert_array_equal(arrays["occlusion.drop"], ref.drop)  # same code, same machine
+    np.testing.assert_array_equal(arrays["occlusion.tokens"], ref.tokens.astype(np.float32))
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["parameters"]["occlusion_window"] == 4 and "[MASK]" in m["arrays"]["occlusion.tokens"]["meaning"]
+    params = json.dumps({"occlusion": {"replacement": "delete"}})
+    rc, _, _ = run(capsys, "explain", TEXT, *args, "--method-params", params, "--out", str(tmp_path / "d"))
+    m = json.loads((tmp_path / "d" / "manifest.json").read_text())
+    assert rc == 0 and "decoder removal" in m["arrays"]["occlusion.tokens"]["meaning"]
+    default = load_file(str(tmp_path / "d" / "arrays.safetensors"))["occlusion.spans"]
+    assert default.tolist() == [[k, k + 1] for k in range(10)]  # default: 11 tokens in 32 spans -> 1 token each
 
 
 def test_attention_row_bad_input(ckpt, tmp_path, capsys) -> None:

@@ -138,6 +138,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from .models.memory import check_memory
 
     long = args.rows is not None or args.layers is not None or args.heads is not None  # docs/long-context.md
+    if not long and args.occlusion_window is not None:
+        raise StreetlampError("--occlusion-window is for long inputs: give it with --rows/--layers/--heads")
     if not long:
         check_memory(adapter, max(adapter.encode(s.text, truncate=s.truncate).lengths), args.force)
     target = Target(
@@ -149,6 +151,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
         from .runners.explain_long import explain_long
 
         kw = dict(layers=args.layers, heads=args.heads, rows=args.rows, target=target, truncate=s.truncate)
+        kw["occlusion_window"] = args.occlusion_window
+        kw["occlusion_replacement"] = s.method_params.get("occlusion", {}).get("replacement", "mask")
         return _print(explain_long(adapter, s.text, out, methods=methods if args.methods else None, **kw))
     return _print(
         explain(
@@ -637,6 +641,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--rows", default=None, help="long inputs: keep only these query rows: last, explained, N, A:B")
     s.add_argument("--layers", default=None, help="long inputs: keep rows of these layers, e.g. 0,5,-1 (default all)")
     s.add_argument("--heads", default=None, help="long inputs: keep rows of these heads, e.g. 0,3 (default all)")
+    s.add_argument(
+        "--occlusion-window",
+        type=int,
+        default=None,
+        help="long inputs, --methods occlusion: tokens per occluded span (default: the text in 32 spans)",
+    )
     s.set_defaults(func=cmd_explain)
     s = sub.add_parser("attention-row", help="print one attention row (or column) of a long-context explain run")
     s.add_argument("dir", help="a run folder written by explain --rows")

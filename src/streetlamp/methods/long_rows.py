@@ -66,11 +66,12 @@ def mean_step(block: torch.Tensor, w: torch.Tensor, lo: int, k0: int, nxt: torch
     h, r, kk = block.shape
     rowsum = 0.5 * block.sum(-1).sum(0, dtype=torch.float64) / h + 0.5  # residual_block's a.sum(-1)
     u = w / rowsum
-    uh = u.to(block.dtype).repeat(h)  # [head * row], the block's (head, row) order
+    dt = torch.promote_types(block.dtype, torch.float32)  # bfloat16/float16 blocks: products in float32
+    uh = u.to(dt).repeat(h)  # [head * row], the block's (head, row) order
     flat = block.reshape(h * r, kk)
     x = torch.zeros(kk, dtype=torch.float64, device=block.device)
     for p0 in range(0, h * r, PIECE):
-        x += (uh[p0 : p0 + PIECE] @ flat[p0 : p0 + PIECE]).double()
+        x += (uh[p0 : p0 + PIECE] @ flat[p0 : p0 + PIECE].to(dt)).double()
     nxt[k0 : k0 + kk] += (0.5 / h) * x
     nxt[lo : lo + r] += 0.5 * u
 
@@ -88,19 +89,20 @@ def rollout_row(
         raise StreetlampError(f"unknown head fusion {fusion!r}; choose one of {', '.join(FUSIONS)}")
     store._check([pos], "row")
     n = store.n_tokens
-    v = torch.zeros(n, dtype=torch.float64)
+    dev = store.device or torch.device("cpu")
+    v = torch.zeros(n, dtype=torch.float64, device=dev)
     v[pos] = 1.0
     scratch = Scratch()
     for layer in reversed(range(store.n_layers)):
         q, k, rule = store.load(layer)
         step = chunk or chunk_rows(q.shape[0], n, max(4, q.element_size()))
-        nxt = torch.zeros(n, dtype=torch.float64)
+        nxt = torch.zeros(n, dtype=torch.float64, device=dev)
         for r0 in range(0, n, step):
             r1 = min(n, r0 + step)
             w = v[r0:r1]
             if not torch.any(w != 0):
                 continue
-            nz = torch.nonzero(w).flatten()
+            nz = torch.nonzero(w).flatten().tolist()
             lo, hi = r0 + int(nz[0]), r0 + int(nz[-1]) + 1  # only the rows that carry weight
             block, k0 = pattern_block(q, k, lo, hi, rule, scratch)  # only the keys these rows can see
             if fusion == "mean":
@@ -111,7 +113,7 @@ def rollout_row(
         v = nxt
         if progress is not None:
             progress(layer)
-    return v.numpy()
+    return v.cpu().numpy()
 
 
 def check_flow_size(n_layers: int, n_tokens: int) -> None:

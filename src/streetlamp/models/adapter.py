@@ -515,6 +515,9 @@ class ModelAdapter:
             last = inputs.attention_mask.sum(1) - 1
             keep = torch.unique(last)
             kw["logits_to_keep"] = keep.to(dev)
+            # no KV cache: nothing reads it, and it held every layer's keys and values (1.4 GiB for a
+            # 32k-token text on SmolLM2's shape, growing layer by layer through the pass)
+            kw["use_cache"] = False
         with torch.set_grad_enabled(grad or keep_grad), self.session(record, edit, keep_grad) as s:
             if self.modality == "image":  # every row is [CLS] + all patches: no padding, no mask
                 pixel = cast(Any, self.tokenizer).pixels(inputs.input_ids)

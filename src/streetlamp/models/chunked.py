@@ -410,8 +410,11 @@ def fused_long(adapter: ModelAdapter) -> Iterator[None]:
 class QKStore:
     """The stored queries, keys and rules of a long recording: any attention row or column, on demand."""
 
-    def __init__(self, folder: Path | str, section: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, folder: Path | str, section: dict[str, Any] | None = None, device: torch.device | str | None = None
+    ) -> None:
         self.folder = Path(folder)
+        self.device = torch.device(device) if device is not None else None  # where rows are recomputed
         if section is None:
             manifest = json.loads((self.folder / "manifest.json").read_text())
             if "long_context" not in manifest:
@@ -430,6 +433,8 @@ class QKStore:
         rule = self.rules[layer]
         with safe_open(str(self.folder / self.section["qk"]["files"][str(layer)]), framework="pt") as f:
             q, k = f.get_tensor("query"), f.get_tensor("key")
+        if self.device is not None:
+            q, k = q.to(self.device), k.to(self.device)
         return q, repeat_heads(k, rule.groups), rule
 
     def rows(self, layer: int, rows: list[int], heads: list[int] | None = None) -> torch.Tensor:

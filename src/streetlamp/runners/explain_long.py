@@ -17,12 +17,14 @@ import torch
 from safetensors import safe_open
 
 from ..errors import StreetlampError
+from ..methods.long_occlusion import check_window, occlusion_spans
 from ..methods.long_rows import check_flow_size, flow_row, rollout_row
+from ..methods.scorer import REPLACEMENTS
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..models.chunked import QKStore, Recorder, Selection, record_long
 from ..store.run_folder import RunFolder
 
-LONG_METHODS = ("rollout", "flow", "attention_x_gradient")
+LONG_METHODS = ("rollout", "flow", "attention_x_gradient", "occlusion")
 
 
 def parse_indices(spec: str | None, n: int, flag: str, what: str) -> list[int]:
@@ -196,8 +198,11 @@ def explain_long(
     fusion: str = "mean",
     chunk: int | None = None,
     overwrite: bool = False,
+    occlusion_window: int | None = None,
+    occlusion_replacement: str = "mask",
 ) -> LongResult:
-    """Record the asked rows, store q/k, compute rollout/flow of the explained row; all checked first."""
+    """Record the asked rows, store q/k, compute rollout/flow/attention x gradient of the explained row and
+    span occlusion (``occlusion_window`` tokens a span; default n/32); all checked first."""
     rf = RunFolder.of(out, "explain", overwrite)
     methods = check_methods(methods)
     inputs = adapter.encode(text, truncate=truncate)
@@ -210,6 +215,14 @@ def explain_long(
     )
     if "flow" in methods:
         check_flow_size(adapter.n_layers, n)
+    if "occlusion" in methods:
+        window = check_window(occlusion_window, n)
+        if occlusion_replacement not in REPLACEMENTS:
+            raise StreetlampError(
+                f"unknown occlusion replacement {occlusion_replacement!r}; choose one of {', '.join(REPLACEMENTS)}"
+            )
+    elif occlusion_window is not None:
+        raise StreetlampError("--occlusion-window applies to --methods occlusion")
     need = qk_bytes(adapter, n) + len(sel.layers) * len(sel.heads) * len(sel.rows) * n * 4
     rf.out.parent.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(rf.out.parent).free
@@ -229,8 +242,19 @@ def explain_long(
         res = LongResult(rf.out, n, pos, inputs.labels[0], adapter.output_label(int(probs.argmax())), section["kept"])
         res.disk = need
         meaning = {}
+        occ = None
         for m in methods:
-            if m == "attention_x_gradient":
+            if m == "occlusion":
+                occ = occlusion_spans(adapter, inputs, target, window, occlusion_replacement)
+                res.rows[m] = occ.tokens
+                meaning[m] = (
+                    f"F(x) - F(x without the token's span of {window} tokens) (F = {target.describe(adapter, occ.index)}); "
+                    f"absent tokens: {occ.replacement}"
+                    + (f"; {occ.rule}" if occ.rule else "")
+                    + "; 0 where a token is never removed (special tokens"
+                    + (", the explained position)" if occ.rule else ")")
+                )
+            elif m == "attention_x_gradient":
                 res.rows[m] = axg
                 meaning[m] = (
                     f"sum over heads of the last layer's row {pos} of A ⊙ dF/dA, dF/dA[h, {pos}, j] = dF/dz[{pos}, h] · v[h, j] "
@@ -245,6 +269,18 @@ def explain_long(
         w.add_array("probs", probs, axes=["output"], meaning="softmax of the explained logits")
         for m, row in res.rows.items():
             w.add_array(f"{m}.tokens", row.astype(np.float32), axes=["token"], meaning=meaning[m])
+        if occ is not None:
+            w.add_array(
+                "occlusion.spans", occ.spans, axes=["span", "start_end"], meaning="span k covers positions start..end-1"
+            )
+            w.add_array(
+                "occlusion.drop",
+                occ.drop,
+                axes=["span"],
+                meaning="F(x) - F(x without span k) (float64)",
+                base_score=occ.base,
+                positions_computed=occ.positions_computed,
+            )
         w.write_manifest(
             {
                 "model": adapter.describe(),
@@ -255,7 +291,18 @@ def explain_long(
                 "explained_position": {"index": pos, "token": inputs.labels[0][pos]},
                 "target": {"index": index, "label": adapter.output_label(index), "quantity": target.quantity},
                 "prediction": {"index": int(probs.argmax()), "prob": float(probs.max())},
-                "parameters": {"layers": layers, "heads": heads, "rows": rows, "methods": methods, "fusion": fusion},
+                "parameters": {
+                    "layers": layers,
+                    "heads": heads,
+                    "rows": rows,
+                    "methods": methods,
+                    "fusion": fusion,
+                    **(
+                        {"occlusion_window": occ.window, "occlusion_replacement": occ.replacement}
+                        if occ is not None
+                        else {}
+                    ),
+                },
                 "long_context": section,
             }
         )
