@@ -136,7 +136,7 @@ def run_one(model: str, n: int, mode: str, work: Path) -> dict:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     res0 = {"threads": torch.get_num_threads(), "load_at_start": round(os.getloadavg()[0], 1)}
     adapter, inputs = build(model, n, "float64" if mode == "ref" else DTYPE)
-    if DEVICE != "cpu":
+    if DEVICE != "cpu" or DTYPE != "float32":
         res0.update(device=DEVICE, dtype=DTYPE)
     n = inputs.lengths[0]
     pos = adapter.explained_position(n)

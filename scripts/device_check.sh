@@ -9,9 +9,11 @@ set -u
 OUT=${OUT:-/tmp/devout}; mkdir -p "$OUT"
 export DEV=${DEV:-cuda}   # DEV=cpu PY=.venv/bin/python scripts/device_check.sh rehearses it here
 PY=${PY:-python3}
-PARTS=${PARTS:-tests,explain,compare,bench}   # a shorter rerun: PARTS=tests,compare; the serve benchmark: PARTS=serve
+# a shorter rerun: PARTS=tests,compare; the serve benchmark: PARTS=serve; long context alone: PARTS=longctx
+PARTS=${PARTS:-tests,explain,compare,bench,longctx}
 has() { [[ ",$PARTS," == *",$1,"* ]]; }
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 STREETLAMP_CACHE=/tmp/slcache
+if [[ "$PARTS" != "longctx" ]]; then  # the long-context part needs neither the wheels nor MiniLM
 $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .devcarry/whl/*.whl || exit 1
 $PY - <<'EOF' || exit 1
 import pathlib, shutil
@@ -24,6 +26,7 @@ for f in pathlib.Path(".devcarry/minilm").iterdir():
 sd = load_file(".devcarry/minilm/model.fp16.safetensors")
 save_file({k: v.float() if v.is_floating_point() else v for k, v in sd.items()}, str(d / "model.safetensors"))
 EOF
+fi
 export PYTHONPATH=$PWD/src:/tmp/site
 printf '#!/bin/sh\nexec %s -c "from streetlamp.cli import main; main()" "$@"\n' "$PY" > /tmp/sl; chmod +x /tmp/sl
 {
@@ -90,6 +93,19 @@ EOF
   if has bench; then
   echo "== IG vs Captum LayerIntegratedGradients on $DEV"
   timeout 150 $PY benchmarks/bench_ig.py --only classifier --device $DEV 2>&1 | tail -12
+  fi
+  if has longctx; then
+  # docs/long-context.md: the explained row of every layer and head recorded (q/k of every layer to disk) and
+  # its rollout, SmolLM2's shape with random weights (30 layers, 9/3 heads), bfloat16; and a forward through
+  # SDPA alone. Per-layer progress in longctx-progress.log; results for docs/measurements/longctx-device.*
+  # (a few minutes on an H200; LC_LENGTHS=256 DEV=cpu PARTS=longctx rehearses it on a CPU)
+  LC=${LC_LENGTHS:-8192,32768}
+  echo "== long context on $DEV, bfloat16, smollm2-shape at $LC tokens: record the explained row + rollout"
+  rm -f "$OUT/longctx-device.jsonl" "$OUT/longctx-progress.log"
+  LONGCTX_PROGRESS="$OUT/longctx-progress.log" timeout 480 $PY benchmarks/bench_longctx.py --models smollm2-shape \
+    --lengths "$LC" --modes ours,fused --device "$DEV" --dtype bfloat16 --timeout 240 \
+    --jsonl "$OUT/longctx-device.jsonl" --table "$OUT/longctx-device.md" 2>&1 | tail -6
+  cat "$OUT/longctx-device.md" 2>/dev/null
   fi
 } 2>&1 | tee "$OUT/device_check.log"
 (cd /tmp && tar czf "$OUT/runs.tgz" $(ls -d x32 xbf xdef heads-$DEV heads-cpu eval-$DEV eval-cpu 2>/dev/null))
