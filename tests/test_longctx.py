@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from safetensors import safe_open
 
 from streetlamp.errors import StreetlampError
 from streetlamp.methods.attention import record_attention
@@ -14,7 +15,7 @@ from streetlamp.methods.maxflow import layered_max_flow
 from streetlamp.methods.rollout import residual_attention, rollout_matrix
 from streetlamp.models.adapter import ModelAdapter
 from streetlamp.models.attention import fused_attention
-from streetlamp.models.chunked import QKStore, Selection, fused_long
+from streetlamp.models.chunked import LayerRule, QKStore, Scratch, Selection, fused_long, pattern_block
 from streetlamp.models.tiny import tiny_model
 from streetlamp.runners.explain_long import read_rows, record
 
@@ -146,3 +147,55 @@ def test_attention_x_gradient_row_equals_the_full_method(family: str, tmp_path) 
             np.testing.assert_allclose(row, ref, atol=F64_TOL, rtol=0)
             assert logits.grad_fn is None
         assert np.abs(ref).max() > 1e-6  # not a comparison of zeros
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("window", [None, 1, 3, 6])
+@pytest.mark.parametrize("softcap", [None, 2.0])
+def test_pattern_block_equals_a_dense_masked_softmax(causal: bool, window: int | None, softcap: float | None) -> None:
+    """The chunk arithmetic (scores in a reused buffer, masking only the columns that can be masked,
+    softmax in place) against one dense masked softmax over the whole [head, query, key] (float64)."""
+    g = torch.Generator().manual_seed(0)
+    n, h, d = 13, 3, 4
+    q, k = (
+        torch.randn(h, n, d, generator=g, dtype=torch.float64),
+        torch.randn(h, n, d, generator=g, dtype=torch.float64),
+    )
+    rule = LayerRule(0.7, softcap, causal, window, 1)
+    s = (q @ k.transpose(1, 2)) * rule.scaling
+    if softcap:
+        s = torch.tanh(s / softcap) * softcap
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None]
+    ok = (j <= i) if causal else torch.ones(n, n, dtype=torch.bool)
+    if window:
+        ok = ok & ((j > i - window) if causal else ((i - j).abs() < window))
+    ref = torch.softmax(s.masked_fill(~ok, float("-inf")), -1)
+    scratch = Scratch()
+    for step in (1, 2, 5, n):
+        for r0 in range(0, n, step):
+            r1 = min(n, r0 + step)
+            for sc in (scratch, None):
+                block, k0 = pattern_block(q, k, r0, r1, rule, sc)
+                full = torch.zeros(h, r1 - r0, n, dtype=torch.float64)
+                full[:, :, k0 : k0 + block.shape[-1]] = block
+                torch.testing.assert_close(full, ref[:, r0:r1], atol=F64_TOL, rtol=0)
+                assert torch.all(full[:, ~ok[r0:r1]] == 0)  # masked cells exactly 0
+
+
+def test_recording_without_sdpa_equals_the_fused_one(tmp_path) -> None:
+    """``fused=False`` (every layer's output from the chunked probabilities) and the default (SDPA for
+    the outputs, chunks only where a row is kept) give the same logits and rows."""
+    adapter = tiny64("llama")
+    ref_logits, att = full(adapter)
+    inputs = adapter.encode(TEXT)
+    n = inputs.lengths[0]
+    sel = Selection([0, 1, 2], [0, 1, 2, 3], [0, 5, n - 1])
+    for fused in (True, False):
+        logits, rec = record(adapter, inputs, tmp_path / str(fused), sel, chunk=4, fused=fused)
+        np.testing.assert_allclose(logits[0].numpy(), ref_logits, atol=F64_TOL, rtol=0)
+        store = QKStore(tmp_path / str(fused), rec.describe())
+        for shard in rec.shards:  # the kept rows as written, and recomputed from q/k
+            kept = safe_open(str(tmp_path / str(fused) / shard["file"]), framework="np").get_tensor("pattern")
+            np.testing.assert_allclose(kept, att[shard["layer"]][:, shard["rows"]], atol=F64_TOL, rtol=0)
+            assert np.array_equal(store.rows(shard["layer"], shard["rows"]).numpy(), kept)
+        assert {s["layer"] for s in rec.shards} == {0, 1, 2}

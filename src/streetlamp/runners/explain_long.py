@@ -96,13 +96,15 @@ def record(
     selection: Selection,
     chunk: int | None = None,
     grad_row: int | None = None,
+    fused: bool = True,
 ) -> tuple[torch.Tensor, Recorder]:
     """One forward pass with chunked attention; the explained logits ``[1, n_out]`` and the recorder.
     ``grad_row``: keep the graph from the last layer's attention output on, for
-    :meth:`Recorder.attention_x_gradient` of that row (the logits then carry a graph)."""
+    :meth:`Recorder.attention_x_gradient` of that row (the logits then carry a graph). ``fused=False``:
+    every layer's output from the chunked probabilities (the eager arithmetic) instead of SDPA."""
     if len(inputs) != 1:
         raise StreetlampError("long-context recording takes one text")
-    rec = Recorder(adapter, folder, selection, chunk)
+    rec = Recorder(adapter, folder, selection, chunk, fused)
     if grad_row is not None:
         rec.grad_layer, rec.grad_row = adapter.n_layers - 1, grad_row
     # the pass itself runs without grad (adapter.forward); the recorder switches it on at grad_layer, and
