@@ -301,7 +301,7 @@ def main() -> int:
         print(json.dumps(run_one(model, int(n), mode, Path(work))), flush=True)
         return 0
     results = []
-    for model in args.models.split(","):
+    for model in args.models.split(",") if args.models else []:  # --models "": only render --table
         for n in map(int, args.lengths.split(",")):
             if n > MAX_TOKENS.get(model, 32768):
                 continue
