@@ -96,7 +96,7 @@ SITE_FAMILIES = {
     "decoder.cross_attn": "cross-attention (target over source)",
 }
 # the methods explain-generation runs on an encoder-decoder
-SEQ2SEQ_METHODS = ("attention", "saliency", "gradient_x_input", "integrated_gradients")
+SEQ2SEQ_METHODS = ("attention", "saliency", "gradient_x_input", "integrated_gradients", "occlusion")
 _ONE_STACK = (
     "it composes one stack's layers from the input up (I + A per layer), and an encoder-decoder has two "
     "stacks joined by cross-attention, for which streetlamp has no stated and tested rule"
@@ -197,6 +197,16 @@ class Seq2SeqSession(Session):
         return self
 
 
+def decoder_eos_ids(hf_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """The ids that end a generated target: the generation config's ``eos_token_id`` (an id or a list),
+    else the model config's, else the tokenizer's EOS (T5 and BART: ``</s>``)."""
+    for src in (getattr(hf_model, "generation_config", None), hf_model.config):
+        eos = getattr(src, "eos_token_id", None)
+        if eos is not None:
+            return frozenset(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
+    return frozenset([int(tokenizer.eos_token_id)]) if tokenizer.eos_token_id is not None else frozenset()
+
+
 def layer_list(layers: list[nn.Module], path: str) -> list[nn.Module]:
     return [_get(l, path) if path else l for l in layers]
 
@@ -250,6 +260,7 @@ class Seq2SeqAdapter(ModelAdapter):
         if start is None:
             raise StreetlampError(f"{name}: the config has no decoder_start_token_id (nor a pad token to start with)")
         self.decoder_start_token_id = int(start)
+        self.eos_token_ids = decoder_eos_ids(hf_model, tokenizer)
 
     def describe(self) -> dict:
         d = super().describe()
@@ -301,7 +312,9 @@ class Seq2SeqAdapter(ModelAdapter):
 
     @torch.no_grad()
     def generate(self, prompt_ids: torch.Tensor, n_new: int) -> list[int]:
-        """Greedy decoding of exactly ``n_new`` target tokens for the source ``prompt_ids`` ``[src]``."""
+        """Greedy decoding for the source ``prompt_ids`` ``[src]``: at most ``n_new`` target tokens, ending
+        after the decoder's EOS (``</s>``, kept as the last token: it is what the model generated) when it
+        comes first, as Hugging Face's ``generate`` does."""
         if n_new < 1:
             raise StreetlampError(f"need at least one new token (got {n_new})")
         src = prompt_ids.view(1, -1)
@@ -309,6 +322,8 @@ class Seq2SeqAdapter(ModelAdapter):
         for _ in range(n_new):
             dec = self.decoder_inputs(out + [0])  # the last entry is never read
             out.append(int(self.run(src, dec.view(1, -1)).logits[0, -1].argmax()))
+            if out[-1] in self.eos_token_ids:
+                break
         return out
 
     def target_ids(self, text: str) -> list[int]:
