@@ -33,7 +33,7 @@ import torch
 
 from ..errors import StreetlampError
 from ..methods.attention import Attention
-from ..methods.ig import IntegratedGradients
+from ..methods.ig import IntegratedGradients, per_target_grads
 from ..methods.occlusion import Occlusion
 from ..methods.quadrature import PathCache, integrate_adaptive
 from ..methods.registry import get_method
@@ -64,13 +64,6 @@ def target_scores(
         return x, f
 
     return scores
-
-
-def per_target_grads(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-    """∂F_j/∂x for every target j: ``[k, rows, pos, d]`` (one vmapped backward)."""
-    per_target = f.sum(0)
-    eye = torch.eye(len(per_target), dtype=per_target.dtype, device=per_target.device)
-    return torch.autograd.grad(per_target, x, eye, is_grads_batched=True)[0]
 
 
 def explain_seq2seq_generation(
