@@ -138,7 +138,7 @@ def test_cli_greedy_default_ig(dirs: dict[str, Path], tmp_path: Path, capsys: py
         (["probe", "--task", "pos"], "probe reads one stack of layers"),
         (["explain-generation", "the movie", "--methods", "rollout"], "two stacks joined by cross-attention"),
         (["explain-generation", "the movie", "--methods", "alti"], "cross-attention hop"),
-        (["explain-generation", "the movie", "--methods", "shap"], "explain-generation runs attention"),
+        (["explain-generation", "the movie", "--methods", "attention_x_gradient"], "explain-generation runs attention"),
         (
             [
                 "explain-generation",

@@ -158,3 +158,100 @@ def ref_base(model: torch.nn.Module, src: list[int], target: list[int], j: int) 
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([src]), decoder_input_ids=torch.tensor([dec])).logits[0, -1]
     return float(torch.log_softmax(logits, -1)[target[j]])
+
+
+SHORT = "i loved it"
+
+
+def _coalition_values(model: torch.nn.Module, src: list[int], target: list[int], j: int, feats, rep):  # noqa: ANN001, ANN202
+    """v(subset present) for row j on the eager twin, from ids: source and decoder inputs 0..j with the absent
+    features (("s", i) source position i, ("d", i) decoder input i) replaced by ``rep`` or deleted."""
+    twin = copy.deepcopy(model)
+    twin.set_attn_implementation("eager")
+    dec = [twin.config.decoder_start_token_id] + target[:j]
+
+    def v(present: tuple[bool, ...]) -> float:
+        gone = {f for f, p in zip(feats, present) if not p}
+        s = [rep if ("s", i) in gone else t for i, t in enumerate(src) if rep is not None or ("s", i) not in gone]
+        d = [rep if ("d", i) in gone else t for i, t in enumerate(dec) if rep is not None or ("d", i) not in gone]
+        with torch.no_grad():
+            logits = twin(input_ids=torch.tensor([s]), decoder_input_ids=torch.tensor([d])).logits[0, -1]
+        return float(torch.log_softmax(logits, -1)[target[j]])
+
+    return v
+
+
+@pytest.mark.parametrize(("family", "replacement"), [("t5", "mask"), ("bart", "delete")])
+def test_shap_rows_are_exact_shapley_values(family: str, replacement: str, tmp_path: Path) -> None:
+    """Each row's SHAP (every coalition enumerated) equals the Shapley formula over that row's source and
+    decoder-input tokens, each coalition's value from its own forward pass on ids (float64)."""
+    from itertools import product
+    from math import factorial
+
+    model, tok = tiny_seq2seq(family, seed=1)
+    model = model.double()
+    adapter = Seq2SeqAdapter(model, tok, f"tiny-{family}")
+    target = TARGET if replacement == "delete" else TARGET[:2]  # a decoder-input feature either way, fewer passes
+    res = explain_generation(
+        adapter,
+        SHORT,
+        tmp_path / "s",
+        continuation=target,
+        methods=["shap"],
+        method_params={"shap": {"replacement": replacement}},
+        batch_size=64,
+    )
+    src = tok(SHORT).input_ids
+    S = len(src)
+    rep = None if replacement == "delete" else (tok.mask_token_id if family == "bart" else tok.unk_token_id)
+    for j in range(len(target)):
+        feats = [("s", i) for i in range(S) if src[i] not in adapter.special_ids]
+        feats += [("d", i) for i in range(1, j + 1) if rep is not None or i < j]
+        v = _coalition_values(model, src, target, j, feats, rep)
+        M = len(feats)
+        vals = {z: v(z) for z in product([False, True], repeat=M)}
+        for a, (kind, i) in enumerate(feats):
+            phi = 0.0
+            for z, val in vals.items():
+                if z[a]:
+                    continue
+                with_a = z[:a] + (True,) + z[a + 1 :]
+                n = sum(z)
+                phi += factorial(n) * factorial(M - n - 1) / factorial(M) * (vals[with_a] - val)
+            col = i if kind == "s" else S + i
+            assert abs(res.matrices["shap"][j, col] - phi) < 1e-9, (j, kind, i)
+        assert np.count_nonzero(res.matrices["shap"][j]) <= M
+    a = load_arrays(tmp_path / "s" / "arrays.safetensors")
+    assert a["shap.features"].sum(1).tolist() == [
+        sum(src[i] not in adapter.special_ids for i in range(S)) + (j if rep is not None else max(j - 1, 0))
+        for j in range(len(target))
+    ]
+
+
+def test_lime_rows_are_lime_on_the_row_values(tmp_path: Path) -> None:
+    """LIME's row j: the single-sequence LIME fit (tested on analytic functions in test_perturbation) on the
+    coalitions drawn from default_rng([seed, j]), each valued by its own forward pass on ids."""
+    from streetlamp.methods.shap_lime import lime_coalitions, lime_fit, lime_weights
+
+    model, tok = tiny_seq2seq("bart", seed=1)
+    model = model.double()
+    adapter = Seq2SeqAdapter(model, tok, "tiny-bart")
+    res = explain_generation(
+        adapter,
+        SHORT,
+        tmp_path / "l",
+        continuation=TARGET,
+        methods=["lime"],
+        method_params={"lime": {"n_samples": 24}},
+        seed=5,
+    )
+    src = tok(SHORT).input_ids
+    S = len(src)
+    for j in range(len(TARGET)):
+        feats = [("s", i) for i in range(S) if src[i] not in adapter.special_ids] + [("d", i) for i in range(1, j + 1)]
+        v = _coalition_values(model, src, TARGET, j, feats, tok.mask_token_id)
+        z = lime_coalitions(len(feats), 24, np.random.default_rng([5, j]))
+        f = np.array([v(tuple(bool(b) for b in row)) for row in z])
+        coef, _, _ = lime_fit(z, f, lime_weights(z, 25.0), 1.0)
+        cols = [i if kind == "s" else S + i for kind, i in feats]
+        np.testing.assert_allclose(res.matrices["lime"][j, cols], coef, rtol=0, atol=1e-8)

@@ -96,7 +96,15 @@ SITE_FAMILIES = {
     "decoder.cross_attn": "cross-attention (target over source)",
 }
 # the methods explain-generation runs on an encoder-decoder
-SEQ2SEQ_METHODS = ("attention", "saliency", "gradient_x_input", "integrated_gradients", "occlusion")
+SEQ2SEQ_METHODS = (
+    "attention",
+    "saliency",
+    "gradient_x_input",
+    "integrated_gradients",
+    "occlusion",
+    "shap",
+    "lime",
+)
 _ONE_STACK = (
     "it composes one stack's layers from the input up (I + A per layer), and an encoder-decoder has two "
     "stacks joined by cross-attention, for which streetlamp has no stated and tested rule"

@@ -13,6 +13,8 @@ whole source and decoder inputs ``0 .. j`` (``allowed``).
 * ``gradient_x_input`` / ``saliency``: the gradient of each target's quantity over the same embeddings.
 * ``occlusion``: leave one source token or one decoder input out, under the rule of
   :mod:`.seq2seq_occlusion` (forced decoding: the target stays the one being explained).
+* ``shap`` / ``lime``: per row, coalitions of that row's source and decoder-input tokens under the same
+  rule (:mod:`.seq2seq_shap_lime`).
 * ``attention``: two matrices, one per decoder site family: ``attention.cross_attn`` (row j's
   cross-attention to the source, in the source columns) and ``attention.self_attn`` (row j's decoder
   self-attention to the decoder inputs, in the target columns), in the method's view (``head_mean`` of
@@ -37,9 +39,11 @@ from ..methods.ig import IntegratedGradients, per_target_grads
 from ..methods.occlusion import Occlusion
 from ..methods.quadrature import PathCache, integrate_adaptive
 from ..methods.registry import get_method
+from ..methods.shap_lime import _Sampled
 from ..models.adapter import Target
 from ..models.seq2seq import SEQ2SEQ_METHODS, Seq2SeqAdapter, refusal
 from ..store.run_folder import RunFolder
+from . import seq2seq_shap_lime as sampled
 from .generation import GENERATION_IG, IG, MAX_NEW_TOKENS, GenerationResult, _figure, _figure_name
 from .seq2seq_occlusion import OcclusionResult, check_params, seq2seq_occlusion
 
@@ -101,6 +105,8 @@ def explain_seq2seq_generation(
             m.check_params()
         if isinstance(m, Occlusion):
             check_params(adapter, m)
+        if isinstance(m, _Sampled):
+            sampled.check_params(adapter, m)
         if isinstance(m, Attention):
             if not -adapter.n_decoder_layers <= m.layer < adapter.n_decoder_layers:
                 raise StreetlampError(
@@ -139,6 +145,7 @@ def explain_seq2seq_generation(
     extra: dict[str, tuple[np.ndarray, list[str], str]] = {}
     ig_info: dict[str, Any] | None = None
     occ: OcclusionResult | None = None
+    infos: dict[str, dict] = {}
     for name, m in built.items():
         if isinstance(m, IntegratedGradients):
             eb, used = m.baseline_embedding(adapter, ids.to(dev), e)
@@ -185,6 +192,16 @@ def explain_seq2seq_generation(
                 ["generated", "token"],
                 "1 where the token was removed for that row's occlusion score (0: not an input of the row, a kept "
                 "special token, the decoder start token or, with delete, the input the row is read after)",
+            )
+        elif isinstance(m, _Sampled):
+            sr = sampled.seq2seq_sampled(adapter, src, gen, m, target, batch_size, seed)
+            matrices[name] = sr.matrix
+            infos[name] = sr.info
+            extra[f"{name}.features"] = (
+                sr.features,
+                ["generated", "token"],
+                f"1 where the token is one of that row's {name} features (0: not an input of the row, a special "
+                "token, the decoder start token or, with delete, the input the row is read after)",
             )
         elif name in ("gradient_x_input", "saliency"):
             x, f = scores(e[None], True)
@@ -251,6 +268,8 @@ def explain_seq2seq_generation(
         parameters["methods"] = {name: m.params() for name, m in built.items()}
         if occ is not None:
             parameters["methods"]["occlusion"].update(occ.info)
+        for name, info in infos.items():
+            parameters["methods"][name].update(info)
         body: dict[str, Any] = {
             "model": adapter.describe(),
             "encoder_decoder": True,
@@ -319,6 +338,10 @@ def _meaning(name: str) -> str:
         "saliency": "||dF_j/de_i||_2 over the source and decoder-input embeddings, unsigned",
         "occlusion": "F_j(x) - F_j(x with token i removed) over the source and decoder-input tokens (forced "
         "decoding; the removal rule is in the manifest's parameters.methods.occlusion.removal_rule)",
+        "shap": "Kernel SHAP coefficient of token i's presence for generated token j, over that row's source and "
+        "decoder-input tokens (exact Shapley values when every coalition is enumerated; removal rule in the manifest)",
+        "lime": "LIME coefficient of token i's presence for generated token j, over that row's source and "
+        "decoder-input tokens (removal rule in the manifest)",
         "attention.cross_attn": "cross-attention of decoder input j (the query predicting generated token j) to "
         "the source tokens (source columns; the decoder-input columns are 0)",
         "attention.self_attn": "decoder self-attention of decoder input j to decoder inputs 0..j (target columns; "
