@@ -30,6 +30,7 @@ import torch
 
 from ..errors import StreetlampError
 from ..models.adapter import Inputs, ModelAdapter, Target
+from ..models.readout import final_softcap
 from ..models.relevance import attention_edits
 from ..results import Explanation
 from .base import Method
@@ -68,12 +69,6 @@ RULE_FAMILIES = (
     "gemma3_text",
     "vit",
 )
-
-
-def final_softcap(adapter: ModelAdapter) -> float | None:
-    """The LM head's soft-cap (Gemma 2 and 3), or None."""
-    cap = getattr(adapter.hf_model.config, "final_logit_softcapping", None)
-    return float(cap) if cap and adapter.kind == "causal_lm" else None
 
 
 # why a supported model family still has no rules (the refusal's reason)
