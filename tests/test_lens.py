@@ -100,7 +100,7 @@ def test_qk_parts_sum_to_the_score(family: str) -> None:
     the tolerance there is 16 · 2^-24 of the table's absolute mass (else 1e-9)."""
     a = adapter64(family)
     rel = 16 * F32 if READOUT[family].attn_out else 1e-9
-    for layer in (0, 2):
+    for layer in (0, 1, 2):  # Gemma: sliding, full (other RoPE base), sliding
         qk = qk_attribution(a, ids_of(a), layer, 1, query=9)
         assert qk.table.sum() == pytest.approx(qk.score, abs=rel * (1 + np.abs(qk.table).sum()))
         np.testing.assert_allclose(torch.softmax(torch.tensor(qk.row_scores), 0).numpy(), qk.pattern_row, atol=1e-6)
