@@ -33,6 +33,8 @@ Quantity = Literal["prob", "logit", "logprob", "kl_divergence"]
 # ``kl_divergence``: F(x') = -KL(p(.|x) || p(.|x')) of the unedited input x, read only by the perturbation
 # methods' scorer (methods/scorer.py), so that occlusion's F(x) - F(x') is the KL divergence itself.
 KL = "kl_divergence"
+# the pretraining document separator of GPT-2-style BPE vocabularies (see ModelAdapter.empty_context_token)
+DOCUMENT_SEPARATOR = "<|endoftext|>"
 # When the asked-for replacement token does not exist (causal LMs have no [MASK]), use the next one.
 REPLACEMENT_FALLBACK = {"mask": ("mask", "unk", "pad", "eos"), "unk": ("unk", "pad", "eos"), "pad": ("pad", "eos")}
 # The tokens a model uses for structure: never scored, perturbed or erased. [UNK] and [MASK] are not
@@ -362,9 +364,14 @@ class ModelAdapter:
         raise StreetlampError(f"the tokenizer has no {replacement}, unk, pad or eos token; use replacement='delete'")
 
     def empty_context_token(self) -> int:
-        """What a causal LM reads when erasure leaves no token at all: BOS, else EOS (GPT-2's
-        ``<|endoftext|>`` starts a document); a classifier always keeps its [CLS]/[SEP]."""
+        """The token a causal LM reads as the start of a document, also what it reads when erasure leaves
+        no token at all: ``<|endoftext|>`` where the vocabulary has it (the pretraining document separator
+        of GPT-2-style BPE vocabularies, SmolLM2's included: its BOS ``<|im_start|>`` is a chat marker),
+        else BOS, else EOS. A classifier always keeps its [CLS]/[SEP]."""
         tok = self.tokenizer
+        sep = tok.get_vocab().get(DOCUMENT_SEPARATOR)
+        if sep is not None:
+            return int(sep)
         return int(tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id)
 
     def describe(self) -> dict:
