@@ -36,7 +36,7 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import StreetlampError
-from .adapter import ModelAdapter, _get, route_attention
+from .adapter import ModelAdapter, _get, eos_ids, route_attention
 from .sites import Family
 from .trace import Edit, Session
 
@@ -205,16 +205,6 @@ class Seq2SeqSession(Session):
         return self
 
 
-def decoder_eos_ids(hf_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
-    """The ids that end a generated target: the generation config's ``eos_token_id`` (an id or a list),
-    else the model config's, else the tokenizer's EOS (T5 and BART: ``</s>``)."""
-    for src in (getattr(hf_model, "generation_config", None), hf_model.config):
-        eos = getattr(src, "eos_token_id", None)
-        if eos is not None:
-            return frozenset(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
-    return frozenset([int(tokenizer.eos_token_id)]) if tokenizer.eos_token_id is not None else frozenset()
-
-
 def layer_list(layers: list[nn.Module], path: str) -> list[nn.Module]:
     return [_get(l, path) if path else l for l in layers]
 
@@ -268,7 +258,7 @@ class Seq2SeqAdapter(ModelAdapter):
         if start is None:
             raise StreetlampError(f"{name}: the config has no decoder_start_token_id (nor a pad token to start with)")
         self.decoder_start_token_id = int(start)
-        self.eos_token_ids = decoder_eos_ids(hf_model, tokenizer)
+        self.eos_token_ids = eos_ids(hf_model, tokenizer)
 
     def describe(self) -> dict:
         d = super().describe()
