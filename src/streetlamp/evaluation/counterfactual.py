@@ -160,19 +160,20 @@ class Counterfactual:
         z0 = (torch.log(orig + 1e-12) + noise).detach()
         y0 = torch.as_tensor(probs, dtype=torch.float32, device=dev)
         if prefix is not None:
-            js_tvd = [
-                self._search(
-                    z0[b : b + 1, :, :n],
-                    orig[b : b + 1, :, :n],
-                    y0[b : b + 1],
-                    lambda e, b=b, n=n: prefix[b].logits(n - 1, [[prefix[b].ids[-1]]], e, grad=True),
-                    site,
-                    torch.zeros(1, dtype=torch.long),
-                    proj,
+            js_l, tvd_l = [], []
+            for b, n in enumerate(lengths):
+                run = prefix[b]
+
+                def last(e: dict, run: PrefixRunner = run, n: int = n) -> torch.Tensor:
+                    return run.logits(n - 1, [[run.ids[-1]]], e, grad=True)
+
+                one = torch.zeros(1, dtype=torch.long)
+                js_b, tvd_b = self._search(
+                    z0[b : b + 1, :, :n], orig[b : b + 1, :, :n], y0[b : b + 1], last, site, one, proj
                 )
-                for b, n in enumerate(lengths)
-            ]
-            return [float(x[0][0]) for x in js_tvd], [float(x[1][0]) for x in js_tvd]
+                js_l.append(float(js_b[0]))
+                tvd_l.append(float(tvd_b[0]))
+            return js_l, tvd_l
         js, tvd = self._search(
             z0, orig, y0, lambda e: adapter.forward(inp, edit=e, grad=True).logits, site, pos, proj, real
         )

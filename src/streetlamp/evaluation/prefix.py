@@ -9,6 +9,11 @@ the same outputs (up to floating-point reassociation) for ``n - start`` position
 
 Edits see the suffix's pattern ``[rows, heads, q_len, start + width]``: query index ``r`` is position
 ``start + r``, key index ``k`` is position ``k``.
+
+``streetlamp replicate`` uses it for the edits of the explained row only (permutations, the adversarial
+search: one position instead of ``n``). On CPU, one call per deletion or zeroed key (each its own start)
+cost more than the padded batch of full rows it replaced (the weights are read once per call), so
+leave-one-out and zeroing stay full-row batches.
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ Per example:
 * Jain & Wallace (NAACL 2019), agreement: Kendall tau-b (:func:`~streetlamp.stats.kendall_tau`, over items)
   between the explained position's attention row and (a) gradient importance ``||dF/de_i||`` (the
   registered ``saliency`` method) and (b) leave-one-out importance ``TVD(y(x without token i), y(x))``
-  (the token deleted on a causal LM, [MASK] on a masked LM, as :func:`~..methods.scorer.occlusion_replacement`).
+  ([MASK] on a masked LM; on a causal LM the decoder removal rule of :mod:`~..methods.removal`, as occlusion:
+  deleted, a first token replaced by the document-start token, the explained last position never removed).
   Per head (``head{L}.{H}``: that head's row) and per layer (``layer{L}``: the mean row over heads);
   ``model / tau_gradient_loo`` is the two non-attention rankings' own agreement, the ceiling to compare with.
 Interventions run at the layers of ``ReplicateSettings.layers`` (default all; the taus are always computed
