@@ -339,3 +339,15 @@ def test_cli_refuses_bad_settings_before_writing(tmp_path, capsys) -> None:
         assert main(["replicate", "--model", "smollm2-135m", "--out", str(out), *extra]) == 2
         err = capsys.readouterr().err.strip()
         assert err and "\n" not in err and not out.exists()
+
+
+def test_prepare_one_example_keeps_every_label(llama: ModelAdapter, monkeypatch) -> None:
+    """A draw of one sentiment example still decides between both labels; the explained last token is no item."""
+    import streetlamp.runners.replicate as rr
+    from streetlamp.data.loaders import Dataset, Example
+
+    ds = Dataset("movies", "test", [Example("m-0", "the movie was bad", "bad"), Example("m-1", "i loved it", "good")])
+    monkeypatch.setattr(rr, "load_dataset", lambda name: Dataset(ds.name, ds.source, list(ds.examples)))
+    decision, examples, _ = rr.prepare(llama, "movies", 1, 0, 0, 0)
+    assert decision.candidates is not None and len(decision.candidates) == 2 and len(examples) == 1
+    assert not examples[0].items[-1]
