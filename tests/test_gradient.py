@@ -14,7 +14,7 @@ from captum.attr._utils.approximation_methods import approximation_parameters
 
 from streetlamp.errors import StreetlampError
 from streetlamp.methods.gradient import GradientXInput, Saliency, embed_ids, ids_inputs
-from streetlamp.methods.ig import IntegratedGradients
+from streetlamp.methods.ig import IntegratedGradients, per_target_grads
 from streetlamp.methods.quadrature import PathCache, integrate_adaptive, quadrature
 from streetlamp.models.adapter import ModelAdapter, Target
 from streetlamp.models.tiny import tiny_model
@@ -439,3 +439,17 @@ def test_embed_ids_is_the_recorded_embed_site(tiny: ModelAdapter) -> None:
     ids = tiny.encode(TEXTS[0]).input_ids[0]
     recorded = tiny.forward(ids_inputs(tiny, ids), record=["embed"]).cache["embed"][0]
     assert torch.equal(embed_ids(tiny, ids), recorded)
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_per_target_grads_analytic(batched: bool) -> None:
+    """F_j(x_r) = (j + 1) * sum_{p <= j} x_r[p]^3 for rows r: dF_j/dx_r[p] = 3 (j + 1) x_r[p]^2 for p <= j, else 0;
+    rows do not mix, so each row's gradient is its own (the vmapped and the looped backward alike)."""
+    x = torch.randn(3, 4, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    k = 4
+    f = torch.stack([(j + 1) * (x[:, : j + 1] ** 3).sum((1, 2)) for j in range(k)], 1)  # [rows, k]
+    g = per_target_grads(x, f, batched)
+    want = torch.zeros(k, 3, 4, 2, dtype=torch.float64)
+    for j in range(k):
+        want[j, :, : j + 1] = 3 * (j + 1) * x.detach()[:, : j + 1] ** 2
+    torch.testing.assert_close(g, want, rtol=1e-15, atol=0)

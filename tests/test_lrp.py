@@ -1,5 +1,6 @@
-"""AttnLRP: the full conservation ledger on every tiny family (float64), the authors' package lxt as
-the peer on GPT-2 and Llama, and the method's bookkeeping."""
+"""AttnLRP: the full conservation ledger on every tiny family (float64), each family-specific rule shown
+to be needed (the ledger breaks without it), the authors' package lxt as the peer on GPT-2, Llama, Qwen3
+and Gemma 3 (the families lxt 2.1 ships patches for, besides BERT/ViT/Qwen2), and the method's bookkeeping."""
 
 from __future__ import annotations
 
@@ -23,8 +24,16 @@ F32 = 2.0**-24  # unit roundoff of float32
 
 
 def adapter64(family: str) -> ModelAdapter:
+    """The tiny model in float64, its norm gains moved off Hugging Face's initial values (ones; Gemma's
+    zeros, i.e. a gain of 1 + 0) as training moves them, so a wrong gain (w for 1 + w) cannot hide."""
     model, tok = tiny_model(family, seed=1)
-    return ModelAdapter(model.double(), tok, f"tiny-{family}")
+    model = model.double()
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n.lower() and n.endswith("weight"):
+                p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return ModelAdapter(model, tok, f"tiny-{family}")
 
 
 def ledger(a: ModelAdapter, index: int) -> dict[str, float]:
@@ -83,19 +92,92 @@ def test_ledger_fails_without_the_rules(monkeypatch: pytest.MonkeyPatch) -> None
         monkeypatch.undo()
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def _narrow(m: torch.nn.Module) -> bool:
+    w = getattr(m, "weight", None)
+    return isinstance(w, torch.Tensor) and w.dim() == 1 and w.shape[0] < 16 and type(m).__name__.endswith("RMSNorm")
+
+
+def _without(monkeypatch: pytest.MonkeyPatch, rule: str) -> None:
+    """Switch one family-specific rule off (back to the plain gradient there)."""
+    import streetlamp.models.attention as attention
+    import streetlamp.models.relevance as relevance
+
+    if rule == "gemma norm gain 1 + w":
+        monkeypatch.setattr("streetlamp.models.sites.norm_gain_offset", lambda family: 0.0)
+    elif rule == "attention soft-cap":
+        monkeypatch.setattr(attention, "soft_cap", lambda s, cap: torch.tanh(s / cap) * cap)
+    elif rule == "final soft-cap":
+        monkeypatch.setattr(relevance, "_final_cap", lambda model, cap: [])
+    elif rule == "q/k norms":
+        kind = relevance._norm_kind  # q_norm / k_norm act on one head: d_head wide, narrower than d_model
+        monkeypatch.setattr(relevance, "_norm_kind", lambda m: None if _narrow(m) else kind(m))
+    elif rule == "gated product":
+        monkeypatch.setattr(relevance, "GATED_FAMILIES", ())
+
+
+@pytest.mark.parametrize(
+    "family,rule",
+    [
+        ("gemma2", "gemma norm gain 1 + w"),
+        ("gemma2", "attention soft-cap"),
+        ("gemma3_text", "final soft-cap"),
+        ("qwen3", "q/k norms"),
+        ("gemma3_text", "q/k norms"),
+        ("phi3", "gated product"),
+        ("gemma2", "gated product"),
+        ("modernbert", "gated product"),
+    ],
+)
+def test_each_new_rule_is_needed(monkeypatch: pytest.MonkeyPatch, family: str, rule: str) -> None:
+    """Without one rule the ledger misses by more than 100 times its tolerance (measured: 2.3e3 times
+    for Gemma 3's final cap to 6.6e4 for Gemma 2's 1 + w gain), so the conservation test checks that rule."""
+    a = adapter64(family)
+    _without(monkeypatch, rule)
+    L = ledger(a, 1 if a.kind == "classifier" else 9)
+    resid = L["F"] - (L["tokens"] + L["softmax"] + L["bias"])
+    assert abs(resid) > 100 * 64 * F32 * L["scale"], (family, rule, L, resid)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text"])
+def test_final_softcap_explains_the_capped_logit(family: str) -> None:
+    """With final-logit soft-capping the explained F is the model's capped logit cap·tanh(l/cap), and
+    every relevance is F/l times the relevance of the same model with the cap removed (which explains
+    l): the identity rule on the cap, checked against a second run without it (float64 except Gemma's
+    float32 RMSNorm: 1e-6 of the largest relevance). The output states the cap and l."""
+    a = adapter64(family)
+    assert a.hf_model.config.final_logit_softcapping  # the tiny config caps (3.0)
+    ids = a.encode(TEXT).input_ids[0]
+    a.hf_model.config.final_logit_softcapping = None
+    r0, l, _ = attnlrp_relevance(a, ids, 9, Target(quantity="logit"))
+    l = float(l.detach())
+    cap = abs(l)  # a cap at |l| bends it by tanh(1): F = 0.76 l
+    a.hf_model.config.final_logit_softcapping = cap
+    r, f, _ = attnlrp_relevance(a, ids, 9, Target(quantity="logit"))
+    f = float(f.detach())
+    assert f == pytest.approx(cap * np.tanh(l / cap), rel=1e-12)
+    np.testing.assert_allclose(r.numpy(), f / l * r0.numpy(), rtol=0, atol=1e-6 * float(r.abs().max()))
+    e = AttnLRP().attribute(a, a.encode(TEXT), target=Target(index=9, quantity="logit"))[0]
+    assert e.info["final_logit_softcap"] == cap
+    assert e.info["F_before_cap"] == pytest.approx(l, rel=1e-9)
+    assert e.info["F"] == pytest.approx(f, rel=1e-12)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen3", "gemma3_text"])
 def test_matches_lxt(family: str) -> None:
     """Relevance equals the authors' lxt 2.1 (rules applied by lxt's own code) on a plain copy of the
     model, float64. Both run the same float32 softmax (and lxt's RMSNorm casts to float32), so they
     agree to float32 rounding: 1e-5 of the largest relevance, while plain gradient × input is off by
-    more than 100 times that even on this small random model (checked, so the comparison can fail)."""
+    more than 100 times that even on this small random model (checked, so the comparison can fail).
+    lxt's Gemma 3 patch leaves the final-logit soft-cap on its plain gradient (its rules stop at the LM
+    head), so for Gemma 3 both explain the logit without that cap (our rule for it: the test above)."""
     pytest.importorskip("lxt")
     from .lxt_peer import lxt_relevance
 
     a = adapter64(family)
+    a.hf_model.config.final_logit_softcapping = None  # Gemma's; None elsewhere already
     ids = a.encode(TEXT).input_ids[0]
     ours, f, _ = attnlrp_relevance(a, ids, 9, Target(quantity="logit"))
-    theirs, f_lxt = lxt_relevance(eager_twin(a), family, ids, 9)
+    theirs, f_lxt = lxt_relevance(eager_twin(a), family.removesuffix("_text"), ids, 9)
     scale = float(theirs.abs().max())
     assert f_lxt == pytest.approx(float(f), rel=1e-6)
     np.testing.assert_allclose(ours.numpy(), theirs.numpy(), atol=1e-5 * scale, rtol=0)

@@ -122,3 +122,18 @@ def test_float16_runs_and_matches_float32(ckpt: Path, tmp_path: Path, capsys: py
     torch.testing.assert_close(
         torch.from_numpy(outs["float16"]), torch.from_numpy(outs["float32"]), atol=4e-3, rtol=4e-3
     )
+
+
+def test_force_only_where_the_estimate_is_checked(capsys: pytest.CaptureFixture) -> None:
+    """--force skips the memory check; only explain and explain-generation run that check, so only they take
+    the flag (elsewhere it would tell the user a check was skipped that never ran)."""
+    import argparse
+
+    from streetlamp.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    with_force = {name for name, p in sub.choices.items() if "--force" in p._option_string_actions}
+    assert with_force == {"explain", "explain-generation"}
+    with pytest.raises(SystemExit) as e:
+        main(["heads", "the movie", "--force"])
+    assert e.value.code == 2 and "unrecognized arguments: --force" in capsys.readouterr().err

@@ -301,3 +301,46 @@ def test_bad_input(vit64: ModelAdapter, images: list[Path], tmp_path: Path) -> N
 
     with pytest.raises(StreetlampError, match="text model.*cannot read the image"):
         text_model.encode([Image.new("RGB", (8, 8))])
+
+
+# -- heads and evaluate on an image ---------------------------------------------------------------
+def test_heads_on_an_image_equals_zeroed_output_projections(
+    vit64: ModelAdapter, images: list[Path], tmp_path: Path
+) -> None:
+    """``heads IMAGE``: each head's zero-ablation effect equals p(target) on the eager twin with that head's
+    columns of the output projection zeroed, minus the clean p(target) (target: the clean prediction)."""
+    from streetlamp.runners.heads import run_heads
+    from streetlamp.store.files import load_arrays
+
+    run_heads(vit64, tmp_path / "h", text=str(images[0]), progress=False, attribution=False)
+    got = load_arrays(tmp_path / "h" / "arrays.safetensors")["ablation"]
+    pix = processed(vit64, images[0]).double()
+    twin = eager(vit64)
+    with torch.no_grad():
+        clean = torch.softmax(twin(pixel_values=pix).logits[0], -1)
+    c = int(clean.argmax())
+    want = np.zeros((vit64.n_layers, vit64.n_heads))
+    for layer in range(vit64.n_layers):
+        for head in range(vit64.n_heads):
+            t = eager(vit64)
+            with torch.no_grad():
+                output_matrix(t.vit.layers[layer].attention.o_proj, vit64.n_heads)[head] = 0
+                want[layer, head] = float(torch.softmax(t(pixel_values=pix).logits[0], -1)[c] - clean[c])
+    np.testing.assert_allclose(got, want, rtol=0, atol=f32_tol(4))  # the stored array is float32
+    assert np.abs(want).max() > 1e-3
+
+
+def test_heads_mean_ablation_of_one_image_and_evaluate_refuse(
+    vit64: ModelAdapter, images: list[Path], tmp_path: Path
+) -> None:
+    from streetlamp.evaluation.pipeline import EvalSettings
+    from streetlamp.runners.evaluate import evaluate
+    from streetlamp.runners.heads import run_heads
+
+    with pytest.raises(StreetlampError, match="built-in ones are sentences.*--data.*--ablation zero"):
+        run_heads(vit64, tmp_path / "h", text=str(images[0]), ablation="mean", progress=False)
+    csv = tmp_path / "d.csv"
+    csv.write_text(f"text,label\n{images[0]},cat\n")
+    with pytest.raises(StreetlampError, match="evaluate scores text datasets.*image model"):
+        evaluate("tiny-vit", str(csv), tmp_path / "e", EvalSettings(methods=["attention"]), adapter=vit64)
+    assert not (tmp_path / "h").exists() and not (tmp_path / "e").exists()

@@ -98,3 +98,24 @@ def test_delete_replacement_refused_for_images(ckpts: dict[str, Path], image: Pa
         '{"occlusion": {"replacement": "delete"}}',
     )
     assert "cannot be deleted" in line
+
+
+def test_heads_over_a_csv_of_images_and_evaluate_refused(
+    ckpts: dict[str, Path], image: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    csv = tmp_path / "images.csv"
+    other = tmp_path / "other.png"
+    random_image(4).save(other)
+    csv.write_text(f"text,label\n{image},cat\n{other},dog\n")
+    rc, out, err = run(capsys, "heads", "--data", str(csv), "--model", str(ckpts["vit"]), "--out", str(tmp_path / "h"))
+    assert rc == 0, err
+    a = load_file(str(tmp_path / "h" / "arrays.safetensors"))
+    assert a["ablation_per_text"].shape == (2, 2, 4)  # images x layers x heads
+    rc, out, err = run(
+        capsys, "evaluate", "--data", str(csv), "--model", str(ckpts["vit"]), "--out", str(tmp_path / "e")
+    )
+    assert rc == 2 and err.count("\n") == 1 and "image model" in err and not (tmp_path / "e").exists()
+    rc, out, err = run(
+        capsys, "heads", str(image), "--ablation", "mean", "--model", str(ckpts["vit"]), "--out", str(tmp_path / "m")
+    )
+    assert rc == 2 and err.count("\n") == 1 and "--ablation zero" in err and not (tmp_path / "m").exists()

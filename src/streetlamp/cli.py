@@ -407,9 +407,12 @@ def shared_options(
     overwrite: bool = True,
     seed: bool = True,
     dtype: bool = True,
+    force: bool = False,
 ) -> argparse.ArgumentParser:
     """The options several commands share, each declared here once (a parent parser per command, so
-    defaults and help can differ: mediate's model is smollm2-135m, evaluate's --out is required)."""
+    defaults and help can differ: mediate's model is smollm2-135m, evaluate's --out is required).
+    ``force``: the command checks the memory estimate (models/memory.py) and --force skips that check;
+    a command without the check has no --force (it would claim to skip a check that never ran)."""
     p = argparse.ArgumentParser(add_help=False)
     if model is not None:
         p.add_argument("--model", default=model, help=f"embedded name or checkpoint folder (default {model})")
@@ -432,7 +435,10 @@ def shared_options(
             choices=["float32", "bfloat16", "float16"],
             help="model weights' dtype (bfloat16/float16 for GPUs; scores are returned as float32)",
         )
-        p.add_argument("--force", action="store_true", help="run even when the memory estimate says it will not fit")
+        if force:
+            p.add_argument(
+                "--force", action="store_true", help="run even when the memory estimate says it will not fit"
+            )
         p.add_argument(
             "--device-map",
             choices=["auto"],
@@ -610,7 +616,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "explain",
         help="explain one text: attention of every layer and head, methods, figures",
-        parents=[shared_options(model=DEFAULT_MODEL, out="output folder (default runs/explain-<time>)")],
+        parents=[shared_options(model=DEFAULT_MODEL, out="output folder (default runs/explain-<time>)", force=True)],
     )
     s.add_argument("text", help="the text, or for an image model (ViT) an image file")
     s.add_argument(
@@ -650,10 +656,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="causal LM or encoder-decoder (T5, BART): attribution of every generated (or given) token over the "
         "prompt (source) and earlier tokens, "
         "with any method (default integrated gradients, one shared path)",
-        parents=[shared_options(model="smollm2-135m", out="output folder (default runs/generation-<time>)")],
+        parents=[
+            shared_options(model="smollm2-135m", out="output folder (default runs/generation-<time>)", force=True)
+        ],
     )
     s.add_argument("prompt")
-    s.add_argument("--new-tokens", type=int, default=8, help="greedy tokens to generate and explain (1..64)")
+    s.add_argument(
+        "--new-tokens",
+        type=int,
+        default=8,
+        help="greedy tokens to generate and explain (1..64; an encoder-decoder stops earlier after </s>)",
+    )
     s.add_argument("--quantity", choices=["prob", "logit", "logprob", "kl_divergence"], default="logprob")
     s.add_argument("--contrast-token", default=None, help="step function: quantity(y) - quantity(this one token)")
     s.add_argument("--contrast-prompt", default=None, help="step function: log p(y | prompt) - log p(y | this prompt)")

@@ -45,6 +45,21 @@ ZERO_TOKEN_EMBEDDING = (
 )
 
 
+def per_target_grads(x: torch.Tensor, f: torch.Tensor, batched: bool = True) -> torch.Tensor:
+    """``dF_j/dx`` for every target j of ``f`` ``[rows, k]`` computed from ``x`` ``[rows, ...]``: ``[k, rows, ...]``.
+
+    Rows are independent inputs, so the gradient of ``sum_rows F_j`` holds each row's own gradient.
+    ``batched``: one vmapped backward (``is_grads_batched``); else k backward passes, one per target,
+    keeping the graph until the last (a lower peak than k at once). Both give the same values
+    (tests/test_gradient.py); the causal-LM and encoder-decoder generation paths share this helper."""
+    per_target = f.sum(0)  # [k]
+    k = len(per_target)
+    if batched:
+        eye = torch.eye(k, dtype=per_target.dtype, device=per_target.device)
+        return torch.autograd.grad(per_target, x, eye, is_grads_batched=True)[0]
+    return torch.stack([torch.autograd.grad(per_target[j], x, retain_graph=j < k - 1)[0] for j in range(k)])
+
+
 @dataclass
 class IntegratedGradients(Method):
     """Integrated gradients over the token embedding (site ``embed``); see the module docstring."""
@@ -240,13 +255,7 @@ class IntegratedGradients(Method):
 
         def grad_fn(emb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             x, f = scores(emb, True)
-            per_target = f.sum(0)  # [k]
-            if batched_grads:
-                eye = torch.eye(k, dtype=per_target.dtype, device=per_target.device)
-                g = torch.autograd.grad(per_target, x, eye, is_grads_batched=True)[0]
-            else:
-                g = torch.stack([torch.autograd.grad(per_target[j], x, retain_graph=j < k - 1)[0] for j in range(k)])
-            return f.detach().T, g  # F [targets, rows]
+            return f.detach().T, per_target_grads(x, f, batched_grads)  # F [targets, rows]
 
         _, fends = scores(torch.stack([e, eb]), False)
         path = PathCache(e, eb, grad_fn, batch_size, adapter.device)

@@ -11,6 +11,11 @@ What is explained is always a **logit** (or a logit difference with ``contrast``
 decomposes a logit, and the softmax over the vocabulary or classes is not part of it. A target
 asking for a probability or log-prob is explained through its logit, and the output says so.
 
+Final-logit soft-capping (Gemma 2 and 3, ``F = cap · tanh(l / cap)``): what is explained is the
+model's own, **capped** logit ``F`` (the number every other method explains); the cap gets the
+identity rule, so each relevance is ``F / l`` times that of the uncapped logit ``l``. The output
+states ``final_logit_softcap`` (``cap``, or None) and ``F_before_cap`` (``l``).
+
 Conservation: ``F = Σ_i tokens[i] + (position and token-type embeddings) + (biases) +
 (what the attention softmaxes absorb)``; the last three are ``info["unassigned"] = F - Σ tokens``.
 Tests check the full ledger term by term and compare with ``lxt`` itself.
@@ -25,6 +30,7 @@ import torch
 
 from ..errors import StreetlampError
 from ..models.adapter import Inputs, ModelAdapter, Target
+from ..models.readout import final_softcap
 from ..models.relevance import attention_edits
 from ..results import Explanation
 from .base import Method
@@ -48,7 +54,28 @@ def attnlrp_relevance(
 
 
 # families whose norms, activations and gated products have rules (the conservation test passes on each)
-RULE_FAMILIES = ("bert", "roberta", "distilbert", "gpt2", "llama", "mistral", "qwen2", "vit")
+RULE_FAMILIES = (
+    "bert",
+    "roberta",
+    "distilbert",
+    "modernbert",
+    "gpt2",
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "gemma2",
+    "gemma3_text",
+    "vit",
+)
+
+
+# why a supported model family still has no rules (the refusal's reason)
+NO_RULE_YET = {
+    "deberta-v2": "its disentangled attention adds content-to-position scores, linear in the input, to the "
+    "bilinear content-to-content score inside its own module; one uniform rule at the pattern would halve both"
+}
 
 
 @dataclass
@@ -63,11 +90,12 @@ class AttnLRP(Method):
 
     def check(self, adapter: ModelAdapter) -> None:
         super().check(adapter)
-        if adapter.family.name not in RULE_FAMILIES:
-            raise StreetlampError(
-                f"attnlrp's rules cover {', '.join(RULE_FAMILIES)}; not {adapter.family.name} (its norms, q/k norms or "
-                "fused gates have no rule yet: conservation fails there)"
+        name = adapter.family.name
+        if name not in RULE_FAMILIES:
+            why = NO_RULE_YET.get(
+                name, "its norms, q/k norms or fused gates have no rule yet: conservation fails there"
             )
+            raise StreetlampError(f"attnlrp's rules cover {', '.join(RULE_FAMILIES)}; not {name} ({why})")
 
     def attribute(
         self, adapter: ModelAdapter, inputs: Inputs, *, target: Target, batch_size: int | None = None, seed: int = 0
@@ -82,6 +110,8 @@ class AttnLRP(Method):
             r, f, _ = attnlrp_relevance(adapter, ids, index, target)
             f = f.detach()
             r64 = r.double()
+            cap = final_softcap(adapter)
+            before = float(cap * np.arctanh(float(f) / cap)) if cap and target.contrast is None else None
             out.append(
                 self.explanation(
                     adapter,
@@ -97,6 +127,8 @@ class AttnLRP(Method):
                     relevance_sum=float(r64.sum()),
                     unassigned=float(f.double() - r64.sum()),
                     asked_quantity=target.quantity,
+                    final_logit_softcap=cap,
+                    F_before_cap=before,
                 )
             )
         return out

@@ -26,7 +26,6 @@ import torch
 
 from ..models.adapter import ModelAdapter
 
-DOCUMENT_SEPARATOR = "<|endoftext|>"
 DECODER_RULE = (
     "decoder removal: a removed first token is replaced by the document-start token {sink!r} (the attention "
     "sink stays at position 0; a BOS the tokenizer adds is special and never removed), the explained last "
@@ -35,15 +34,10 @@ DECODER_RULE = (
 
 
 def sink_token(adapter: ModelAdapter) -> int:
-    """The token a causal LM reads as the start of a document: ``<|endoftext|>`` where the vocabulary has
-    it (the pretraining separator of GPT-2-style BPE vocabularies, SmolLM2's included: its BOS
-    ``<|im_start|>`` is a chat marker, and replacing "The" by it left p(" animal") at 0.014), else BOS,
-    else EOS."""
-    tok = adapter.tokenizer
-    sep = tok.get_vocab().get(DOCUMENT_SEPARATOR)
-    if sep is not None:
-        return int(sep)
-    return int(tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id)
+    """The token a causal LM reads as the start of a document (:meth:`ModelAdapter.empty_context_token`:
+    ``<|endoftext|>`` where the vocabulary has it, else BOS, else EOS). SmolLM2's BOS ``<|im_start|>`` is a
+    chat marker: replacing "The" by it left p(" animal") at 0.014."""
+    return adapter.empty_context_token()
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 Both sample *coalitions* ``z`` in {0,1}^M (1 = feature present; features are tokens or words as
 in occlusion, special tokens never perturbed by default), read ``F`` on the text with the absent
-features replaced (or deleted), and fit a weighted linear model ``F(z) ~ phi_0 + sum_i phi_i z_i``.
+features replaced (or deleted; on causal LMs under the decoder removal rule of :mod:`.removal`), and fit
+a weighted linear model ``F(z) ~ phi_0 + sum_i phi_i z_i``.
 The fitting functions :func:`kernel_shap_fit`, :func:`lime_fit` and the samplers are pure numpy
 on a value function, so they are tested on analytic functions.
 
@@ -34,7 +35,8 @@ from ..models.adapter import Inputs, ModelAdapter, Target
 from ..results import Explanation
 from .base import Method
 from .features import feature_groups
-from .scorer import Scorer, check_replacement, explanation_common, perturbed_row
+from .removal import Removal
+from .scorer import Scorer, check_replacement, explanation_common
 
 
 # ---- pure numpy: samplers and fits --------------------------------------------------------------------
@@ -136,17 +138,21 @@ class _Sampled(Method):
         self.check(adapter)
         used, tid, tok = adapter.replacement_token(self.replacement)
         common = explanation_common(self.name, used, tok, self.replacement)
+        rule = Removal.of(adapter, tid)
+        rule_note = rule.describe(adapter)
         out = []
         for b, n in enumerate(inputs.lengths):
             ids = inputs.input_ids[b, :n].cpu()
-            groups, feats = feature_groups(adapter, ids.tolist(), inputs.tokens[b], self.group, False)
+            groups, feats = feature_groups(
+                adapter, ids.tolist(), inputs.tokens[b], self.group, False, rule.protected(n)
+            )
             m = len(feats)
             self.check_samples(m)
             scorer = Scorer(adapter, ids, target, batch_size, use_cache=self.kv_cache, desc=self.name)
             rng = np.random.default_rng(seed)  # per text, so a text gets the same samples alone or in a batch
 
             def value(z: np.ndarray) -> np.ndarray:
-                rows = [perturbed_row(ids, np.isin(groups, np.flatnonzero(~row)), tid) for row in z]
+                rows = [rule.row(ids, np.isin(groups, np.flatnonzero(~row))) for row in z]
                 return scorer(rows)
 
             phi, arrays, axes, meaning, info = self.fit(m, value, scorer.base, rng)
@@ -162,8 +168,10 @@ class _Sampled(Method):
                     axes={"tokens": ["token"], "groups": ["token"], **axes},
                     meaning={
                         "tokens": f"{self.name} coefficient of the {self.group}'s presence; "
-                        + common["replacement_note"],
-                        "groups": f"{self.group} id per token (-1: never perturbed, e.g. special tokens)",
+                        + common["replacement_note"]
+                        + (f"; {rule_note}" if rule_note else ""),
+                        "groups": f"{self.group} id per token (-1: never perturbed, e.g. special tokens"
+                        + (", the explained position)" if rule.keep_last else ")"),
                         **meaning,
                     },
                     base_score=scorer.base,
@@ -171,6 +179,7 @@ class _Sampled(Method):
                     n_evaluated=scorer.n_rows,
                     seed=seed,
                     kv_cache_used=scorer.use_cache,
+                    removal_rule=rule_note,
                     **info,
                     **common,
                 )

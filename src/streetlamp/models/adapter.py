@@ -33,10 +33,25 @@ Quantity = Literal["prob", "logit", "logprob", "kl_divergence"]
 # ``kl_divergence``: F(x') = -KL(p(.|x) || p(.|x')) of the unedited input x, read only by the perturbation
 # methods' scorer (methods/scorer.py), so that occlusion's F(x) - F(x') is the KL divergence itself.
 KL = "kl_divergence"
+# the pretraining document separator of GPT-2-style BPE vocabularies (see ModelAdapter.empty_context_token)
+DOCUMENT_SEPARATOR = "<|endoftext|>"
 # When the asked-for replacement token does not exist (causal LMs have no [MASK]), use the next one.
 REPLACEMENT_FALLBACK = {"mask": ("mask", "unk", "pad", "eos"), "unk": ("unk", "pad", "eos"), "pad": ("pad", "eos")}
+
+
 # The tokens a model uses for structure: never scored, perturbed or erased. [UNK] and [MASK] are not
 # among them: an [UNK] stands for a real (unknown) piece of the text.
+def eos_ids(hf_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """The ids that end a greedy generation: the generation config's ``eos_token_id`` (an id or a list),
+    else the model config's, else the tokenizer's EOS (T5 and BART: ``</s>``; SmolLM2-Instruct:
+    ``<|im_end|>``)."""
+    for src in (getattr(hf_model, "generation_config", None), hf_model.config):
+        eos = getattr(src, "eos_token_id", None)
+        if eos is not None:
+            return frozenset(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
+    return frozenset([int(tokenizer.eos_token_id)]) if tokenizer.eos_token_id is not None else frozenset()
+
+
 STRUCTURAL_SPECIALS = ("cls", "sep", "bos", "eos", "pad")
 
 
@@ -216,6 +231,7 @@ class ModelAdapter:
         hf_model.eval()
         self.hf_model = hf_model
         self.tokenizer = tokenizer
+        self.eos_token_ids = eos_ids(hf_model, tokenizer)  # what ends a greedy generation
         self.name = name
         self.source = source
         if tokenizer.pad_token_id is None:
@@ -362,9 +378,14 @@ class ModelAdapter:
         raise StreetlampError(f"the tokenizer has no {replacement}, unk, pad or eos token; use replacement='delete'")
 
     def empty_context_token(self) -> int:
-        """What a causal LM reads when erasure leaves no token at all: BOS, else EOS (GPT-2's
-        ``<|endoftext|>`` starts a document); a classifier always keeps its [CLS]/[SEP]."""
+        """The token a causal LM reads as the start of a document, also what it reads when erasure leaves
+        no token at all: ``<|endoftext|>`` where the vocabulary has it (the pretraining document separator
+        of GPT-2-style BPE vocabularies, SmolLM2's included: its BOS ``<|im_start|>`` is a chat marker),
+        else BOS, else EOS. A classifier always keeps its [CLS]/[SEP]."""
         tok = self.tokenizer
+        sep = tok.get_vocab().get(DOCUMENT_SEPARATOR)
+        if sep is not None:
+            return int(sep)
         return int(tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id)
 
     def describe(self) -> dict:
@@ -576,14 +597,18 @@ class ModelAdapter:
             ).logits
 
     @torch.no_grad()
-    def generate(self, prompt_ids: torch.Tensor, n_new: int) -> list[int]:
-        """Greedy continuation of ``n_new`` tokens after ``prompt_ids`` ``[pos]`` (one forward per token)."""
+    def generate(self, prompt_ids: torch.Tensor, n_new: int, stop_at_eos: bool = True) -> list[int]:
+        """Greedy continuation of at most ``n_new`` tokens after ``prompt_ids`` ``[pos]`` (one forward per
+        token), ending after the model's EOS (:func:`eos_ids`, kept as the last token: the model generated
+        it) when it comes first and ``stop_at_eos``, as Hugging Face's ``generate`` does."""
         if n_new < 1:
             raise StreetlampError(f"need at least one new token (got {n_new})")
         ids, out = prompt_ids.cpu(), []
         for _ in range(n_new):
             nxt = int(self.forward(Inputs.from_ids(self, [ids])).logits[0].argmax())
             out.append(nxt)
+            if stop_at_eos and nxt in self.eos_token_ids:
+                break
             ids = torch.cat([ids, torch.tensor([nxt])])
         return out
 

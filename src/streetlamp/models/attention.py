@@ -43,6 +43,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from ..errors import StreetlampError
 from .chunked import active_recorder
+from .relevance import soft_cap
 from .trace import active_session
 
 ATTN_IMPLEMENTATION = "streetlamp"
@@ -117,8 +118,8 @@ def streetlamp_attention(
         if v_new is not v:
             value = v_new.transpose(1, 2)
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
+    if softcap is not None:  # under AttnLRP's rules with the identity rule's gradient (models/relevance.py)
+        scores = soft_cap(scores, float(softcap))
     if position_bias is not None:
         scores = scores + position_bias
     q_len, k_len = query.shape[-2], key.shape[-2]

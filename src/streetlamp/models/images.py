@@ -3,8 +3,13 @@
 A ViT reads pixel values; streetlamp's methods read token ids (they replace, interpolate and batch
 them). The bridge is :class:`PatchVocabulary`, the image model's stand-in for a tokenizer: every
 image the adapter encodes is cut into its ``P`` patches (the ViT's ``patch_size`` squares, in the
-row-major order of its patch embedding), and each patch gets an id in a vocabulary that grows with
-the images encoded. Two ids are fixed:
+row-major order of its patch embedding), and each patch gets an id: image ``n`` (counted from 0 over
+the adapter's lifetime) owns ids ``2 + n P .. 2 + (n + 1) P - 1``. Ids are never reused. The pixels
+are kept for the last :data:`MAX_IMAGES` images used (encoded, or read back by :meth:`PatchVocabulary.pixels`),
+least recently used first out, so a long-lived ``serve`` holds at most ``MAX_IMAGES`` images' pixels
+(``MAX_IMAGES x 3 x 224 x 224`` float32 = 38 MB for ViT-Base) however many it has explained; the
+images of one ``encode`` call are all kept even beyond the cap. An id of a released image is one
+clear error (encode the image again), never another image's patch. Two ids are fixed:
 
 * ``0`` is ``[CLS]``, the ViT's learned class token that the model prepends (its position 0; the
   classifier reads its final state). It is a structural special token: never scored, never perturbed.
@@ -24,6 +29,7 @@ before the position embeddings are added, as for text models (the token lookup, 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +46,8 @@ if TYPE_CHECKING:
 CLS_ID, MEAN_ID = 0, 1
 CLS_TOKEN, MEAN_TOKEN = "[CLS]", "[MEAN]"
 FIRST_PATCH_ID = 2
+# images whose pixels a PatchVocabulary keeps (least recently used out; see the module docstring)
+MAX_IMAGES = 64
 # suffixes Pillow reads that a user is likely to hand over (a text model is told it got an image)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 
@@ -93,16 +101,19 @@ class PatchVocabulary:
 
     padding_side = "right"
 
-    def __init__(self, processor: Any, config: Any) -> None:
+    def __init__(self, processor: Any, config: Any, max_images: int = MAX_IMAGES) -> None:
+        if max_images < 1:
+            raise StreetlampError(f"max_images must be >= 1 (got {max_images})")
         self.processor = processor
+        self.max_images = max_images
         self.rows, self.cols, self.patch = _grid(config)
         self.channels = int(config.num_channels)
         self.n_patches = self.rows * self.cols
         self.mean = torch.tensor(processor.image_mean, dtype=torch.float32).view(-1, 1, 1)
         self.std = torch.tensor(processor.image_std, dtype=torch.float32).view(-1, 1, 1)
-        zero = torch.zeros(2, self.channels, self.patch, self.patch)  # [CLS] (never drawn) and [MEAN]
-        self._table: list[torch.Tensor] = [zero]
-        self._size = 2
+        self._fixed = torch.zeros(2, self.channels, self.patch, self.patch)  # [CLS] (never drawn) and [MEAN]
+        self._images: OrderedDict[int, torch.Tensor] = OrderedDict()  # image number -> [P, C, p, p], LRU order
+        self._n_images = 0  # images ever encoded: the next image's number
 
     # -- the tokenizer interface streetlamp uses -------------------------------------------------
     cls_token, cls_token_id = CLS_TOKEN, CLS_ID
@@ -116,7 +127,13 @@ class PatchVocabulary:
         return [CLS_ID, MEAN_ID]
 
     def __len__(self) -> int:
-        return self._size
+        """Ids handed out so far (released images' ids included: ids are never reused)."""
+        return FIRST_PATCH_ID + self._n_images * self.n_patches
+
+    @property
+    def images_kept(self) -> int:
+        """Images whose pixels are held now (at most ``max_images``, or the last ``encode`` call's)."""
+        return len(self._images)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise StreetlampError("this model reads images, not text: give an image file (PNG, JPEG, ...)")
@@ -129,7 +146,7 @@ class PatchVocabulary:
             return CLS_TOKEN
         if i == MEAN_ID:
             return MEAN_TOKEN
-        if not FIRST_PATCH_ID <= i < self._size:
+        if not FIRST_PATCH_ID <= i < len(self):
             raise StreetlampError(f"patch id {i} is not in this model's patch vocabulary")
         return self.label((i - FIRST_PATCH_ID) % self.n_patches)
 
@@ -162,13 +179,42 @@ class PatchVocabulary:
     def add(self, pixel_values: torch.Tensor) -> list[list[int]]:
         """Register images ``[batch, C, H, W]`` (processor output); their id rows ``[CLS, patches]``."""
         b = pixel_values.shape[0]
-        p, r, c = self.patch, self.rows, self.cols
+        p, r, c, P = self.patch, self.rows, self.cols, self.n_patches
         x = pixel_values.detach().float().cpu().reshape(b, self.channels, r, p, c, p)
-        patches = x.permute(0, 2, 4, 1, 3, 5).reshape(b * r * c, self.channels, p, p)
-        start = self._size
-        self._table.append(patches)
-        self._size += b * r * c
-        return [[CLS_ID] + list(range(start + k * r * c, start + (k + 1) * r * c)) for k in range(b)]
+        patches = x.permute(0, 2, 4, 1, 3, 5).reshape(b, P, self.channels, p, p)
+        first = self._n_images
+        for k in range(b):
+            self._images[first + k] = patches[k].clone()
+        self._n_images += b
+        while len(self._images) > max(self.max_images, b):
+            self._images.popitem(last=False)
+        return [
+            [CLS_ID] + list(range(FIRST_PATCH_ID + n * P, FIRST_PATCH_ID + (n + 1) * P))
+            for n in range(first, first + b)
+        ]
+
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """The patches ``[*ids.shape, C, p, p]`` of ids (fixed or kept images'); marks their images used."""
+        ids = ids.long()
+        if bool((ids < 0).any()) or bool((ids >= len(self)).any()):
+            bad = int(ids[(ids < 0) | (ids >= len(self))][0])
+            raise StreetlampError(f"patch id {bad} is not in this model's patch vocabulary")
+        n = torch.where(ids >= FIRST_PATCH_ID, (ids - FIRST_PATCH_ID) // self.n_patches, -1)
+        used = sorted({int(v) for v in n.unique().tolist()} - {-1})
+        gone = [m for m in used if m not in self._images]
+        if gone:
+            raise StreetlampError(
+                f"patch ids of image {gone[0]} were released (the patch vocabulary keeps the last {self.max_images} "
+                "images used): encode the image again"
+            )
+        for m in used:
+            self._images.move_to_end(m)
+        table = torch.cat([self._fixed] + [self._images[m] for m in used])
+        slot = torch.searchsorted(torch.tensor(used, dtype=torch.long), n.clamp(min=0))
+        row = torch.where(
+            ids >= FIRST_PATCH_ID, FIRST_PATCH_ID + slot * self.n_patches + (ids - FIRST_PATCH_ID) % self.n_patches, ids
+        )
+        return table[row]
 
     def pixels(self, ids: torch.Tensor) -> torch.Tensor:
         """Pixel values ``[batch, C, H, W]`` (normalised, float32, CPU) of id rows ``[batch, 1 + P]``."""
@@ -180,17 +226,13 @@ class PatchVocabulary:
             )
         if bool((ids[:, 0] != CLS_ID).any()) or bool((ids[:, 1:] == CLS_ID).any()):
             raise StreetlampError("[CLS] is the ViT's own first token: it cannot be moved or replaced")
-        if len(self._table) > 1:
-            self._table = [torch.cat(self._table)]
-        pick = self._table[0][ids[:, 1:]]  # [batch, P, C, p, p]
+        pick = self._lookup(ids[:, 1:])  # [batch, P, C, p, p]
         b, p, r, c = ids.shape[0], self.patch, self.rows, self.cols
         return pick.reshape(b, r, c, self.channels, p, p).permute(0, 3, 1, 4, 2, 5).reshape(b, -1, r * p, c * p)
 
     def patch_pixels(self, i: int) -> torch.Tensor:
         """Patch ``i`` alone as a one-patch image ``[1, C, p, p]`` (its embedding is that patch's)."""
-        if len(self._table) > 1:
-            self._table = [torch.cat(self._table)]
-        return self._table[0][i][None]
+        return self._lookup(torch.tensor([int(i)]))
 
     def rgb(self, ids: torch.Tensor) -> np.ndarray:
         """The image of one id row ``[1 + P]`` as RGB in [0, 1], ``[H, W, C]`` (for figures)."""

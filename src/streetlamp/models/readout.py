@@ -7,13 +7,19 @@
 * the query and key vectors of one layer's heads from an already-normalised input, rotary
   position embedding included (Llama family), with or without their biases.
 
-Supported: GPT-2 (LayerNorm, fused ``c_attn``) and the Llama family (RMSNorm, ``q_proj``/``k_proj``,
-grouped-query keys repeated per query head, RoPE). Post-LN encoders have no residual stream that
-adds up to the output, so lenses do not apply to them.
+Supported: GPT-2 (LayerNorm, fused ``c_attn``), the Llama family (Llama, Mistral, Qwen2: RMSNorm,
+``q_proj``/``k_proj``, grouped-query keys repeated per query head, RoPE), Qwen3 (and per-head
+``q_norm``/``k_norm`` RMSNorms before RoPE), Phi-3 (fused ``qkv_proj``, partial RoPE allowed), Gemma 2
+and Gemma 3 text (RMSNorm gain ``1 + w``; sandwich norms: the attention and MLP outputs are
+RMS-normalised before they join the residual stream; embeddings scaled by ``sqrt(d)`` inside the
+embedding module, so the recorded residual already holds them; Gemma 2's attention-logit soft-cap and
+both's final-logit soft-cap). Post-LN encoders have no residual stream that adds up to the output, so
+lenses do not apply to them.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,12 +27,37 @@ import torch
 from torch import nn
 
 from ..errors import StreetlampError
-from .attention_block import placement
+from .sites import norm_gain_offset
 
 if TYPE_CHECKING:
     from .adapter import ModelAdapter
 
-FINAL_NORM = {"gpt2": "ln_f", "llama": "norm", "mistral": "norm", "qwen2": "norm"}  # relative to base_model
+
+@dataclass(frozen=True)
+class Readout:
+    """Module paths of the norms around the residual stream (final norm relative to the base model, the
+    others relative to a layer); ``attn_out`` / ``mlp_out``: Gemma's sandwich norms, applied to the
+    attention / MLP output before it joins the residual stream."""
+
+    final_norm: str
+    attn_in: str
+    attn_out: str | None = None
+    mlp_out: str | None = None
+
+
+_LLAMA = Readout("norm", "input_layernorm")
+_GEMMA = Readout("norm", "input_layernorm", "post_attention_layernorm", "post_feedforward_layernorm")
+READOUT = {
+    "gpt2": Readout("ln_f", "ln_1"),
+    "llama": _LLAMA,
+    "mistral": _LLAMA,
+    "qwen2": _LLAMA,
+    "qwen3": _LLAMA,  # q_norm / k_norm: see query_key
+    "phi3": _LLAMA,  # fused qkv_proj: see query_key
+    "gemma2": _GEMMA,
+    "gemma3_text": _GEMMA,
+}
+FINAL_NORM = {k: v.final_norm for k, v in READOUT.items()}  # relative to base_model
 
 
 def check_lens(adapter: ModelAdapter) -> None:
@@ -39,7 +70,8 @@ def check_lens(adapter: ModelAdapter) -> None:
 
 @dataclass
 class Norm:
-    """A LayerNorm or RMSNorm's parameters (float64 on the model's device)."""
+    """A LayerNorm or RMSNorm's parameters (float64 on the model's device); ``weight`` is the gain as
+    applied (Gemma's ``1 + w``)."""
 
     kind: str  # "layernorm" | "rmsnorm"
     weight: torch.Tensor
@@ -47,12 +79,13 @@ class Norm:
     eps: float
 
     @classmethod
-    def of(cls, m: nn.Module) -> Norm:
+    def of(cls, m: nn.Module, gain_offset: float = 0.0) -> Norm:
         kind = "layernorm" if isinstance(m, nn.LayerNorm) else "rmsnorm"
         mod: Any = m  # HF norm modules: attributes differ per family
         eps = float(getattr(mod, "eps", None) or mod.variance_epsilon)
         b = getattr(mod, "bias", None)
-        return cls(kind, mod.weight.detach().double(), b.detach().double() if b is not None else None, eps)
+        w = mod.weight.detach().double() + (gain_offset if kind == "rmsnorm" else 0.0)
+        return cls(kind, w, b.detach().double() if b is not None else None, eps)
 
     def scale(self, x: torch.Tensor) -> torch.Tensor:
         """σ (LayerNorm) or rms (RMSNorm) of ``x`` ``[..., d]``, eps included: ``[..., 1]``."""
@@ -75,18 +108,55 @@ class Norm:
         return self.linear(x, self.scale(x)) + self.beta(x.shape[-1])
 
 
+def _norm_at(adapter: ModelAdapter, root: nn.Module, path: str) -> Norm:
+    m: Any = root
+    for part in path.split("."):
+        m = getattr(m, part)
+    return Norm.of(m, norm_gain_offset(adapter.family.name))
+
+
 def final_norm(adapter: ModelAdapter) -> Norm:
     check_lens(adapter)
-    return Norm.of(getattr(adapter.hf_model.base_model, FINAL_NORM[adapter.family.name]))
+    return _norm_at(adapter, adapter.hf_model.base_model, READOUT[adapter.family.name].final_norm)
 
 
 def pre_attn_norm(adapter: ModelAdapter, layer: int) -> Norm:
     check_lens(adapter)
-    p = placement(adapter)
-    m: nn.Module = adapter.layer_modules[layer]
-    for part in p.attn_norm.split("."):
-        m = getattr(m, part)
-    return Norm.of(m)
+    return _norm_at(adapter, adapter.layer_modules[layer], READOUT[adapter.family.name].attn_in)
+
+
+def output_norms(adapter: ModelAdapter, layer: int) -> tuple[Norm | None, Norm | None]:
+    """The norms on layer ``layer``'s attention output and MLP output before they join the residual
+    stream (Gemma's sandwich norms), or None where the output is added as it is."""
+    check_lens(adapter)
+    r, m = READOUT[adapter.family.name], adapter.layer_modules[layer]
+    return (
+        _norm_at(adapter, m, r.attn_out) if r.attn_out else None,
+        _norm_at(adapter, m, r.mlp_out) if r.mlp_out else None,
+    )
+
+
+def final_softcap(adapter: ModelAdapter) -> float | None:
+    """The LM head's soft-cap ``cap`` (Gemma 2 and 3: ``logits = cap · tanh(l / cap)``), or None."""
+    cap = getattr(adapter.hf_model.config, "final_logit_softcapping", None)
+    return float(cap) if cap and adapter.kind == "causal_lm" else None
+
+
+def attention_softcap(adapter: ModelAdapter, layer: int) -> float | None:
+    """The attention-logit soft-cap of layer ``layer`` (Gemma 2), or None."""
+    cap = getattr(adapter.attn_modules[layer], "attn_logit_softcapping", None)
+    return float(cap) if cap else None
+
+
+def sliding_window(adapter: ModelAdapter, layer: int) -> int | None:
+    """Layer ``layer``'s window (a query i sees keys i - window + 1 .. i), or None for full attention."""
+    attn: Any = adapter.attn_modules[layer]
+    w = (
+        attn.sliding_window
+        if hasattr(attn, "sliding_window")
+        else getattr(adapter.hf_model.config, "sliding_window", None)
+    )
+    return int(w) if w else None
 
 
 def unembedding(adapter: ModelAdapter) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -98,7 +168,8 @@ def unembedding(adapter: ModelAdapter) -> tuple[torch.Tensor, torch.Tensor | Non
 
 
 def unembed(adapter: ModelAdapter, normed: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
-    """Logits ``normed · W_Uᵀ + b_U`` ``[..., vocab]`` (or only the columns ``index``), float64."""
+    """Logits ``normed · W_Uᵀ + b_U`` ``[..., vocab]`` (or only the columns ``index``), float64, before
+    any final soft-cap (see :func:`final_softcap`)."""
     w, b = unembedding(adapter)
     if index is not None:
         w = w[index]
@@ -114,34 +185,65 @@ def attention_scaling(adapter: ModelAdapter, layer: int) -> float:
 
 
 def query_key(
-    adapter: ModelAdapter, layer: int, z: torch.Tensor, bias: bool = True
+    adapter: ModelAdapter, layer: int, z: torch.Tensor, bias: bool = True, full: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Queries and keys ``[pos, head, d_head]`` (keys repeated per query head) of layer ``layer``
     for a normalised input ``z`` ``[pos, d]`` at positions ``0..pos-1``, float64; ``bias=False``
-    leaves out b_Q and b_K (the linear part only). Rotary embeddings are applied (linear)."""
+    leaves out b_Q and b_K (the linear part only). Rotary embeddings are applied (linear).
+
+    Per-head q/k norms (Qwen3, Gemma 3: RMSNorm over ``d_head`` before RoPE) are linearised with the
+    scale of the query / key of ``full`` (the layer's whole normalised input; default ``z`` itself, which
+    gives the exact q and k of ``z``), so the q and k of parts of ``full`` sum to those of ``full``."""
     check_lens(adapter)
     attn: Any = adapter.attn_modules[layer]
     z = z.double()
-    n, H = z.shape[0], adapter.n_heads
+    q, k = _project(adapter, attn, z, bias)
+    q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+    if q_norm is not None and k_norm is not None:
+        qf, kf = (q, k) if full is None else _project(adapter, attn, full.double(), True)
+        off = norm_gain_offset(adapter.family.name)
+        qn, kn = Norm.of(q_norm, off), Norm.of(k_norm, off)
+        q, k = qn.linear(q, qn.scale(qf)), kn.linear(k, kn.scale(kf))
+    H = adapter.n_heads
+    k = k.repeat_interleave(H // k.shape[1], dim=1)
+    if adapter.family.name == "gpt2":
+        return q.detach(), k.detach()
+    rot: Any = adapter.hf_model.base_model.rotary_emb
+    pos = torch.arange(z.shape[0], device=z.device)[None]
+    kw = {"layer_type": attn.layer_type} if "layer_type" in inspect.signature(rot.forward).parameters else {}
+    cos, sin = rot(z[None].float(), pos, **kw)
+    cos, sin = cos[0].double()[:, None], sin[0].double()[:, None]
+    r = cos.shape[-1]  # rotary dimensions (the first r of each head; the rest pass through)
+
+    def rope(x: torch.Tensor) -> torch.Tensor:
+        xr, xp = x[..., :r], x[..., r:]
+        h = r // 2
+        return torch.cat((xr * cos + torch.cat((-xr[..., h:], xr[..., :h]), -1) * sin, xp), -1)
+
+    return rope(q).detach(), rope(k).detach()
+
+
+def _project(adapter: ModelAdapter, attn: Any, z: torch.Tensor, bias: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``W_Q z (+ b_Q)`` ``[pos, head, d_head]`` and ``W_K z (+ b_K)`` ``[pos, kv_head, d_head]``, float64:
+    GPT-2's fused ``c_attn`` (Conv1D), Phi-3's fused ``qkv_proj`` or separate ``q_proj`` / ``k_proj``."""
+    n, H, KV = z.shape[0], adapter.n_heads, adapter.n_kv_heads
     if adapter.family.name == "gpt2":
         w, b = attn.c_attn.weight.double(), attn.c_attn.bias.double()  # Conv1D: [d, 3d]
         d = adapter.d_model
         qk = z @ w[:, : 2 * d] + (b[: 2 * d] if bias else 0)
-        q, k = qk[:, :d].reshape(n, H, -1), qk[:, d:].reshape(n, H, -1)
-        return q.detach(), k.detach()
+        return qk[:, :d].reshape(n, H, -1), qk[:, d:].reshape(n, H, -1)
     lin = nn.functional.linear
-    qb = attn.q_proj.bias.double() if bias and attn.q_proj.bias is not None else None
-    kb = attn.k_proj.bias.double() if bias and attn.k_proj.bias is not None else None
-    q = lin(z, attn.q_proj.weight.double(), qb).reshape(n, H, -1)
-    k = lin(z, attn.k_proj.weight.double(), kb).reshape(n, adapter.n_kv_heads, -1)
-    k = k.repeat_interleave(H // adapter.n_kv_heads, dim=1)
-    rot: Any = adapter.hf_model.base_model.rotary_emb
-    pos = torch.arange(n, device=z.device)[None]
-    cos, sin = rot(z[None].float(), pos)
-    cos, sin = cos[0].double()[:, None], sin[0].double()[:, None]
 
-    def rope(x: torch.Tensor) -> torch.Tensor:
-        h = x.shape[-1] // 2
-        return x * cos + torch.cat((-x[..., h:], x[..., :h]), -1) * sin
+    def proj(m: Any, rows: slice | None = None) -> torch.Tensor:
+        w, b = m.weight.double(), (m.bias.double() if bias and m.bias is not None else None)
+        if rows is not None:
+            w, b = w[rows], (b[rows] if b is not None else None)
+        return lin(z, w, b)
 
-    return rope(q).detach(), rope(k).detach()
+    if hasattr(attn, "qkv_proj"):  # Phi-3: rows [q (H·dh), k (KV·dh), v]
+        dq, dk = H * attn.head_dim, KV * attn.head_dim
+        return (
+            proj(attn.qkv_proj, slice(0, dq)).reshape(n, H, -1),
+            proj(attn.qkv_proj, slice(dq, dq + dk)).reshape(n, KV, -1),
+        )
+    return proj(attn.q_proj).reshape(n, H, -1), proj(attn.k_proj).reshape(n, KV, -1)

@@ -9,8 +9,21 @@ change:
   norm is linear in its input and conserves relevance exactly, eps included;
 * **element-wise activations** (GELU, SiLU, tanh, ...; identity rule): the gradient is
   ``act(x) / (x + 1e-10)`` (lxt's epsilon), so ``x · grad = act(x)``;
-* **gated MLP products** ``act(gate) * up`` (Llama family; uniform rule): the gradient into the
-  product is halved, so each factor receives half of its relevance;
+* **gated MLP products** ``act(gate) * up`` (Llama family, Qwen3, Phi-3's fused ``gate_up_proj``, Gemma's
+  GeGLU, ModernBERT's chunked ``Wi``; uniform rule): the gradient into the product is halved, so each
+  factor receives half of its relevance (a fused projection is one linear map: the halving at the
+  product's output is the same rule);
+* **Gemma's RMSNorm** has the gain ``(1 + w)``; Qwen3's and Gemma 3's per-head ``q_norm``/``k_norm``
+  are RMSNorms like any other (identity rule, rms held constant) before RoPE;
+* **attention-logit soft-capping** ``cap · tanh(s / cap)`` (Gemma 2): an element-wise, monotone
+  activation of each score on its own, so it gets the identity rule of the other element-wise
+  activations (``s · grad = cap · tanh(s / cap)``): the softmax rule's relevance at the capped
+  scores passes unchanged to the raw scores, and from there to Q and K by the uniform rule. The
+  gradient stays linear in the downstream gradient, so the quartering at the pattern still equals
+  lxt's dividing Q and K by 4;
+* **final-logit soft-capping** (Gemma 2 and 3): the same identity rule, so what is explained is the
+  model's own (capped) logit ``F = cap · tanh(l / cap)``; the relevance entering the LM head is
+  ``F`` (not ``l``), and every relevance is ``F / l`` times the relevance of the uncapped logit ``l``;
 * **attention** (uniform rule on both products, softmax rule by Taylor at the input): the
   gradient at the value vectors is halved and at the post-softmax pattern quartered (half for
   ``P·V``, half for ``Q·Kᵀ``; everything between the pattern and Q, K is linear in the gradient,
@@ -31,6 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,7 +54,9 @@ if TYPE_CHECKING:
     from .adapter import ModelAdapter
 
 IDENTITY_EPS = 1e-10  # lxt's epsilon in the identity rule's ratio act(x) / (x + eps)
-GATED_FAMILIES = ("llama", "mistral", "qwen2")
+GATED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "modernbert")
+# AttnLRP's rules are on for the current context (the attention function reads it for the soft-cap)
+_RULES_ON: ContextVar[bool] = ContextVar("streetlamp_relevance_rules", default=False)
 # (module whose output enters the activation, module whose input is the activation's output),
 # paths relative to the Hugging Face model; pairs whose modules are absent are skipped.
 FUNCTIONAL_ACTIVATIONS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -88,7 +104,7 @@ def _norm_kind(m: nn.Module) -> str | None:
     return None
 
 
-def _norm_hook(kind: str) -> Callable:
+def _norm_hook(kind: str, gain_offset: float) -> Callable:
     def hook(m: Any, args: tuple, out: torch.Tensor) -> torch.Tensor:
         x = args[0]
         if kind == "layernorm":
@@ -101,10 +117,34 @@ def _norm_hook(kind: str) -> Callable:
                 s = s + m.bias
         else:
             eps = float(getattr(m, "variance_epsilon", None) or m.eps)
-            s = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps).detach() * m.weight
+            s = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps).detach() * (gain_offset + m.weight)
         return _swap_grad(out, s.to(out.dtype))
 
     return hook
+
+
+def soft_cap(scores: torch.Tensor, cap: float) -> torch.Tensor:
+    """``cap · tanh(scores / cap)``; under AttnLRP's rules with the identity rule's gradient."""
+    capped = torch.tanh(scores / cap) * cap
+    return _identity_rule(scores, capped) if _RULES_ON.get() else capped
+
+
+def _final_cap(model: nn.Module, cap: float) -> list[torch.utils.hooks.RemovableHandle]:
+    """Identity rule on the LM head's soft-cap ``cap · tanh(l / cap)`` (applied as plain functions
+    between the output embedding and the model's output)."""
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep(m: nn.Module, args: tuple, out: torch.Tensor) -> None:
+        seen["l"] = out
+
+    def swap(m: nn.Module, args: tuple, out: Any) -> Any:
+        pre = seen.pop("l", None)
+        if pre is not None and getattr(out, "logits", None) is not None and out.logits.shape == pre.shape:
+            out.logits = _identity_rule(pre, out.logits)
+        return out
+
+    head = model.get_output_embeddings()  # type: ignore[operator]
+    return [head.register_forward_hook(keep), model.register_forward_hook(swap)]
 
 
 def _act_hook(m: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
@@ -145,8 +185,12 @@ def relevance_rules(adapter: ModelAdapter) -> Iterator[None]:
     """Install AttnLRP's module rules (norms, activations, gated products) for the ``with`` block.
 
     The attention rules go through the named sites: pass :func:`attention_edits` as ``edit``."""
+    from .sites import norm_gain_offset
+
     model = adapter.hf_model
     handles: list[torch.utils.hooks.RemovableHandle] = []
+    offset = norm_gain_offset(adapter.family.name)
+    token = _RULES_ON.set(True)
     try:
         seen: set[int] = set()
         for m in model.modules():
@@ -155,7 +199,7 @@ def relevance_rules(adapter: ModelAdapter) -> Iterator[None]:
             seen.add(id(m))
             kind = _norm_kind(m)
             if kind is not None:
-                handles.append(m.register_forward_hook(_norm_hook(kind)))
+                handles.append(m.register_forward_hook(_norm_hook(kind, offset if kind == "rmsnorm" else 0.0)))
             elif _is_activation(m):
                 handles.append(m.register_forward_hook(_act_hook))
         if adapter.family.name in GATED_FAMILIES:
@@ -165,8 +209,12 @@ def relevance_rules(adapter: ModelAdapter) -> Iterator[None]:
             mb, ma = _get(model, before), _get(model, after)
             if mb is not None and ma is not None:
                 handles.extend(_functional_pair(mb, ma))
+        cap = getattr(model.config, "final_logit_softcapping", None)
+        if cap and adapter.kind == "causal_lm":
+            handles.extend(_final_cap(model, float(cap)))
         yield
     finally:
+        _RULES_ON.reset(token)
         for h in handles:
             h.remove()
 

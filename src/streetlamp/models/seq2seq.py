@@ -36,7 +36,7 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import StreetlampError
-from .adapter import ModelAdapter, _get, route_attention
+from .adapter import ModelAdapter, _get, eos_ids, route_attention
 from .sites import Family
 from .trace import Edit, Session
 
@@ -96,7 +96,15 @@ SITE_FAMILIES = {
     "decoder.cross_attn": "cross-attention (target over source)",
 }
 # the methods explain-generation runs on an encoder-decoder
-SEQ2SEQ_METHODS = ("attention", "saliency", "gradient_x_input", "integrated_gradients")
+SEQ2SEQ_METHODS = (
+    "attention",
+    "saliency",
+    "gradient_x_input",
+    "integrated_gradients",
+    "occlusion",
+    "shap",
+    "lime",
+)
 _ONE_STACK = (
     "it composes one stack's layers from the input up (I + A per layer), and an encoder-decoder has two "
     "stacks joined by cross-attention, for which streetlamp has no stated and tested rule"
@@ -250,6 +258,7 @@ class Seq2SeqAdapter(ModelAdapter):
         if start is None:
             raise StreetlampError(f"{name}: the config has no decoder_start_token_id (nor a pad token to start with)")
         self.decoder_start_token_id = int(start)
+        self.eos_token_ids = eos_ids(hf_model, tokenizer)
 
     def describe(self) -> dict:
         d = super().describe()
@@ -301,7 +310,9 @@ class Seq2SeqAdapter(ModelAdapter):
 
     @torch.no_grad()
     def generate(self, prompt_ids: torch.Tensor, n_new: int) -> list[int]:
-        """Greedy decoding of exactly ``n_new`` target tokens for the source ``prompt_ids`` ``[src]``."""
+        """Greedy decoding for the source ``prompt_ids`` ``[src]``: at most ``n_new`` target tokens, ending
+        after the decoder's EOS (``</s>``, kept as the last token: it is what the model generated) when it
+        comes first, as Hugging Face's ``generate`` does."""
         if n_new < 1:
             raise StreetlampError(f"need at least one new token (got {n_new})")
         src = prompt_ids.view(1, -1)
@@ -309,6 +320,8 @@ class Seq2SeqAdapter(ModelAdapter):
         for _ in range(n_new):
             dec = self.decoder_inputs(out + [0])  # the last entry is never read
             out.append(int(self.run(src, dec.view(1, -1)).logits[0, -1].argmax()))
+            if out[-1] in self.eos_token_ids:
+                break
         return out
 
     def target_ids(self, text: str) -> list[int]:

@@ -113,6 +113,16 @@ FAMILIES: dict[str, Family] = {
 }
 
 
+# Families whose RMSNorm multiplies by (1 + w) instead of w (Gemma; their weights are stored offset by 1),
+# q_norm / k_norm included
+UNIT_OFFSET_NORM_FAMILIES = ("gemma2", "gemma3_text")
+
+
+def norm_gain_offset(family: str) -> float:
+    """1.0 where the family's RMSNorm gain is ``1 + w``, else 0.0 (gain ``w``)."""
+    return 1.0 if family in UNIT_OFFSET_NORM_FAMILIES else 0.0
+
+
 # Families whose attention transformers 5 does not compute through ALL_ATTENTION_FUNCTIONS (so ours
 # cannot be registered), or that need inputs streetlamp does not model yet: the reason is the error.
 UNSUPPORTED: dict[str, str] = {

@@ -174,6 +174,11 @@ def evaluate(
         adapter = load(model)
         if device != "cpu":
             cast(Any, adapter.hf_model).to(device)  # transformers types .to() as a decorated method wrongly
+    if adapter.modality == "image":
+        raise StreetlampError(
+            f"evaluate scores text datasets (erasure by token, rationales); {adapter.name} is an image model: "
+            "explain, heads and serve take an image"
+        )
     for name in settings.methods:
         get_method(name, **settings.method_params.get(name, {})).check(adapter)
     if settings.replacement not in ("delete", "mask"):

@@ -177,6 +177,7 @@ def explain_generation(
         raise StreetlampError(f"prompt and continuation exceed the model's {adapter.max_positions} positions")
     t0 = time.time()
     gen_ids = [int(i) for i in continuation] if continuation is not None else adapter.generate(prompt_ids, new_tokens)
+    stopped = None if forced else ("eos" if gen_ids[-1] in adapter.eos_token_ids else "new_tokens")
     full = torch.cat([prompt_ids.cpu(), torch.tensor(gen_ids, dtype=torch.long)])
     k, width = len(gen_ids), len(full) - 1
     rows: dict[str, list[Explanation]] = {}
@@ -281,6 +282,7 @@ def explain_generation(
             "generated": generated,
             "generated_ids": gen_ids,
             "continuation": "given" if forced else "greedy",
+            "stopped_at": stopped,
             "parameters": parameters,
             "per_token": [
                 {
@@ -307,7 +309,8 @@ def explain_generation(
     )
     res.summary.append(
         f"prompt: {prompt!r} -> continuation {''.join(generated)!r} ({k} tokens, "
-        f"{'given' if forced else 'greedy'}; {quantity}; {how}; {secs:.1f} s)"
+        f"{'given' if forced else 'greedy, ended by EOS' if stopped == 'eos' else 'greedy'}; {quantity}; {how}; "
+        f"{secs:.1f} s)"
     )
     res.summary.append(f"step function: {step.explains}" + ("; prompt in the chat template" if chat else ""))
     if ig_exps is not None:

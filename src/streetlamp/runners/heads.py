@@ -127,6 +127,11 @@ def run_heads(
     rf = RunFolder.of(out, "heads", overwrite)
     if (text is None) == (data is None):
         raise StreetlampError("give either TEXT or --data")
+    if adapter.modality == "image" and data is None and ablation != "zero":
+        raise StreetlampError(
+            f"--ablation {ablation} averages a head over reference inputs, and the built-in ones are sentences: on an "
+            "image model give --data (a CSV whose text column names image files) or use --ablation zero"
+        )
     labels = None
     if data is not None:
         texts, raw = load_texts(data)

@@ -131,7 +131,9 @@ def run_lens(
             ],
         },
         {
-            "title": f"direct logit attribution to {target!r} (logit {dla.logit:.3f}): largest parts",
+            "title": f"direct logit attribution to {target!r} (logit {dla.logit:.3f}"
+            + (f" before the final soft-cap {dla.softcap:g}; the model's {dla.model_logit:.3f}" if dla.softcap else "")
+            + "): largest parts",
             "columns": ["part", "logit contribution"],
             "rows": _top(
                 np.r_[dla.heads.reshape(-1), dla.mlp, [dla.embed]],
@@ -154,6 +156,8 @@ def run_lens(
             }
         )
     summary: dict = {"target": {"index": index, "label": target}, "logit": dla.logit, "dla_total": dla.total()}
+    if dla.softcap:  # DLA splits the logit before the final soft-cap (Gemma)
+        summary.update(final_logit_softcap=dla.softcap, model_logit=dla.model_logit)
     qk = None
     if lh is not None:
         ht = head_table(adapter, ids, lh[0], lh[1], q, index)
@@ -165,7 +169,8 @@ def run_lens(
             "axes": ["query part", "key part"],
             "meaning": (
                 f"head L{lh[0]}H{lh[1]}: pre-softmax score from query {q} to key {qk.key} split over upstream parts "
-                "(manifest parts); pre-attention norm linearised with each token's own scale; sums to the score"
+                "(manifest parts); pre-attention norm (and q/k norms) linearised with each token's own scale; sums "
+                "to the score" + (" before the attention soft-cap" if qk.softcap else "")
             ),
         }
         described["qk.pattern_row"] = {"axes": ["key"], "meaning": f"attention of head L{lh[0]}H{lh[1]} from query {q}"}
@@ -175,6 +180,7 @@ def run_lens(
             "query": q,
             "key": qk.key,
             "score": qk.score,
+            **({"score_after_softcap": qk.capped_score, "attention_softcap": qk.softcap} if qk.softcap else {}),
             "ablation_effect": ht["ablation_effect"],
             "dla": ht["dla"],
         }

@@ -11,6 +11,10 @@ whole source and decoder inputs ``0 .. j`` (``allowed``).
   is causal, so target j does not depend on decoder inputs after j and its IG over the shared path is
   the IG of its own inputs (what the causal-LM path does over the prompt, see ``attribute_sequence``).
 * ``gradient_x_input`` / ``saliency``: the gradient of each target's quantity over the same embeddings.
+* ``occlusion``: leave one source token or one decoder input out, under the rule of
+  :mod:`.seq2seq_occlusion` (forced decoding: the target stays the one being explained).
+* ``shap`` / ``lime``: per row, coalitions of that row's source and decoder-input tokens under the same
+  rule (:mod:`.seq2seq_shap_lime`).
 * ``attention``: two matrices, one per decoder site family: ``attention.cross_attn`` (row j's
   cross-attention to the source, in the source columns) and ``attention.self_attn`` (row j's decoder
   self-attention to the decoder inputs, in the target columns), in the method's view (``head_mean`` of
@@ -31,13 +35,17 @@ import torch
 
 from ..errors import StreetlampError
 from ..methods.attention import Attention
-from ..methods.ig import IntegratedGradients
+from ..methods.ig import IntegratedGradients, per_target_grads
+from ..methods.occlusion import Occlusion
 from ..methods.quadrature import PathCache, integrate_adaptive
 from ..methods.registry import get_method
+from ..methods.shap_lime import _Sampled
 from ..models.adapter import Target
 from ..models.seq2seq import SEQ2SEQ_METHODS, Seq2SeqAdapter, refusal
 from ..store.run_folder import RunFolder
+from . import seq2seq_shap_lime as sampled
 from .generation import GENERATION_IG, IG, MAX_NEW_TOKENS, GenerationResult, _figure, _figure_name
+from .seq2seq_occlusion import OcclusionResult, check_params, seq2seq_occlusion
 
 
 def check_methods(adapter: Seq2SeqAdapter, methods: list[str]) -> None:
@@ -60,13 +68,6 @@ def target_scores(
         return x, f
 
     return scores
-
-
-def per_target_grads(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-    """∂F_j/∂x for every target j: ``[k, rows, pos, d]`` (one vmapped backward)."""
-    per_target = f.sum(0)
-    eye = torch.eye(len(per_target), dtype=per_target.dtype, device=per_target.device)
-    return torch.autograd.grad(per_target, x, eye, is_grads_batched=True)[0]
 
 
 def explain_seq2seq_generation(
@@ -102,6 +103,10 @@ def explain_seq2seq_generation(
     for m in built.values():
         if isinstance(m, IntegratedGradients):
             m.check_params()
+        if isinstance(m, Occlusion):
+            check_params(adapter, m)
+        if isinstance(m, _Sampled):
+            sampled.check_params(adapter, m)
         if isinstance(m, Attention):
             if not -adapter.n_decoder_layers <= m.layer < adapter.n_decoder_layers:
                 raise StreetlampError(
@@ -124,6 +129,7 @@ def explain_seq2seq_generation(
     gen = [int(i) for i in continuation] if continuation is not None else adapter.generate(src, new_tokens)
     dec = adapter.decoder_inputs(gen)
     S, k = len(src), len(gen)
+    stopped = None if forced else ("eos" if gen[-1] in adapter.eos_token_ids else "new_tokens")
     width = S + k
     dev = adapter.device
     index = torch.tensor(gen, dtype=torch.long, device=dev)
@@ -138,6 +144,8 @@ def explain_seq2seq_generation(
     matrices: dict[str, np.ndarray] = {}
     extra: dict[str, tuple[np.ndarray, list[str], str]] = {}
     ig_info: dict[str, Any] | None = None
+    occ: OcclusionResult | None = None
+    infos: dict[str, dict] = {}
     for name, m in built.items():
         if isinstance(m, IntegratedGradients):
             eb, used = m.baseline_embedding(adapter, ids.to(dev), e)
@@ -176,6 +184,25 @@ def explain_seq2seq_generation(
                 ]
             )
             ig_info = {"baseline_used": used, "completeness": comp, "rec": rec}
+        elif isinstance(m, Occlusion):
+            occ = seq2seq_occlusion(adapter, src, gen, m, target, batch_size)
+            matrices[name] = occ.matrix
+            extra["occlusion.removed"] = (
+                occ.removed,
+                ["generated", "token"],
+                "1 where the token was removed for that row's occlusion score (0: not an input of the row, a kept "
+                "special token, the decoder start token or, with delete, the input the row is read after)",
+            )
+        elif isinstance(m, _Sampled):
+            sr = sampled.seq2seq_sampled(adapter, src, gen, m, target, batch_size, seed)
+            matrices[name] = sr.matrix
+            infos[name] = sr.info
+            extra[f"{name}.features"] = (
+                sr.features,
+                ["generated", "token"],
+                f"1 where the token is one of that row's {name} features (0: not an input of the row, a special "
+                "token, the decoder start token or, with delete, the input the row is read after)",
+            )
         elif name in ("gradient_x_input", "saliency"):
             x, f = scores(e[None], True)
             g = per_target_grads(x, f)[:, 0]  # [k, S+T, d]
@@ -239,6 +266,10 @@ def explain_seq2seq_generation(
         w.add_array("generated_ids", np.asarray(gen, np.int64), axes=["generated"], meaning="the target token ids")
         parameters: dict[str, Any] = {"quantity": quantity, "new_tokens": k, "batch_size": batch_size, "seed": seed}
         parameters["methods"] = {name: m.params() for name, m in built.items()}
+        if occ is not None:
+            parameters["methods"]["occlusion"].update(occ.info)
+        for name, info in infos.items():
+            parameters["methods"][name].update(info)
         body: dict[str, Any] = {
             "model": adapter.describe(),
             "encoder_decoder": True,
@@ -252,6 +283,8 @@ def explain_seq2seq_generation(
             "generated": generated,
             "generated_ids": gen,
             "continuation": "given" if forced else "greedy",
+            # greedy decoding ends after the decoder's EOS, else at --new-tokens
+            "stopped_at": stopped,
             "parameters": parameters,
             "methods": {name: {"array": f"{name}.matrix", "scores": _meaning(name)} for name in matrices},
         }
@@ -269,8 +302,9 @@ def explain_seq2seq_generation(
                 for j, g in enumerate(generated)
             ]
         w.write_manifest({**body, "seconds": round(secs, 2), "seed": seed})
+    how = "given" if forced else ("greedy, ended by EOS" if stopped == "eos" else "greedy")
     res.summary.append(
-        f"source: {source!r} -> target {tok.decode(gen)!r} ({k} tokens, {'given' if forced else 'greedy'}; "
+        f"source: {source!r} -> target {tok.decode(gen)!r} ({k} tokens, {how}; "
         f"{quantity}; {', '.join(matrices)}; {secs:.1f} s)"
     )
     for name, mat in matrices.items():
@@ -302,6 +336,12 @@ def _meaning(name: str) -> str:
         "decoder inputs (one shared straight path; sums to F(e) - F(baseline) up to the completeness error)",
         "gradient_x_input": "sum_d e_i * dF_j/de_i over the source and decoder-input embeddings, signed",
         "saliency": "||dF_j/de_i||_2 over the source and decoder-input embeddings, unsigned",
+        "occlusion": "F_j(x) - F_j(x with token i removed) over the source and decoder-input tokens (forced "
+        "decoding; the removal rule is in the manifest's parameters.methods.occlusion.removal_rule)",
+        "shap": "Kernel SHAP coefficient of token i's presence for generated token j, over that row's source and "
+        "decoder-input tokens (exact Shapley values when every coalition is enumerated; removal rule in the manifest)",
+        "lime": "LIME coefficient of token i's presence for generated token j, over that row's source and "
+        "decoder-input tokens (removal rule in the manifest)",
         "attention.cross_attn": "cross-attention of decoder input j (the query predicting generated token j) to "
         "the source tokens (source columns; the decoder-input columns are 0)",
         "attention.self_attn": "decoder self-attention of decoder input j to decoder inputs 0..j (target columns; "

@@ -231,6 +231,71 @@ def explained_rows(packed: Packed, folder: Path, manifest: dict) -> None:
     packed.add("attention@explained", rows, codec="f32")
 
 
+def _shard(path: Path, folder: Path) -> np.ndarray:
+    """A shard's ``pattern`` as float32 (through torch: a bfloat16 run's shards have no numpy dtype)."""
+    from safetensors import safe_open
+
+    if not path.is_file():
+        raise StreetlampError(f"{folder}: {path.relative_to(folder.resolve())} is missing")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return f.get_tensor("pattern").float().numpy()
+    except Exception as e:  # truncated or corrupt file, or no 'pattern' in it
+        raise StreetlampError(f"{path.name}: array 'pattern' cannot be read ({str(e).splitlines()[0]})") from None
+
+
+MAX_LONG_ROWS = 32  # explain_long: kept rows per layer embedded in the page (the rest stay in the folder)
+
+
+def long_rows(packed: Packed, folder: Path, section: dict) -> dict:
+    """A long-context run's kept attention rows, one array ``rows.L{l}`` ``[row, head, key]`` per kept layer
+    (a row at a time, so the page decodes only the row it shows), from the shards the manifest lists.
+    At most :data:`MAX_LONG_ROWS` rows per layer travel; the others are named in ``omitted_rows``."""
+    kept = section.get("kept")
+    shards = section.get("shards")
+    if not isinstance(kept, dict) or not isinstance(shards, list):
+        raise StreetlampError(f"{folder}/manifest.json: long_context lacks 'kept' or 'shards'")
+    layers: dict[int, list[tuple[list[int], Path, list[int]]]] = {}
+    for sh in shards:
+        if not isinstance(sh, dict) or not {"file", "layer", "rows", "heads"} <= set(sh):
+            raise StreetlampError(f"{folder}/manifest.json: a long_context shard lacks file/layer/rows/heads")
+        path = (folder / str(sh["file"])).resolve()
+        if folder.resolve() not in path.parents:
+            raise StreetlampError(f"{folder}/manifest.json: shard {sh['file']!r} lies outside the run folder")
+        layers.setdefault(int(sh["layer"]), []).append(
+            ([int(r) for r in sh["rows"]], path, [int(h) for h in sh["heads"]])
+        )
+    heads = [int(h) for h in kept.get("heads", [])]
+    rows_out: dict[str, list[int]] = {}
+    omitted: dict[str, int] = {}
+    for layer, parts in sorted(layers.items()):
+        blocks, rows = [], []
+        for prow, path, pheads in sorted(parts, key=lambda t: t[0][0] if t[0] else 0):
+            if pheads != heads:
+                raise StreetlampError(f"{path}: its heads {pheads} differ from the kept heads {heads}")
+            take = prow[: MAX_LONG_ROWS - len(rows)]
+            if take:
+                a = _shard(path, folder)  # [head, row, key]
+                if a.shape[:2] != (len(pheads), len(prow)):
+                    raise StreetlampError(
+                        f"{path}: pattern has shape {list(a.shape)}, the manifest says "
+                        f"{len(pheads)} heads x {len(prow)} rows"
+                    )
+                blocks.append(np.asarray(a[:, : len(take)], np.float32).transpose(1, 0, 2))
+                rows += take
+            omitted[str(layer)] = omitted.get(str(layer), 0) + len(prow) - len(take)
+        if blocks:
+            packed.add(f"rows.L{layer}", np.concatenate(blocks, 0))
+            rows_out[str(layer)] = rows
+    return {
+        "layers": sorted(int(k) for k in rows_out),
+        "heads": heads,
+        "rows": rows_out,
+        "omitted_rows": omitted,
+        "max_rows": MAX_LONG_ROWS,
+    }
+
+
 def load_folder(folder: Path) -> tuple[dict, Packed]:
     """Everything the page needs from a run folder, every check done before anything is written."""
     folder = Path(folder)
@@ -256,6 +321,9 @@ def load_folder(folder: Path) -> tuple[dict, Packed]:
             )
         for k, v in stored.items():  # an array stored once under another name (``same_as``)
             packed.index.setdefault(k, packed.index[v])
+    if kind == "explain" and isinstance(manifest.get("long_context"), dict):
+        kind = "explain_long"  # `explain --rows/--layers/--heads`: kept rows, no full tensor
+        extra["long"] = long_rows(packed, folder, manifest["long_context"])
     if kind == "explain" and packed.index.get("attention", {}).get("codec", "f32") != "f32":
         explained_rows(packed, folder, manifest)
     if kind not in VIEWS_WITHOUT_FIGURES:
@@ -269,4 +337,4 @@ def load_folder(folder: Path) -> tuple[dict, Packed]:
     return model, packed
 
 
-VIEWS_WITHOUT_FIGURES = {"explain"}  # drawn from the arrays; the PNGs would only add megabytes
+VIEWS_WITHOUT_FIGURES = {"explain", "explain_long"}  # drawn from the arrays; the PNGs would only add megabytes
