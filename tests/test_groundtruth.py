@@ -190,3 +190,32 @@ def test_diagnostics_js_and_seed_variance() -> None:
     np.testing.assert_allclose(att.sum(1), 1, atol=1e-5)  # a distribution over the real tokens
     acc = dg.frozen_attention_mlp(a, task.generate(200, seed=2), ex, {"random_model": b}, steps=20)
     assert set(acc) == {"learned", "uniform", "random_model"} and all(0 <= v <= 1 for v in acc.values())
+
+
+def test_layer_seed_variance_matches_heads_across_trainings() -> None:
+    """A copy of a model with its two heads swapped (query/key/value rows and output columns permuted) has the
+    same outputs: matched per-head JSD 0, while the unmatched heads differ; a different init is > 0."""
+    from streetlamp.groundtruth import diagnostics as dg
+
+    task = TASKS["keyword"]
+    a, b = (build_model(task, TrainConfig(), seed=s) for s in (0, 1))
+    swapped = build_model(task, TrainConfig(), seed=0)
+    d = TrainConfig().d_model // TrainConfig().heads
+    perm = torch.cat([torch.arange(d, 2 * d), torch.arange(0, d)])
+    with torch.no_grad():
+        for layer in swapped.hf_model.bert.encoder.layer:
+            for lin in (layer.attention.self.query, layer.attention.self.key, layer.attention.self.value):
+                lin.weight.copy_(lin.weight[perm])
+                lin.bias.copy_(lin.bias[perm])
+            out = layer.attention.output.dense
+            out.weight.copy_(out.weight[:, perm])
+    ex = task.generate(12, seed=3)
+    ra, rs = dg.cls_rows(a, ex, 1), dg.cls_rows(swapped, ex, 1)
+    np.testing.assert_allclose(rs[:, ::-1], ra, atol=1e-6)  # the heads really are swapped
+    same = dg.layer_seed_variance([a, swapped], ex, 1)
+    assert same["matched_head_jsd"] == pytest.approx(0, abs=1e-9)
+    assert same["head_mean_jsd"] == pytest.approx(0, abs=1e-9)
+    unmatched = float(np.mean(dg.js_divergence(ra, rs)))
+    assert unmatched > 1e-6  # so the matching did something
+    diff = dg.layer_seed_variance([a, b], ex, 1)
+    assert diff["matched_head_jsd"] > 1e-7 and diff["pairs"] == 1

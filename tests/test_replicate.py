@@ -17,6 +17,7 @@ from scipy.stats import binom
 
 from streetlamp.errors import StreetlampError
 from streetlamp.evaluation.replicate import Decision, ReplicateSettings, TaskExample, adv_layers, replicate_chunk
+from streetlamp.methods.removal import sink_token
 from streetlamp.methods.scorer import occlusion_replacement
 from streetlamp.models.adapter import Inputs, ModelAdapter
 from streetlamp.models.tiny import tiny_model
@@ -41,7 +42,8 @@ def _examples(adapter: ModelAdapter, per_head: bool) -> list[TaskExample]:
     for i, text in enumerate(TEXTS):
         ids = adapter.tokenizer(text)["input_ids"]
         items = ~adapter.special_mask(ids)
-        items[0] = False  # as if the first word were the prompt's template
+        items[0] = i == 1  # text 0: as if the first word were the prompt's template; text 1: the first word is data
+        items[-1] = False  # the explained position (the decoder removal rule never removes it)
         out.append(TaskExample(i, f"t:{i}", ids, text, i % 2, items, per_head and i == 0))
     return out
 
@@ -94,11 +96,15 @@ def test_decision_attention_and_taus(llama: ModelAdapter, run) -> None:
         n = len(e.ids)
         rows = np.stack([a[0, :, n - 1, :].detach().numpy() for a in atts])  # [L, H, n]
         np.testing.assert_allclose(arrays[e.id]["attention"], rows, atol=1e-6)  # stored as float32
-        # leave-one-out by hand: the token replaced (or deleted) and the decision-space TVD
+        # leave-one-out by hand: the token replaced (or deleted) and the decision-space TVD; the decoder removal
+        # rule: a removed first token becomes the document-start token
         loo = np.zeros(n)
         for j in np.flatnonzero(e.items):
             r = list(e.ids)
-            r = r[:j] + r[j + 1 :] if tid is None else r[:j] + [tid] + r[j + 1 :]
+            if tid is not None:
+                r = r[:j] + [tid] + r[j + 1 :]
+            else:
+                r = [sink_token(llama)] + r[1:] if j == 0 else r[:j] + r[j + 1 :]
             loo[j] = _tvd(_dist(llama, decision, r), p)
         np.testing.assert_allclose(arrays[e.id]["loo_tvd"], loo, atol=1e-6)
         sal = arrays[e.id]["saliency"].astype(np.float64)
@@ -212,6 +218,21 @@ def test_permuted_uniform_and_adversarial_attention(llama: ModelAdapter, run) ->
             assert 0 <= table[(e.id, f"layer{l:02d}", "adv_js")] <= 1
 
 
+def test_prefix_path_equals_full_rows(llama: ModelAdapter, run) -> None:
+    """Every intervention run from its first changed position after the KV cache gives the full rows' numbers:
+    the adversarial search included (Adam acts per element, so per-text searches equal the joint one)."""
+    decision, examples, s, table, arrays = run
+    rows, arrays_full = replicate_chunk(llama, decision, examples, s, reuse_prefix=False)
+    full = {(e, m, k): v for e, m, k, v in rows}
+    assert full.keys() == table.keys()
+    for key, v in full.items():
+        assert table[key] == pytest.approx(v, abs=1e-9, nan_ok=True), key
+    for e in examples:
+        np.testing.assert_allclose(arrays[e.id]["loo_tvd"], arrays_full[e.id]["loo_tvd"], atol=1e-9)
+    assert any(k[1] == "model" and k[2] == "tau_gradient_loo" for k in table)
+    assert arrays[examples[1].id]["loo_tvd"][0] > 0  # the first token is an item of text 1 and was removed
+
+
 def test_adv_layers_are_evenly_spaced() -> None:
     assert adv_layers(30, 3) == [0, 14, 29] or adv_layers(30, 3) == [0, 15, 29]
     assert adv_layers(6, 10) == list(range(6))
@@ -318,3 +339,15 @@ def test_cli_refuses_bad_settings_before_writing(tmp_path, capsys) -> None:
         assert main(["replicate", "--model", "smollm2-135m", "--out", str(out), *extra]) == 2
         err = capsys.readouterr().err.strip()
         assert err and "\n" not in err and not out.exists()
+
+
+def test_prepare_one_example_keeps_every_label(llama: ModelAdapter, monkeypatch) -> None:
+    """A draw of one sentiment example still decides between both labels; the explained last token is no item."""
+    import streetlamp.runners.replicate as rr
+    from streetlamp.data.loaders import Dataset, Example
+
+    ds = Dataset("movies", "test", [Example("m-0", "the movie was bad", "bad"), Example("m-1", "i loved it", "good")])
+    monkeypatch.setattr(rr, "load_dataset", lambda name: Dataset(ds.name, ds.source, list(ds.examples)))
+    decision, examples, _ = rr.prepare(llama, "movies", 1, 0, 0, 0)
+    assert decision.candidates is not None and len(decision.candidates) == 2 and len(examples) == 1
+    assert not examples[0].items[-1]

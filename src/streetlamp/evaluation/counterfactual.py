@@ -30,6 +30,7 @@ import torch
 from ..models.adapter import Inputs, ModelAdapter, at_least_float32
 from ..stats import js_divergence_t, total_variation_t
 from .common import output_map, output_probs
+from .prefix import PrefixRunner
 
 # maps output distributions [rows, n_outputs] to the distributions compared (e.g. renormalised over a
 # causal LM's label tokens); None compares the whole output distribution
@@ -70,9 +71,11 @@ class Counterfactual:
         budget: int | None,
         project: Project = None,
         att: torch.Tensor | None = None,
+        prefix: Sequence[PrefixRunner] | None = None,
     ) -> list[float]:
         """Median output TVD over the permutations, per text. ``probs`` are the (projected)
-        distributions compared; ``att`` the layer's recorded pattern when the caller has it."""
+        distributions compared; ``att`` the layer's recorded pattern when the caller has it; ``prefix``
+        (causal LMs): each text's cache, so a permuted row runs the last position only."""
         rows = inp.rows()
         proj = project or _identity
         if att is None:
@@ -98,9 +101,26 @@ class Counterfactual:
             return {f"layers.{layer}.attn.pattern": _row_edit(pos, nr)}
 
         ref = torch.as_tensor(np.asarray(probs, np.float64)[np.array(where)])
-        d = output_map(
-            adapter, plan, budget, lambda group, p: total_variation_t(proj(p), ref[group].to(p.device)), 1, build
-        )[:, 0]
+        tvd = lambda group, p: total_variation_t(proj(p), ref[group].to(p.device))  # noqa: E731
+        if prefix is None:
+            d = output_map(adapter, plan, budget, tvd, 1, build)[:, 0]
+        else:  # the edited row is the last query: positions before it are the cached text's
+            d = np.zeros(len(plan))
+            for b, n in enumerate(inp.lengths):
+                mine = [i for i, w in enumerate(where) if w == b]
+
+                def last_row(group: list[int], width: int, mine: list[int] = mine) -> dict:
+                    nr = torch.stack([new_rows[mine[r]][1] for r in group]).to(att.dtype)
+                    return {f"layers.{layer}.attn.pattern": _row_edit(torch.zeros(len(group), dtype=torch.long), nr)}
+
+                run = prefix[b]
+                d[mine] = run.map(
+                    [n - 1] * len(mine),
+                    [[rows[b][-1]]] * len(mine),
+                    lambda g, p: tvd([mine[r] for r in g], p),
+                    1,
+                    last_row,
+                )[:, 0]
         return [float(np.median(d[np.array(where) == b])) for b in range(len(rows))]
 
     def adversarial(
@@ -112,8 +132,11 @@ class Counterfactual:
         seeds: Sequence[int],
         project: Project = None,
         att: torch.Tensor | None = None,
+        prefix: Sequence[PrefixRunner] | None = None,
     ) -> tuple[list[float], list[float]]:
-        """Best feasible JS (bits) and its output TVD per text, for one layer; one padded batch."""
+        """Best feasible JS (bits) and its output TVD per text, for one layer; one padded batch, or with
+        ``prefix`` (causal LMs) each text's last position alone after its cache (Adam acts per element,
+        so the iterates are those of the joint batch)."""
         site = f"layers.{layer}.attn.pattern"
         dev = adapter.device
         proj = project or _identity
@@ -134,15 +157,49 @@ class Counterfactual:
                 for s in seeds
             ]
         ).to(dev)
-        z = (torch.log(orig + 1e-12) + noise).detach().requires_grad_(True)
+        z0 = (torch.log(orig + 1e-12) + noise).detach()
         y0 = torch.as_tensor(probs, dtype=torch.float32, device=dev)
+        if prefix is not None:
+            js_l, tvd_l = [], []
+            for b, n in enumerate(lengths):
+                run = prefix[b]
+
+                def last(e: dict, run: PrefixRunner = run, n: int = n) -> torch.Tensor:
+                    return run.logits(n - 1, [[run.ids[-1]]], e, grad=True)
+
+                one = torch.zeros(1, dtype=torch.long)
+                js_b, tvd_b = self._search(
+                    z0[b : b + 1, :, :n], orig[b : b + 1, :, :n], y0[b : b + 1], last, site, one, proj
+                )
+                js_l.append(float(js_b[0]))
+                tvd_l.append(float(tvd_b[0]))
+            return js_l, tvd_l
+        js, tvd = self._search(
+            z0, orig, y0, lambda e: adapter.forward(inp, edit=e, grad=True).logits, site, pos, proj, real
+        )
+        return js.tolist(), tvd.tolist()
+
+    def _search(
+        self,
+        z0: torch.Tensor,
+        orig: torch.Tensor,
+        y0: torch.Tensor,
+        run: Callable[[dict], torch.Tensor],
+        site: str,
+        pos: torch.Tensor,
+        proj: Callable[[torch.Tensor], torch.Tensor],
+        real: torch.Tensor | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Adam on the row logits ``z`` ``[B, H, W]``; ``run(edit)`` gives the edited logits."""
+        z = z0.clone().requires_grad_(True)
         opt = torch.optim.Adam([z], lr=self.lr)
-        best_js = np.zeros(len(inp))
-        best_tvd = np.zeros(len(inp))
+        best_js = np.zeros(z.shape[0])
+        best_tvd = np.zeros(z.shape[0])
         for _ in range(self.steps + 1):
-            new = torch.softmax(z.masked_fill(~real[:, None, :], float("-inf")), -1)
+            zz = z if real is None else z.masked_fill(~real[:, None, :], float("-inf"))
+            new = torch.softmax(zz, -1)
             with torch.enable_grad():
-                logits = adapter.forward(inp, edit={site: _row_edit(pos, new)}, grad=True).logits
+                logits = run({site: _row_edit(pos, new)})
             y = proj(torch.softmax(at_least_float32(logits), -1))
             d = total_variation_t(y, y0)
             js = js_divergence_t(new, orig).mean(-1)
@@ -153,7 +210,7 @@ class Counterfactual:
             opt.zero_grad()
             (z.grad,) = torch.autograd.grad(loss, [z])  # the model's parameters get no .grad
             opt.step()
-        return best_js.tolist(), best_tvd.tolist()
+        return best_js, best_tvd
 
     def uniform(
         self, adapter: ModelAdapter, inp: Inputs, budget: int | None, layers: Sequence[int] | None = None

@@ -18,7 +18,8 @@ Per example:
 * Jain & Wallace (NAACL 2019), agreement: Kendall tau-b (:func:`~streetlamp.stats.kendall_tau`, over items)
   between the explained position's attention row and (a) gradient importance ``||dF/de_i||`` (the
   registered ``saliency`` method) and (b) leave-one-out importance ``TVD(y(x without token i), y(x))``
-  (the token deleted on a causal LM, [MASK] on a masked LM, as :func:`~..methods.scorer.occlusion_replacement`).
+  ([MASK] on a masked LM; on a causal LM the decoder removal rule of :mod:`~..methods.removal`, as occlusion:
+  deleted, a first token replaced by the document-start token, the explained last position never removed).
   Per head (``head{L}.{H}``: that head's row) and per layer (``layer{L}``: the mean row over heads);
   ``model / tau_gradient_loo`` is the two non-attention rankings' own agreement, the ceiling to compare with.
 Interventions run at the layers of ``ReplicateSettings.layers`` (default all; the taus are always computed
@@ -45,12 +46,14 @@ import torch
 
 from ..errors import StreetlampError
 from ..methods.registry import get_method
-from ..methods.scorer import occlusion_replacement, perturbed_row
+from ..methods.removal import Removal
+from ..methods.scorer import occlusion_replacement
 from ..models.adapter import Inputs, ModelAdapter, Target, at_least_float32
 from ..stats import js_divergence_t, kendall_tau, total_variation_t
 from .common import output_map
 from .counterfactual import Counterfactual
 from .flip import _zero_edit
+from .prefix import prefix_runners
 
 Rows = list[tuple[str, str, str, float]]
 
@@ -177,18 +180,25 @@ def _other(rng: np.random.Generator, items: np.ndarray, not_this: int) -> int:
 def loo_tvd(
     adapter: ModelAdapter, decision: Decision, examples: Sequence[TaskExample], probs: torch.Tensor, budget: int | None
 ) -> list[np.ndarray]:
-    """Leave-one-out importance of every item, ``TVD(y(x without i), y(x))`` in the decision space (0 elsewhere)."""
+    """Leave-one-out importance of every item, ``TVD(y(x without i), y(x))`` in the decision space (0 elsewhere).
+
+    The token is removed as occlusion removes it (:class:`~..methods.removal.Removal`): [MASK] on a masked LM;
+    on a causal LM it is deleted, except that a removed first token is replaced by the document-start token
+    (the attention sink stays at position 0) and the explained last position is never removed (score 0; it
+    is never an item). One padded batch of full rows (on CPU the per-call cost of a cached-prefix row per
+    deletion outweighed the positions it saves)."""
     _, tid, _ = occlusion_replacement(adapter, "mask")
+    removal = Removal.of(adapter, tid)
+    out = [np.zeros(len(e.ids)) for e in examples]
     rows, owner, where = [], [], []
     for b, e in enumerate(examples):
         ids = torch.tensor(e.ids)
-        for j in np.flatnonzero(e.items):
+        for j in np.flatnonzero(e.items & ~removal.protected(len(e.ids))):
             absent = np.zeros(len(e.ids), bool)
             absent[j] = True
-            rows.append(perturbed_row(ids, absent, tid).tolist())
+            rows.append(removal.row(ids, absent).tolist())
             owner.append(b)
             where.append((b, int(j)))
-    out = [np.zeros(len(e.ids)) for e in examples]
     if rows:
         res = output_map(adapter, rows, budget, _stats_fn(decision, probs, np.array(owner)), 3)
         for r, (b, k) in enumerate(where):
@@ -197,8 +207,15 @@ def loo_tvd(
 
 
 def replicate_chunk(
-    adapter: ModelAdapter, decision: Decision, examples: list[TaskExample], s: ReplicateSettings
+    adapter: ModelAdapter,
+    decision: Decision,
+    examples: list[TaskExample],
+    s: ReplicateSettings,
+    reuse_prefix: bool = True,
 ) -> tuple[Rows, dict[str, dict[str, np.ndarray]]]:
+    """Every statistic of the module docstring for one chunk. ``reuse_prefix`` (causal LMs): the interventions
+    on the explained row (permutations, the adversarial search) run the last position only, after each text's
+    KV cache (:mod:`.prefix`; the same numbers as full rows)."""
     rows: Rows = []
     arrays: dict[str, dict[str, np.ndarray]] = {e.id: {} for e in examples}
     if not examples:
@@ -212,8 +229,8 @@ def replicate_chunk(
     width = adapter.n_outputs if decision.candidates is None else len(decision.candidates)
     probs = torch.as_tensor(output_map(adapter, ids, budget, lambda g, p: decision.project(p), width))
     probs_np = probs.numpy()
-    pred = probs_np.argmax(-1)
     ref_stats = lambda owner: _stats_fn(decision, probs, np.asarray(owner))  # noqa: E731
+    pred = probs_np.argmax(-1)
 
     # -- attention and dF/dA of every head (one forward and backward) --------------------------------
     sites = [f"layers.{l}.attn.pattern" for l in range(n_l)]
@@ -242,6 +259,7 @@ def replicate_chunk(
         idx = [b for b in range(len(examples)) if targets[b] == t]
         for b, x in zip(idx, method.attribute(adapter, inp.select(idx), target=t, batch_size=budget, seed=s.seed)):
             sal[b] = np.asarray(x.scores, np.float64)
+    prefix = prefix_runners(adapter, ids, reuse_prefix)
     loo = loo_tvd(adapter, decision, examples, probs, budget)
 
     for b, e in enumerate(examples):
@@ -320,11 +338,11 @@ def replicate_chunk(
     cf = s.counterfactual()
     adv = set(adv_layers(n_l, s.adv_layers))
     for l in sorted(set(layers_i) | adv):
-        perm = cf.permutations(adapter, inp, probs_np, l, seeds, budget, decision.project, att_layers[l])
+        perm = cf.permutations(adapter, inp, probs_np, l, seeds, budget, decision.project, att_layers[l], prefix)
         for b, e in enumerate(examples):
             add(e.id, f"layer{l:02d}", "perm_tvd_median", perm[b])
         if l in adv:
-            js, tvd = cf.adversarial(adapter, inp, probs_np, l, seeds, decision.project, att_layers[l])
+            js, tvd = cf.adversarial(adapter, inp, probs_np, l, seeds, decision.project, att_layers[l], prefix)
             for b, e in enumerate(examples):
                 add(e.id, f"layer{l:02d}", "adv_js", js[b])
                 add(e.id, f"layer{l:02d}", "adv_tvd", tvd[b])

@@ -53,6 +53,40 @@ def seed_variance(models: list[ModelAdapter], examples: list[Example]) -> dict[s
     }
 
 
+@torch.no_grad()
+def cls_rows(adapter: ModelAdapter, examples: list[Example], layer: int) -> np.ndarray:
+    """``[n, heads, max_pos]``: each head's [CLS] attention row at ``layer`` (0 on padding)."""
+    inputs = adapter.encode([e.text for e in examples])
+    site = f"layers.{layer}.attn.pattern"
+    att = adapter.forward(inputs, record=[site]).cache[site][:, :, 0, :]
+    att = att * inputs.attention_mask.to(att.device)[:, None, :]
+    return att.double().cpu().numpy()
+
+
+def layer_seed_variance(models: list[ModelAdapter], examples: list[Example], layer: int) -> dict[str, float]:
+    """Wiegreffe & Pinter's seed baseline at one layer, mean over seed pairs and examples: JSD (bits) between
+    the head-mean [CLS] rows (``head_mean_jsd``) and between single heads (``matched_head_jsd``). Heads have
+    no identity across trainings, so each pair's heads are matched by the assignment that minimises the mean
+    JSD (:func:`scipy.optimize.linear_sum_assignment`; a lower bound on the unaligned value), which makes
+    it comparable with a per-head statistic such as the adversarial search's mean JSD over heads."""
+    from scipy.optimize import linear_sum_assignment
+
+    rows = [cls_rows(m, examples, layer) for m in models]
+    mean_js, head_js = [], []
+    for a, b in combinations(rows, 2):
+        mean_js.append(float(np.mean(js_divergence(a.mean(1), b.mean(1)))))
+        cost = np.array(
+            [[np.mean(js_divergence(a[:, h], b[:, g])) for g in range(b.shape[1])] for h in range(a.shape[1])]
+        )
+        r, c = linear_sum_assignment(cost)
+        head_js.append(float(cost[r, c].mean()))
+    return {
+        "head_mean_jsd": float(np.mean(mean_js)),
+        "matched_head_jsd": float(np.mean(head_js)),
+        "pairs": len(mean_js),
+    }
+
+
 class PooledMLP(nn.Module):
     """Context-free: each token embedded and passed through an MLP alone, then weighted pooling."""
 

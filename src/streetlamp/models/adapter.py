@@ -615,9 +615,8 @@ class ModelAdapter:
             ids = torch.cat([ids, torch.tensor([nxt])])
         return out
 
-    @torch.no_grad()
     def prefix_forward(
-        self, inputs: Inputs, cache: list | None = None, start: int = 0, keep_cache: bool = False
+        self, inputs: Inputs, cache: list | None = None, start: int = 0, keep_cache: bool = False, grad: bool = False
     ) -> tuple[torch.Tensor, list]:
         """Causal LM only: next-token logits after each row's last real token, reusing a cached prefix.
 
@@ -630,8 +629,14 @@ class ModelAdapter:
         last real token goes through the LM head (not ``[rows, width, vocab]`` logits).
 
         Returns the logits ``[rows, vocab]`` and, with ``keep_cache``, this call's cache as
-        ``[(keys, values)]`` per layer (else ``[]``).
+        ``[(keys, values)]`` per layer (else ``[]``). ``grad``: keep the autograd graph (the cache is a constant).
         """
+        with torch.set_grad_enabled(grad):
+            return self._prefix_forward(inputs, cache, start, keep_cache)
+
+    def _prefix_forward(
+        self, inputs: Inputs, cache: list | None, start: int, keep_cache: bool
+    ) -> tuple[torch.Tensor, list]:
         from transformers import DynamicCache
 
         if self.kind != "causal_lm":

@@ -309,10 +309,10 @@ class Seq2SeqAdapter(ModelAdapter):
         return Seq2SeqForward(out.logits, s.cache)
 
     @torch.no_grad()
-    def generate(self, prompt_ids: torch.Tensor, n_new: int) -> list[int]:
+    def generate(self, prompt_ids: torch.Tensor, n_new: int, stop_at_eos: bool = True) -> list[int]:
         """Greedy decoding for the source ``prompt_ids`` ``[src]``: at most ``n_new`` target tokens, ending
         after the decoder's EOS (``</s>``, kept as the last token: it is what the model generated) when it
-        comes first, as Hugging Face's ``generate`` does."""
+        comes first and ``stop_at_eos``, as Hugging Face's ``generate`` does."""
         if n_new < 1:
             raise StreetlampError(f"need at least one new token (got {n_new})")
         src = prompt_ids.view(1, -1)
@@ -320,7 +320,7 @@ class Seq2SeqAdapter(ModelAdapter):
         for _ in range(n_new):
             dec = self.decoder_inputs(out + [0])  # the last entry is never read
             out.append(int(self.run(src, dec.view(1, -1)).logits[0, -1].argmax()))
-            if out[-1] in self.eos_token_ids:
+            if stop_at_eos and out[-1] in self.eos_token_ids:
                 break
         return out
 

@@ -116,9 +116,9 @@ def prepare(
         ds.examples = [e for e in ds.examples if e.label in one]
         if not ds.examples:
             raise StreetlampError(f"no recall answer is one token of {adapter.name}'s vocabulary")
+    labels = ds.labels()  # before the draw: a draw of one example still decides between every label
     if limit is not None:
         ds.examples = [ds.examples[i] for i in sample_indices(len(ds.examples), limit, seed)]
-    labels = ds.labels()
     if name == "recall":
         decision, gold = Decision(None), next_token_labels(adapter, labels)
     elif causal:
@@ -131,7 +131,7 @@ def prepare(
     for i, e in enumerate(ds.examples):
         prompt = template.format(text=e.text)
         start = template.index("{text}")
-        ids, items = text_items(adapter, prompt, start, start + len(e.text), exclude_last=causal and name == "recall")
+        ids, items = text_items(adapter, prompt, start, start + len(e.text), exclude_last=causal)
         if len(ids) > adapter.max_positions:
             continue
         per_head = head_examples < 0 or i < head_examples

@@ -269,7 +269,8 @@ def long_rows(packed: Packed, folder: Path, section: dict) -> dict:
     rows_out: dict[str, list[int]] = {}
     omitted: dict[str, int] = {}
     for layer, parts in sorted(layers.items()):
-        blocks, rows = [], []
+        blocks: list[np.ndarray] = []
+        rows: list[int] = []
         for prow, path, pheads in sorted(parts, key=lambda t: t[0][0] if t[0] else 0):
             if pheads != heads:
                 raise StreetlampError(f"{path}: its heads {pheads} differ from the kept heads {heads}")
