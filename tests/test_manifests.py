@@ -48,6 +48,7 @@ KEYS = {
         "prompt",
         "prompt_tokens",
         "seconds",
+        "stopped_at",
         "seed",
         "token_labels",
         "tokens",
