@@ -61,16 +61,6 @@ def occlusion_replacement(adapter: ModelAdapter, replacement: str) -> tuple[str,
     return adapter.replacement_token(replacement)
 
 
-def perturbed_row(ids: torch.Tensor, absent: np.ndarray, token_id: int | None) -> torch.Tensor:
-    """The text's ids with the positions in ``absent`` (bool ``[n]``) replaced, or removed if ``token_id`` is None."""
-    keep = torch.from_numpy(absent)
-    if token_id is None:
-        return ids[~keep]
-    row = ids.clone()
-    row[keep] = token_id
-    return row
-
-
 def _progress(total: int, desc: str) -> progress.Bar:
     return progress.bar(total, desc, file=sys.stderr, leave=False, disable=total < 16, delay=2.0)
 
