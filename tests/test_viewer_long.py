@@ -68,6 +68,7 @@ def test_methods_and_kept_rows_show_the_stored_numbers(run: Path, page: Page, tm
     # each method's row over every token: exact float32
     for name in ("rollout", "attention_x_gradient"):
         pg.select_option("#long-what", name)
+        pg.wait_for_selector(f"#long-panel[data-drawn='{name}']")  # the redraw is asynchronous
         shown = pg.eval_on_selector_all("#long-tokens .tok", "s => s.map(t => parseFloat(t.dataset.value))")
         assert len(shown) == n
         np.testing.assert_array_equal(np.float32(shown), arrays[f"{name}.tokens"].astype(np.float32))
@@ -85,6 +86,7 @@ def test_methods_and_kept_rows_show_the_stored_numbers(run: Path, page: Page, tm
             visible = np.array([j <= r and (not rule["window"] or j > r - rule["window"]) for j in range(n)])
             for h in (-1, 0, w.shape[1] - 1):
                 pg.select_option("#long-head", str(h))
+                pg.wait_for_selector(f"#long-panel[data-drawn='attention|{layer}|{r}|{h}']")
                 vals = pg.eval_on_selector_all(
                     "#long-tokens .tok",
                     "s => s.map(t => t.dataset.value === undefined ? null : parseFloat(t.dataset.value))",
@@ -106,6 +108,7 @@ def test_fragment_restores_the_view_and_hover_reads_a_value(run: Path, page: Pag
     pg = page.page
     assert pg.input_value("#long-layer") == "1" and pg.input_value("#long-row") == "5"
     assert pg.input_value("#long-head") == "0"
+    pg.wait_for_selector("#long-panel[data-drawn='attention|1|5|0']")
     pg.hover("#long-tokens .tok[data-i='3']")
     text = pg.text_content("#long-value") or ""
     _, w = shard_rows(run, 1)

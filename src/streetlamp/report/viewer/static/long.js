@@ -74,10 +74,13 @@
           + (err > 0 ? `; stored in this page at fixed point (±${fmt(err, 4)}); exact values in the run's attention/ shards` : "") };
     }
 
+    let drawn = 0; // a newer selection wins over a draw still decoding its row
     async function draw() {
+      const me = ++drawn;
       Object.assign(state, { view: "explain_long", what: st.what, l: st.l, r: st.r, h: st.h < 0 ? "mean" : st.h }); L.writeHash();
       controls();
       const { v, allowed, title, note } = await values();
+      if (me !== drawn) return;
       let m = 0, signed = false;
       for (let j = 0; j < n; j++) { if (allowed && !allowed(j)) continue; m = Math.max(m, Math.abs(v[j])); if (v[j] < 0) signed = true; }
       m = m || 1e-12;
@@ -112,6 +115,8 @@
       panel.appendChild(L.table([{ title: "rank" }, { title: "position" }, { title: "token", text: true, fmt: (t) => q(t) }, { title: "value" }], top, { id: "long-top" }));
       const om = (LONG.omitted_rows || {})[String(st.l)];
       if (st.what === "attention" && om) panel.appendChild(el("div", { cls: "note", text: `${om} more kept row(s) of layer ${st.l} are in the run folder (this page embeds at most ${LONG.max_rows} per layer)` }));
+      // what is drawn now (a selection redraws asynchronously: scripts and tests wait for this)
+      panel.setAttribute("data-drawn", st.what === "attention" ? `attention|${st.l}|${st.r}|${st.h}` : st.what);
     }
     await draw();
   };
