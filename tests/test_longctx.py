@@ -199,3 +199,20 @@ def test_recording_without_sdpa_equals_the_fused_one(tmp_path) -> None:
             np.testing.assert_allclose(kept, att[shard["layer"]][:, shard["rows"]], atol=F64_TOL, rtol=0)
             assert np.array_equal(store.rows(shard["layer"], shard["rows"]).numpy(), kept)
         assert {s["layer"] for s in rec.shards} == {0, 1, 2}
+
+
+def test_bfloat16_on_cpu_records_rows_near_the_float64_ones(tmp_path) -> None:
+    """A bfloat16 model on the CPU (numpy has no bfloat16: the QK product then stays in torch): the kept
+    rows match the float64 model's to bfloat16's precision (8 bits of mantissa: 2^-8 relative on
+    each q and k, a few times that on a probability <= 1 through 3 layers)."""
+    ref = tiny64("llama")
+    _, att = full(ref)
+    model, tok = tiny_model("llama", seed=1, layers=3)
+    low = ModelAdapter(model.to(torch.bfloat16), tok, "tiny-llama-bf16")
+    n = att.shape[-1]
+    sel = Selection(list(range(low.n_layers)), list(range(low.n_heads)), [n - 1])
+    _, rec = record(low, low.encode(TEXT), tmp_path, sel, chunk=3)
+    store = QKStore(tmp_path, rec.describe())
+    for layer in range(low.n_layers):
+        got = store.rows(layer, [n - 1]).float().numpy()
+        np.testing.assert_allclose(got, att[layer][:, [n - 1]], atol=16 * 2.0**-8, rtol=0)
