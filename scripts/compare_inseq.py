@@ -18,10 +18,7 @@ import numpy as np
 
 
 def compare(steps: int = 256) -> tuple[np.ndarray, np.ndarray]:
-    import inseq
-
-    from streetlamp.methods.ig import IntegratedGradients
-    from streetlamp.models.adapter import ModelAdapter, Target
+    from streetlamp.models.adapter import ModelAdapter
     from streetlamp.models.tiny import tiny_model
 
     model, tok = tiny_model("gpt2", seed=2)
@@ -29,11 +26,23 @@ def compare(steps: int = 256) -> tuple[np.ndarray, np.ndarray]:
     prompt = "the movie was not good"
     peer, _ = tiny_model("gpt2", seed=2)  # a separate copy with Hugging Face's own attention (the adapter
     peer.set_attn_implementation("eager")  # registers streetlamp's attention function on its model)
-    m = inseq.load_model(peer.double().eval(), "integrated_gradients", tokenizer=tok)
     a = ModelAdapter(model, tok, "tiny-gpt2")
     ids = a.encode(prompt).input_ids[0]
     gen = a.generate(ids, 3)
     text = prompt + " " + " ".join(tok.convert_ids_to_tokens(gen))
+    return ig_pair(a, peer.double().eval(), prompt, text, gen, steps)
+
+
+def ig_pair(a, peer, prompt: str, text: str, gen: list[int], steps: int) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[no-untyped-def]
+    """IG ``[position, generated token]`` of each generated token's probability: streetlamp's (adapter ``a``)
+    and inseq's (on ``peer``, a copy of the model with Hugging Face's attention), Gauss-Legendre ``steps``
+    nodes, the unk baseline on both sides."""
+    import inseq
+
+    from streetlamp.methods.ig import IntegratedGradients
+    from streetlamp.models.adapter import Target
+
+    m = inseq.load_model(peer, "integrated_gradients", tokenizer=a.tokenizer)
     out = m.attribute(prompt, text, n_steps=steps, internal_batch_size=steps, show_progress=False)
     theirs = out.sequence_attributions[0].target_attributions.double().sum(-1).numpy()  # [pos, target]
     ig = IntegratedGradients(baseline="unk", rule="gauss_legendre", steps=steps, adaptive=False)
@@ -87,8 +96,7 @@ def compare_smollm2(steps: int = 32, n_new: int = 2, prompt: str = "The capital 
     import inseq
 
     import streetlamp
-    from streetlamp.methods.ig import IntegratedGradients
-    from streetlamp.models.adapter import Inputs, ModelAdapter, Target
+    from streetlamp.models.adapter import Inputs, ModelAdapter
 
     base = streetlamp.load("smollm2-135m")
     model, tok = base.hf_model.double().eval(), base.tokenizer
@@ -110,14 +118,7 @@ def compare_smollm2(steps: int = 32, n_new: int = 2, prompt: str = "The capital 
         q = len(ids) + j - 1
         for layer, name in enumerate(names):
             mine_att[: q + 1, j, layer, :] = cache[name][0, :, q, : q + 1].double().cpu().numpy().T
-    m = inseq.load_model(peer, "integrated_gradients", tokenizer=tok)
-    out = m.attribute(prompt, text, n_steps=steps, internal_batch_size=steps, show_progress=False)
-    theirs_ig = out.sequence_attributions[0].target_attributions.double().sum(-1).numpy()  # [pos, target]
-    ig = IntegratedGradients(baseline="unk", rule="gauss_legendre", steps=steps, adaptive=False)
-    ours = ig.attribute_sequence(a, prompt, gen, target=Target(quantity="prob"))
-    mine_ig = np.full_like(theirs_ig, np.nan)
-    for j, e in enumerate(ours):
-        mine_ig[: len(e.scores), j] = e.scores
+    mine_ig, theirs_ig = ig_pair(a, peer, prompt, text, gen, steps)
     return {
         "prompt": prompt,
         "continuation": tok.convert_ids_to_tokens(gen),
