@@ -135,14 +135,15 @@ def test_saliency_ranks_the_decision(llama: ModelAdapter, run) -> None:
         np.testing.assert_allclose(got / got.max(), want / want.max(), rtol=1e-4, atol=1e-6)
 
 
-def _zero(cols: list[int], head: int | None = None):
+def _zero(cols: list[int], head: int | None = None, row: int | None = None):
+    """Zero keys ``cols`` (in ``head`` or every head; in query ``row`` or every row) and renormalise."""
+
     def fn(p: torch.Tensor) -> torch.Tensor:
         z = p.clone()
+        hs = slice(None) if head is None else head
+        rs = slice(None) if row is None else row
         for j in cols:
-            if head is None:
-                z[..., j] = 0
-            else:
-                z[:, head, :, j] = 0
+            z[:, hs, rs, j] = 0
         s = z.sum(-1, keepdim=True)
         return torch.where(s > 0, z / torch.where(s > 0, s, torch.ones_like(s)), p)
 
@@ -180,6 +181,44 @@ def test_serrano_zeroing_per_layer_and_head(llama: ModelAdapter, run) -> None:
                 y = _dist(llama, decision, e.ids, _zero([j], h), l)
                 assert table[key] == pytest.approx(_js_bits(y, p0), abs=1e-10)
                 assert table[(e.id, f"head{l:02d}.{h:02d}", "flip_top_attention")] == float(int(y.argmax()) != pred)
+
+
+@pytest.mark.parametrize("reuse_prefix", [True, False])
+def test_zeroing_in_the_explained_row_only(llama: ModelAdapter, reuse_prefix: bool) -> None:
+    """``zero_rows="explained"``: the item is zeroed in the last query row only; with ``reuse_prefix`` that row
+    runs alone after the KV cache. Both paths against a full forward with the edit written here."""
+    tok = llama.tokenizer
+    decision = Decision((tok.convert_tokens_to_ids("bad"), tok.convert_tokens_to_ids("good")))
+    examples = _examples(llama, per_head=True)
+    s = ReplicateSettings(seed=SEED, permutations=1, adv_steps=0, adv_layers=0, zero_rows="explained")
+    rows, _ = replicate_chunk(llama, decision, examples, s, reuse_prefix=reuse_prefix)
+    table = {(e, m, k): v for e, m, k, v in rows}
+    moved = 0.0
+    for e in examples:
+        n = len(e.ids)
+        _, atts = _hf_attention(llama, e.ids)
+        p0 = _dist(llama, decision, e.ids)
+        pred = int(p0.argmax())
+        idx = np.flatnonzero(e.items)
+        for l in range(llama.n_layers):
+            a = atts[l][0, :, n - 1, :].detach().numpy()
+            top_a = int(idx[np.argmax(a.mean(0)[idx])])
+            y = _dist(llama, decision, e.ids, _zero([top_a], row=n - 1), l)
+            assert table[(e.id, f"layer{l:02d}", "js_top_attention")] == pytest.approx(_js_bits(y, p0), abs=1e-10)
+            assert table[(e.id, f"layer{l:02d}", "tvd_top_attention")] == pytest.approx(_tvd(y, p0), abs=1e-10)
+            assert table[(e.id, f"layer{l:02d}", "flip_top_attention")] == float(int(y.argmax()) != pred)
+            # not the every-row zeroing, which also edits the earlier query rows that read the item
+            moved = max(moved, abs(_js_bits(_dist(llama, decision, e.ids, _zero([top_a]), l), p0) - _js_bits(y, p0)))
+            for h in range(llama.n_heads):
+                key = (e.id, f"head{l:02d}.{h:02d}", "js_top_attention")
+                if not e.per_head:
+                    assert key not in table
+                    continue
+                j = int(idx[np.argmax(a[h][idx])])
+                y = _dist(llama, decision, e.ids, _zero([j], h, row=n - 1), l)
+                assert table[key] == pytest.approx(_js_bits(y, p0), abs=1e-10)
+                assert table[(e.id, f"head{l:02d}.{h:02d}", "flip_top_attention")] == float(int(y.argmax()) != pred)
+    assert moved > 1e-6  # the two zeroings differ on these texts, so the test tells them apart
 
 
 def test_permuted_uniform_and_adversarial_attention(llama: ModelAdapter, run) -> None:
@@ -258,6 +297,27 @@ def test_classifier_whole_output_decision() -> None:
         rows0 = np.stack([x[0, :, 0, :].numpy() for x in out.attentions])  # [CLS] is the explained position
         np.testing.assert_allclose(arrays[e.id]["attention"], rows0, atol=1e-6)
         assert table[(e.id, "all_layers", "uniform_correct")] in (0.0, 1.0)
+
+
+def test_classifier_explained_row_zeroing_edits_cls_only() -> None:
+    """On an encoder the explained row is [CLS] (position 0): ``zero_rows="explained"`` zeroes the item there only."""
+    m, t = tiny_model("bert", seed=3)
+    with torch.no_grad():
+        m.classifier.weight.mul_(60)
+    a = ModelAdapter(m.double(), t, "tiny-bert")
+    ids = t(TEXTS[0])["input_ids"]
+    ex = [TaskExample(0, "b:0", ids, TEXTS[0], 0, ~a.special_mask(ids))]
+    s = ReplicateSettings(permutations=1, adv_steps=0, adv_layers=0, zero_rows="explained", layers="1")
+    rows, arrays = replicate_chunk(a, Decision(None), ex, s)
+    table = {(e, m_, k): v for e, m_, k, v in rows}
+    row = arrays["b:0"]["attention"][1].mean(0)
+    top = int(np.flatnonzero(ex[0].items)[np.argmax(row[ex[0].items])])
+    inp = Inputs.from_ids(a, [ids])
+    with torch.no_grad():
+        p0 = torch.softmax(a.forward(inp).logits.double(), -1)[0].numpy()
+        y = torch.softmax(a.forward(inp, edit={"layers.1.attn.pattern": _zero([top], row=0)}).logits.double(), -1)
+    assert table[("b:0", "layer01", "js_top_attention")] == pytest.approx(_js_bits(y[0].numpy(), p0), abs=1e-10)
+    assert ("b:0", "layer00", "js_top_attention") not in table  # --layers 1 only
 
 
 def test_bootstrap_ci_matches_the_binomial_law() -> None:

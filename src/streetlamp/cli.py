@@ -345,6 +345,7 @@ def cmd_replicate(args: argparse.Namespace) -> int:
         eps=args.eps,
         head_examples=args.head_examples,
         layers=args.layers,
+        zero_rows=args.zero_rows,
     )
     adapter = load(args.model)
     adapter.to(args.device, args.dtype)
@@ -852,6 +853,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="per dataset, the first K examples also get per-head zeroing (-1: all)",
     )
     s.add_argument("--layers", default="all", help="layers with interventions: all, every:K or a comma list")
+    s.add_argument(
+        "--zero-rows",
+        choices=["all", "explained"],
+        default="all",
+        help="Serrano & Smith's zeroing in every query row of the layer (default) or only the explained "
+        "position's row (on a causal LM that row runs alone after the text's KV cache: far cheaper)",
+    )
     s.add_argument("--chunk-size", type=int, default=4, help="examples per stored chunk (unit of resumption)")
     s.set_defaults(func=cmd_replicate)
     s = sub.add_parser(

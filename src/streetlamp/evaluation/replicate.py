@@ -2,7 +2,7 @@
 
 A pure function of (model, decision space, examples, settings), like :mod:`.pipeline`, reusing its pieces:
 :func:`~streetlamp.stats.kendall_tau`, :class:`~.counterfactual.Counterfactual` (permutation, adversarial
-and uniform attention), :func:`~.flip._zero_edit` (zeroing attention items) and :func:`~.common.output_map`.
+and uniform attention), :func:`~.common.output_map` and :mod:`.prefix` (rows run after a cached prefix).
 
 **Decision.** The model's decision is the argmax of a distribution over a *decision space*: every output
 (a classifier's classes; a causal LM's vocabulary for next-token recall) or a few output ids renormalised
@@ -27,11 +27,12 @@ for every layer and head, at no extra cost).
 
 * Jain & Wallace, counterfactual attention per layer: ``perm_tvd_median`` (the explained row of every head
   permuted), and at ``adv_layers`` evenly spaced layers ``adv_js`` / ``adv_tvd`` (see :mod:`.counterfactual`).
-* Serrano & Smith (ACL 2019), per layer: zero one item in every head and query row of the layer and
-  renormalise (:mod:`.flip`'s edit): the top item by attention (mean over heads of the explained row), by
-  gradient (``sum_{h,q} dF/dA[h,q,j]`` at the layer) or a random other item; ``flip_*``, ``js_*``,
-  ``tvd_*``. Per head (examples with ``per_head``): the same with the item zeroed in that head only,
-  chosen by that head's attention or at random.
+* Serrano & Smith (ACL 2019), per layer: zero one item in every head of the layer and renormalise
+  (:func:`zero_items`), in every query row (``zero_rows="all"``) or only in the explained position's row
+  (``"explained"``: the one attention distribution the 2019 models' classifier read); the top item by
+  attention (mean over heads of the explained row), by gradient (``sum_{h,q} dF/dA[h,q,j]`` at the layer)
+  or a random other item; ``flip_*``, ``js_*``, ``tvd_*``. Per head (examples with ``per_head``): the same
+  with the item zeroed in that head only, chosen by that head's attention or at random.
 * Wiegreffe & Pinter (EMNLP 2019): every attention row uniform over the allowed keys, in one layer
   (``layer{L} / uniform_*``) or in all layers (``all_layers / uniform_*``).
 """
@@ -52,8 +53,7 @@ from ..models.adapter import Inputs, ModelAdapter, Target, at_least_float32
 from ..stats import js_divergence_t, kendall_tau, total_variation_t
 from .common import output_map
 from .counterfactual import Counterfactual
-from .flip import _zero_edit
-from .prefix import prefix_runners
+from .prefix import PrefixRunner, prefix_runners
 
 Rows = list[tuple[str, str, str, float]]
 
@@ -68,6 +68,7 @@ class ReplicateSettings:
     eps: float = 0.01
     head_examples: int = 0  # per dataset, the first K examples also get per-head zeroing (-1: all)
     layers: str = "all"  # the layers that get interventions (all, every:K or a comma list); taus: every layer
+    zero_rows: str = "all"  # Serrano & Smith's zeroing in every query row of the layer, or only the explained one
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -149,22 +150,68 @@ def _stats_fn(decision: Decision, ref: torch.Tensor, owner: np.ndarray) -> Calla
     return fn
 
 
-def _head_zero_edit(keep: list[np.ndarray], heads: list[int], layer: int, n_heads: int):
-    """Like :func:`.flip._zero_edit`, but row ``i`` zeroes its items in head ``heads[i]`` only."""
+def _keep_edit(keeps: list[np.ndarray], layer: int, n_heads: int, qpos: list[int] | None = None):
+    """Edit builder: row ``i`` multiplies the layer's pattern by ``keeps[i]`` (``[heads, n]``: 0 = zeroed key)
+    and renormalises -- in every query row, or (``qpos``) only in query row ``qpos[i]``."""
 
     def build(group: list[int], width: int) -> dict:
         k = torch.ones((len(group), n_heads, width), dtype=torch.float32)
         for r, i in enumerate(group):
-            k[r, heads[i], : keep[i].shape[0]] = torch.as_tensor(keep[i], dtype=torch.float32)
+            k[r, :, : keeps[i].shape[-1]] = torch.as_tensor(keeps[i], dtype=torch.float32)
+        q = None if qpos is None else torch.tensor([qpos[i] for i in group])
 
         def fn(p: torch.Tensor) -> torch.Tensor:
             z = p * k.to(p.device, p.dtype)[:, :, None, :]
             s = z.sum(-1, keepdim=True)
-            return torch.where(s > 0, z / s.clamp_min(torch.finfo(p.dtype).tiny), p)
+            z = torch.where(s > 0, z / s.clamp_min(torch.finfo(p.dtype).tiny), p)
+            if q is None:
+                return z
+            onehot = torch.nn.functional.one_hot(q.to(p.device), p.shape[-2]).to(p.dtype)[:, None, :, None]
+            return p * (1 - onehot) + onehot * z
 
         return {f"layers.{layer}.attn.pattern": fn}
 
     return build
+
+
+def zero_items(
+    adapter: ModelAdapter,
+    ids: Sequence[Sequence[int]],
+    plan: Sequence[tuple[int, int | None, int]],
+    layer: int,
+    explained_only: bool,
+    prefix: Sequence[PrefixRunner] | None,
+    budget: int | None,
+    stats: Callable,
+) -> np.ndarray:
+    """Serrano & Smith's zeroing: plan row ``(b, h, j)`` zeroes key ``j`` of text ``b`` at ``layer`` in head
+    ``h`` (``None``: every head) and renormalises, in every query row or (``explained_only``) only in the
+    explained position's row. ``stats(plan rows, probs)`` reduces each row's output (:func:`_stats_fn`).
+
+    The explained row of a causal LM is its last position: no other position reads it, so with ``prefix`` that
+    row runs alone after the text's KV cache (one position instead of ``n``; the same numbers)."""
+    keeps = []
+    for b, h, j in plan:
+        k = np.ones((adapter.n_heads, len(ids[b])), np.float32)
+        k[slice(None) if h is None else h, j] = 0.0
+        keeps.append(k)
+    owner = [b for b, _, _ in plan]
+    if explained_only and prefix is not None:
+        out = np.zeros((len(plan), 3))
+        for b in dict.fromkeys(owner):
+            mine = [i for i, o in enumerate(owner) if o == b]
+            n = len(ids[b])
+            out[mine] = prefix[b].map(
+                [n - 1] * len(mine),
+                [[ids[b][-1]]] * len(mine),
+                lambda g, p, mine=mine: stats([mine[r] for r in g], p),  # type: ignore[misc]
+                3,
+                _keep_edit([keeps[i] for i in mine], layer, adapter.n_heads),
+            )
+        return out
+    qpos = [adapter.explained_position(len(ids[b])) for b in owner] if explained_only else None
+    edit = _keep_edit(keeps, layer, adapter.n_heads, qpos)
+    return output_map(adapter, [ids[b] for b in owner], budget, stats, 3, edit)
 
 
 def _top(scores: np.ndarray, items: np.ndarray) -> int:
@@ -287,8 +334,10 @@ def replicate_chunk(
 
     # -- Serrano & Smith: zero one item per layer (every head), and per head -------------------------
     layers_i = intervention_layers(n_l, s.layers)
+    explained_only = s.zero_rows == "explained"
     for l in layers_i:
-        keeps, owner, names = [], [], []
+        plan: list[tuple[int, int | None, int]] = []
+        names: list[tuple[str, str]] = []  # (method, choice) per plan row
         for b, e in enumerate(examples):
             if not e.items.any():
                 continue
@@ -299,40 +348,26 @@ def replicate_chunk(
                 "random": _other(np.random.default_rng([seeds[b], l]), e.items, top_a),
             }
             for name, j in choice.items():
-                k = np.ones(len(e.ids), np.float32)
-                k[j] = 0.0
-                keeps.append(k)
-                owner.append(b)
-                names.append((b, name))
-        if keeps:
-            res = output_map(adapter, [ids[b] for b in owner], budget, ref_stats(owner), 3, _zero_edit(keeps, [l]))
-            for r, (b, name) in enumerate(names):
-                eid = examples[b].id
-                add(eid, f"layer{l:02d}", f"flip_{name}", int(res[r, 0]) != pred[b])
-                add(eid, f"layer{l:02d}", f"tvd_{name}", res[r, 1])
-                add(eid, f"layer{l:02d}", f"js_{name}", res[r, 2])
-        keeps, heads, owner = [], [], []
-        head_names: list[tuple[int, int, str]] = []
-        for b, e in enumerate(examples):
-            if not (e.per_head and e.items.any()):
+                plan.append((b, None, j))
+                names.append((f"layer{l:02d}", name))
+            if not e.per_head:
                 continue
             for h in range(n_h):
                 top_h = _top(att[b][l, h], e.items)
                 rnd = _other(np.random.default_rng([seeds[b], l, h]), e.items, top_h)
                 for name, j in (("top_attention", top_h), ("random", rnd)):
-                    k = np.ones(len(e.ids), np.float32)
-                    k[j] = 0.0
-                    keeps.append(k)
-                    heads.append(h)
-                    owner.append(b)
-                    head_names.append((b, h, name))
-        if keeps:
-            edit = _head_zero_edit(keeps, heads, l, n_h)
-            res = output_map(adapter, [ids[b] for b in owner], budget, ref_stats(owner), 3, edit)
-            for r, (b, h, name) in enumerate(head_names):
-                eid = examples[b].id
-                add(eid, f"head{l:02d}.{h:02d}", f"flip_{name}", int(res[r, 0]) != pred[b])
-                add(eid, f"head{l:02d}.{h:02d}", f"js_{name}", res[r, 2])
+                    plan.append((b, h, j))
+                    names.append((f"head{l:02d}.{h:02d}", name))
+        if not plan:
+            continue
+        owner = [b for b, _, _ in plan]
+        res = zero_items(adapter, ids, plan, l, explained_only, prefix, budget, ref_stats(owner))
+        for r, ((b, _, _), (m, name)) in enumerate(zip(plan, names)):
+            eid = examples[b].id
+            add(eid, m, f"flip_{name}", int(res[r, 0]) != pred[b])
+            if m.startswith("layer"):
+                add(eid, m, f"tvd_{name}", res[r, 1])
+            add(eid, m, f"js_{name}", res[r, 2])
 
     # -- Jain & Wallace: permuted and adversarial attention; Wiegreffe & Pinter: uniform --------------
     cf = s.counterfactual()

@@ -169,6 +169,8 @@ def replicate(
     for flag, v, lo in (("--permutations", settings.permutations, 1), ("--adv-steps", settings.adv_steps, 0)):
         if v < lo:
             raise StreetlampError(f"{flag} must be at least {lo}")
+    if settings.zero_rows not in ("all", "explained"):
+        raise StreetlampError(f"--zero-rows must be all or explained (got {settings.zero_rows!r})")
     if adapter is None:
         adapter = load(model)
     intervention_layers(adapter.n_layers, settings.layers)  # a bad --layers: refused before the store exists
