@@ -354,6 +354,49 @@ def test_summary_uses_the_bootstrap_per_dataset() -> None:
         parse_data("movies,imdb")
 
 
+def test_pooled_heads_and_paired_differences(tmp_path) -> None:
+    """``heads{L}`` = per example the mean over the layer's heads; ``*_top_minus_random`` = the paired
+    per-example difference; both bootstrapped like any metric and written to summary.md."""
+    import pandas as pd
+
+    from streetlamp.runners.replicate import summarise, write_summary
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(12):
+        eid = f"recall:{i}"
+        rows += [(eid, "model", "correct", 1.0), (eid, "layer03", "js_random", rng.random())]
+        rows += [(eid, "layer03", "js_top_attention", rng.random())]
+        for h in range(3):
+            for k in ("flip_top_attention", "flip_random", "js_top_attention", "js_random"):
+                rows.append((eid, f"head03.{h:02d}", k, float(rng.integers(2)) if k[0] == "f" else rng.random()))
+            rows.append((eid, f"head03.{h:02d}", "tau_attention_loo", rng.uniform(-1, 1)))
+    df = pd.DataFrame(rows, columns=["example_id", "method", "metric", "value"])
+    s = summarise(df, n_boot=300).set_index(["method", "metric"])
+    v = df.set_index(["example_id", "method", "metric"])["value"]
+    per_ex = np.array(
+        [np.mean([v[(f"recall:{i}", f"head03.{h:02d}", "flip_top_attention")] for h in range(3)]) for i in range(12)]
+    )
+    per_ex_r = np.array(
+        [np.mean([v[(f"recall:{i}", f"head03.{h:02d}", "flip_random")] for h in range(3)]) for i in range(12)]
+    )
+    assert s.loc[("heads03", "flip_top_attention"), "mean"] == pytest.approx(per_ex.mean(), abs=1e-12)
+    assert s.loc[("heads03", "flip_top_minus_random"), "mean"] == pytest.approx((per_ex - per_ex_r).mean(), abs=1e-12)
+    order = sorted(range(12), key=lambda i: f"recall:{i}")  # the examples in the order pandas groups them
+    want = bootstrap_ci((per_ex - per_ex_r)[order], n_boot=300)
+    got = s.loc[("heads03", "flip_top_minus_random")]
+    assert (got["mean"], got["low"], got["high"], got["n"]) == pytest.approx(want)
+    d = np.array(
+        [
+            v[(f"recall:{i}", "layer03", "js_top_attention")] - v[(f"recall:{i}", "layer03", "js_random")]
+            for i in range(12)
+        ]
+    )
+    assert s.loc[("layer03", "js_top_minus_random"), "mean"] == pytest.approx(d.mean(), abs=1e-12)
+    text = "\n".join(write_summary(tmp_path, summarise(df, n_boot=300), "m"))
+    assert "| 3 | " in text and "heads' tau(att,loo)" in text  # the head digest parses heads03 apart from head03.xx
+
+
 def test_intervention_layers_and_bad_specs() -> None:
     from streetlamp.evaluation.replicate import intervention_layers
 

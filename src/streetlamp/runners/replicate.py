@@ -48,6 +48,7 @@ LAYER_COLUMNS = [
     ("flip random", "flip_random"),
     ("JS top-att", "js_top_attention"),
     ("JS random", "js_random"),
+    ("JS top-att - random", "js_top_minus_random"),
     ("perm TVD", "perm_tvd_median"),
     ("adv JS", "adv_js"),
     ("uniform TVD", "uniform_tvd"),
@@ -206,11 +207,48 @@ def replicate(
     return ReplicateResult(store.folder, total, len(todo), summary, lines)
 
 
+POOLED = (
+    "tau_attention_gradient",
+    "tau_attention_loo",
+    "flip_top_attention",
+    "flip_random",
+    "js_top_attention",
+    "js_random",
+)
+
+
+def derived(df: pd.DataFrame) -> pd.DataFrame:
+    """Per-example statistics built from the stored ones, so that they get intervals like the rest:
+
+    * ``heads{L}``: the mean over layer L's heads of each head metric in :data:`POOLED` (one value per
+      example; heads without a value, e.g. no per-head zeroing for that example, are skipped);
+    * ``*_top_minus_random`` for ``layer{L}`` and ``heads{L}``: the paired difference, per example, of zeroing
+      the top-attention item and a random one (``flip_`` and ``js_``): above 0 = attention picked an item that
+      matters more than chance."""
+    parts = []
+    h = df[df.method.str.startswith("head") & df.metric.isin(POOLED)]
+    if not h.empty:
+        g = h.assign(method="heads" + h.method.str[4:6]).groupby(["example_id", "method", "metric"], as_index=False)
+        parts.append(g["value"].mean())
+    base = pd.concat([df, *parts], ignore_index=True)
+    both = base[base.method.str.startswith(("layer", "heads"))]
+    for kind in ("flip", "js"):
+        w = both[both.metric.isin([f"{kind}_top_attention", f"{kind}_random"])]
+        w = w.pivot_table(index=["example_id", "method"], columns="metric", values="value", aggfunc="first")
+        if w.shape[1] < 2:
+            continue
+        d = (w[f"{kind}_top_attention"] - w[f"{kind}_random"]).dropna().rename("value").reset_index()
+        parts.append(d.assign(metric=f"{kind}_top_minus_random"))
+    return pd.concat([df, *parts], ignore_index=True)
+
+
 def summarise(df: pd.DataFrame, n_boot: int = 2000) -> pd.DataFrame:
-    """Mean and 95% bootstrap interval over examples per dataset x method (layer / head) x metric."""
+    """Mean and 95% bootstrap interval over examples per dataset x method (layer / head / heads of a layer)
+    x metric, the :func:`derived` statistics included."""
     cols = ["dataset", "method", "metric", "mean", "low", "high", "n"]
     if df.empty:
         return pd.DataFrame(columns=cols)
+    df = derived(df)
     df = df.assign(dataset=df.example_id.str.split(":").str[0])
     out = []
     for (d, m, k), g in df.groupby(["dataset", "method", "metric"], sort=True):
@@ -227,18 +265,32 @@ def _cell(r: pd.Series | None) -> str:
 
 
 def head_digest(sd: pd.DataFrame) -> list[str]:
-    """Per layer: how many heads' tau interval lies above / below 0, the best head, and per-head flips."""
-    heads = sd[sd.method.str.startswith("head")]
+    """Per layer: how many heads' tau interval lies above / below 0 and the best head; the heads' mean tau and
+    per-head zeroing pooled over the layer's heads (``heads{L}`` of :func:`derived`), with intervals."""
+    heads = sd[sd.method.str.match(r"head\d")]
     if heads.empty:
         return []
     heads = heads.assign(layer=heads.method.str[4:6].astype(int))
+    pooled = {
+        (m, k): r for (m, k), r in zip(zip(sd.method, sd.metric), (r for _, r in sd.iterrows())) if m[:5] == "heads"
+    }
+    cols = [
+        ("heads' tau(att,grad)", "tau_attention_gradient"),
+        ("heads' tau(att,loo)", "tau_attention_loo"),
+        ("head zeroing: flip top-att", "flip_top_attention"),
+        ("flip random", "flip_random"),
+        ("flip top-att - random", "flip_top_minus_random"),
+        ("JS top-att - random", "js_top_minus_random"),
+    ]
     out = [
         "Per head (each head's own attention row; intervals over examples): heads whose tau interval is above 0 "
-        "/ below 0, the head with the highest mean tau, and per-head zeroing (examples with --head-examples)",
+        "/ below 0 and the head with the highest mean tau; then per example the mean over the layer's heads "
+        "(tau, and zeroing one item in one head: examples with --head-examples), with its interval",
         "",
-        "| layer | tau(att,grad) >0 / <0 | best head (att,grad) | tau(att,loo) >0 / <0 | best head (att,loo) "
-        "| flip top-att | flip random | JS top-att | JS random |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| layer | tau(att,grad) >0 / <0 | best head (att,grad) | tau(att,loo) >0 / <0 | best head (att,loo) | "
+        + " | ".join(c for c, _ in cols)
+        + " |",
+        "|---" * (5 + len(cols)) + "|",
     ]
     for layer, g in heads.groupby("layer"):
         cells = [str(layer)]
@@ -247,10 +299,7 @@ def head_digest(sd: pd.DataFrame) -> list[str]:
             cells.append(f"{int((t.low > 0).sum())} / {int((t.high < 0).sum())} of {len(t)}")
             best = t.loc[t["mean"].idxmax()] if t["mean"].notna().any() else None
             cells.append("" if best is None else f"{best.method[4:]}: {_cell(best)}")
-        for metric in ("flip_top_attention", "flip_random", "js_top_attention", "js_random"):
-            v = g[g.metric == metric]
-            # pooled over heads: the mean of the heads' means (each head over the same examples)
-            cells.append(f"{v['mean'].mean():.3f} (n={int(v.n.sum())})" if len(v) else "")
+        cells += [_cell(pooled.get((f"heads{layer:02d}", k))) for _, k in cols]
         out.append("| " + " | ".join(cells) + " |")
     return out
 
