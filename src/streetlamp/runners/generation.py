@@ -12,6 +12,7 @@ record, a heatmap per method, and a manifest that says what each method explains
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -85,6 +86,41 @@ def continuation_ids(adapter: ModelAdapter, prompt: str, text: str) -> list[int]
     return full[len(p) :]
 
 
+def build_methods(
+    methods: list[str] | None,
+    method_params: dict[str, dict[str, Any]] | None,
+    ig_params: dict[str, Any] | None,
+    ig_defaults: dict[str, Any],
+    check_names: Callable[[list[str]], None] | None = None,
+) -> dict[str, Method]:
+    """The methods of ``explain-generation`` (both runners), built with their parameters: ``ig_defaults`` under
+    ``--ig-params`` / ``--method-params``' IG entry (given once). A name twice, an unknown name or parameter
+    (or one ``check_names`` refuses): an error before anything runs."""
+    methods = list(methods or [IG])
+    if len(set(methods)) != len(methods):
+        raise StreetlampError(f"a method is named twice in {','.join(methods)}")
+    if check_names is not None:
+        check_names(methods)
+    mp = dict(method_params or {})
+    if ig_params and IG in mp:
+        raise StreetlampError("integrated gradients' parameters given twice (--ig-params and --method-params)")
+    mp[IG] = {**ig_defaults, **(ig_params or mp.get(IG) or {})}
+    return {name: get_method(name, **mp.get(name, {})) for name in methods}
+
+
+def check_length(adapter: ModelAdapter, new_tokens: int, continuation: list[int] | None) -> None:
+    """``--new-tokens`` (when generating) or the forced continuation: 1..MAX_NEW_TOKENS tokens of the vocabulary."""
+    if continuation is None:
+        if not 1 <= new_tokens <= MAX_NEW_TOKENS:
+            raise StreetlampError(f"--new-tokens must be 1..{MAX_NEW_TOKENS} (got {new_tokens})")
+        return
+    if not 1 <= len(continuation) <= MAX_NEW_TOKENS:
+        raise StreetlampError(f"the continuation must be 1..{MAX_NEW_TOKENS} tokens (got {len(continuation)})")
+    bad = [t for t in continuation if not 0 <= int(t) < adapter.n_outputs]
+    if bad:
+        raise StreetlampError(f"token id {bad[0]} out of range: the vocabulary has {adapter.n_outputs} ids")
+
+
 def explain_generation(
     adapter: ModelAdapter,
     prompt: str,
@@ -142,19 +178,13 @@ def explain_generation(
         raise StreetlampError("empty prompt")
     if granularity not in LEVELS:
         raise StreetlampError(f"unknown granularity {granularity!r}; choose one of {', '.join(LEVELS)}")
-    if continuation is None and not 1 <= new_tokens <= MAX_NEW_TOKENS:
-        raise StreetlampError(f"--new-tokens must be 1..{MAX_NEW_TOKENS} (got {new_tokens})")
-    methods = list(methods or [IG])
-    if len(set(methods)) != len(methods):
-        raise StreetlampError(f"a method is named twice in {','.join(methods)}")
+    if continuation is None:
+        check_length(adapter, new_tokens, None)
     # defaults for this command: a causal LM's IG integrands have narrow spikes and the shared path
     # must converge for its hardest target (SmolLM2 IOI prompt, 6 tokens: Clenshaw–Curtis left a
     # relative completeness error of 7.8 after 256 steps; panels reached 2e-4 with 845 evaluations)
-    mp = dict(method_params or {})
-    if ig_params and IG in mp:
-        raise StreetlampError("integrated gradients' parameters given twice (--ig-params and --method-params)")
-    mp[IG] = {**GENERATION_IG, **CAUSAL_IG_BASELINE, **(ig_params or mp.get(IG) or {})}
-    built = {name: get_method(name, **mp.get(name, {})) for name in methods}  # unknown name/parameter: error now
+    built = build_methods(methods, method_params, ig_params, {**GENERATION_IG, **CAUSAL_IG_BASELINE})
+    methods = list(built)
     for m in built.values():
         m.check(adapter)
     step = StepFunction.build(adapter, quantity, contrast_token, contrast_prompt, built, chat)
@@ -168,11 +198,7 @@ def explain_generation(
             continuation = chat_continuation_ids(adapter, prompt, prompt_ids.tolist(), continuation)
         else:
             continuation = continuation_ids(adapter, prompt, continuation)
-    if continuation is not None and not 1 <= len(continuation) <= MAX_NEW_TOKENS:
-        raise StreetlampError(f"the continuation must be 1..{MAX_NEW_TOKENS} tokens (got {len(continuation)})")
-    bad = [t for t in continuation or [] if not 0 <= int(t) < adapter.n_outputs]
-    if bad:
-        raise StreetlampError(f"token id {bad[0]} out of range: the vocabulary has {adapter.n_outputs} ids")
+    check_length(adapter, new_tokens, continuation)
     if prompt_len + (len(continuation) if continuation else new_tokens) > adapter.max_positions:
         raise StreetlampError(f"prompt and continuation exceed the model's {adapter.max_positions} positions")
     t0 = time.time()

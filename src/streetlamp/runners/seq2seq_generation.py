@@ -38,13 +38,12 @@ from ..methods.attention import Attention
 from ..methods.ig import IntegratedGradients, per_target_grads
 from ..methods.occlusion import Occlusion
 from ..methods.quadrature import PathCache, integrate_adaptive
-from ..methods.registry import get_method
 from ..methods.shap_lime import _Sampled
 from ..models.adapter import Target
 from ..models.seq2seq import SEQ2SEQ_METHODS, Seq2SeqAdapter, refusal
 from ..store.run_folder import RunFolder
 from . import seq2seq_shap_lime as sampled
-from .generation import GENERATION_IG, IG, MAX_NEW_TOKENS, GenerationResult, _figure, _figure_name
+from .generation import GENERATION_IG, IG, GenerationResult, _figure, _figure_name, build_methods, check_length
 from .seq2seq_occlusion import OcclusionResult, check_params, seq2seq_occlusion
 
 
@@ -89,17 +88,9 @@ def explain_seq2seq_generation(
     rf = RunFolder.of(out, "explain-generation", overwrite)
     if not source or not source.strip():
         raise StreetlampError("empty source text")
-    if continuation is None and not 1 <= new_tokens <= MAX_NEW_TOKENS:
-        raise StreetlampError(f"--new-tokens must be 1..{MAX_NEW_TOKENS} (got {new_tokens})")
-    methods = list(methods or [IG])
-    if len(set(methods)) != len(methods):
-        raise StreetlampError(f"a method is named twice in {','.join(methods)}")
-    check_methods(adapter, methods)
-    mp = dict(method_params or {})
-    if ig_params and IG in mp:
-        raise StreetlampError("integrated gradients' parameters given twice (--ig-params and --method-params)")
-    mp[IG] = {**GENERATION_IG, **(ig_params or mp.get(IG) or {})}
-    built = {name: get_method(name, **mp.get(name, {})) for name in methods}
+    if continuation is None:
+        check_length(adapter, new_tokens, None)
+    built = build_methods(methods, method_params, ig_params, GENERATION_IG, lambda names: check_methods(adapter, names))
     for m in built.values():
         if isinstance(m, IntegratedGradients):
             m.check_params()
@@ -118,11 +109,7 @@ def explain_seq2seq_generation(
     forced = continuation is not None
     if isinstance(continuation, str):
         continuation = adapter.target_ids(continuation)
-    if continuation is not None and not 1 <= len(continuation) <= MAX_NEW_TOKENS:
-        raise StreetlampError(f"the continuation must be 1..{MAX_NEW_TOKENS} tokens (got {len(continuation)})")
-    bad = [t for t in continuation or [] if not 0 <= int(t) < adapter.n_outputs]
-    if bad:
-        raise StreetlampError(f"token id {bad[0]} out of range: the vocabulary has {adapter.n_outputs} ids")
+    check_length(adapter, new_tokens, continuation)
     if len(continuation or []) > adapter.max_positions or new_tokens > adapter.max_positions:
         raise StreetlampError(f"the target exceeds the model's {adapter.max_positions} positions")
     t0 = time.time()
