@@ -14,6 +14,24 @@ from ..models.adapter import Inputs, ModelAdapter
 EditBuilder = Callable[[list[int], int], dict]
 
 
+# one stored metric: (example_id, method, metric, value) -- the rows of evaluate's and replicate's run store
+Rows = list[tuple[str, str, str, float]]
+
+
+class ChunkTables:
+    """What a chunk of examples writes to the run store: metric ``rows`` and per-example ``arrays``."""
+
+    def __init__(self, example_ids: Sequence[str]) -> None:
+        self.rows: Rows = []
+        self.arrays: dict[str, dict[str, np.ndarray]] = {e: {} for e in example_ids}
+
+    def add(self, example_id: str, method: str, metric: str, value: float | bool | np.generic) -> None:
+        self.rows.append((example_id, method, metric, float(value)))
+
+    def out(self) -> tuple[Rows, dict[str, dict[str, np.ndarray]]]:
+        return self.rows, self.arrays
+
+
 @torch.no_grad()
 def output_map(
     adapter: ModelAdapter,

@@ -19,7 +19,7 @@ from ..models.adapter import Inputs, ModelAdapter, Target
 from ..stats import total_variation
 from ..store.files import TOKEN_LABELS, labels_array
 from .agreement import pairwise_taus
-from .common import output_prob_of, output_probs
+from .common import ChunkTables, Rows, output_prob_of, output_probs
 from .counterfactual import Counterfactual
 from .erasure import ErasurePlan
 from .flip import attention_item_scores, decision_flip, flip_layers
@@ -63,7 +63,6 @@ class ChunkExample:
     truncated: bool = False
 
 
-Rows = list[tuple[str, str, str, float]]
 TOP_K = 20
 
 
@@ -78,11 +77,10 @@ def distribution(name: str, p: np.ndarray) -> dict[str, np.ndarray]:
 def evaluate_chunk(
     adapter: ModelAdapter, examples: list[ChunkExample], s: EvalSettings
 ) -> tuple[Rows, dict[str, dict[str, np.ndarray]]]:
-    rows: Rows = []
-    arrays: dict[str, dict[str, np.ndarray]] = {e.id: {} for e in examples}
+    tables = ChunkTables([e.id for e in examples])
     if not examples:
-        return rows, arrays
-    add = lambda eid, m, k, v: rows.append((eid, m, k, float(v)))  # noqa: E731
+        return tables.out()
+    add, arrays = tables.add, tables.arrays
     budget = s.batch_size
     ids = [e.ids for e in examples]
     # the runner tokenised each text once; every step below reads these ids
@@ -181,4 +179,4 @@ def evaluate_chunk(
         add(e.id, "uniform_attention", "flip", uni[b].argmax() != pred[b])
         add(e.id, "uniform_attention", "correct", uni[b].argmax() == e.gold)
         arrays[e.id].update(distribution("uniform_probs", uni[b]))
-    return rows, arrays
+    return tables.out()

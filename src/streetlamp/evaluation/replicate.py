@@ -51,11 +51,9 @@ from ..methods.removal import Removal
 from ..methods.scorer import occlusion_replacement
 from ..models.adapter import Inputs, ModelAdapter, Target, at_least_float32
 from ..stats import js_divergence_t, kendall_tau, total_variation_t
-from .common import output_map
+from .common import ChunkTables, Rows, output_map
 from .counterfactual import Counterfactual
 from .prefix import PrefixRunner, prefix_runners
-
-Rows = list[tuple[str, str, str, float]]
 
 
 @dataclass
@@ -263,11 +261,10 @@ def replicate_chunk(
     """Every statistic of the module docstring for one chunk. ``reuse_prefix`` (causal LMs): the interventions
     on the explained row (permutations, the adversarial search) run the last position only, after each text's
     KV cache (:mod:`.prefix`; the same numbers as full rows)."""
-    rows: Rows = []
-    arrays: dict[str, dict[str, np.ndarray]] = {e.id: {} for e in examples}
+    tables = ChunkTables([e.id for e in examples])
     if not examples:
-        return rows, arrays
-    add = lambda eid, m, k, v: rows.append((eid, m, k, float(v)))  # noqa: E731
+        return tables.out()
+    add, arrays = tables.add, tables.arrays
     budget = s.batch_size
     n_l, n_h = adapter.n_layers, adapter.n_heads
     ids = [e.ids for e in examples]
@@ -390,4 +387,4 @@ def replicate_chunk(
             add(e.id, name, "uniform_flip", int(u[b].argmax()) != pred[b])
             if layers is None:
                 add(e.id, name, "uniform_correct", int(u[b].argmax()) == e.gold)
-    return rows, arrays
+    return tables.out()
