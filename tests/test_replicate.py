@@ -451,6 +451,19 @@ def test_prepare_one_example_keeps_every_label(llama: ModelAdapter, monkeypatch)
 
     ds = Dataset("movies", "test", [Example("m-0", "the movie was bad", "bad"), Example("m-1", "i loved it", "good")])
     monkeypatch.setattr(rr, "load_dataset", lambda name: Dataset(ds.name, ds.source, list(ds.examples)))
-    decision, examples, _ = rr.prepare(llama, "movies", 1, 0, 0, 0)
+    decision, examples, _ = rr.prepare(llama, "movies", 1, ReplicateSettings(), 0)
     assert decision.candidates is not None and len(decision.candidates) == 2 and len(examples) == 1
     assert not examples[0].items[-1]
+
+
+def test_exclude_first_keeps_the_sink_out_of_the_items(llama: ModelAdapter) -> None:
+    """``--exclude-first``: a prompt that starts with the data (recall) loses its first token as an item, so it is
+    never ranked, removed or zeroed; nothing else changes."""
+    from streetlamp.runners.replicate import text_items
+
+    text = "the capital of france is"
+    ids, items = text_items(llama, text, 0, len(text), True)
+    ids2, items2 = text_items(llama, text, 0, len(text), True, exclude_first=True)
+    assert ids == ids2 and items[0] and not items2[0]
+    np.testing.assert_array_equal(items[1:], items2[1:])
+    assert not items[-1] and items[1:-1].all()

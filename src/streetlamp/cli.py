@@ -346,6 +346,7 @@ def cmd_replicate(args: argparse.Namespace) -> int:
         head_examples=args.head_examples,
         layers=args.layers,
         zero_rows=args.zero_rows,
+        exclude_first=args.exclude_first,
     )
     adapter = load(args.model)
     adapter.to(args.device, args.dtype)
@@ -859,6 +860,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="all",
         help="Serrano & Smith's zeroing in every query row of the layer (default) or only the explained "
         "position's row (on a causal LM that row runs alone after the text's KV cache: far cheaper)",
+    )
+    s.add_argument(
+        "--exclude-first",
+        action="store_true",
+        help="the text's first token is never an item (ranked, removed or zeroed): on a decoder prompt that starts "
+        "with the data (recall), the attention sink",
     )
     s.add_argument("--chunk-size", type=int, default=4, help="examples per stored chunk (unit of resumption)")
     s.set_defaults(func=cmd_replicate)

@@ -67,6 +67,7 @@ class ReplicateSettings:
     head_examples: int = 0  # per dataset, the first K examples also get per-head zeroing (-1: all)
     layers: str = "all"  # the layers that get interventions (all, every:K or a comma list); taus: every layer
     zero_rows: str = "all"  # Serrano & Smith's zeroing in every query row of the layer, or only the explained one
+    exclude_first: bool = False  # the text's first token is never an item (on a decoder: the attention sink)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -81,16 +81,19 @@ def parse_data(spec: str) -> list[str]:
 
 
 def text_items(
-    adapter: ModelAdapter, prompt: str, start: int, end: int, exclude_last: bool
+    adapter: ModelAdapter, prompt: str, start: int, end: int, exclude_last: bool, exclude_first: bool = False
 ) -> tuple[list[int], np.ndarray]:
     """Token ids of ``prompt`` and the mask of its items: tokens overlapping characters ``start:end``
-    (the data's text), never a special token, and not the last token when ``exclude_last``."""
+    (the data's text), never a special token, not the last token when ``exclude_last`` and not the
+    sequence's first token when ``exclude_first``."""
     enc = adapter.tokenizer(prompt, return_offsets_mapping=True)
     ids = list(enc["input_ids"])
     spans = enc["offset_mapping"]
     items = np.array([a < end and b > start and b > a for a, b in spans], bool) & ~adapter.special_mask(ids)
     if exclude_last:
         items[len(ids) - 1] = False
+    if exclude_first:
+        items[0] = False
     return ids, items
 
 
@@ -103,9 +106,10 @@ def _one_token(adapter: ModelAdapter, label: str) -> bool:
 
 
 def prepare(
-    adapter: ModelAdapter, name: str, limit: int | None, seed: int, head_examples: int, offset: int
+    adapter: ModelAdapter, name: str, limit: int | None, settings: ReplicateSettings, offset: int
 ) -> tuple[Decision, list[TaskExample], dict]:
-    """One dataset's decision space and examples (``limit`` drawn with ``seed``, in file order)."""
+    """One dataset's decision space and examples (``limit`` drawn with the settings' seed, in file order)."""
+    seed, head_examples = settings.seed, settings.head_examples
     ds = load_dataset(name)
     causal = adapter.kind == "causal_lm"
     if name == "recall" and not causal:
@@ -132,7 +136,7 @@ def prepare(
     for i, e in enumerate(ds.examples):
         prompt = template.format(text=e.text)
         start = template.index("{text}")
-        ids, items = text_items(adapter, prompt, start, start + len(e.text), exclude_last=causal)
+        ids, items = text_items(adapter, prompt, start, start + len(e.text), causal, settings.exclude_first)
         if len(ids) > adapter.max_positions:
             continue
         per_head = head_examples < 0 or i < head_examples
@@ -177,7 +181,7 @@ def replicate(
     intervention_layers(adapter.n_layers, settings.layers)  # a bad --layers: refused before the store exists
     tasks, infos, offset = [], {}, 0
     for name in data:  # every check before the store is touched
-        decision, examples, info = prepare(adapter, name, limit, settings.seed, settings.head_examples, offset)
+        decision, examples, info = prepare(adapter, name, limit, settings, offset)
         offset += 1_000_000
         tasks.append((name, decision, examples))
         infos[name] = info
