@@ -332,7 +332,9 @@ def _modern_decoder(
     if family == "mistral":
         return MistralForCausalLM(MistralConfig(head_dim=d_head, sliding_window=TINY_WINDOW, **common))
     if family == "phi3":  # partial RoPE as Phi-4-mini (0.75 there): half of each head's dimensions rotate
-        return Phi3ForCausalLM(Phi3Config(original_max_position_embeddings=64, partial_rotary_factor=0.5, **common))
+        return Phi3ForCausalLM(
+            cast(Any, Phi3Config)(original_max_position_embeddings=64, partial_rotary_factor=0.5, **common)
+        )
     types = ["sliding_attention" if l % 2 == 0 else "full_attention" for l in range(layers)]
     gemma = dict(
         head_dim=d_head + 4,
