@@ -67,6 +67,17 @@ def counts(folder: Path) -> dict[str, int]:
     return out
 
 
+def head_totals(summary: pd.DataFrame) -> dict[str, str]:
+    """Per dataset: how many heads' intervals lie above / below 0 (tau with gradient and leave-one-out; the
+    paired JS difference of zeroing the head's top item vs a random one, where per-head zeroing ran)."""
+    h = summary[summary.method.str.match(r"head\d")]
+    out = {}
+    for (d, metric), g in h.groupby(["dataset", "metric"]):
+        if metric in ("tau_attention_gradient", "tau_attention_loo", "js_top_minus_random", "flip_top_minus_random"):
+            out[f"{d}: heads {metric} >0 / <0"] = f"{int((g.low > 0).sum())} / {int((g.high < 0).sum())} of {len(g)}"
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path)
@@ -82,7 +93,7 @@ def main() -> None:
             print(f"### {d}\n")
             print("\n".join(table(summary, d, layers)) + "\n")
         if args.counts:
-            print(json.dumps(counts(folder), indent=1) + "\n")
+            print(json.dumps({**counts(folder), **head_totals(summary)}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -393,6 +393,11 @@ def test_pooled_heads_and_paired_differences(tmp_path) -> None:
         ]
     )
     assert s.loc[("layer03", "js_top_minus_random"), "mean"] == pytest.approx(d.mean(), abs=1e-12)
+    d0 = [
+        v[(f"recall:{i}", "head03.00", "js_top_attention")] - v[(f"recall:{i}", "head03.00", "js_random")]
+        for i in range(12)
+    ]
+    assert s.loc[("head03.00", "js_top_minus_random"), "mean"] == pytest.approx(np.mean(d0), abs=1e-12)
     text = "\n".join(write_summary(tmp_path, summarise(df, n_boot=300), "m"))
     assert "| 3 | " in text and "heads' tau(att,loo)" in text  # the head digest parses heads03 apart from head03.xx
 

@@ -226,7 +226,7 @@ def derived(df: pd.DataFrame) -> pd.DataFrame:
 
     * ``heads{L}``: the mean over layer L's heads of each head metric in :data:`POOLED` (one value per
       example; heads without a value, e.g. no per-head zeroing for that example, are skipped);
-    * ``*_top_minus_random`` for ``layer{L}`` and ``heads{L}``: the paired difference, per example, of zeroing
+    * ``*_top_minus_random`` for ``layer{L}``, ``head{L}.{H}`` and ``heads{L}``: the paired difference, per example, of zeroing
       the top-attention item and a random one (``flip_`` and ``js_``): above 0 = attention picked an item that
       matters more than chance."""
     parts = []
@@ -235,7 +235,7 @@ def derived(df: pd.DataFrame) -> pd.DataFrame:
         g = h.assign(method="heads" + h.method.str[4:6]).groupby(["example_id", "method", "metric"], as_index=False)
         parts.append(g["value"].mean())
     base = pd.concat([df, *parts], ignore_index=True)
-    both = base[base.method.str.startswith(("layer", "heads"))]
+    both = base[base.method.str.startswith(("layer", "head"))]
     for kind in ("flip", "js"):
         w = both[both.metric.isin([f"{kind}_top_attention", f"{kind}_random"])]
         w = w.pivot_table(index=["example_id", "method"], columns="metric", values="value", aggfunc="first")
