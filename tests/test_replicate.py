@@ -436,7 +436,21 @@ def test_runner_resumes_and_refuses_bad_input(llama: ModelAdapter, tmp_path, mon
         rr.replicate("tiny", ["recall"], tmp_path / "bert", s, adapter=ModelAdapter(m, t, "tiny-bert"))
     with pytest.raises(StreetlampError, match="--layers"):
         rr.replicate("tiny", ["recall"], tmp_path / "bad", ReplicateSettings(layers="9"), adapter=llama)
-    assert not (tmp_path / "bert").exists() and not (tmp_path / "bad").exists()
+    with pytest.raises(StreetlampError, match="--zero-rows"):
+        rr.replicate("tiny", ["recall"], tmp_path / "rows", ReplicateSettings(zero_rows="first"), adapter=llama)
+    assert not (tmp_path / "bert").exists() and not (tmp_path / "bad").exists() and not (tmp_path / "rows").exists()
+    # the explained-row zeroing and the sink control reach the run and its manifest
+    s2 = ReplicateSettings(
+        permutations=1, adv_steps=0, adv_layers=0, layers="1", zero_rows="explained", exclude_first=True
+    )
+    rr.replicate("tiny", ["recall"], tmp_path / "x", s2, chunk_size=2, adapter=llama)
+    stored = json.loads((tmp_path / "x" / "manifest.json").read_text())["settings"]["settings"]
+    assert stored["zero_rows"] == "explained" and stored["exclude_first"] is True
+    from safetensors.numpy import load_file
+
+    first = sorted((tmp_path / "x" / "arrays").glob("*.safetensors"))[0]  # "the capital of france is"
+    items = load_file(first)["items"]
+    assert items[0] == 0 and items[1:-1].all() and items[-1] == 0
 
 
 def test_cli_refuses_bad_settings_before_writing(tmp_path, capsys) -> None:
