@@ -39,12 +39,32 @@ def _lxt_modules(family: str) -> tuple[types.ModuleType, types.ModuleType]:
     return importlib.import_module("lxt.efficient.patches"), importlib.import_module(f"lxt.efficient.models.{family}")
 
 
+def _rules(family: str) -> tuple[types.ModuleType, dict]:
+    """lxt's patch functions and the classes they patch. Mistral (no lxt module: its decoder is Llama's with a
+    sliding window) gets lxt's Llama rules, each applied to the Mistral class of the same role."""
+    if family != "mistral":
+        patches, fam = _lxt_modules(family)
+        return patches, dict(fam.attnLRP)
+    from transformers.models.mistral import modeling_mistral
+
+    patches, llama = _lxt_modules("llama")
+    rules: dict = {}
+    for target, patch in llama.attnLRP.items():
+        if isinstance(target, types.ModuleType):
+            rules[modeling_mistral] = patch
+        elif target.__name__.startswith("Llama"):
+            rules[getattr(modeling_mistral, "Mistral" + target.__name__.removeprefix("Llama"))] = patch
+        else:
+            rules[target] = patch
+    return patches, rules
+
+
 def lxt_relevance(model: torch.nn.Module, family: str, ids: torch.Tensor, index: int) -> tuple[torch.Tensor, float]:
     """lxt's AttnLRP relevance ``[pos]`` of logit ``index`` at the last position, and that logit."""
-    patches, fam = _lxt_modules(family)
+    patches, rules = _rules(family)
     saved: list[tuple[object, str, object]] = []
     try:
-        for target, patch in fam.attnLRP.items():
+        for target, patch in rules.items():
             if isinstance(target, types.ModuleType):  # the attention entry: see the module docstring
                 saved.append((target, "eager_attention_forward", target.eager_attention_forward))
                 target.eager_attention_forward = patches.wrap_attention_forward(target.eager_attention_forward)

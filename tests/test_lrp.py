@@ -1,6 +1,7 @@
 """AttnLRP: the full conservation ledger on every tiny family (float64), each family-specific rule shown
-to be needed (the ledger breaks without it), the authors' package lxt as the peer on GPT-2, Llama, Qwen3
-and Gemma 3 (the families lxt 2.1 ships patches for, besides BERT/ViT/Qwen2), and the method's bookkeeping."""
+to be needed (the ledger breaks without it), the authors' package lxt as the peer on GPT-2, Llama, Qwen2,
+Qwen3 and Gemma 3 (the decoders lxt 2.1 ships patches for) and Mistral (lxt's Llama rules on Mistral's classes),
+and the method's bookkeeping."""
 
 from __future__ import annotations
 
@@ -162,7 +163,7 @@ def test_final_softcap_explains_the_capped_logit(family: str) -> None:
     assert e.info["F"] == pytest.approx(f, rel=1e-12)
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen3", "gemma3_text"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "qwen3", "mistral", "gemma3_text"])
 def test_matches_lxt(family: str) -> None:
     """Relevance equals the authors' lxt 2.1 (rules applied by lxt's own code) on a plain copy of the
     model, float64. Both run the same float32 softmax (and lxt's RMSNorm casts to float32), so they
