@@ -864,8 +864,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--exclude-first",
         action="store_true",
-        help="the text's first token is never an item (ranked, removed or zeroed): on a decoder prompt that starts "
-        "with the data (recall), the attention sink",
+        help="the sequence's first token is never an item (ranked, removed or zeroed): on a decoder without BOS "
+        "(SmolLM2) whose prompt starts with the data (recall), the attention sink; a BOS is never an item anyway",
     )
     s.add_argument("--chunk-size", type=int, default=4, help="examples per stored chunk (unit of resumption)")
     s.set_defaults(func=cmd_replicate)

@@ -67,7 +67,7 @@ class ReplicateSettings:
     head_examples: int = 0  # per dataset, the first K examples also get per-head zeroing (-1: all)
     layers: str = "all"  # the layers that get interventions (all, every:K or a comma list); taus: every layer
     zero_rows: str = "all"  # Serrano & Smith's zeroing in every query row of the layer, or only the explained one
-    exclude_first: bool = False  # the text's first token is never an item (on a decoder: the attention sink)
+    exclude_first: bool = False  # the sequence's first token is never an item (SmolLM2 on recall: the sink)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -260,8 +260,8 @@ def replicate_chunk(
     reuse_prefix: bool = True,
 ) -> tuple[Rows, dict[str, dict[str, np.ndarray]]]:
     """Every statistic of the module docstring for one chunk. ``reuse_prefix`` (causal LMs): the interventions
-    on the explained row (permutations, the adversarial search) run the last position only, after each text's
-    KV cache (:mod:`.prefix`; the same numbers as full rows)."""
+    on the explained row (permutations, the adversarial search, zeroing with ``zero_rows="explained"``) run the
+    last position only, after each text's KV cache (:mod:`.prefix`; the same numbers as full rows)."""
     tables = ChunkTables([e.id for e in examples])
     if not examples:
         return tables.out()
