@@ -129,6 +129,7 @@ def test_explain_numbers_are_the_stored_arrays(runs: dict[str, Path], page: Page
     assert (p.locator("#jsd-warning").count() == 1) == (jsd >= 0.1)
     # the full matrix: the value under the pointer
     p.click("canvas.thumb[data-l='0'][data-h='3']")
+    p.wait_for_selector("#matrix[data-drawn='0:3']")  # the redraw is asynchronous (the layer is decoded first)
     assert p.text_content("#matrix-title").startswith("layer 0, head 3")
     box = p.locator("#matrix").bounding_box()
     cs, m0 = min(16, 640 // n), 96

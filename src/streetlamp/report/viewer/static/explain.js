@@ -183,8 +183,10 @@
       el("div", { style: `position:relative;width:${W}px;height:${H}px` }, $m, over),
       cellOut, el("div", { id: "matrix-legend" }), L.exportButtons(() => $m, "attention_matrix", () => mTitle.textContent)));
     let cur = null, curMax = null;
-    async function drawMatrix() {
-      const m = await matrix(st.l, st.h); cur = m;
+    async function drawMatrix() { // a newer selection wins over a draw still decoding; #matrix says what it drew
+      const l = st.l, h = st.h, m = await matrix(l, h);
+      if (l !== st.l || h !== st.h) return;
+      cur = m;
       curMax = new Float32Array(n); for (let i = 0; i < n; i++) { let x = 0; for (let j = 0; j < n; j++) if (m[i * n + j] > x) x = m[i * n + j]; curMax[i] = x || 1; }
       const g = $m.getContext("2d"); g.fillStyle = "#fff"; g.fillRect(0, 0, W, H);
       const sub = el("canvas", { width: n * cs, height: n * cs });
@@ -201,7 +203,8 @@
         const step = Math.pow(10, Math.ceil(Math.log10(n / 8)));
         for (let k = 0; k < n; k += step) { g.fillText(String(k), M0 + k * cs, M0 - 4); g.fillText(String(k), 16, M0 + k * cs + 8); }
       }
-      mTitle.textContent = `layer ${st.l}, ${headName(st.h)}: attention probabilities`;
+      mTitle.textContent = `layer ${l}, ${headName(h)}: attention probabilities`;
+      $m.dataset.drawn = `${l}:${h}`;
       const lg = document.getElementById("matrix-legend"); lg.textContent = "";
       lg.appendChild(L.legend("seq", 0, 1, L.hatchLegend()));
       lg.appendChild(el("div", { cls: st.rescale ? "warn" : "note", id: "scale-note", text: st.rescale ? "colours: each row rescaled to its own maximum (not comparable across rows); the numbers shown stay raw" : "colours: raw probabilities on the fixed 0..1 scale" }));
