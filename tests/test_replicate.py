@@ -453,6 +453,32 @@ def test_runner_resumes_and_refuses_bad_input(llama: ModelAdapter, tmp_path, mon
     assert items[0] == 0 and items[1:-1].all() and items[-1] == 0
 
 
+def test_a_run_made_before_a_setting_existed_resumes_at_its_old_value(
+    llama: ModelAdapter, tmp_path, monkeypatch
+) -> None:
+    """A folder whose manifest predates ``zero_rows`` / ``exclude_first`` resumes with their defaults (the
+    behaviour it was made with), and is refused with any other value."""
+    import streetlamp.runners.replicate as rr
+    from streetlamp.data.loaders import Dataset, Example
+
+    ds = Dataset("recall", "test", [Example("r-0", "the capital of france is", "paris")])
+    monkeypatch.setattr(rr, "load_dataset", lambda name: Dataset(ds.name, ds.source, list(ds.examples)))
+    s = ReplicateSettings(permutations=1, adv_steps=0, adv_layers=0, layers="1")
+    out = tmp_path / "old"
+    rr.replicate("tiny", ["recall"], out, s, adapter=llama)
+    manifest = json.loads((out / "manifest.json").read_text())
+    for key in ("zero_rows", "exclude_first"):  # as a manifest written before these settings existed
+        del manifest["settings"]["settings"][key]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert rr.replicate("tiny", ["recall"], out, s, adapter=llama).n_computed_chunks == 0
+    for other in (
+        ReplicateSettings(**{**s.to_dict(), "zero_rows": "explained"}),
+        ReplicateSettings(**{**s.to_dict(), "exclude_first": True}),
+    ):
+        with pytest.raises(StreetlampError, match="other settings"):
+            rr.replicate("tiny", ["recall"], out, other, adapter=llama)
+
+
 def test_cli_refuses_bad_settings_before_writing(tmp_path, capsys) -> None:
     from streetlamp.cli import main
 

@@ -193,7 +193,9 @@ def replicate(
         "settings": settings.to_dict(),
         "adv_layers": adv_layers(adapter.n_layers, settings.adv_layers),
     }
-    store = RunStore.open(Path(out), run_settings, {"model_info": adapter.describe()}, command="replicate")
+    # settings added after runs were made resume those runs at the value that reproduces them
+    added = {"settings.zero_rows": "all", "settings.exclude_first": False}
+    store = RunStore.open(Path(out), run_settings, {"model_info": adapter.describe()}, command="replicate", added=added)
     per_task = [[(d, ex[i : i + chunk_size]) for i in range(0, len(ex), chunk_size)] for _, d, ex in tasks]
     # datasets interleaved, so a run stopped early has every dataset
     chunks = [c for k in range(max(map(len, per_task))) for t in per_task if k < len(t) for c in [t[k]]]

@@ -55,11 +55,17 @@ def safe_name(example_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", example_id)
 
 
-def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
+def _diff(a: Any, b: Any, prefix: str = "", added: dict[str, Any] | None = None) -> list[str]:
+    """The differences between stored settings ``a`` and new ones ``b``, as ``path: stored x, now y``. A key
+    absent from ``a`` whose new value is its ``added`` default (a setting added to streetlamp after the run
+    was made, at the value that reproduces the old behaviour) is no difference."""
     if isinstance(a, dict) and isinstance(b, dict):
         out = []
         for k in sorted(set(a) | set(b)):
-            out += _diff(a.get(k), b.get(k), f"{prefix}{k}.")
+            path = f"{prefix}{k}"
+            if k not in a and added is not None and path in added and b[k] == added[path]:
+                continue
+            out += _diff(a.get(k), b.get(k), f"{path}.", added)
         return out
     return [] if a == b else [f"{prefix.rstrip('.')}: stored {a!r}, now {b!r}"]
 
@@ -71,8 +77,11 @@ class RunStore:
         self.arrays_dir = self.folder / "arrays"
 
     @classmethod
-    def open(cls, folder: Path, settings: dict, extra: dict, command: str = "evaluate") -> RunStore:
-        """Create the run folder, or reopen it when its stored settings equal ``settings``. A new
+    def open(
+        cls, folder: Path, settings: dict, extra: dict, command: str = "evaluate", added: dict[str, Any] | None = None
+    ) -> RunStore:
+        """Create the run folder, or reopen it when its stored settings equal ``settings`` (a setting absent
+        from the stored ones is accepted at its ``added`` default: ``{"dotted.path": value}``). A new
         manifest is the common header (:func:`~streetlamp.store.run_folder.manifest_header`), then
         ``settings`` and ``extra``."""
         s = cls(folder)
@@ -85,7 +94,7 @@ class RunStore:
                 stored = json.loads(mpath.read_text())["settings"]
             except (json.JSONDecodeError, KeyError):
                 raise StreetlampError(f"{mpath} is not a streetlamp run manifest") from None
-            diff = _diff(stored, json.loads(json.dumps(settings)))
+            diff = _diff(stored, json.loads(json.dumps(settings)), added=added)
             if diff:
                 raise StreetlampError(
                     f"run folder {s.folder} was made with other settings ({'; '.join(diff[:3])}"
