@@ -398,7 +398,8 @@ def test_pooled_heads_and_paired_differences(tmp_path) -> None:
         for i in range(12)
     ]
     assert s.loc[("head03.00", "js_top_minus_random"), "mean"] == pytest.approx(np.mean(d0), abs=1e-12)
-    text = "\n".join(write_summary(tmp_path, summarise(df, n_boot=300), "m"))
+    text = "\n".join(write_summary(tmp_path, summarise(df, n_boot=300), "m", ReplicateSettings(zero_rows="explained")))
+    assert "zeroing in the explained row" in text and "first token an item" in text
     assert "| 3 | " in text and "heads' tau(att,loo)" in text  # the head digest parses heads03 apart from head03.xx
 
 

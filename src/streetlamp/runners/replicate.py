@@ -209,7 +209,7 @@ def replicate(
             store.write_chunk(c, rows, arrays)
             bar.update(len(chunks[c][1]))
     summary = summarise(store.metrics())
-    lines = write_summary(store.folder, summary, adapter.name)
+    lines = write_summary(store.folder, summary, adapter.name, settings)
     return ReplicateResult(store.folder, total, len(todo), summary, lines)
 
 
@@ -310,9 +310,24 @@ def head_digest(sd: pd.DataFrame) -> list[str]:
     return out
 
 
-def write_summary(folder: Path, summary: pd.DataFrame, model: str) -> list[str]:
+def settings_line(s: ReplicateSettings) -> str:
+    """What the interventions were, in words (the numbers mean different things under different settings)."""
+    heads = {0: "none", -1: "every example"}.get(s.head_examples, f"the first {s.head_examples} examples per dataset")
+    return (
+        f"Settings: zeroing in {'the explained row' if s.zero_rows == 'explained' else 'every query row'}; "
+        f"interventions at layers {s.layers}; per-head zeroing on {heads}; {s.permutations} permutations; "
+        f"adversarial search {s.adv_steps} steps at {s.adv_layers} layers (output within TVD {s.eps}); "
+        f"first token {'excluded from the items' if s.exclude_first else 'an item when it is data'}; seed {s.seed}."
+    )
+
+
+def write_summary(
+    folder: Path, summary: pd.DataFrame, model: str, settings: ReplicateSettings | None = None
+) -> list[str]:
     summary.to_csv(folder / "summary.csv", index=False)
     lines = [f"# Attention vs interventions, {model}: mean [95% bootstrap interval] over examples", ""]
+    if settings is not None:
+        lines += [settings_line(settings), ""]
     for d, sd in summary.groupby("dataset", sort=False):
         key = {(m, k): r for (m, k), r in zip(zip(sd.method, sd.metric), (r for _, r in sd.iterrows()))}
         n = int(sd[(sd.method == "model") & (sd.metric == "correct")]["n"].max())
