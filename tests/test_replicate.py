@@ -150,6 +150,20 @@ def _zero(cols: list[int], head: int | None = None, row: int | None = None):
     return fn
 
 
+def _check_head_zeroing(llama, decision, table, e, l, a, idx, p0, pred, row=None) -> None:  # type: ignore[no-untyped-def]
+    """Per-head zeroing at layer ``l``: each head's own top item (``a``: the explained rows ``[heads, n]``) zeroed in
+    that head only (in query ``row`` or every row), against a full forward with the edit written here."""
+    for h in range(llama.n_heads):
+        key = (e.id, f"head{l:02d}.{h:02d}", "js_top_attention")
+        if not e.per_head:
+            assert key not in table
+            continue
+        j = int(idx[np.argmax(a[h][idx])])
+        y = _dist(llama, decision, e.ids, _zero([j], h, row=row), l)
+        assert table[key] == pytest.approx(_js_bits(y, p0), abs=1e-10)
+        assert table[(e.id, f"head{l:02d}.{h:02d}", "flip_top_attention")] == float(int(y.argmax()) != pred)
+
+
 def test_serrano_zeroing_per_layer_and_head(llama: ModelAdapter, run) -> None:
     decision, examples, s, table, _ = run
     for e in examples:
@@ -172,15 +186,7 @@ def test_serrano_zeroing_per_layer_and_head(llama: ModelAdapter, run) -> None:
                 assert table[(e.id, f"layer{l:02d}", f"tvd_{name}")] == pytest.approx(_tvd(y, p0), abs=1e-10)
                 assert table[(e.id, f"layer{l:02d}", f"js_{name}")] == pytest.approx(_js_bits(y, p0), abs=1e-10)
                 assert table[(e.id, f"layer{l:02d}", f"flip_{name}")] == float(int(y.argmax()) != pred)
-            for h in range(llama.n_heads):
-                key = (e.id, f"head{l:02d}.{h:02d}", "js_top_attention")
-                if not e.per_head:
-                    assert key not in table
-                    continue
-                j = int(idx[np.argmax(a[h][idx])])
-                y = _dist(llama, decision, e.ids, _zero([j], h), l)
-                assert table[key] == pytest.approx(_js_bits(y, p0), abs=1e-10)
-                assert table[(e.id, f"head{l:02d}.{h:02d}", "flip_top_attention")] == float(int(y.argmax()) != pred)
+            _check_head_zeroing(llama, decision, table, e, l, a, idx, p0, pred)
 
 
 @pytest.mark.parametrize("reuse_prefix", [True, False])
@@ -209,15 +215,7 @@ def test_zeroing_in_the_explained_row_only(llama: ModelAdapter, reuse_prefix: bo
             assert table[(e.id, f"layer{l:02d}", "flip_top_attention")] == float(int(y.argmax()) != pred)
             # not the every-row zeroing, which also edits the earlier query rows that read the item
             moved = max(moved, abs(_js_bits(_dist(llama, decision, e.ids, _zero([top_a]), l), p0) - _js_bits(y, p0)))
-            for h in range(llama.n_heads):
-                key = (e.id, f"head{l:02d}.{h:02d}", "js_top_attention")
-                if not e.per_head:
-                    assert key not in table
-                    continue
-                j = int(idx[np.argmax(a[h][idx])])
-                y = _dist(llama, decision, e.ids, _zero([j], h, row=n - 1), l)
-                assert table[key] == pytest.approx(_js_bits(y, p0), abs=1e-10)
-                assert table[(e.id, f"head{l:02d}.{h:02d}", "flip_top_attention")] == float(int(y.argmax()) != pred)
+            _check_head_zeroing(llama, decision, table, e, l, a, idx, p0, pred, row=n - 1)
     assert moved > 1e-6  # the two zeroings differ on these texts, so the test tells them apart
 
 

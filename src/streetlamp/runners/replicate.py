@@ -194,7 +194,7 @@ def replicate(
         "adv_layers": adv_layers(adapter.n_layers, settings.adv_layers),
     }
     # settings added after runs were made resume those runs at the value that reproduces them
-    added = {"settings.zero_rows": "all", "settings.exclude_first": False}
+    added = {f"settings.{k}": getattr(ReplicateSettings(), k) for k in ("zero_rows", "exclude_first")}
     store = RunStore.open(Path(out), run_settings, {"model_info": adapter.describe()}, command="replicate", added=added)
     per_task = [[(d, ex[i : i + chunk_size]) for i in range(0, len(ex), chunk_size)] for _, d, ex in tasks]
     # datasets interleaved, so a run stopped early has every dataset
