@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from streetlamp.runners.replicate import by_method_metric
+
 COLUMNS = [
     ("tau(att,grad)", "layer", "tau_attention_gradient"),
     ("tau(att,loo)", "layer", "tau_attention_loo"),
@@ -42,7 +44,7 @@ def cell(r: pd.Series | None, digits: int = 2) -> str:
 
 def table(summary: pd.DataFrame, dataset: str, layers: list[int] | None) -> list[str]:
     sd = summary[summary.dataset == dataset]
-    key = {(m, k): r for (m, k), r in zip(zip(sd.method, sd.metric), (r for _, r in sd.iterrows()))}
+    key = by_method_metric(sd)
     all_layers = sorted(int(m[5:]) for m in sd.method.unique() if m.startswith("layer"))
     out = ["| layer | " + " | ".join(c for c, _, _ in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
     for layer in layers or all_layers:

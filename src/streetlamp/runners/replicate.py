@@ -270,6 +270,11 @@ def _cell(r: pd.Series | None) -> str:
     return f"{r['mean']:.3f} [{r['low']:.3f}, {r['high']:.3f}]"
 
 
+def by_method_metric(sd: pd.DataFrame) -> dict[tuple[str, str], pd.Series]:
+    """One dataset's summary rows keyed by (method, metric)."""
+    return {(m, k): r for (m, k), r in zip(zip(sd.method, sd.metric), (r for _, r in sd.iterrows()))}
+
+
 def head_digest(sd: pd.DataFrame) -> list[str]:
     """Per layer: how many heads' tau interval lies above / below 0 and the best head; the heads' mean tau and
     per-head zeroing pooled over the layer's heads (``heads{L}`` of :func:`derived`), with intervals."""
@@ -277,9 +282,7 @@ def head_digest(sd: pd.DataFrame) -> list[str]:
     if heads.empty:
         return []
     heads = heads.assign(layer=heads.method.str[4:6].astype(int))
-    pooled = {
-        (m, k): r for (m, k), r in zip(zip(sd.method, sd.metric), (r for _, r in sd.iterrows())) if m[:5] == "heads"
-    }
+    pooled = by_method_metric(sd)
     cols = [
         ("heads' tau(att,grad)", "tau_attention_gradient"),
         ("heads' tau(att,loo)", "tau_attention_loo"),
@@ -329,7 +332,7 @@ def write_summary(
     if settings is not None:
         lines += [settings_line(settings), ""]
     for d, sd in summary.groupby("dataset", sort=False):
-        key = {(m, k): r for (m, k), r in zip(zip(sd.method, sd.metric), (r for _, r in sd.iterrows()))}
+        key = by_method_metric(sd)
         n = int(sd[(sd.method == "model") & (sd.metric == "correct")]["n"].max())
         lines += [
             f"## {d} ({n} examples)",
