@@ -4,6 +4,7 @@ import copy
 import os
 import socket
 
+import numpy as np
 import pytest
 import torch
 
@@ -31,6 +32,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def assert_same_route(got: np.ndarray, want: np.ndarray, err_msg: str = "") -> None:
+    """Two float64 routes to the same array (batched vs alone, two token budgets): integers exactly; float64
+    to F64_TOL times the array's size ``max |want|`` (so a tolerance never exceeds the values compared);
+    an array stored as float32 also to one float32 ulp of each element (``2^-23`` relative: the two
+    float64 values may round to neighbouring float32s). An all-zero array must be exactly zero."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, err_msg
+    if not np.issubdtype(want.dtype, np.floating):
+        np.testing.assert_array_equal(got, want, err_msg=err_msg)
+        return
+    scale = float(np.abs(want.astype(np.float64)).max(initial=0.0))
+    rtol = 2.0**-23 if np.float32 in (got.dtype, want.dtype) or np.float16 in (got.dtype, want.dtype) else 0.0
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=F64_TOL * scale, err_msg=err_msg)
 
 
 def f32_tol(layers: int, scale: float = 1.0) -> float:
