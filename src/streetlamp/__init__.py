@@ -45,7 +45,7 @@ _API = (
     "probe",
     "cot",
     "RunResult",
-)
+)  # one function per command that runs (api.names(); the same list: tests/test_cli_api.py)
 
 __all__ = ["StreetlampError", *_LAZY, *_API]
 
@@ -54,7 +54,8 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         value = getattr(import_module(_LAZY[name], __name__), name)
     elif name in _API:
-        value = getattr(import_module(".api", __name__), name)
+        api = import_module(".api", __name__)
+        value = api.RunResult if name == "RunResult" else api.function_of(api.names()[name])
     else:
         raise AttributeError(f"module 'streetlamp' has no attribute {name!r}")
     globals()[name] = value

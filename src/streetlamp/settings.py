@@ -143,11 +143,11 @@ def check_method_params(mparams: dict[str, dict], methods: list[str], flag: str 
         get_method(name, **params)
 
 
-def parse_methods(spec: str) -> list[str]:
+def parse_methods(spec: str | list[str]) -> list[str]:
     """``--methods``: comma-separated registered names or ``all`` (the registry is read at run time)."""
     from .methods.registry import parse_methods as parse
 
-    return parse(spec)
+    return parse(spec if isinstance(spec, str) else ",".join(spec))
 
 
 @dataclass

@@ -98,8 +98,9 @@ def run_evaluate(adapter: ModelAdapter | None, s: EvaluateSettings, out: Path, o
     """The runner loads the model itself (and each Ray worker its own) and validates against it."""
     from ..runners.evaluate import evaluate
 
+    given = None if isinstance(opts.model, (str, Path)) else opts.model  # the Python API may pass an adapter
     return evaluate(
-        opts.model,
+        given.name if given is not None else opts.model,
         s.data,
         out,
         s.eval_settings(),
@@ -112,6 +113,7 @@ def run_evaluate(adapter: ModelAdapter | None, s: EvaluateSettings, out: Path, o
         device=opts.device,
         text_column=s.text_column,
         label_column=s.label_column,
+        adapter=given,
     )
 
 
