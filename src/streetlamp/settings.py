@@ -1,23 +1,105 @@
-"""Each command's settings: one typed dataclass, checked before any work and before any output exists.
+"""Settings: one typed dataclass per command whose fields carry their command-line metadata once.
 
-Two checks: :meth:`check` needs nothing (ranges, choices, JSON), so the CLI runs it before loading
-the model; :meth:`validate` needs the model (layers, heads, classes, model kind) and runs right
-after loading it. Both raise :class:`~streetlamp.errors.StreetlampError` (one line, exit 2).
-``batch_size`` is the token budget of one forward pass (:mod:`streetlamp.batching`), under that one
-name from the CLI's ``--batch-size`` to the engine.
+A field declared with :func:`option` holds its default, its flag, help, choices and, for a string the
+user types that becomes a richer value (a list of methods, JSON parameters), the ``parse`` function
+from :mod:`streetlamp.specs`. The CLI's parser, the Python API's keywords and the checks all come
+from these fields (``streetlamp.commands``). Two checks: :meth:`Settings.check` needs nothing
+(ranges, choices, JSON) and runs before any output exists; :meth:`Settings.validate` needs the model
+(layers, heads, classes, model kind) and runs right after loading it. Both raise
+:class:`~streetlamp.errors.StreetlampError` (one line, exit 2). ``batch_size`` is the token budget of
+one forward pass (:mod:`streetlamp.batching`), under that one name from ``--batch-size`` to the engine.
+
+The options every model-running command shares (model, out, overwrite, seed, batch size, device,
+dtype, device map, max memory, offload folder, force) are declared here once: ``seed`` and
+``batch_size`` as :func:`seed_option` / :func:`batch_size_option` fields, the rest in
+:class:`RunOptions`; a command says which it takes and with which defaults in :class:`Shared`.
+This module imports no model and no torch (``streetlamp --help`` reads it).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-from dataclasses import dataclass, field
+import typing
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field
 from typing import TYPE_CHECKING, Any, Self
 
 from .errors import StreetlampError
+from .specs import layer_spec
 
 if TYPE_CHECKING:
     from .models.adapter import ModelAdapter
+
+DEFAULT_MODEL = "minilm-sentiment"  # models.loading.DEFAULT_MODEL (the same: tests/test_commands.py)
+__all__ = ["DEFAULT_MODEL", "Opt", "RunOptions", "Settings", "Shared", "layer_spec", "option"]
+
+
+# -- one field, its command-line metadata ----------------------------------------------------------------
+@dataclass(frozen=True)
+class Opt:
+    """A field's command line: ``flag`` (default ``--field-name``; ``--no-x`` stores False), help,
+    choices, a positional argument, ``parse`` (the user's string -> the field's value) and whether
+    the flag is ``required``. ``cli=False``: a field the command fills, not the user."""
+
+    help: str | None = None
+    flag: str | None = None
+    choices: tuple[str, ...] | None = None
+    positional: bool = False
+    nargs: str | None = None
+    required: bool = False
+    parse: Callable[[str], Any] | None = None
+    type: Callable[[str], Any] | None = None
+    action: str | None = None
+    cli: bool = True
+
+
+def option(default: Any = MISSING, *, default_factory: Any = MISSING, **opt: Any) -> Any:
+    """A dataclass field with its command-line metadata (:class:`Opt`), declared once."""
+    meta = {"cli": Opt(**{k: tuple(v) if k == "choices" and v is not None else v for k, v in opt.items()})}
+    if default_factory is not MISSING:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def opt_of(f: dataclasses.Field) -> Opt | None:
+    return f.metadata.get("cli")
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    o = opt_of(f)
+    return (o and o.flag) or "--" + f.name.replace("_", "-")
+
+
+def cli_fields(cls: type) -> list[tuple[dataclasses.Field, Opt, Any]]:
+    """``(field, Opt, its type)`` for every field of ``cls`` the user sets."""
+    hints = typing.get_type_hints(cls)
+    return [(f, o, hints[f.name]) for f in dataclasses.fields(cls) if (o := opt_of(f)) is not None and o.cli]
+
+
+def seed_option(default: int = 0) -> Any:
+    return option(default, help="random seed (default 0)")
+
+
+def batch_size_option() -> Any:
+    return option(None, help="token budget per forward pass (rows x padded length; default 1024 on CPU)")
+
+
+def build(cls: type, values: dict[str, Any]) -> Any:
+    """``cls`` from user values: each through its field's ``parse`` (a CLI string or the Python
+    value: a list, a dict), then ``check()``."""
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = [k for k in values if k not in names]
+    if unknown:
+        raise StreetlampError(f"unknown setting(s) {', '.join(unknown)}; settings: {', '.join(names)}")
+    parsed = {}
+    for k, v in values.items():
+        o = opt_of(names[k])
+        parsed[k] = o.parse(v) if o is not None and o.parse is not None and v is not None else v
+    s = cls(**parsed)
+    check = getattr(s, "check", None)
+    if check is not None:
+        check()
+    return s
 
 
 # -- shared checks -------------------------------------------------------------------------------------
@@ -37,17 +119,6 @@ def check_head(adapter: ModelAdapter, head: int | None, flag: str = "--head") ->
         raise StreetlampError(f"{flag} {head} out of range: the model has heads 0..{adapter.n_heads - 1}")
 
 
-def layer_spec(spec: str, flag: str = "layers") -> str:
-    """A layer choice without the model: ``last``, ``all`` or a layer number (checked by :func:`layers_of`)."""
-    if spec in ("last", "all"):
-        return spec
-    try:
-        int(spec)
-    except (TypeError, ValueError):
-        raise StreetlampError(f"{flag} must be last, all or a layer number (got {spec!r})") from None
-    return spec
-
-
 def layers_of(adapter: ModelAdapter, spec: str, flag: str = "layers") -> list[int]:
     """The layers a ``last`` / ``all`` / number choice means for this model; out of range is an error."""
     if layer_spec(spec, flag) == "all":
@@ -58,22 +129,38 @@ def layers_of(adapter: ModelAdapter, spec: str, flag: str = "layers") -> list[in
     return [int(spec)]
 
 
+def check_method_params(mparams: dict[str, dict], methods: list[str], flag: str = "--method-params") -> None:
+    """Every method of ``mparams`` is among this run's, and every parameter builds it (unknown names,
+    bad values: a clear error now, before any work)."""
+    from .methods.registry import get_method  # at run time: the registry imports torch
+
+    stray = [k for k in mparams if k not in methods]
+    if stray:
+        raise StreetlampError(
+            f"{flag} names {', '.join(map(repr, stray))}, not among the methods of this run ({', '.join(methods)})"
+        )
+    for name, params in mparams.items():
+        get_method(name, **params)
+
+
+def parse_methods(spec: str | list[str]) -> list[str]:
+    """``--methods``: comma-separated registered names or ``all`` (the registry is read at run time)."""
+    from .methods.registry import parse_methods as parse
+
+    return parse(spec if isinstance(spec, str) else ",".join(spec))
+
+
 @dataclass
 class Settings:
     """Fields shared by every command that writes a run folder."""
 
-    seed: int = 0
-    batch_size: int | None = None
+    seed: int = seed_option()
+    batch_size: int | None = batch_size_option()
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, **parsed: Any) -> Self:
-        """The fields from the parsed command line (same names), ``parsed`` overriding raw strings."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        values = {n: getattr(args, n) for n in names if hasattr(args, n)}
-        values.update(parsed)
-        s = cls(**values)
-        s.check()
-        return s
+    def from_values(cls, **values: Any) -> Self:
+        """The settings from user values (CLI strings or Python values), parsed and checked."""
+        return build(cls, values)
 
     def check(self) -> None:
         at_least(self.batch_size, 1, "--batch-size")
@@ -86,225 +173,81 @@ class Settings:
 
 
 @dataclass
-class ExplainSettings(Settings):
-    text: str = ""
-    target: str | None = None
-    contrast: str | None = None
-    quantity: str = "prob"
-    layer: int | None = None
-    head: int | None = None
-    methods: list[str] = field(default_factory=list)
-    method_params: dict[str, dict[str, Any]] = field(default_factory=dict)
-    truncate: bool = False
+class NoSettings:
+    """A command without settings of its own (``models``, ``methods``)."""
 
     def check(self) -> None:
-        super().check()
-        if not self.text.strip():
-            raise StreetlampError("empty text: give the sentence to explain")
-        if self.head is not None and self.layer is None:
-            raise StreetlampError("--head needs --layer")
+        pass
 
     def validate(self, adapter: ModelAdapter) -> None:
-        check_layer(adapter, self.layer)
-        check_head(adapter, self.head)
+        pass
 
 
+# -- the options that place the model and the run, declared once --------------------------------------
 @dataclass
-class GenerationSettings(Settings):
-    prompt: str = ""
-    new_tokens: int = 8
-    quantity: str = "logprob"
-    ig_params: dict[str, Any] = field(default_factory=dict)
-    continuation: str | None = None
-    methods: list[str] = field(default_factory=lambda: ["integrated_gradients"])
-    method_params: dict[str, dict[str, Any]] = field(default_factory=dict)
-    contrast_token: str | None = None
-    contrast_prompt: str | None = None
-    chat: bool = False
-    granularity: str = "token"
+class RunOptions:
+    """Where the model comes from and goes, and where the run is written."""
+
+    model: str | None = option(None, help="embedded name or checkpoint folder")
+    out: str | None = option(None, help="output folder")
+    overwrite: bool = option(False, help="replace a non-empty output folder")
+    device: str = option("cpu", help="cpu, cuda, cuda:0 ...")
+    dtype: str = option(
+        "float32",
+        choices=("float32", "bfloat16", "float16"),
+        help="model weights' dtype (bfloat16/float16 for GPUs; scores are returned as float32)",
+    )
+    force: bool = option(False, help="run even when the memory estimate says it will not fit")
+    device_map: str | None = option(
+        None,
+        choices=("auto",),
+        help="spread the model over GPUs, CPU and disk (accelerate); see --max-memory, --offload-folder",
+    )
+    max_memory: str | None = option(None, help="with --device-map: e.g. '0=20GiB,cpu=30GiB'")
+    offload_folder: str | None = option(None, help="with --device-map: where layers that do not fit go")
 
     def check(self) -> None:
-        super().check()
-        if not self.prompt.strip():
-            raise StreetlampError("empty prompt")
-        if self.continuation is not None and not self.continuation.strip():
-            raise StreetlampError("empty --continuation")
-        if not 1 <= self.new_tokens <= 64:
-            raise StreetlampError(f"--new-tokens must be 1..64 (got {self.new_tokens})")
+        from .specs import parse_max_memory
 
-    def validate(self, adapter: ModelAdapter) -> None:
-        if adapter.kind not in ("causal_lm", "seq2seq"):
-            raise StreetlampError(
-                f"explain-generation needs a causal LM or an encoder-decoder; {adapter.name} is a {adapter.kind}"
-            )
+        if self.device_map is None and (self.max_memory or self.offload_folder):
+            raise StreetlampError("--max-memory and --offload-folder need --device-map auto")
+        if self.device_map is not None and self.device != "cpu":
+            raise StreetlampError("--device and --device-map exclude each other: the map places the model")
+        parse_max_memory(self.max_memory)
 
 
-@dataclass
-class HeadsSettings(Settings):
-    text: str | None = None
-    data: str | None = None
-    ablation: str = "zero"
-    target: str | None = None
-    limit: int | None = None
-    sample: int | None = None
-    attribution: bool = True
-
-    def check(self) -> None:
-        super().check()
-        if (self.text is None) == (self.data is None):
-            raise StreetlampError("give a TEXT or --data FILE")
-        if self.limit is not None and self.sample is not None:
-            raise StreetlampError("give --limit (the first N) or --sample (N drawn with --seed), not both")
-        at_least(self.limit, 1, "--limit")
-        at_least(self.sample, 1, "--sample")
+PLACEMENT = ("dtype", "device_map", "max_memory", "offload_folder")
 
 
-PRUNE_ORDERS = ("importance", "attribution", "attention", "random")
+@dataclass(frozen=True)
+class Shared:
+    """Which shared options a command takes, with its defaults: ``takes_model``/``model`` (its default),
+    ``out`` (its help; None: no ``--out``), ``placement`` (``--dtype``, ``--device-map`` and its
+    two companions), ``force`` (only where the memory estimate is checked), ``seed``/``batch_size``
+    (the settings fields of those names get a flag)."""
+
+    takes_model: bool = True
+    model: str | None = DEFAULT_MODEL
+    model_help: str | None = None
+    out: str | None = "output folder"
+    out_required: bool = False
+    overwrite: bool = True
+    seed: bool = True
+    batch_size: bool = True
+    device: bool = True
+    placement: bool = True
+    force: bool = False
+
+    def options(self) -> list[str]:
+        """The :class:`RunOptions` fields this command takes."""
+        names = ["model"] * self.takes_model + ["out"] * (self.out is not None)
+        names += ["overwrite"] * self.overwrite + ["device"] * self.device
+        if self.placement:
+            names += ["dtype", *(["force"] if self.force else []), "device_map", "max_memory", "offload_folder"]
+        return names
+
+    def defaults(self) -> dict[str, Any]:
+        return {"model": self.model}
 
 
-@dataclass
-class PruneSettings(Settings):
-    data: str = ""
-    orders: list[str] = field(default_factory=lambda: list(PRUNE_ORDERS))
-    seeds: int = 3
-    step: int = 1
-    limit: int | None = None
-
-    def check(self) -> None:
-        super().check()
-        bad = [o for o in self.orders if o not in PRUNE_ORDERS]
-        if bad or not self.orders:
-            raise StreetlampError(f"unknown order {bad[0] if bad else ''!r}; choose {', '.join(PRUNE_ORDERS)}")
-        at_least(self.seeds, 0, "--seeds")
-        at_least(self.step, 1, "--step")
-        at_least(self.limit, 4, "--limit")
-
-    def validate(self, adapter: ModelAdapter) -> None:
-        if adapter.kind != "classifier":
-            raise StreetlampError("pruning measures accuracy: it needs a classifier")
-
-
-PATCH_KINDS = ("resid_pre", "attn.out", "mlp.out", "heads")
-
-
-@dataclass
-class PatchSettings(Settings):
-    clean: str = ""
-    corrupt: str = ""
-    answer: str | None = None
-    wrong: str | None = None
-    paths: bool = False
-    receiver: str = "logits"
-    receiver_pos: int | None = None
-    approx: bool = False
-    sites: list[str] = field(default_factory=lambda: list(PATCH_KINDS))
-
-    def check(self) -> None:
-        super().check()
-        bad = [k for k in self.sites if k not in PATCH_KINDS]
-        if bad or not self.sites:
-            raise StreetlampError(f"unknown site kind(s) {bad}; choose from {', '.join(PATCH_KINDS)}")
-        if not self.clean.strip() or not self.corrupt.strip():
-            raise StreetlampError("--clean and --corrupt must not be empty")
-
-    def validate(self, adapter: ModelAdapter) -> None:
-        if self.paths:
-            from .runners.patch import parse_heads
-
-            parse_heads(adapter, self.receiver)
-
-
-@dataclass
-class MediateSettings(Settings):
-    prompts: int = 8
-    component: str = "attn.pattern"
-
-    def check(self) -> None:
-        super().check()
-        at_least(self.prompts, 1, "--prompts")
-
-    def validate(self, adapter: ModelAdapter) -> None:
-        if adapter.kind != "causal_lm":
-            raise StreetlampError("mediation compares next-token probabilities of pronouns: it needs a causal LM")
-
-
-@dataclass
-class EvaluateSettings(Settings):
-    """``evaluate``'s command line; :meth:`eval_settings` gives the part stored in the run store
-    (:class:`~streetlamp.evaluation.pipeline.EvalSettings`, compared on resume)."""
-
-    data: str = ""
-    methods: list[str] = field(default_factory=lambda: ["attention"])
-    method_params: dict[str, dict[str, Any]] = field(default_factory=dict)
-    limit: int | None = None
-    sample: int | None = None
-    text_column: str | None = None
-    label_column: str | None = None
-    truncate: bool = False
-    replacement: str = "delete"
-    flip_layers: str = "last"
-    cf_layers: str = "last"
-    eps: float = 0.01
-    permutations: int = 10
-    adv_steps: int = 40
-    chunk_size: int = 16
-    engine: str = "local"
-    ray_address: str | None = None
-    workers: int | None = None
-    answer_tokens: int = 0
-
-    def check(self) -> None:
-        super().check()
-        if not 0 <= self.answer_tokens <= 64:
-            raise StreetlampError(f"--answer-tokens must be 0..64 (got {self.answer_tokens})")
-        layer_spec(self.flip_layers, "--flip-layers")
-        layer_spec(self.cf_layers, "--cf-layers")
-        if self.replacement not in ("delete", "mask"):
-            raise StreetlampError("--replacement must be 'delete' or 'mask'")
-        if self.engine not in ("local", "ray"):
-            raise StreetlampError(f"unknown engine {self.engine!r}: local or ray")
-        if self.limit is not None and self.sample is not None:
-            raise StreetlampError("give --limit (the first N) or --sample (N drawn with --seed), not both")
-        at_least(self.limit, 1, "--limit")
-        at_least(self.sample, 1, "--sample")
-        at_least(self.chunk_size, 1, "--chunk-size")
-        at_least(self.permutations, 1, "--permutations")
-        at_least(self.adv_steps, 1, "--adv-steps")
-        at_least(self.workers, 1, "--workers")
-        if not self.eps > 0:
-            raise StreetlampError(f"--eps must be positive (got {self.eps})")
-
-    def eval_settings(self) -> Any:
-        """The stored part (:class:`~streetlamp.evaluation.pipeline.EvalSettings`)."""
-        from .evaluation.counterfactual import Counterfactual
-        from .evaluation.pipeline import EvalSettings
-
-        cf = Counterfactual(eps=self.eps, n_permutations=self.permutations, steps=self.adv_steps)
-        return EvalSettings(
-            methods=self.methods,
-            method_params=self.method_params,
-            seed=self.seed,
-            batch_size=self.batch_size,
-            replacement=self.replacement,
-            flip_layers=self.flip_layers,
-            cf_layers=self.cf_layers,
-            counterfactual=cf.__dict__.copy(),
-            truncate=self.truncate,
-            answer_tokens=self.answer_tokens,
-        )
-
-    def validate(self, adapter: ModelAdapter) -> None:
-        layers_of(adapter, self.flip_layers, "--flip-layers")
-        layers_of(adapter, self.cf_layers, "--cf-layers")
-
-
-@dataclass
-class BenchmarkSettings(Settings):
-    tasks: list[str] = field(default_factory=list)
-    methods: list[str] = field(default_factory=list)
-    n_examples: int = 50
-    quantity: str = "logit"
-
-    def check(self) -> None:
-        super().check()
-        at_least(self.n_examples, 1, "--n-examples")
+NONE = Shared(takes_model=False, out=None, overwrite=False, seed=False, batch_size=False, device=False, placement=False)

@@ -207,7 +207,7 @@ def summary_lines(info: dict, rows: list[dict], amnesic: list[dict], sweep: list
 
 def write_run(rf: RunFolder, res: Any, info: dict, mdl: dict, sites: list[str], specs: list[ProbeSpec]) -> None:
     probes = [p.name for p in specs]
-    res.lines = summary_lines(info, res.rows, res.amnesic, res.sweep, mdl)
+    res.summary = summary_lines(info, res.rows, res.amnesic, res.sweep, mdl)
     get = lambda key: np.array(
         [
             [
@@ -295,7 +295,7 @@ def write_run(rf: RunFolder, res: Any, info: dict, mdl: dict, sites: list[str], 
             shows="left: task/control accuracy and selectivity per layer and probe; "
             "middle: KL of the output after LEACE vs random erasure per layer; right: capacity sweep",
         )
-        (w.path / "summary.md").write_text("# probe\n\n```\n" + "\n".join(res.lines) + "\n```\n")
+        (w.path / "summary.md").write_text("# probe\n\n```\n" + "\n".join(res.summary) + "\n```\n")
         amnesic_rows = [{k: v for k, v in r.items() if k != "random_kl_each"} for r in res.amnesic]
         w.write_manifest(
             {

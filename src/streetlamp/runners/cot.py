@@ -109,7 +109,14 @@ class CotResult:
     n_questions: int
     n_computed_chunks: int
     scores: dict
-    lines: list[str] = field(default_factory=list)
+    summary: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        return [
+            *self.summary,
+            f"{self.n_questions} questions, {self.n_computed_chunks} chunks computed now; run store: {self.out}/ "
+            "(manifest.json, records/*.jsonl, metrics/*.parquet, summary.md, figures/)",
+        ]
 
 
 def _seed(*parts: Any) -> int:
@@ -535,9 +542,7 @@ def run_cot(
     records = store.records()
     scores = summarise(records, settings)
     lines = write_outputs(store, scores, records, engine, judge)
-    from ..store.run_folder import write_report_or_warn
-
-    write_report_or_warn(store.folder)  # the generic view renders manifest["tables"] and the figures
+    # report.html (the generic view renders manifest["tables"] and the figures): the command writes it
     return CotResult(store.folder, len(questions), len(todo), scores, lines)
 
 

@@ -241,9 +241,7 @@ def evaluate(
         figures(store.folder, store.metrics())
     except ImportError:  # the report module is optional for the store itself
         pass
-    from ..store.run_folder import write_report_or_warn
-
-    write_report_or_warn(store.folder)
+    # report.html: written by the command pipeline after the run (store/ never imports report/)
     return EvalResult(store.folder, len(examples), len(skipped), len(todo), summary, lines)
 
 

@@ -68,7 +68,10 @@ class ProbeResult:
     rows: list[dict[str, Any]] = field(default_factory=list)
     amnesic: list[dict[str, Any]] = field(default_factory=list)
     sweep: list[dict[str, Any]] = field(default_factory=list)
-    lines: list[str] = field(default_factory=list)
+    summary: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        return [*self.summary, f"output: {self.out}/ (manifest.json, arrays.safetensors, probe.png, summary.md)"]
 
 
 # -- settings checks (before anything is loaded or written) ---------------------------------------------

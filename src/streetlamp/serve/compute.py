@@ -156,8 +156,11 @@ def view_payload(adapter: ModelAdapter, res: ex.ExplainResult, target: Target, t
 
 def save_run(folder: Path, command: str, write: Callable[[RunWriter], None]) -> None:
     """Write a run folder with the one run writer (atomic: never half-written), and its report.html."""
-    with RunFolder(folder, command).staging() as w:  # the run writer adds report.html
+    from ..commands.base import write_report_or_warn
+
+    with RunFolder(folder, command).staging() as w:
         write(w)
+    write_report_or_warn(Path(folder))  # storage never renders: the report is written after the run
 
 
 def _prediction(adapter: ModelAdapter, probs: np.ndarray, index: int) -> dict:

@@ -193,26 +193,10 @@ class RunFolder:
             shutil.rmtree(old, ignore_errors=True)
 
     def after_write(self, path: Path) -> None:
-        """Runs on the complete staging folder just before it moves into place (its files are final)."""
+        """Runs on the complete staging folder just before it moves into place (its files are final).
+        Storage never renders: ``report.html`` is written by the command pipeline after the run
+        (:func:`streetlamp.commands.base.write_report_or_warn`), so ``store/`` imports no ``report/``."""
         self._write_report(path)
 
     def _write_report(self, path: Path) -> None:
-        """Write ``report.html`` into ``path`` (the viewer reads only the finished manifest and arrays)."""
-        write_report_or_warn(path)
-
-
-def write_report_or_warn(folder: Path) -> None:
-    """``report.html`` for a finished run: a viewer failure warns (the run's results are kept and
-    ``streetlamp report DIR`` can be run again), it never discards the computed results."""
-    import sys
-
-    from ..report.viewer import write_report  # at call time: the viewer imports this module
-
-    try:
-        write_report(folder)
-    except Exception as e:  # noqa: BLE001 - the results matter more than their page
-        print(
-            f"streetlamp: warning: report.html not written ({type(e).__name__}: {e}); "
-            f"rerun `streetlamp report {folder}`",
-            file=sys.stderr,
-        )
+        """A hook for a subclass (nothing by default)."""

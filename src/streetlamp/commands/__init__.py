@@ -1,0 +1,51 @@
+"""Every CLI command as one registered object (:class:`~streetlamp.commands.base.Command`).
+
+``COMMANDS`` is the one literal list: the CLI's parser, the Python API (``streetlamp.explain(...)``),
+the manifests test, the README's command table and the views test are generated from it. Adding a
+command = one module (its settings dataclass, its ``run``, its ``Command``) + one line here.
+Importing this package imports no torch (``streetlamp --help`` reads it).
+"""
+
+from __future__ import annotations
+
+from .base import Command, Lines, execute
+from .cot import COT
+from .evaluate import BENCHMARK, EVALUATE
+from .explain import EXPLAIN, EXPLAIN_GENERATION
+from .heads import HEADS, PRUNE
+from .lens import LENS
+from .listing import ATTENTION_ROW, METHODS, MODELS, REPORT, SERVE
+from .patch import MEDIATE, PATCH
+from .probe import PROBE
+from .replicate import REPLICATE
+
+COMMANDS: list[Command] = [
+    MODELS,
+    METHODS,
+    EXPLAIN,
+    ATTENTION_ROW,
+    EXPLAIN_GENERATION,
+    HEADS,
+    PRUNE,
+    PATCH,
+    LENS,
+    MEDIATE,
+    EVALUATE,
+    REPLICATE,
+    BENCHMARK,
+    REPORT,
+    SERVE,
+    COT,
+    PROBE,
+]
+
+
+def get(name: str) -> Command:
+    """The registered command ``name`` (read at call time: a test may register one)."""
+    for c in COMMANDS:
+        if c.name == name:
+            return c
+    raise KeyError(name)
+
+
+__all__ = ["COMMANDS", "Command", "Lines", "execute", "get"]

@@ -1,0 +1,71 @@
+"""``lens``: logit lens, direct logit attribution, head types; with --head the QK attribution."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..settings import Settings, Shared, option
+from .base import Command
+
+if TYPE_CHECKING:
+    from ..models.adapter import ModelAdapter
+
+
+@dataclass
+class LensSettings(Settings):
+    text: str = option("", positional=True)
+    target: str | None = option(None, help="token whose logit is explained; default: the prediction")
+    head: str | None = option(None, help="LAYER.HEAD for the QK attribution table, e.g. 9.6")
+    query: int | None = option(None, help="query position for --head (default: last)")
+    types_length: int = option(20, help="random tokens per head-type sequence (repeated)")
+    types_seqs: int = option(4, help="random sequences for the head types")
+
+
+@dataclass
+class LensResult:
+    """What ``run_lens`` computed (its dict, as ``values``) and the run folder."""
+
+    out: Path
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    def lines(self) -> list[str]:
+        out = []
+        for t in self.values["tables"]:
+            out += ["", t["title"], "  " + " | ".join(t["columns"])]
+            out += ["  " + " | ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row) for row in t["rows"]]
+        return [*out, "", f"output: {self.out}/"]
+
+
+def run_lens(adapter: ModelAdapter, s: LensSettings, out: Any, opts: Any) -> LensResult:
+    from ..runners.explain import parse_target
+    from ..runners.lens import run_lens as run
+
+    res = run(
+        adapter,
+        out,
+        text=s.text,
+        index=parse_target(adapter, s.target),
+        head=s.head,
+        query=s.query,
+        types_length=s.types_length,
+        types_seqs=s.types_seqs,
+        seed=s.seed,
+        overwrite=opts.overwrite,
+    )
+    return LensResult(Path(out.out), res)
+
+
+LENS = Command(
+    "lens",
+    "causal LM: logit lens, direct logit attribution, head types; with --head "
+    "also why that head attends where it does (QK attribution, ablation)",
+    LensSettings,
+    run_lens,
+    shared=Shared(model="smollm2-135m", out="output folder (default runs/lens-<time>)"),
+    views=("generic",),
+)
