@@ -251,7 +251,7 @@ class ModelAdapter:
         self.site_names = site_names(self.n_layers)
         max_pos = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or 10**9)
         # RoBERTa numbers positions from padding_idx + 1, so two position slots are never usable.
-        self.max_positions = max_pos - 2 if model_type == "roberta" else max_pos
+        self.max_positions = max_pos - self.family.reserved_positions
         if self.modality == "image":
             self.max_positions = 1 + cast(Any, tokenizer).n_patches
 
@@ -335,7 +335,7 @@ class ModelAdapter:
 
     def explained_position(self, length: int) -> int:
         """The position whose output is explained: [CLS] (0) for BERT-style classifiers, else the last token."""
-        if self.kind == "classifier" and self.family.name in ("bert", "roberta", "distilbert", "vit", "deberta-v2"):
+        if self.kind == "classifier" and self.family.reads_cls:
             return 0
         return length - 1
 
