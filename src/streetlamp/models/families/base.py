@@ -106,9 +106,11 @@ class Family:
     reserved_positions: int = 0  # position slots never usable (RoBERTa numbers from padding_idx + 1)
     specials: SpecialTokens | None = None
     modality: Literal["text", "image"] = "text"
-    # extra hooks: the ``embed`` site's forward hook (ViT's patch embedding, before positions), and the
-    # attention sites of a family that computes attention in its own module (DeBERTa's disentangled
-    # attention with relative-position scores), not through ALL_ATTENTION_FUNCTIONS
+    # extra hooks: ``embed_hook(session)`` -> the ``embed`` site's forward hook on the embedding module
+    # (registered with_kwargs=True; ViT's patch embedding, before positions), and
+    # ``attention_hooks(session, layer, attn_module)`` -> the handles exposing the attention sites of a
+    # family that computes attention in its own module (DeBERTa's disentangled attention with
+    # relative-position scores), not through ALL_ATTENTION_FUNCTIONS (so ours is not registered for it)
     embed_hook: Callable[[Session], Callable] | None = field(default=None, compare=False)
     attention_hooks: Callable[[Session, int, nn.Module], list[RemovableHandle]] | None = field(
         default=None, compare=False
