@@ -16,37 +16,34 @@ PATHS: dict[str, Any] = dict(
 POST_LN = NormPlacement("post", "attention.output.LayerNorm", "layernorm")
 
 
-def _tiny(family: str) -> Any:
-    def build(tok: Any, layers: int, heads: int, d_model: int) -> Any:
-        from transformers import (
-            BertConfig,
-            BertForSequenceClassification,
-            RobertaConfig,
-            RobertaForSequenceClassification,
-        )
-
-        roberta = family == "roberta"
-        cls_c, cls_m = (
-            (RobertaConfig, RobertaForSequenceClassification)
-            if roberta
-            else (BertConfig, BertForSequenceClassification)
-        )
-        cfg = cls_c(
-            hidden_size=d_model,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            intermediate_size=2 * d_model,
-            max_position_embeddings=64 + (2 if roberta else 0),
-            **classifier_config(tok),
-        )
-        if roberta:
-            cfg.pad_token_id = 0
-        return cls_m(cfg)
-
-    return TinySpec("classifier", build)
+def _encoder(tok: Any, layers: int, heads: int, d_model: int, positions: int) -> dict[str, Any]:
+    return dict(
+        hidden_size=d_model,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=2 * d_model,
+        max_position_embeddings=positions,
+        **classifier_config(tok),
+    )
 
 
-BERT = Family("bert", **PATHS, norm=POST_LN, attnlrp_refusal=None, reads_cls=True, tiny=_tiny("bert"))
+def _tiny_bert(tok: Any, layers: int, heads: int, d_model: int) -> Any:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    return BertForSequenceClassification(BertConfig(**_encoder(tok, layers, heads, d_model, 64)))
+
+
+def _tiny_roberta(tok: Any, layers: int, heads: int, d_model: int) -> Any:
+    from transformers import RobertaConfig, RobertaForSequenceClassification
+
+    cfg = RobertaConfig(**_encoder(tok, layers, heads, d_model, 66))  # two slots before the first position
+    cfg.pad_token_id = 0
+    return RobertaForSequenceClassification(cfg)
+
+
+BERT = Family(
+    "bert", **PATHS, norm=POST_LN, attnlrp_refusal=None, reads_cls=True, tiny=TinySpec("classifier", _tiny_bert)
+)
 ROBERTA = Family(
     "roberta",
     **PATHS,
@@ -56,5 +53,5 @@ ROBERTA = Family(
     functional_activations=(("classifier.dense", "classifier.out_proj"), ("lm_head.dense", "lm_head.layer_norm")),
     reads_cls=True,
     reserved_positions=2,  # RoBERTa numbers positions from padding_idx + 1
-    tiny=_tiny("roberta"),
+    tiny=TinySpec("classifier", _tiny_roberta),
 )
