@@ -22,10 +22,12 @@ is added (Gemma 2); ``sliding_window`` is already inside the per-layer mask tran
 sliding layers (through the mask builder registered below), and is applied here only when no mask
 arrives, by the one mask rule of :mod:`streetlamp.models.masks` (a causal query i then sees keys
 i - window + 1 .. i; a bidirectional one keys with |i - j| < window), which the fused kernel and the
-chunked pass use too. What a call should do besides attend (the session, the long-context recorder,
-the fused flag, AttnLRP's rules) is read from :mod:`streetlamp.models.context`. ``position_bias`` (T5: the relative-position bias of the stack's first layer,
+chunked pass use too. ``position_bias`` (T5: the relative-position bias of the stack's first layer,
 ``[1 or batch, head, query, key]``, zeros for cross-attention) is added to the scaled scores before the
 mask, as T5's eager code does; T5 passes ``scaling=1.0`` (it does not scale q·k).
+
+What a call should do besides attend (the session, the long-context recorder, the fused flag, AttnLRP's
+rules) is read from :mod:`streetlamp.models.context`.
 
 Encoder-decoders (T5, BART) name the sites by stack and attention kind
 (``encoder.layers.{l}.attn.*``, ``decoder.layers.{l}.self_attn.*``, ``decoder.layers.{l}.cross_attn.*``):

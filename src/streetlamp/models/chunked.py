@@ -18,6 +18,9 @@ The probabilities are those of the eager path: ``softmax(cap(q kᵀ · scaling) 
 transformers builds for the chunked implementation (``sdpa_mask``: None for plain causal or
 bidirectional text, a boolean ``[query, key]`` for sliding-window layers) is checked, chunk by
 chunk, against the rule, and a mask the rule does not describe (padding) is refused.
+
+The files are written and read back by :mod:`streetlamp.store.qk` (:class:`~streetlamp.store.qk.QKStore`);
+the row arithmetic is :mod:`streetlamp.models.pattern`'s and the mask rule :mod:`streetlamp.models.masks`'s.
 """
 
 from __future__ import annotations
