@@ -30,6 +30,7 @@ import torch
 
 from ..errors import StreetlampError
 from ..models.adapter import Inputs, ModelAdapter, Target
+from ..models.families import FamilyTable
 from ..models.readout import final_softcap
 from ..models.relevance import attention_edits
 from ..results import Explanation
@@ -53,29 +54,9 @@ def attnlrp_relevance(
     return (x.detach() * g).sum(-1), f, fwd.cache
 
 
-# families whose norms, activations and gated products have rules (the conservation test passes on each)
-RULE_FAMILIES = (
-    "bert",
-    "roberta",
-    "distilbert",
-    "modernbert",
-    "gpt2",
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "phi3",
-    "gemma2",
-    "gemma3_text",
-    "vit",
-)
-
-
-# why a supported model family still has no rules (the refusal's reason)
-NO_RULE_YET = {
-    "deberta-v2": "its disentangled attention adds content-to-position scores, linear in the input, to the "
-    "bilinear content-to-content score inside its own module; one uniform rule at the pattern would halve both"
-}
+# families whose norms, activations and gated products have rules (the conservation test passes on each):
+# each family's ``attnlrp_refusal`` is None (models/families); else it says why the family is refused
+RULE_FAMILIES: FamilyTable[bool] = FamilyTable(lambda f: True if f.attnlrp_refusal is None else None)
 
 
 @dataclass
@@ -90,12 +71,11 @@ class AttnLRP(Method):
 
     def check(self, adapter: ModelAdapter) -> None:
         super().check(adapter)
-        name = adapter.family.name
-        if name not in RULE_FAMILIES:
-            why = NO_RULE_YET.get(
-                name, "its norms, q/k norms or fused gates have no rule yet: conservation fails there"
+        why = adapter.family.attnlrp_refusal
+        if why is not None:
+            raise StreetlampError(
+                f"attnlrp's rules cover {', '.join(RULE_FAMILIES)}; not {adapter.family.name} ({why})"
             )
-            raise StreetlampError(f"attnlrp's rules cover {', '.join(RULE_FAMILIES)}; not {name} ({why})")
 
     def attribute(
         self, adapter: ModelAdapter, inputs: Inputs, *, target: Target, batch_size: int | None = None, seed: int = 0

@@ -24,6 +24,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import StreetlampError
 from . import attention
+from .images import PatchVocabulary, looks_like_image_file, read_image, token_embeddings
+from .relevance import relevance_rules
 from .sites import FAMILIES, Family, site_names
 from .trace import Edit, Session
 
@@ -210,8 +212,6 @@ class ModelAdapter:
         arch = type(hf_model).__name__
         self.modality: Modality = "text"
         if arch.endswith("ForImageClassification"):
-            from .images import PatchVocabulary
-
             self.kind: Kind = "classifier"
             self.modality = "image"
             if not isinstance(tokenizer, PatchVocabulary):  # an image processor; a vocabulary is shared as is
@@ -251,7 +251,7 @@ class ModelAdapter:
         self.site_names = site_names(self.n_layers)
         max_pos = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or 10**9)
         # RoBERTa numbers positions from padding_idx + 1, so two position slots are never usable.
-        self.max_positions = max_pos - 2 if model_type == "roberta" else max_pos
+        self.max_positions = max_pos - self.family.reserved_positions
         if self.modality == "image":
             self.max_positions = 1 + cast(Any, tokenizer).n_patches
 
@@ -335,7 +335,7 @@ class ModelAdapter:
 
     def explained_position(self, length: int) -> int:
         """The position whose output is explained: [CLS] (0) for BERT-style classifiers, else the last token."""
-        if self.kind == "classifier" and self.family.name in ("bert", "roberta", "distilbert", "vit", "deberta-v2"):
+        if self.kind == "classifier" and self.family.reads_cls:
             return 0
         return length - 1
 
@@ -418,8 +418,6 @@ class ModelAdapter:
     # -- inputs --------------------------------------------------------------------------------
     def encode(self, texts: Any, truncate: bool = False) -> Inputs:
         """Texts (a text model), or images (an image model: file paths or PIL images) -> :class:`Inputs`."""
-        from .images import looks_like_image_file
-
         if self.modality == "image":
             return self._encode_images(texts)
         texts = [texts] if isinstance(texts, str) or not isinstance(texts, Iterable) else list(texts)
@@ -451,8 +449,6 @@ class ModelAdapter:
         return Inputs.from_ids(self, rows, texts, truncated)
 
     def _encode_images(self, images: Any) -> Inputs:
-        from .images import read_image
-
         items = [images] if isinstance(images, (str, Path)) or not isinstance(images, Iterable) else list(images)
         if not items:
             raise StreetlampError("no image given")
@@ -478,8 +474,6 @@ class ModelAdapter:
         """The ``embed`` site of one row of ids ``[pos]`` -> ``[pos, d_model]`` (the lookup alone, no forward
         pass); for an image model ``[CLS]`` and the patch embeddings of the row's pixels."""
         if self.modality == "image":
-            from .images import token_embeddings
-
             vocab: Any = self.tokenizer
             row = ids.view(-1).cpu().clone()
             first, row[0] = int(row[0]), vocab.cls_token_id  # a baseline row may hold a patch at position 0
@@ -515,8 +509,6 @@ class ModelAdapter:
         """AttnLRP's modified backward on this model's norms, activations and gated products for a
         ``with`` block (forward values unchanged); the attention rules are site edits, see
         :mod:`streetlamp.models.relevance`."""
-        from .relevance import relevance_rules
-
         return relevance_rules(self)
 
     def forward(

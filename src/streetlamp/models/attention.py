@@ -20,10 +20,14 @@ Keyword arguments transformers passes and how they are honoured (as in Hugging F
 absent); ``softcap`` caps the scaled scores as ``softcap * tanh(scores / softcap)`` *before* the mask
 is added (Gemma 2); ``sliding_window`` is already inside the per-layer mask transformers builds for
 sliding layers (through the mask builder registered below), and is applied here only when no mask
-arrives (a causal query i then sees keys i - window + 1 .. i; a bidirectional one keys with
-|i - j| < window). ``position_bias`` (T5: the relative-position bias of the stack's first layer,
+arrives, by the one mask rule of :mod:`streetlamp.models.masks` (a causal query i then sees keys
+i - window + 1 .. i; a bidirectional one keys with |i - j| < window), which the fused kernel and the
+chunked pass use too. ``position_bias`` (T5: the relative-position bias of the stack's first layer,
 ``[1 or batch, head, query, key]``, zeros for cross-attention) is added to the scaled scores before the
 mask, as T5's eager code does; T5 passes ``scaling=1.0`` (it does not scale q·k).
+
+What a call should do besides attend (the session, the long-context recorder, the fused flag, AttnLRP's
+rules) is read from :mod:`streetlamp.models.context`.
 
 Encoder-decoders (T5, BART) name the sites by stack and attention kind
 (``encoder.layers.{l}.attn.*``, ``decoder.layers.{l}.self_attn.*``, ``decoder.layers.{l}.cross_attn.*``):
@@ -32,36 +36,20 @@ the session says which prefix a module's call belongs to.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
-
 import torch
 from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from ..errors import StreetlampError
-from .chunked import active_recorder
+from .context import active_recorder, active_session, fused_attention, fused_on
+from .masks import rule_mask
 from .relevance import soft_cap
-from .trace import active_session
 
+__all__ = ["ATTN_IMPLEMENTATION", "fused_attention", "register", "repeat_kv", "streetlamp_attention"]
 ATTN_IMPLEMENTATION = "streetlamp"
-_FUSED: ContextVar[bool] = ContextVar("streetlamp_fused_attention", default=False)
 # sites computed inside this function: a layer whose site is recorded or edited needs the weights
 _INSIDE = ("v", "pattern", "z")
-
-
-@contextmanager
-def fused_attention(on: bool = True) -> Iterator[None]:
-    """Inside this block, layers whose weights nobody asked for (no recorded or edited ``attn.v``,
-    ``attn.pattern`` or ``attn.z`` site) run ``torch.nn.functional.scaled_dot_product_attention``
-    (no ``[head, query, key]`` tensor is returned; soft-capped layers, Gemma 2's, stay eager)."""
-    token = _FUSED.set(on)
-    try:
-        yield
-    finally:
-        _FUSED.reset(token)
 
 
 def _needs_weights(session: object, prefix: str) -> bool:
@@ -109,7 +97,7 @@ def streetlamp_attention(
         return out, None
     key = repeat_kv(key, groups)
     value = repeat_kv(value, groups)
-    if _FUSED.get() and softcap is None and position_bias is None and not _needs_weights(session, prefix):
+    if fused_on() and softcap is None and position_bias is None and not _needs_weights(session, prefix):
         return _sdpa(module, query, key, value, attention_mask, scaling, dropout, sliding_window), None
     if layer is not None:
         assert session is not None
@@ -130,18 +118,11 @@ def streetlamp_attention(
         else:
             scores = scores + attention_mask[:, :, :, :k_len]
             allowed = attention_mask[:, :, :, :k_len] > torch.finfo(attention_mask.dtype).min / 2
-    else:
-        allowed = torch.ones(1, 1, q_len, k_len, dtype=torch.bool, device=query.device)
-        causal = getattr(module, "is_causal", False)
-        if (causal and q_len > 1) or sliding_window:
-            full = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device)
-            allowed = full.tril(k_len - q_len) if causal else full
-            if sliding_window and causal:
-                allowed = allowed & full.triu(k_len - q_len - int(sliding_window) + 1)
-            elif sliding_window:  # bidirectional (ModernBERT's local layers): |i - j| < window
-                allowed = full.triu(1 - int(sliding_window)).tril(int(sliding_window) - 1)
-            allowed = allowed[None, None]
-            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    else:  # no mask: the rule's (models/masks.py)
+        rule = rule_mask(q_len, k_len, bool(getattr(module, "is_causal", False)), sliding_window, query.device)
+        allowed = rule if rule is not None else torch.ones(1, 1, q_len, k_len, dtype=torch.bool, device=query.device)
+        if rule is not None:
+            scores = scores.masked_fill(~rule, torch.finfo(scores.dtype).min)
     # softmax in float32 (as Hugging Face's eager path), or float64 when the model runs in double
     probs = nn.functional.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(
         query.dtype
@@ -169,22 +150,14 @@ def _sdpa(
     dropout: float,
     sliding_window: int | None,
 ) -> torch.Tensor:
-    """The fused kernel, with the mask the eager branch would apply."""
+    """The fused kernel, with the mask the eager branch would apply (the rule's when none arrives; plain
+    causal attention over the same positions as SDPA's own ``is_causal``, so no mask is built)."""
     q_len, k_len = query.shape[-2], key.shape[-2]
     causal = bool(getattr(module, "is_causal", False))
     mask = attention_mask[:, :, :, :k_len] if attention_mask is not None else None
-    is_causal = False
-    if mask is None and sliding_window:
-        full = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device)
-        w = int(sliding_window)
-        mask = (
-            full.tril(k_len - q_len) & full.triu(k_len - q_len - w + 1) if causal else full.triu(1 - w).tril(w - 1)
-        )[None, None]
-    elif mask is None and causal and q_len > 1:
-        if q_len == k_len:
-            is_causal = True
-        else:
-            mask = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril(k_len - q_len)[None, None]
+    is_causal = mask is None and causal and not sliding_window and q_len == k_len and q_len > 1
+    if mask is None and not is_causal:
+        mask = rule_mask(q_len, k_len, causal, sliding_window, query.device)
     out = nn.functional.scaled_dot_product_attention(
         query,
         key,

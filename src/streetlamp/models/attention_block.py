@@ -5,63 +5,39 @@ The named sites already give the value vectors (``layers.{l}.attn.v``, per query
 the value bias b_V and, for pre-LN families, *after* the pre-attention LayerNorm/RMSNorm) and
 the attention block's output (``layers.{l}.attn.out``, with b_O). What they do not give is:
 
-* where the LayerNorm around the attention block sits: **post-LN** (BERT, RoBERTa, DistilBERT:
+* where the LayerNorm around the attention block sits (:class:`NormPlacement`): **post-LN** (BERT, RoBERTa, DistilBERT:
   ``LN(x + Attn(x))``), **pre-LN** (GPT-2: LayerNorm; Llama family: RMSNorm:
   ``x + Attn(LN(x))``) or **sandwich** (Gemma 2 and 3: ``x + N(Attn(RMSNorm(x)))``, a second RMSNorm
   on the attention output before the residual add), and for post-LN / sandwich the norm's
   parameters;
 * W_O per head (``sites.output_matrix``) and b_O.
 
-This module is that table plus three small accessors; nothing else touches module paths.
+The placement is each family's ``norm`` (:mod:`streetlamp.models.families`); this module holds the three
+small accessors; nothing else touches these module paths.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import StreetlampError
 from .adapter import at_least_float32
+from .families import FamilyTable, NormPlacement
 from .sites import output_matrix
 
 if TYPE_CHECKING:
     from .adapter import ModelAdapter
 
 
-@dataclass(frozen=True)
-class NormPlacement:
-    """``placement``: where the norm around the attention block sits; ``attn_norm``: its path
-    relative to a layer module (applied to ``x + Attn`` when post-LN, to ``x`` when pre-LN);
-    ``kind``: ``layernorm`` (mean-centred, gamma, beta) or ``rmsnorm`` (gamma only)."""
-
-    placement: Literal["post", "pre", "sandwich"]
-    attn_norm: str
-    kind: Literal["layernorm", "rmsnorm", "rmsnorm_1p"]  # rmsnorm_1p: Gemma's gain (1 + w)
-
-
-DECOMPOSE: dict[str, NormPlacement] = {
-    "bert": NormPlacement("post", "attention.output.LayerNorm", "layernorm"),
-    "roberta": NormPlacement("post", "attention.output.LayerNorm", "layernorm"),
-    "distilbert": NormPlacement("post", "sa_layer_norm", "layernorm"),
-    "gpt2": NormPlacement("pre", "ln_1", "layernorm"),
-    "llama": NormPlacement("pre", "input_layernorm", "rmsnorm"),
-    "mistral": NormPlacement("pre", "input_layernorm", "rmsnorm"),
-    "qwen2": NormPlacement("pre", "input_layernorm", "rmsnorm"),
-    "qwen3": NormPlacement("pre", "input_layernorm", "rmsnorm"),  # q/k norms do not touch the values
-    "phi3": NormPlacement("pre", "input_layernorm", "rmsnorm"),
-    "modernbert": NormPlacement("pre", "attn_norm", "layernorm"),  # layer 0's attn_norm is the identity
-    "gemma2": NormPlacement("sandwich", "post_attention_layernorm", "rmsnorm_1p"),
-    "gemma3_text": NormPlacement("sandwich", "post_attention_layernorm", "rmsnorm_1p"),
-    "vit": NormPlacement("pre", "layernorm_before", "layernorm"),
-    "deberta-v2": NormPlacement("post", "attention.output.LayerNorm", "layernorm"),
-}
+# family -> its norm placement (the ``norm`` of each family object), for callers of the old table
+DECOMPOSE: FamilyTable[NormPlacement] = FamilyTable(lambda f: f.norm)
 
 
 def placement(adapter: ModelAdapter) -> NormPlacement:
     """The family's norm placement, or a StreetlampError naming the supported families."""
-    p = DECOMPOSE.get(adapter.family.name)
+    p = DECOMPOSE.get(adapter.family.name)  # the registered family's ``norm``
     if p is None:
         raise StreetlampError(
             f"no decomposition table for family {adapter.family.name!r}; supported: {', '.join(sorted(DECOMPOSE))}"

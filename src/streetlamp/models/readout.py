@@ -21,47 +21,27 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
 
 from ..errors import StreetlampError
-from .sites import norm_gain_offset
+from .families import FamilyTable, Readout
 
 if TYPE_CHECKING:
     from .adapter import ModelAdapter
 
 
-@dataclass(frozen=True)
-class Readout:
-    """Module paths of the norms around the residual stream (final norm relative to the base model, the
-    others relative to a layer); ``attn_out`` / ``mlp_out``: Gemma's sandwich norms, applied to the
-    attention / MLP output before it joins the residual stream."""
-
-    final_norm: str
-    attn_in: str
-    attn_out: str | None = None
-    mlp_out: str | None = None
-
-
-_LLAMA = Readout("norm", "input_layernorm")
-_GEMMA = Readout("norm", "input_layernorm", "post_attention_layernorm", "post_feedforward_layernorm")
-READOUT = {
-    "gpt2": Readout("ln_f", "ln_1"),
-    "llama": _LLAMA,
-    "mistral": _LLAMA,
-    "qwen2": _LLAMA,
-    "qwen3": _LLAMA,  # q_norm / k_norm: see query_key
-    "phi3": _LLAMA,  # fused qkv_proj: see query_key
-    "gemma2": _GEMMA,
-    "gemma3_text": _GEMMA,
-}
-FINAL_NORM = {k: v.final_norm for k, v in READOUT.items()}  # relative to base_model
+# family -> its readout (the ``readout`` of each family object) and final norm, for callers of the old tables
+READOUT: FamilyTable[Readout] = FamilyTable(lambda f: f.readout)
+FINAL_NORM: FamilyTable[str] = FamilyTable(
+    lambda f: f.readout.final_norm if f.readout else None
+)  # relative to base_model
 
 
 def check_lens(adapter: ModelAdapter) -> None:
-    if adapter.kind != "causal_lm" or adapter.family.name not in FINAL_NORM:
+    if adapter.kind != "causal_lm" or adapter.family.readout is None:
         raise StreetlampError(
             f"lenses need a pre-norm causal LM ({', '.join(sorted(FINAL_NORM))}); "
             f"{adapter.name} is a {adapter.family.name} {adapter.kind}"
@@ -112,24 +92,26 @@ def _norm_at(adapter: ModelAdapter, root: nn.Module, path: str) -> Norm:
     m: Any = root
     for part in path.split("."):
         m = getattr(m, part)
-    return Norm.of(m, norm_gain_offset(adapter.family.name))
+    return Norm.of(m, adapter.family.norm_offset)
+
+
+def _readout(adapter: ModelAdapter) -> Readout:
+    check_lens(adapter)
+    return cast(Readout, adapter.family.readout)
 
 
 def final_norm(adapter: ModelAdapter) -> Norm:
-    check_lens(adapter)
-    return _norm_at(adapter, adapter.hf_model.base_model, READOUT[adapter.family.name].final_norm)
+    return _norm_at(adapter, adapter.hf_model.base_model, _readout(adapter).final_norm)
 
 
 def pre_attn_norm(adapter: ModelAdapter, layer: int) -> Norm:
-    check_lens(adapter)
-    return _norm_at(adapter, adapter.layer_modules[layer], READOUT[adapter.family.name].attn_in)
+    return _norm_at(adapter, adapter.layer_modules[layer], _readout(adapter).attn_in)
 
 
 def output_norms(adapter: ModelAdapter, layer: int) -> tuple[Norm | None, Norm | None]:
     """The norms on layer ``layer``'s attention output and MLP output before they join the residual
     stream (Gemma's sandwich norms), or None where the output is added as it is."""
-    check_lens(adapter)
-    r, m = READOUT[adapter.family.name], adapter.layer_modules[layer]
+    r, m = _readout(adapter), adapter.layer_modules[layer]
     return (
         _norm_at(adapter, m, r.attn_out) if r.attn_out else None,
         _norm_at(adapter, m, r.mlp_out) if r.mlp_out else None,
@@ -194,19 +176,19 @@ def query_key(
     Per-head q/k norms (Qwen3, Gemma 3: RMSNorm over ``d_head`` before RoPE) are linearised with the
     scale of the query / key of ``full`` (the layer's whole normalised input; default ``z`` itself, which
     gives the exact q and k of ``z``), so the q and k of parts of ``full`` sum to those of ``full``."""
-    check_lens(adapter)
+    readout = _readout(adapter)
     attn: Any = adapter.attn_modules[layer]
     z = z.double()
     q, k = _project(adapter, attn, z, bias)
     q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
     if q_norm is not None and k_norm is not None:
         qf, kf = (q, k) if full is None else _project(adapter, attn, full.double(), True)
-        off = norm_gain_offset(adapter.family.name)
+        off = adapter.family.norm_offset
         qn, kn = Norm.of(q_norm, off), Norm.of(k_norm, off)
         q, k = qn.linear(q, qn.scale(qf)), kn.linear(k, kn.scale(kf))
     H = adapter.n_heads
     k = k.repeat_interleave(H // k.shape[1], dim=1)
-    if adapter.family.name == "gpt2":
+    if not readout.rotary:
         return q.detach(), k.detach()
     rot: Any = adapter.hf_model.base_model.rotary_emb
     pos = torch.arange(z.shape[0], device=z.device)[None]
@@ -227,7 +209,8 @@ def _project(adapter: ModelAdapter, attn: Any, z: torch.Tensor, bias: bool) -> t
     """``W_Q z (+ b_Q)`` ``[pos, head, d_head]`` and ``W_K z (+ b_K)`` ``[pos, kv_head, d_head]``, float64:
     GPT-2's fused ``c_attn`` (Conv1D), Phi-3's fused ``qkv_proj`` or separate ``q_proj`` / ``k_proj``."""
     n, H, KV = z.shape[0], adapter.n_heads, adapter.n_kv_heads
-    if adapter.family.name == "gpt2":
+    qkv = _readout(adapter).qkv
+    if qkv == "c_attn":
         w, b = attn.c_attn.weight.double(), attn.c_attn.bias.double()  # Conv1D: [d, 3d]
         d = adapter.d_model
         qk = z @ w[:, : 2 * d] + (b[: 2 * d] if bias else 0)
@@ -240,7 +223,7 @@ def _project(adapter: ModelAdapter, attn: Any, z: torch.Tensor, bias: bool) -> t
             w, b = w[rows], (b[rows] if b is not None else None)
         return lin(z, w, b)
 
-    if hasattr(attn, "qkv_proj"):  # Phi-3: rows [q (H·dh), k (KV·dh), v]
+    if qkv == "qkv_proj":  # Phi-3: rows [q (H·dh), k (KV·dh), v]
         dq, dk = H * attn.head_dim, KV * attn.head_dim
         return (
             proj(attn.qkv_proj, slice(0, dq)).reshape(n, H, -1),

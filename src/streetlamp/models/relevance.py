@@ -36,7 +36,7 @@ half the downstream gradient), the bias term of the paper's Taylor expansion. Bi
 position embeddings) absorb ``b · ∂F/∂b`` as in any LRP.
 
 Activations applied as plain functions (RoBERTa's classification head ``tanh``, its LM head's
-``gelu``) are reached through the modules around them (:data:`FUNCTIONAL_ACTIVATIONS`); ReLU's
+``gelu``) are reached through the modules around them (the family's ``functional_activations``); ReLU's
 identity rule equals its gradient, so DistilBERT's inline ``nn.ReLU()`` needs nothing.
 """
 
@@ -44,24 +44,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from . import sites
+from .context import relevance_rules_on, rules_on
+from .families import FamilyTable
+
 if TYPE_CHECKING:
     from .adapter import ModelAdapter
 
 IDENTITY_EPS = 1e-10  # lxt's epsilon in the identity rule's ratio act(x) / (x + eps)
-GATED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "modernbert")
-# AttnLRP's rules are on for the current context (the attention function reads it for the soft-cap)
-_RULES_ON: ContextVar[bool] = ContextVar("streetlamp_relevance_rules", default=False)
-# (module whose output enters the activation, module whose input is the activation's output),
-# paths relative to the Hugging Face model; pairs whose modules are absent are skipped.
-FUNCTIONAL_ACTIVATIONS: dict[str, tuple[tuple[str, str], ...]] = {
-    "roberta": (("classifier.dense", "classifier.out_proj"), ("lm_head.dense", "lm_head.layer_norm")),
-}
+# the registered families with a gated MLP (each family's ``gated_mlp``), read by relevance_rules
+GATED_FAMILIES: FamilyTable[bool] = FamilyTable(lambda f: True if f.gated_mlp else None)
 _ELEMENTWISE = (nn.GELU, nn.ReLU, nn.Tanh, nn.SiLU, nn.Sigmoid, nn.LeakyReLU, nn.ELU, nn.Mish, nn.Softplus)
 
 
@@ -126,7 +123,7 @@ def _norm_hook(kind: str, gain_offset: float) -> Callable:
 def soft_cap(scores: torch.Tensor, cap: float) -> torch.Tensor:
     """``cap · tanh(scores / cap)``; under AttnLRP's rules with the identity rule's gradient."""
     capped = torch.tanh(scores / cap) * cap
-    return _identity_rule(scores, capped) if _RULES_ON.get() else capped
+    return _identity_rule(scores, capped) if relevance_rules_on() else capped
 
 
 def _final_cap(model: nn.Module, cap: float) -> list[torch.utils.hooks.RemovableHandle]:
@@ -185,13 +182,10 @@ def relevance_rules(adapter: ModelAdapter) -> Iterator[None]:
     """Install AttnLRP's module rules (norms, activations, gated products) for the ``with`` block.
 
     The attention rules go through the named sites: pass :func:`attention_edits` as ``edit``."""
-    from .sites import norm_gain_offset
-
     model = adapter.hf_model
     handles: list[torch.utils.hooks.RemovableHandle] = []
-    offset = norm_gain_offset(adapter.family.name)
-    token = _RULES_ON.set(True)
-    try:
+    offset = sites.norm_gain_offset(adapter.family.name)
+    with rules_on(), _removing(handles):
         seen: set[int] = set()
         for m in model.modules():
             if id(m) in seen:
@@ -205,7 +199,7 @@ def relevance_rules(adapter: ModelAdapter) -> Iterator[None]:
         if adapter.family.name in GATED_FAMILIES:
             for down in adapter.mlp_out_modules:
                 handles.append(down.register_forward_pre_hook(_halve_input_hook))
-        for before, after in FUNCTIONAL_ACTIVATIONS.get(adapter.family.name, ()):
+        for before, after in adapter.family.functional_activations:
             mb, ma = _get(model, before), _get(model, after)
             if mb is not None and ma is not None:
                 handles.extend(_functional_pair(mb, ma))
@@ -213,8 +207,13 @@ def relevance_rules(adapter: ModelAdapter) -> Iterator[None]:
         if cap and adapter.kind == "causal_lm":
             handles.extend(_final_cap(model, float(cap)))
         yield
+
+
+@contextmanager
+def _removing(handles: list[torch.utils.hooks.RemovableHandle]) -> Iterator[None]:
+    try:
+        yield
     finally:
-        _RULES_ON.reset(token)
         for h in handles:
             h.remove()
 

@@ -1,7 +1,7 @@
 """Named sites: one stable name per intervention point, the same for every family.
 
-A family is a small table of module paths (relative to ``model.base_model``); everything else
-is derived from it. Shapes:
+A family's module paths (relative to ``model.base_model``, on its object in
+:mod:`streetlamp.models.families`) say where each site is; everything else is derived from them. Shapes:
 
 ==============================  ==================================  =============================
 name                            shape                               what
@@ -20,11 +20,25 @@ name                            shape                               what
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import torch
 from torch import nn
+
+from .families import FAMILIES, Family, unsupported_message
+
+__all__ = [
+    "FAMILIES",
+    "LAYER_SITES",
+    "SITE_AXES",
+    "Family",
+    "norm_gain_offset",
+    "output_matrix",
+    "parse_site",
+    "site_axes",
+    "site_names",
+    "unsupported_message",
+]
 
 LAYER_SITES = ("resid_pre", "attn.v", "attn.pattern", "attn.z", "attn.head_out", "attn.out", "mlp.out", "resid_post")
 SITE_AXES: dict[str, list[str]] = {
@@ -40,103 +54,12 @@ SITE_AXES: dict[str, list[str]] = {
 }
 
 
-@dataclass(frozen=True)
-class Family:
-    """Module paths of one architecture family, relative to ``model.base_model``."""
-
-    name: str
-    layers: str
-    attn: str  # the module that calls the attention function
-    o_proj: str  # relative to a layer
-    mlp_out: str  # relative to a layer
-    embed: str  # token-embedding lookup, relative to the base model
-    # Gemma 2/3 RMS-normalise a layer's attention output before it joins the residual stream
-    # ("sandwich" norms): the output is then unchanged when all of a layer's attention is scaled by α > 0
-    normed_attention_output: bool = False
-    # DeBERTa-v2/v3 compute attention inside their own module, not through ALL_ATTENTION_FUNCTIONS: the
-    # attention sites come from hooks on that module (models/deberta.py) instead of our attention function
-    own_attention: bool = False
-
-
-_BERT: dict[str, Any] = dict(
-    layers="encoder.layer",
-    attn="attention.self",
-    o_proj="attention.output.dense",
-    mlp_out="output.dense",
-    embed="embeddings.word_embeddings",
-)
-_LLAMA: dict[str, Any] = dict(
-    layers="layers", attn="self_attn", o_proj="self_attn.o_proj", mlp_out="mlp.down_proj", embed="embed_tokens"
-)
-FAMILIES: dict[str, Family] = {
-    "bert": Family("bert", **_BERT),
-    "roberta": Family("roberta", **_BERT),
-    "distilbert": Family(
-        "distilbert",
-        layers="transformer.layer",
-        attn="attention",
-        o_proj="attention.out_lin",
-        mlp_out="ffn.lin2",
-        embed="embeddings.word_embeddings",
-    ),
-    "gpt2": Family("gpt2", layers="h", attn="attn", o_proj="attn.c_proj", mlp_out="mlp.c_proj", embed="wte"),
-    "llama": Family("llama", **_LLAMA),
-    "mistral": Family("mistral", **_LLAMA),
-    "qwen2": Family("qwen2", **_LLAMA),
-    "qwen3": Family("qwen3", **_LLAMA),  # q_norm / k_norm act before the attention function
-    "phi3": Family("phi3", **_LLAMA),  # fused qkv_proj and gate_up_proj; o_proj and down_proj as Llama's
-    # mlp.out is down_proj, before post_feedforward_layernorm
-    "gemma2": Family("gemma2", **_LLAMA, normed_attention_output=True),
-    "gemma3_text": Family("gemma3_text", **_LLAMA, normed_attention_output=True),  # Gemma3ForCausalLM (text only)
-    # ModernBERT: fused Wqkv; W_O is attn.Wo, the MLP's last linear mlp.Wo; alternating global and
-    # local (bidirectional sliding-window) layers
-    "modernbert": Family(
-        "modernbert",
-        layers="layers",
-        attn="attn",
-        o_proj="attn.Wo",
-        mlp_out="mlp.Wo",
-        embed="embeddings.tok_embeddings",
-    ),
-    # disentangled attention (c2c + c2p + p2c scores); sites from hooks, see models/deberta.py
-    "deberta-v2": Family("deberta-v2", **_BERT, own_attention=True),
-    # ViTForImageClassification (transformers 5: q/k/v/o_proj, mlp.fc1/fc2); ``embed`` hooks ViTEmbeddings
-    # and exposes cat([CLS], patch embeddings) before the position embeddings (models/images.py)
-    "vit": Family(
-        "vit",
-        layers="layers",
-        attn="attention",
-        o_proj="attention.o_proj",
-        mlp_out="mlp.fc2",
-        embed="embeddings",
-    ),
-}
-
-
-# Families whose RMSNorm multiplies by (1 + w) instead of w (Gemma; their weights are stored offset by 1),
-# q_norm / k_norm included
-UNIT_OFFSET_NORM_FAMILIES = ("gemma2", "gemma3_text")
-
-
+# the family objects live in models/families; these names stay for the callers that import them from here
+# (seq2seq builds a Family; tests switch the norm gain offset off through norm_gain_offset)
 def norm_gain_offset(family: str) -> float:
     """1.0 where the family's RMSNorm gain is ``1 + w``, else 0.0 (gain ``w``)."""
-    return 1.0 if family in UNIT_OFFSET_NORM_FAMILIES else 0.0
-
-
-# Families whose attention transformers 5 does not compute through ALL_ATTENTION_FUNCTIONS (so ours
-# cannot be registered), or that need inputs streetlamp does not model yet: the reason is the error.
-UNSUPPORTED: dict[str, str] = {
-    "deberta": "DeBERTa v1 computes its disentangled attention inside its own module in transformers 5, "
-    "not through ALL_ATTENTION_FUNCTIONS, and streetlamp hooks only DeBERTa-v2/v3's module "
-    "(model_type 'deberta-v2'); use a v2/v3 checkpoint",
-}
-
-
-def unsupported_message(model_type: str) -> str:
-    """One line: why ``model_type`` cannot be loaded, and the supported families."""
-    why = UNSUPPORTED.get(model_type, "not supported")
-    # the encoder-decoders (models/seq2seq.py) after the single-stack families
-    return f"model type {model_type!r}: {why}; supported: {', '.join(sorted(FAMILIES))}; encoder-decoder: bart, t5"
+    f = FAMILIES.get(family)
+    return f.norm_offset if f is not None else 0.0
 
 
 def site_names(n_layers: int) -> list[str]:

@@ -14,40 +14,30 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import (
     BartConfig,
     BartForConditionalGeneration,
-    BertConfig,
-    BertForSequenceClassification,
-    DebertaV2Config,
-    DebertaV2ForSequenceClassification,
-    DistilBertConfig,
-    DistilBertForSequenceClassification,
-    Gemma2Config,
-    Gemma2ForCausalLM,
-    Gemma3ForCausalLM,
-    Gemma3TextConfig,
-    GPT2Config,
-    GPT2LMHeadModel,
-    LlamaConfig,
-    LlamaForCausalLM,
-    MistralConfig,
-    MistralForCausalLM,
-    ModernBertConfig,
-    ModernBertForSequenceClassification,
-    Phi3Config,
-    Phi3ForCausalLM,
     PreTrainedModel,
     PreTrainedTokenizerFast,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    Qwen3Config,
-    Qwen3ForCausalLM,
-    RobertaConfig,
-    RobertaForSequenceClassification,
     T5Config,
     T5ForConditionalGeneration,
-    ViTConfig,
-    ViTForImageClassification,
-    ViTImageProcessorPil,
 )
+
+from .families import FAMILIES, TINY_WINDOW, Family, FamilyTable
+from .families.vit import TINY_IMAGE_SIZE, TINY_PATCH
+
+__all__ = [
+    "FAMILY_KINDS",
+    "IMAGE_FAMILY_KINDS",
+    "SEQ2SEQ_SPECIALS",
+    "TINY_IMAGE_SIZE",
+    "TINY_PATCH",
+    "TINY_WINDOW",
+    "WORDS",
+    "family_tokenizer",
+    "save_tiny",
+    "seq2seq_tokenizer",
+    "tiny_model",
+    "tiny_seq2seq",
+    "tiny_tokenizer",
+]
 
 WORDS = (
     "the a movie film was is not good bad great terrible acting plot but and very really "
@@ -55,43 +45,10 @@ WORDS = (
     "capital france berlin germany nurse doctor said that he she".split()
 )
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-FAMILY_KINDS = {
-    "bert": "classifier",
-    "roberta": "classifier",
-    "distilbert": "classifier",
-    "modernbert": "classifier",
-    "deberta-v2": "classifier",
-    "gpt2": "causal_lm",
-    "llama": "causal_lm",
-    "qwen2": "causal_lm",
-    "qwen3": "causal_lm",
-    "mistral": "causal_lm",
-    "phi3": "causal_lm",
-    "gemma2": "causal_lm",
-    "gemma3_text": "causal_lm",
-}
-# Image families: not in FAMILY_KINDS (whose tests feed text); tests/test_vit*.py run them.
-IMAGE_FAMILY_KINDS = {"vit": "classifier"}
-# The tiny ViT: 32 x 32 RGB images cut into 8 x 8 patches, so [CLS] + 16 patch tokens.
-TINY_IMAGE_SIZE, TINY_PATCH = 32, 8
-# Sliding-window size of the tiny Mistral and Gemma configs: shorter than the test texts, so the
-# window mask matters (a 4-token window lets query i see keys i-3 .. i).
-TINY_WINDOW = 4
-
-# Special tokens of the tiny decoders, per family: which of bos/eos/pad/unk/mask exist and whether
-# the tokenizer prepends BOS follow the family's published tokenizers, so the methods' fallbacks
-# (a [MASK] stand-in, the pad token, BOS as the empty context) are exercised as on the real models:
-# Qwen has no BOS, unk or mask and pads with <|endoftext|>; Mistral prepends <s> and has no pad (the
-# adapter pads with EOS); Phi-3 pads with <|endoftext|>; Gemma prepends <bos> (its models expect it).
-# (token names, prepend BOS)
-DECODER_SPECIALS: dict[str, tuple[dict[str, str], bool]] = {
-    "qwen2": ({"eos": "<|endoftext|>", "pad": "<|endoftext|>"}, False),
-    "qwen3": ({"eos": "<|endoftext|>", "pad": "<|endoftext|>"}, False),
-    "mistral": ({"bos": "<s>", "eos": "</s>", "unk": "<unk>"}, True),
-    "phi3": ({"bos": "<s>", "eos": "<|endoftext|>", "unk": "<unk>", "pad": "<|endoftext|>"}, False),
-    "gemma2": ({"bos": "<bos>", "eos": "<eos>", "unk": "<unk>", "pad": "<pad>"}, True),
-    "gemma3_text": ({"bos": "<bos>", "eos": "<eos>", "unk": "<unk>", "pad": "<pad>"}, True),
-}
+# Each family's tiny recipe is its ``tiny`` (models/families); these tables are views of the registry.
+# text families (the tests that feed text iterate this) and image families (tests/test_vit*.py run them)
+FAMILY_KINDS: FamilyTable[str] = FamilyTable(lambda f: f.tiny.kind if f.tiny and f.modality == "text" else None)
+IMAGE_FAMILY_KINDS: FamilyTable[str] = FamilyTable(lambda f: f.tiny.kind if f.tiny and f.modality == "image" else None)
 
 
 def tiny_tokenizer(encoder: bool) -> PreTrainedTokenizerFast:
@@ -121,10 +78,12 @@ def tiny_tokenizer(encoder: bool) -> PreTrainedTokenizerFast:
 
 
 def family_tokenizer(family: str) -> PreTrainedTokenizerFast:
-    """The tiny word-level tokenizer with ``family``'s special-token layout (see DECODER_SPECIALS)."""
-    if family not in DECODER_SPECIALS:
-        return tiny_tokenizer(encoder=FAMILY_KINDS[family] == "classifier")
-    names, prepend_bos = DECODER_SPECIALS[family]
+    """The tiny word-level tokenizer with ``family``'s special-token layout (its ``specials``), or the
+    generic tiny layout where it has none (``[CLS] text [SEP]`` for classifiers)."""
+    fam = _tiny_family(family)
+    if fam.specials is None:
+        return tiny_tokenizer(encoder=fam.tiny is not None and fam.tiny.kind == "classifier")
+    names, prepend_bos = dict(fam.specials.names), fam.specials.prepend_bos
     specials = list(dict.fromkeys(names.values()))
     # words the tokenizer cannot split go to an unknown id; families without <unk> still need one
     # for the word-level model, kept as an ordinary (non-special) vocabulary entry
@@ -141,215 +100,29 @@ def family_tokenizer(family: str) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, **{f"{k}_token": v for k, v in names.items()})
 
 
-def _decoder_ids(tok: PreTrainedTokenizerFast) -> dict[str, int | None]:
-    return {
-        "pad_token_id": tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
-        "bos_token_id": tok.bos_token_id,
-        "eos_token_id": tok.eos_token_id,
-    }
+def _tiny_family(family: str) -> Family:
+    fam = FAMILIES.get(family)
+    if fam is None or fam.tiny is None:
+        have = sorted(n for n, f in FAMILIES.items() if f.tiny is not None)
+        raise ValueError(f"no tiny model for family {family!r}; have {have}")
+    return fam
 
 
 def tiny_model(
     family: str, seed: int = 0, layers: int = 2, heads: int = 4, d_model: int = 32, attn_implementation: str = "eager"
-) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-    """A randomly initialised model of ``family`` (classifier for encoders, causal LM for decoders)."""
+) -> tuple[PreTrainedModel, Any]:
+    """A randomly initialised model of ``family`` (its ``tiny`` recipe: a classifier for the encoders and
+    ViT, a causal LM for the decoders) and its tokenizer (ViT: its image processor)."""
     torch.manual_seed(seed)
-    if family in IMAGE_FAMILY_KINDS:
-        return _tiny_vit(layers, heads, d_model, attn_implementation)  # type: ignore[return-value]
-    if family not in FAMILY_KINDS:
-        raise ValueError(f"no tiny model for family {family!r}; have {sorted(FAMILY_KINDS)} and vit")
-    tok = family_tokenizer(family)
-    v = len(tok)
-    common: dict[str, Any] = dict(
-        vocab_size=v,
-        num_labels=3,
-        id2label={0: "neg", 1: "neu", 2: "pos"},
-        label2id={"neg": 0, "neu": 1, "pos": 2},
-        pad_token_id=0,
-    )
-    model: PreTrainedModel
-    cfg: Any  # one of the families' config classes
-    if family in ("bert", "roberta"):
-        cls_c, cls_m = (
-            (BertConfig, BertForSequenceClassification)
-            if family == "bert"
-            else (RobertaConfig, RobertaForSequenceClassification)
-        )
-        cfg = cls_c(
-            hidden_size=d_model,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            intermediate_size=2 * d_model,
-            max_position_embeddings=64 + (2 if family == "roberta" else 0),
-            **common,
-        )
-        if family == "roberta":
-            cfg.pad_token_id = 0
-        model = cls_m(cfg)
-    elif family == "modernbert":
-        # layer 0 global, layer 1 local: a bidirectional window |i - j| <= local_attention / 2 = 2;
-        # [CLS] pooling (its default); the tokenizer's [CLS]/[SEP]/[PAD]/[MASK] ids in the config
-        cfg = cast(Any, ModernBertConfig)(
-            hidden_size=d_model,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            intermediate_size=2 * d_model,
-            max_position_embeddings=64,
-            local_attention=TINY_WINDOW,
-            global_attn_every_n_layers=2,
-            initializer_range=0.2,
-            cls_token_id=tok.cls_token_id,
-            sep_token_id=tok.sep_token_id,
-            bos_token_id=tok.cls_token_id,
-            eos_token_id=tok.sep_token_id,
-            **common,
-        )
-        model = ModernBertForSequenceClassification(cfg)
-    elif family == "deberta-v2":
-        # DeBERTa-v3's layout: c2p and p2c terms, query/key projections shared with the relative
-        # positions, log-bucketed relative distances (8 buckets: fewer than the test texts' tokens, so
-        # bucketing matters), layer-normed relative embeddings, no absolute position embeddings
-        cfg = cast(Any, DebertaV2Config)(
-            hidden_size=d_model,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            intermediate_size=2 * d_model,
-            max_position_embeddings=64,
-            relative_attention=True,
-            pos_att_type=["p2c", "c2p"],
-            position_buckets=8,
-            max_relative_positions=64,
-            share_att_key=True,
-            norm_rel_ebd="layer_norm",
-            position_biased_input=False,
-            type_vocab_size=0,
-            pooler_hidden_size=d_model,
-            initializer_range=0.2,
-            **common,
-        )
-        model = DebertaV2ForSequenceClassification(cfg)
-    elif family == "distilbert":
-        cfg = DistilBertConfig(
-            dim=d_model, n_layers=layers, n_heads=heads, hidden_dim=2 * d_model, max_position_embeddings=64, **common
-        )
-        model = DistilBertForSequenceClassification(cfg)
-    elif family == "gpt2":
-        cfg = GPT2Config(
-            n_embd=d_model,
-            n_layer=layers,
-            n_head=heads,
-            n_positions=64,
-            vocab_size=v,
-            pad_token_id=0,
-            bos_token_id=2,
-            eos_token_id=3,
-        )
-        model = GPT2LMHeadModel(cfg)
-    elif family == "llama":
-        cfg = LlamaConfig(
-            hidden_size=d_model,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            num_key_value_heads=max(1, heads // 2),
-            intermediate_size=2 * d_model,
-            max_position_embeddings=64,
-            vocab_size=v,
-            pad_token_id=0,
-            bos_token_id=2,
-            eos_token_id=3,
-            tie_word_embeddings=False,
-        )
-        model = LlamaForCausalLM(cfg)
-    elif family in DECODER_SPECIALS:
-        model = _modern_decoder(family, tok, layers, heads, d_model)
-    else:
-        raise ValueError(f"no tiny model for family {family!r}; have {sorted(FAMILY_KINDS)}")
+    spec = _tiny_family(family).tiny
+    assert spec is not None
+    tok = spec.tokenizer() if spec.tokenizer is not None else family_tokenizer(family)
+    model = spec.build(tok, layers, heads, d_model)
     model.set_attn_implementation(attn_implementation)
     return model.eval(), tok
 
 
-def _tiny_vit(
-    layers: int, heads: int, d_model: int, attn_implementation: str
-) -> tuple[PreTrainedModel, ViTImageProcessorPil]:
-    """A ViTForImageClassification on 32 x 32 images with 8 x 8 patches, and its image processor
-    (the Pillow one: no torchvision needed; resize to 32 x 32, scale to [0, 1], normalise with mean
-    and std 0.5 as google/vit-base-patch16-224 does). ``initializer_range`` 0.2, as for the tiny
-    decoders, so attention is far from uniform."""
-    cfg = cast(Any, ViTConfig)(
-        hidden_size=d_model,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=2 * d_model,
-        image_size=TINY_IMAGE_SIZE,
-        patch_size=TINY_PATCH,
-        num_channels=3,
-        initializer_range=0.2,
-        num_labels=3,
-        id2label={0: "cat", 1: "dog", 2: "car"},
-        label2id={"cat": 0, "dog": 1, "car": 2},
-    )
-    model = ViTForImageClassification(cfg)
-    with torch.no_grad():  # HF initialises it to 0; a trained ViT's is not, so the [MEAN] patch's embedding
-        # (the projection of a zero patch: this bias) differs from IG's zero-vector baseline, as on real models
-        cast(torch.Tensor, model.vit.embeddings.patch_embeddings.projection.bias).normal_(0.0, 0.2)
-    model.set_attn_implementation(attn_implementation)
-    proc = ViTImageProcessorPil(size={"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE})
-    return model.eval(), proc
-
-
-def _modern_decoder(
-    family: str, tok: PreTrainedTokenizerFast, layers: int, heads: int, d_model: int
-) -> PreTrainedModel:
-    """Qwen2, Qwen3, Mistral, Phi-3, Gemma 2 and Gemma 3 (text) at toy size.
-
-    Each config switches on what makes its family different, so the tests see it: Qwen2's q/k/v
-    biases (its default), Qwen3's q/k RMSNorm (default), Mistral's sliding window on every layer,
-    Phi-3's fused qkv_proj and gate_up_proj (its modules), and for Gemma alternating sliding-window
-    and global layers, a query scale from ``query_pre_attn_scalar`` that differs from 1/sqrt(d_head),
-    a head size that is not d_model / heads, attention-logit soft-capping small enough that tanh
-    bends the scores (Gemma 2; Gemma 3 dropped it) and final-logit soft-capping.
-    """
-    kv = max(1, heads // 2)
-    # initializer_range 0.2 (HF's default is 0.02): attention scores of order 1, so patterns are far
-    # from uniform and Gemma's soft-capping (tanh) is not a near-identity on them
-    common: dict[str, Any] = dict(
-        initializer_range=0.2,
-        vocab_size=len(tok),
-        hidden_size=d_model,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv,
-        intermediate_size=2 * d_model,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-        **_decoder_ids(tok),
-    )
-    d_head = d_model // heads
-    if family == "qwen2":
-        return Qwen2ForCausalLM(Qwen2Config(**common))
-    if family == "qwen3":
-        return Qwen3ForCausalLM(Qwen3Config(head_dim=d_head, **common))
-    if family == "mistral":
-        return MistralForCausalLM(MistralConfig(head_dim=d_head, sliding_window=TINY_WINDOW, **common))
-    if family == "phi3":  # partial RoPE as Phi-4-mini (0.75 there): half of each head's dimensions rotate
-        return Phi3ForCausalLM(
-            cast(Any, Phi3Config)(original_max_position_embeddings=64, partial_rotary_factor=0.5, **common)
-        )
-    types = ["sliding_attention" if l % 2 == 0 else "full_attention" for l in range(layers)]
-    gemma = dict(
-        head_dim=d_head + 4,
-        query_pre_attn_scalar=2 * d_head,
-        sliding_window=TINY_WINDOW,
-        layer_types=types,
-        final_logit_softcapping=3.0,
-        **common,
-    )
-    if family == "gemma2":
-        return Gemma2ForCausalLM(Gemma2Config(attn_logit_softcapping=1.5, **gemma))
-    return Gemma3ForCausalLM(Gemma3TextConfig(**gemma))
-
-
-# Encoder-decoders (kind "seq2seq"), kept apart from FAMILY_KINDS: the single-stack tests iterate that.
+# Encoder-decoders (kind "seq2seq"), kept apart from the registry: the single-stack tests iterate that.
 # Special tokens as the published tokenizers lay them out: T5 appends </s> (no BOS; <pad> also starts
 # the decoder), BART wraps a text in <s> ... </s> and starts the decoder with </s>.
 SEQ2SEQ_SPECIALS: dict[str, tuple[dict[str, str], str]] = {

@@ -1,31 +1,30 @@
 """Sessions: record and edit activations at named sites for one or more forward passes.
 
 Hooks exist only inside :meth:`Session.__enter__` / ``__exit__`` and are always removed in
-``finally``. The attention function finds the active session through a context variable.
+``finally``. The attention function finds the active session through a context variable
+(:mod:`streetlamp.models.context`). A family's extra hooks (its ``embed_hook``, its ``attention_hooks``
+when it computes attention in its own module) come from its object in :mod:`streetlamp.models.families`.
 """
 
 from __future__ import annotations
 
 import fnmatch
 from collections.abc import Callable, Iterable
-from contextvars import ContextVar, Token
+from contextvars import Token
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from ..errors import StreetlampError
+from .context import active_session, enter_session, exit_session
 from .sites import output_matrix, parse_site
 
 if TYPE_CHECKING:
     from .adapter import ModelAdapter
 
 Edit = Callable[[torch.Tensor], torch.Tensor]
-_ACTIVE: ContextVar[Session | None] = ContextVar("streetlamp_session", default=None)
-
-
-def active_session() -> Session | None:
-    return _ACTIVE.get()
+__all__ = ["Edit", "Session", "active_session", "expand_sites"]
 
 
 def expand_sites(patterns: Iterable[str], names: list[str]) -> list[str]:
@@ -145,11 +144,10 @@ class Session:
 
     def __enter__(self) -> Session:
         a = self.adapter
+        fam = a.family
         try:
-            if self._wants("embed") and a.modality == "image":
-                from .images import vit_embed_hook
-
-                self._handles.append(a.embed_module.register_forward_hook(vit_embed_hook(self), with_kwargs=True))
+            if self._wants("embed") and fam.embed_hook is not None:
+                self._handles.append(a.embed_module.register_forward_hook(fam.embed_hook(self), with_kwargs=True))
             elif self._wants("embed"):
                 self._handles.append(a.embed_module.register_forward_hook(self._out_hook("embed")))
             for l, layer in enumerate(a.layer_modules):
@@ -159,10 +157,8 @@ class Session:
                     )
                 if self._wants(f"layers.{l}.resid_post"):
                     self._handles.append(layer.register_forward_hook(self._out_hook(f"layers.{l}.resid_post")))
-                if a.family.own_attention:
-                    from .deberta import deberta_hooks
-
-                    self._handles.extend(deberta_hooks(self, l, a.attn_modules[l]))
+                if fam.attention_hooks is not None:
+                    self._handles.extend(fam.attention_hooks(self, l, a.attn_modules[l]))
                 o_proj = a.o_proj_modules[l]
                 if l in self._head_out_layers:
                     self._handles.append(o_proj.register_forward_hook(self._head_out_hook(l, o_proj)))
@@ -172,7 +168,7 @@ class Session:
                     self._handles.append(
                         a.mlp_out_modules[l].register_forward_hook(self._out_hook(f"layers.{l}.mlp.out"))
                     )
-            self._token = _ACTIVE.set(self)
+            self._token = enter_session(self)
         except BaseException:
             self._remove()
             raise
@@ -187,7 +183,7 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         try:
             if self._token is not None:
-                _ACTIVE.reset(self._token)
+                exit_session(self._token)
                 self._token = None
         finally:
             self._remove()
