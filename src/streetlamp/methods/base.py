@@ -36,6 +36,7 @@ from ..models.adapter import Inputs, ModelAdapter, Target
 from ..results import Explanation
 
 if TYPE_CHECKING:
+    from .long_input import LongInput, LongRow
     from .views import View
 
 ENCODER_DECODER = "seq2seq"  # the encoder-decoder kind (``Seq2SeqAdapter.kind``)
@@ -62,6 +63,7 @@ class Method(ABC):
     stochastic: ClassVar[bool] = False
     kinds: ClassVar[tuple[str, ...]] = ("classifier", "causal_lm")
     long_input: ClassVar[bool] = False
+    long_needs_graph: ClassVar[bool] = False  # the long recording keeps the last layer's graph for this method
 
     def params(self) -> dict[str, Any]:
         return dataclasses.asdict(self) if dataclasses.is_dataclass(self) else {}
@@ -89,8 +91,13 @@ class Method(ABC):
         """The method over an attribution view: one row of scores per explained output."""
         raise StreetlampError(f"method {self.name!r} is not written over the attribution view")
 
-    def attribute_long(self, long: Any) -> tuple[np.ndarray, str]:
-        """The explained row ``[token]`` and its meaning from a long recording (methods with ``long_input``)."""
+    def check_long(self, long: LongInput) -> None:
+        """Raise a StreetlampError saying why the long-input implementation cannot run on this text."""
+        if not self.long_input:
+            raise StreetlampError(f"method {self.name!r} has no long-input implementation")
+
+    def attribute_long(self, long: LongInput) -> LongRow:
+        """The explained row from a long recording (methods with ``long_input``)."""
         raise StreetlampError(f"method {self.name!r} has no long-input implementation")
 
     @abstractmethod

@@ -22,7 +22,9 @@ from ..errors import StreetlampError
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..results import Explanation
 from .base import ENCODER_DECODER, Method, ViewAttribution
-from .scorer import check_replacement, explanation_common, occlusion_replacement
+from .long_input import LongInput, LongRow
+from .long_occlusion import check_window, occlusion_spans
+from .scorer import REPLACEMENTS, check_replacement, explanation_common, occlusion_replacement
 from .views import SequenceView, View
 
 
@@ -47,6 +49,7 @@ class Occlusion(Method):
     family = "perturbation"
     description = "leave-one-out: F(x) - F(x with the token replaced by [MASK]/[UNK]/[PAD] or deleted)"
     kinds = ("classifier", "causal_lm", ENCODER_DECODER)
+    long_input = True
 
     def check(self, adapter: ModelAdapter) -> None:
         super().check(adapter)
@@ -137,3 +140,36 @@ class Occlusion(Method):
                 )
             )
         return out
+
+    # -- long inputs: occlusion by spans (:mod:`.long_occlusion`) --------------------------------------
+    def check_long(self, long: LongInput) -> None:
+        long.window = check_window(long.window, long.n_tokens)
+        if self.replacement not in REPLACEMENTS:
+            raise StreetlampError(
+                f"unknown occlusion replacement {self.replacement!r}; choose one of {', '.join(REPLACEMENTS)}"
+            )
+
+    def attribute_long(self, long: LongInput) -> LongRow:
+        """Span occlusion (``long.window`` tokens a span): the prefix KV cache and fused suffix passes."""
+        occ = occlusion_spans(long.adapter, long.inputs, long.target, long.window, self.replacement)
+        meaning = (
+            f"F(x) - F(x without the token's span of {occ.window} tokens) "
+            f"(F = {long.target.describe(long.adapter, occ.index)}); absent tokens: {occ.replacement}"
+            + (f"; {occ.rule}" if occ.rule else "")
+            + "; 0 where a token is never removed (special tokens"
+            + (", the explained position)" if occ.rule else ")")
+        )
+        return LongRow(
+            occ.tokens,
+            meaning,
+            {
+                "occlusion.spans": (occ.spans, ["span", "start_end"], "span k covers positions start..end-1", {}),
+                "occlusion.drop": (
+                    occ.drop,
+                    ["span"],
+                    "F(x) - F(x without span k) (float64)",
+                    {"base_score": occ.base, "positions_computed": occ.positions_computed},
+                ),
+            },
+            {"occlusion_window": occ.window, "occlusion_replacement": occ.replacement},
+        )
