@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -37,6 +37,9 @@ from ..models.adapter import Inputs, ModelAdapter, Target, at_least_float32
 from .features import feature_groups
 from .removal import EncDecRemoval, Removal
 from .scorer import Scorer
+
+if TYPE_CHECKING:
+    from ..models.seq2seq import Seq2SeqAdapter
 
 
 def per_target_grads(x: torch.Tensor, f: torch.Tensor, batched: bool = True) -> torch.Tensor:
@@ -88,7 +91,6 @@ class Perturbed:
 class View:
     """Base of the attribution views; see the module docstring."""
 
-    kind: ClassVar[str]
     groups: ClassVar[tuple[str, ...]] = ("token",)  # feature groupings the removal rule builds
 
     adapter: ModelAdapter
@@ -317,10 +319,10 @@ class Seq2SeqView(View):
     """An encoder-decoder's source ``[S]`` and forced target ``[k]`` (teacher forcing: decoder inputs
     ``[start, y_0 .. y_{k-2}]``, ``y_j`` read after decoder input ``j``). Columns: source, then decoder inputs."""
 
-    def __init__(self, adapter: Any, src: torch.Tensor, target_ids: list[int], target: Target) -> None:
-        from ..models.seq2seq import Seq2SeqAdapter
+    adapter: Seq2SeqAdapter
 
-        self.adapter = cast(Seq2SeqAdapter, adapter)
+    def __init__(self, adapter: Seq2SeqAdapter, src: torch.Tensor, target_ids: list[int], target: Target) -> None:
+        self.adapter = adapter
         self.target = target
         self.src = src.cpu()
         self.dec = self.adapter.decoder_inputs(target_ids)
