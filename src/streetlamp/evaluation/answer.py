@@ -31,6 +31,7 @@ import torch
 
 from ..batching import group_by_budget
 from ..methods.base import Method
+from ..methods.prefixes import per_prefix
 from ..methods.removal import Removal
 from ..models.adapter import Inputs, ModelAdapter
 from .common import rank_desc
@@ -76,8 +77,6 @@ def answer_scores(
     seed: int,
 ) -> np.ndarray:
     """``[N, len(prompt)]``: the method's scores of answer token j (on its prefix) at the prompt positions."""
-    from ..runners.generation import per_prefix
-
     full = torch.tensor([*prompt, *answer], dtype=torch.long)
     exps = per_prefix(adapter, method, full, len(prompt), "prob", budget, seed)
     return np.stack([np.asarray(e.scores, np.float64)[: len(prompt)] for e in exps])

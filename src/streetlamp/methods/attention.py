@@ -9,9 +9,10 @@ import numpy as np
 import torch
 
 from ..errors import StreetlampError
-from ..models.adapter import Inputs, ModelAdapter, Target, at_least_float32
+from ..models.adapter import Inputs, ModelAdapter, Target
 from ..results import Explanation
-from .base import Method
+from .base import ENCODER_DECODER, Method, ViewAttribution
+from .views import SequenceView, View
 
 
 def record_attention(adapter: ModelAdapter, inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -36,13 +37,21 @@ class Attention(Method):
     name = "attention"
     family = "attention"
     description = "raw attention weights from the explained position (the heatmap's claim)"
+    kinds = ("classifier", "causal_lm", ENCODER_DECODER)
 
     def check(self, adapter: ModelAdapter) -> None:
         super().check(adapter)
-        if not -adapter.n_layers <= self.layer < adapter.n_layers:
-            raise StreetlampError(f"layer {self.layer} out of range: the model has {adapter.n_layers} layers")
-        if self.view == "head" and (self.head is None or not 0 <= self.head < adapter.n_heads):
-            raise StreetlampError(f"head {self.head} out of range: the model has {adapter.n_heads} heads per layer")
+        self._check_range(adapter.n_layers, adapter.n_heads, "the model")
+
+    def check_view(self, view: View) -> None:
+        super().check_view(view)
+        self._check_range(*view.attention_stack())
+
+    def _check_range(self, n_layers: int, n_heads: int, what: str) -> None:
+        if not -n_layers <= self.layer < n_layers:
+            raise StreetlampError(f"layer {self.layer} out of range: {what} has {n_layers} layers")
+        if self.view == "head" and (self.head is None or not 0 <= self.head < n_heads):
+            raise StreetlampError(f"head {self.head} out of range: {what} has {n_heads} heads per layer")
 
     def describe_view(self, adapter: ModelAdapter) -> str:
         l = self.layer % adapter.n_layers
@@ -53,6 +62,33 @@ class Attention(Method):
             "layer_mean": f"mean over all {adapter.n_layers} layers and {adapter.n_heads} heads",
         }[self.view]
 
+    def reduce(self, a: np.ndarray) -> np.ndarray:
+        """The method's view of ``[layer, head, query, key]`` -> ``[query, key]``."""
+        l = self.layer % a.shape[0]
+        return {
+            "head_mean": lambda: a[l].mean(0),
+            "head": lambda: a[l, self.head or 0],
+            "head_max": lambda: a[l].max(0),
+            "layer_mean": lambda: a.mean((0, 1)),
+        }[self.view]()
+
+    def attend(self, view: View) -> tuple[dict[str, np.ndarray], list, dict]:
+        """The method, once: per attention site family, the explained rows' attention placed in the view's
+        columns ``[k, n]``; the blocks and the view's extra arrays."""
+        blocks, extra = view.attention()
+        mats = {}
+        for blk in blocks:
+            mat = np.zeros((view.k, view.n))
+            mat[:, blk.columns] = self.reduce(blk.pattern)[blk.queries]
+            mats[blk.site] = mat
+        return mats, blocks, extra
+
+    def attribute_view(self, view: View, *, batch_size: int | None = None, seed: int = 0) -> ViewAttribution:
+        self.check_view(view)
+        with torch.no_grad():
+            mats, _, extra = self.attend(view)
+        return ViewAttribution(mats, extra)
+
     def attribute(
         self, adapter: ModelAdapter, inputs: Inputs, *, target: Target, batch_size: int | None = None, seed: int = 0
     ) -> list[Explanation]:
@@ -60,16 +96,10 @@ class Attention(Method):
         logits, att, allowed = record_attention(adapter, inputs)
         index = adapter.resolve(inputs, target, logits)
         out = []
-        for b, n in enumerate(inputs.lengths):
-            a = at_least_float32(att[b, :, :, :n, :n]).cpu().numpy()
-            l = self.layer % adapter.n_layers
-            view = {
-                "head_mean": a[l].mean(0),
-                "head": a[l, self.head or 0],
-                "head_max": a[l].max(0),
-                "layer_mean": a.mean((0, 1)),
-            }[self.view]
-            pos = adapter.explained_position(n)
+        for b in range(len(inputs)):
+            view = SequenceView(adapter, inputs, b, target).recorded(att[b], allowed[b], index[b])
+            mats, blocks, extra = self.attend(view)
+            pos = blocks[0].queries[0]
             out.append(
                 self.explanation(
                     adapter,
@@ -78,9 +108,9 @@ class Attention(Method):
                     int(index[b]),
                     target,
                     arrays={
-                        "tokens": view[pos].astype(np.float32),
-                        "attention": a.astype(np.float32),
-                        "allowed": allowed[b, :n, :n].cpu().numpy().astype(np.uint8),
+                        "tokens": mats[""][0].astype(np.float32),
+                        "attention": blocks[0].pattern.astype(np.float32),
+                        "allowed": extra["allowed"][0],
                     },
                     axes={
                         "tokens": ["token"],
@@ -91,7 +121,7 @@ class Attention(Method):
                         "tokens": f"attention from position {pos} ({inputs.labels[b][pos]}), "
                         f"{self.describe_view(adapter)}",
                         "attention": "post-softmax attention probabilities, eval mode",
-                        "allowed": "1 where the mask lets the query see the key (padding, causal)",
+                        "allowed": extra["allowed"][2],
                     },
                     view=self.describe_view(adapter),
                     position=pos,

@@ -11,7 +11,7 @@ the three are comparable). For attention attribution this row sums (up to the Ri
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -21,6 +21,7 @@ from ..errors import StreetlampError
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..results import Explanation
 from .base import Method
+from .long_input import LongInput, LongRow
 from .rollout import attention_gradient_texts
 
 try:
@@ -41,6 +42,20 @@ class AttentionXGradient(Method):
     family = "attention"
     description = "attention times its gradient, A * dF/dA, per layer and head"
     needs_gradients = True
+    long_input = True
+    long_needs_graph = True
+
+    def attribute_long(self, long: LongInput) -> LongRow:
+        """The last layer's row of the explained position from the recorder of the one chunked pass (the pass
+        kept the graph from the last layer's attention output on: ``long_needs_graph``)."""
+        assert long.logits is not None and long.recorder is not None
+        row, index = long_row(long.adapter, long.inputs, long.target, long.logits, long.recorder)
+        pos = long.position
+        return LongRow(
+            row,
+            f"sum over heads of the last layer's row {pos} of A ⊙ dF/dA, dF/dA[h, {pos}, j] = dF/dz[{pos}, h] · v[h, j] "
+            f"(F = {long.target.describe(long.adapter, index)})",
+        )
 
     def attribute(
         self, adapter: ModelAdapter, inputs: Inputs, *, target: Target, batch_size: int | None = None, seed: int = 0
@@ -68,6 +83,19 @@ class AttentionXGradient(Method):
                 position=pos,
             )
         return [e for e in out if e is not None]
+
+
+def long_row(
+    adapter: ModelAdapter, inputs: Inputs, target: Target, logits: torch.Tensor, recorder: Any
+) -> tuple[np.ndarray, int]:
+    """Attention x gradient of the explained row at the last layer, summed over heads (the ``tokens`` of
+    :class:`AttentionXGradient`) ``[seq]``, from a long recording's graph-carrying logits and its recorder
+    (:meth:`~streetlamp.models.chunked.Recorder.attention_x_gradient`); and the explained output."""
+    index = adapter.resolve(inputs, target, logits.detach())
+    with torch.enable_grad():
+        f = adapter.score(logits, index.to(logits.device), target).sum()
+        axg = recorder.attention_x_gradient(f)
+    return axg.sum(0).double().cpu().numpy(), int(index[0])
 
 
 NO_COMPLETENESS = (

@@ -13,18 +13,45 @@ The capability flags are checked for every method by ``tests/test_conformance.py
 ``needs_gradients=False`` means the method runs under ``torch.inference_mode()``; ``stochastic=False``
 means the seed does not change the result; ``reports_completeness=True`` means the explanation
 records how far its scores are from the completeness axiom, and that record is verified against an
-independent forward pass; ``kinds`` lists the model kinds it applies to.
+independent forward pass; ``kinds`` lists the model kinds it applies to (``seq2seq``: the
+encoder-decoder kind, through :meth:`Method.attribute_view` on a
+:class:`~streetlamp.methods.views.Seq2SeqView`); ``long_input=True`` means the method has a long-input
+implementation, :meth:`Method.attribute_long`, run by ``explain --rows/--layers/--heads`` in bounded memory.
+
+A method written over the attribution view (:mod:`streetlamp.methods.views`) implements
+:meth:`Method.attribute_view` once; its ``attribute`` applies it to one :class:`SequenceView` per text.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
 
 from ..errors import StreetlampError
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..results import Explanation
+
+if TYPE_CHECKING:
+    from .long_input import LongInput, LongRow
+    from .views import View
+
+ENCODER_DECODER = "seq2seq"  # the encoder-decoder kind (``Seq2SeqAdapter.kind``)
+
+
+@dataclass
+class ViewAttribution:
+    """What a method gives over a :class:`~streetlamp.methods.views.View`: ``matrices`` ``[k, n]`` (key
+    ``""``: the method's scores; the attention method gives one per attention site family), extra
+    ``arrays`` (name -> (array, axes, meaning)), ``info`` (the run-level record) and ``rows`` (per row)."""
+
+    matrices: dict[str, np.ndarray]
+    arrays: dict[str, tuple[np.ndarray, list[str], str]] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+    rows: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Method(ABC):
@@ -35,6 +62,8 @@ class Method(ABC):
     reports_completeness: ClassVar[bool] = False
     stochastic: ClassVar[bool] = False
     kinds: ClassVar[tuple[str, ...]] = ("classifier", "causal_lm")
+    long_input: ClassVar[bool] = False
+    long_needs_graph: ClassVar[bool] = False  # the long recording keeps the last layer's graph for this method
 
     def params(self) -> dict[str, Any]:
         return dataclasses.asdict(self) if dataclasses.is_dataclass(self) else {}
@@ -47,6 +76,29 @@ class Method(ABC):
             raise StreetlampError(refusal(self.name, adapter.name))
         if adapter.kind not in self.kinds:
             raise StreetlampError(f"method {self.name!r} does not apply to a {adapter.kind}")
+
+    def check_view(self, view: View) -> None:
+        """Raise a StreetlampError saying why this method cannot attribute over ``view``."""
+        kind = view.adapter.kind
+        if kind not in self.kinds:
+            if kind == ENCODER_DECODER:
+                from ..models.seq2seq import refusal
+
+                raise StreetlampError(refusal(self.name, view.adapter.name))
+            raise StreetlampError(f"method {self.name!r} does not apply to a {kind}")
+
+    def attribute_view(self, view: View, *, batch_size: int | None = None, seed: int = 0) -> ViewAttribution:
+        """The method over an attribution view: one row of scores per explained output."""
+        raise StreetlampError(f"method {self.name!r} is not written over the attribution view")
+
+    def check_long(self, long: LongInput) -> None:
+        """Raise a StreetlampError saying why the long-input implementation cannot run on this text."""
+        if not self.long_input:
+            raise StreetlampError(f"method {self.name!r} has no long-input implementation")
+
+    def attribute_long(self, long: LongInput) -> LongRow:
+        """The explained row from a long recording (methods with ``long_input``)."""
+        raise StreetlampError(f"method {self.name!r} has no long-input implementation")
 
     @abstractmethod
     def attribute(

@@ -22,12 +22,8 @@ import torch
 from ..batching import chunks
 from ..models.adapter import Inputs, ModelAdapter, Target, at_least_float32
 from ..results import Explanation
-from .base import Method
-
-
-def ids_inputs(adapter: ModelAdapter, ids: torch.Tensor, rows: int = 1) -> Inputs:
-    """An unpadded :class:`Inputs` of ``rows`` copies of the token ids ``ids`` ``[pos]``."""
-    return Inputs.from_ids(adapter, [ids.view(-1).cpu()]).repeat(rows)
+from .base import ENCODER_DECODER, Method, ViewAttribution
+from .views import SequenceView, View, ids_inputs
 
 
 @torch.no_grad()
@@ -73,31 +69,39 @@ def resolve_one(adapter: ModelAdapter, ids: torch.Tensor, target: Target, logits
 class _PlainGradient(Method):
     family = "gradient"
     needs_gradients = True
+    kinds = ("classifier", "causal_lm", ENCODER_DECODER)
 
     def _per_token(self, e: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def scores_view(self, view: View) -> tuple[torch.Tensor, torch.Tensor]:
+        """``F`` ``[k]`` and the per-token scores ``[k, n]`` of every row of ``view`` (the method, once)."""
+        e = view.embeddings()
+        view.index()  # the explained outputs are resolved before the gradient pass
+        f, g = view.gradients(e)
+        return f, self._per_token(at_least_float32(e)[None], at_least_float32(g))
+
+    def attribute_view(self, view: View, *, batch_size: int | None = None, seed: int = 0) -> ViewAttribution:
+        self.check_view(view)
+        _, s = self.scores_view(view)
+        return ViewAttribution({"": s.detach().cpu().numpy() * view.allowed})
 
     def attribute(
         self, adapter: ModelAdapter, inputs: Inputs, *, target: Target, batch_size: int | None = None, seed: int = 0
     ) -> list[Explanation]:
         self.check(adapter)
         out = []
-        for b, ids in text_batches(adapter, inputs):
-            e = embed_ids(adapter, ids)
-            with torch.no_grad():
-                logits = adapter.forward(ids_inputs(adapter, ids)).logits[0]
-            index = resolve_one(adapter, ids, target, logits)
-            f, g = scores_at(adapter, ids, e[None], index, target, grad=True)
-            assert g is not None
-            s = self._per_token(at_least_float32(e), at_least_float32(g[0]))
+        for b in range(len(inputs)):
+            view = SequenceView(adapter, inputs, b, target)
+            f, s = self.scores_view(view)
             out.append(
                 self.explanation(
                     adapter,
                     inputs,
                     b,
-                    index,
+                    int(view.index()[0]),
                     target,
-                    arrays={"tokens": s.cpu().numpy().astype(np.float32)},
+                    arrays={"tokens": s[0].detach().cpu().numpy().astype(np.float32)},
                     axes={"tokens": ["token"]},
                     meaning={"tokens": self.meaning},
                     site="embed",

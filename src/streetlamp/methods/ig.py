@@ -29,9 +29,10 @@ import torch
 from ..errors import StreetlampError
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..results import Explanation
-from .base import Method
-from .gradient import embed_ids, ids_inputs, resolve_one, scores_at, text_batches
+from .base import ENCODER_DECODER, Method, ViewAttribution
+from .gradient import embed_ids, ids_inputs
 from .quadrature import RULES, PathCache, integrate_adaptive
+from .views import PrefixView, SequenceView, View, per_target_grads
 
 # unk: inseq's default (its baseline ids are the unk token); document: the document-start token of a causal LM
 # (methods/removal.sink_token: <|endoftext|> on GPT-2 / SmolLM2), explain-generation's default (docs/decoder.md)
@@ -43,21 +44,6 @@ ZERO_TOKEN_EMBEDDING = (
     "sqrt(eps)/rms(e) of the baseline, a step no quadrature resolves; the completeness error says how much "
     "is missed; choose baseline 'mask' or another token)"
 )
-
-
-def per_target_grads(x: torch.Tensor, f: torch.Tensor, batched: bool = True) -> torch.Tensor:
-    """``dF_j/dx`` for every target j of ``f`` ``[rows, k]`` computed from ``x`` ``[rows, ...]``: ``[k, rows, ...]``.
-
-    Rows are independent inputs, so the gradient of ``sum_rows F_j`` holds each row's own gradient.
-    ``batched``: one vmapped backward (``is_grads_batched``); else k backward passes, one per target,
-    keeping the graph until the last (a lower peak than k at once). Both give the same values
-    (tests/test_gradient.py); the causal-LM and encoder-decoder generation paths share this helper."""
-    per_target = f.sum(0)  # [k]
-    k = len(per_target)
-    if batched:
-        eye = torch.eye(k, dtype=per_target.dtype, device=per_target.device)
-        return torch.autograd.grad(per_target, x, eye, is_grads_batched=True)[0]
-    return torch.stack([torch.autograd.grad(per_target[j], x, retain_graph=j < k - 1)[0] for j in range(k)])
 
 
 @dataclass
@@ -77,9 +63,17 @@ class IntegratedGradients(Method):
     description = "integrated gradients over token embeddings, completeness error recorded, adaptive steps"
     needs_gradients = True
     reports_completeness = True
+    kinds = ("classifier", "causal_lm", ENCODER_DECODER)
 
     def check(self, adapter: ModelAdapter) -> None:
         super().check(adapter)
+        self._check_model(adapter)
+
+    def check_view(self, view: View) -> None:
+        super().check_view(view)
+        self._check_model(view.adapter)
+
+    def _check_model(self, adapter: ModelAdapter) -> None:
         self.check_params()
         if self.baseline == "document" and adapter.kind != "causal_lm":
             raise StreetlampError("IG baseline 'document' (the document-start token) is for causal LMs")
@@ -127,41 +121,63 @@ class IntegratedGradients(Method):
             used += "; structural special tokens kept at their own embedding"
         return eb, used
 
-    # -- the one-target method ---------------------------------------------------------------
+    # -- the method, once, over the attribution view -------------------------------------------
+    def integrate(self, view: View, batch_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor, dict, str]:
+        """IG of every row of ``view`` over one straight path from the baseline to the columns' embeddings:
+        ``ig`` ``[k, n]``, ``F`` at the input and the baseline ``[2, k]``, the quadrature record, the baseline
+        used. Every row shares the path: row j depends only on the columns it sees, so its IG over the
+        shared path is the IG of its own inputs."""
+        adapter = view.adapter
+        e = view.embeddings()
+        eb, used = self.baseline_embedding(adapter, view.ids.to(adapter.device), e)
+
+        def grad_fn(emb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            x, f = view.scores(emb, True)
+            return f.detach().T, per_target_grads(x, f, view.batched_grads)  # F [targets, rows]
+
+        with torch.no_grad():
+            _, fends = view.scores(torch.stack([e, eb]), False)
+        path = PathCache(e, eb, grad_fn, batch_size, adapter.device)
+        ig, rec = integrate_adaptive(
+            path,
+            fends[0] - fends[1],
+            fends.abs().amax(0),
+            self.rule,
+            self.steps,
+            self.adaptive,
+            self.tolerance,
+            self.max_steps,
+            view.lengths,
+        )
+        return ig, fends, rec, used
+
+    def attribute_view(self, view: View, *, batch_size: int | None = None, seed: int = 0) -> ViewAttribution:
+        self.check_view(view)
+        ig, fends, rec, used = self.integrate(view, batch_size)
+        comp = np.array(
+            [
+                [rec["delta"][j], rec["relative_error"][j], float(fends[0, j]), float(fends[1, j])]
+                + [rec["sum_attributions"][j]]
+                for j in range(view.k)
+            ],
+            dtype=np.float64,
+        )
+        return ViewAttribution(
+            {"": ig.detach().cpu().numpy() * view.allowed},
+            {"completeness": (comp, ["generated", "quantity"], "[delta, delta/|dF|, F(e), F(e'), sum IG] per row")},
+            {"baseline_used": used, "rec": rec},
+        )
+
     def attribute(
         self, adapter: ModelAdapter, inputs: Inputs, *, target: Target, batch_size: int | None = None, seed: int = 0
     ) -> list[Explanation]:
         self.check(adapter)
         out = []
-        for b, ids in text_batches(adapter, inputs):
-            e = embed_ids(adapter, ids)
-            eb, used = self.baseline_embedding(adapter, ids, e)
-            with torch.no_grad():
-                ends = adapter.forward(
-                    ids_inputs(adapter, ids, 2), edit={"embed": lambda x: torch.stack([e, eb]).to(x.dtype)}
-                )
-            index = resolve_one(adapter, ids, target, ends.logits[0])
-            f = adapter.score(ends.logits, torch.full((2,), index, device=ends.logits.device), target)
-
-            def grad_fn(
-                emb: torch.Tensor, index: int = index, ids: torch.Tensor = ids
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-                f, g = scores_at(adapter, ids, emb, index, target, grad=True)
-                return f[None], g[None]  # type: ignore[index]
-
-            path = PathCache(e, eb, grad_fn, batch_size, adapter.device)
-            ig, rec = integrate_adaptive(
-                path,
-                (f[0] - f[1]).view(1),
-                f.abs().max().view(1),
-                self.rule,
-                self.steps,
-                self.adaptive,
-                self.tolerance,
-                self.max_steps,
-                [len(ids)],
-            )
-            out.append(self._explanation(adapter, inputs, b, index, target, ig[0], f[0], f[1], rec, used))
+        for b in range(len(inputs)):
+            view = SequenceView(adapter, inputs, b, target)
+            ig, fends, rec, used = self.integrate(view, batch_size)
+            index = int(view.index()[0])
+            out.append(self._explanation(adapter, inputs, b, index, target, ig[0], fends[0, 0], fends[1, 0], rec, used))
         return out
 
     def _explanation(
@@ -238,39 +254,10 @@ class IntegratedGradients(Method):
             if not 0 <= int(t) < adapter.n_outputs:
                 raise StreetlampError(f"token id {t} out of range: the vocabulary has {adapter.n_outputs} ids")
         P, k = len(prompt_ids), len(cont)
-        ids = torch.cat([prompt_ids, torch.tensor(cont[:-1], dtype=torch.long, device=adapter.device)])
-        pos = torch.arange(P - 1, P - 1 + k, device=adapter.device)
-        index = torch.tensor(cont, dtype=torch.long, device=adapter.device)
-        e = embed_ids(adapter, ids)
-        eb, used = self.baseline_embedding(adapter, ids, e)
-
-        def scores(emb: torch.Tensor, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-            x = emb.detach().requires_grad_(grad)
-            rows = x.shape[0]
-            logits = adapter.logits_at(
-                ids.expand(rows, -1), pos, edit={"embed": lambda v: x.to(v.dtype)}, grad=grad
-            )  # [rows, k, vocab]
-            f = adapter.score(logits.reshape(rows * k, -1), index.repeat(rows), target).view(rows, k)
-            return x, f
-
-        def grad_fn(emb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            x, f = scores(emb, True)
-            return f.detach().T, per_target_grads(x, f, batched_grads)  # F [targets, rows]
-
-        _, fends = scores(torch.stack([e, eb]), False)
-        path = PathCache(e, eb, grad_fn, batch_size, adapter.device)
-        lengths = [P + j for j in range(k)]
-        ig, rec = integrate_adaptive(
-            path,
-            fends[0] - fends[1],
-            fends.abs().amax(0),
-            self.rule,
-            self.steps,
-            self.adaptive,
-            self.tolerance,
-            self.max_steps,
-            lengths,
-        )
+        view = PrefixView(adapter, prompt_ids, [int(t) for t in cont], target, batched_grads)
+        ids = view.ids_dev
+        lengths = view.lengths
+        ig, fends, rec, used = self.integrate(view, batch_size)
         out = []
         for j in range(k):
             pre = ids_inputs(adapter, ids[: lengths[j]].cpu())

@@ -46,6 +46,16 @@ def list_methods() -> list[str]:
     return list(REGISTRY)
 
 
+def long_methods() -> list[str]:
+    """The methods with a long-input implementation (``long_input``), in registry order."""
+    return [name for name, cls in REGISTRY.items() if cls.long_input]
+
+
+def methods_of_kind(kind: str) -> list[str]:
+    """The methods that declare the model kind ``kind`` (e.g. ``seq2seq``, the encoder-decoder kind)."""
+    return [name for name, cls in REGISTRY.items() if kind in cls.kinds]
+
+
 def get_method(name: str, **params: Any) -> Method:
     if name not in REGISTRY:
         raise StreetlampError(f"unknown method {name!r}; registered: {', '.join(REGISTRY)}")

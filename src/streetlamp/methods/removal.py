@@ -86,3 +86,47 @@ class Removal:
         if self.sink_id is None:
             return None
         return DECODER_RULE.format(sink=adapter.tokenizer.convert_ids_to_tokens(self.sink_id))
+
+
+ENCDEC_RULE = (
+    "encoder-decoder removal: a source token is {how} (structural specials kept{special}); a decoder input "
+    "(an earlier target token) is {how}{shift}; the decoder start token is never removed{keep}"
+)
+
+
+class EncDecRemoval:
+    """Removing tokens from an encoder-decoder's input (:class:`~streetlamp.methods.views.Seq2SeqView`).
+
+    * **a source token** (encoder input) is replaced by the method's ``replacement`` (``mask`` falls back to
+      ``unk``, ``pad``, ``eos`` as everywhere: T5 has no ``<mask>``, its ``<unk>`` is used) or, with
+      ``delete``, deleted: the encoder is bidirectional and has no start token, so a deletion moves no sink
+      and no explained position. The structural specials the tokenizer adds (T5's ``</s>``, BART's ``<s>``
+      and ``</s>``) are not removed unless ``occlude_special``.
+    * **a decoder input** ``i >= 1`` (target token ``y_{i-1}``) is replaced in place, or deleted: the later
+      decoder inputs move one position left and ``y_j`` is read after the last one left. The decoder start
+      token (input 0) is never removed; with ``delete`` neither is decoder input ``j`` for row ``j``, the input
+      ``y_j`` is read after (deleting it would explain another position: the causal-LM rule above). A decoder
+      input after ``j`` is not an input of row ``j``.
+    """
+
+    @staticmethod
+    def describe(used: str, token: str | None, occlude_special: bool) -> str:
+        delete = used == "delete"
+        return ENCDEC_RULE.format(
+            how="deleted" if delete else f"replaced by {token!r}",
+            special=" unless occlude_special" if not occlude_special else ": occlude_special, they are removed too",
+            shift=" (later decoder inputs move left; target j is read after the last one left)" if delete else "",
+            keep=", nor, for row j, decoder input j (the one y_j is read after)" if delete else "",
+        )
+
+    @staticmethod
+    def remove(ids: torch.Tensor, absent: np.ndarray, token_id: int | None) -> torch.Tensor:
+        """``ids`` (1-D) with the positions in ``absent`` (bool) replaced by ``token_id`` or deleted (None)."""
+        if not absent.any():
+            return ids
+        mask = torch.from_numpy(np.asarray(absent, dtype=bool))
+        if token_id is None:
+            return ids[~mask]
+        out = ids.clone()
+        out[mask] = token_id
+        return out

@@ -9,9 +9,9 @@ classifiers, the last token otherwise).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
@@ -22,6 +22,8 @@ from ..models.adapter import Inputs, ModelAdapter, Target
 from ..results import Explanation
 from .attention import record_attention
 from .base import Method
+from .long_input import LongInput, LongRow
+from .long_rows import check_flow_size, flow_row, rollout_row
 from .maxflow import layered_max_flow
 
 FUSIONS = ("mean", "max", "min")
@@ -92,6 +94,26 @@ class _AttentionGraphMethod(Method):
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r < 1:
             raise StreetlampError(f"discard_ratio must be a number in [0, 1), not {r!r}")
 
+    # -- long inputs: the explained row from the stored queries and keys (:mod:`.long_rows`) -------------
+    long_input = True
+    long_row: ClassVar[Callable[..., np.ndarray]]  # rollout_row / flow_row
+
+    def check_long(self, long: LongInput) -> None:
+        if self.fusion not in FUSIONS:
+            raise StreetlampError(f"unknown head fusion {self.fusion!r}; choose one of {', '.join(FUSIONS)}")
+        if self.discard_ratio:
+            raise StreetlampError(f"{self.name} on long inputs takes no discard_ratio (got {self.discard_ratio})")
+
+    def attribute_long(self, long: LongInput) -> LongRow:
+        """Row ``position`` recomputed from the stored queries and keys chunk by chunk."""
+        assert long.store is not None
+        row = type(self).long_row(long.store, long.position, self.fusion, long.chunk)
+        return LongRow(
+            row,
+            f"{self.name} row of position {long.position}: Â_l = 0.5·{self.fusion}_h A[l] + 0.5·I (rows renormalised), "
+            "recomputed from the stored queries and keys chunk by chunk",
+        )
+
     def image_grid(self, adapter: ModelAdapter, row: np.ndarray) -> dict[str, tuple[np.ndarray, list[str], str]]:
         """Image models: the explained row over the patches as the patch grid, divided by its maximum
         (vit-explain's ``mask / mask.max()``); nothing for text models."""
@@ -124,6 +146,7 @@ class Rollout(_AttentionGraphMethod):
 
     name = "rollout"
     description = "attention rollout: product of residual-augmented, head-fused attention over layers"
+    long_row = staticmethod(rollout_row)
 
     def attribute(
         self, adapter: ModelAdapter, inputs: Inputs, *, target: Target, batch_size: int | None = None, seed: int = 0
@@ -185,6 +208,12 @@ class Flow(_AttentionGraphMethod):
 
     name = "flow"
     description = "attention flow: max-flow from each input token to the output through the layered attention graph"
+
+    long_row = staticmethod(flow_row)
+
+    def check_long(self, long: LongInput) -> None:
+        super().check_long(long)
+        check_flow_size(long.adapter.n_layers, long.n_tokens)
 
     def check(self, adapter: ModelAdapter) -> None:
         super().check(adapter)

@@ -33,10 +33,9 @@ import numpy as np
 from ..errors import StreetlampError
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..results import Explanation
-from .base import Method
-from .features import feature_groups
-from .removal import Removal
-from .scorer import Scorer, check_replacement, explanation_common
+from .base import ENCODER_DECODER, Method, ViewAttribution
+from .scorer import check_replacement, explanation_common
+from .views import SequenceView, View
 
 
 # ---- pure numpy: samplers and fits --------------------------------------------------------------------
@@ -124,61 +123,126 @@ class _Sampled(Method):
 
     family = "perturbation"
     stochastic = True
+    kinds = ("classifier", "causal_lm", ENCODER_DECODER)
 
     def check(self, adapter: ModelAdapter) -> None:
         super().check(adapter)
+        self._check_model(adapter)
+
+    def check_view(self, view: View) -> None:
+        super().check_view(view)
+        check_replacement(self.replacement, self.group)
+        if self.group not in view.groups:
+            raise StreetlampError(
+                f"{self.name} on an encoder-decoder perturbs single tokens: group {self.group!r} is not built there "
+                "(use 'token')"
+            )
+        self._check_model(view.adapter)
+
+    def _check_model(self, adapter: ModelAdapter) -> None:
         check_replacement(self.replacement, self.group)
         adapter.replacement_token(self.replacement)
         if not isinstance(self.n_samples, int) or self.n_samples < 2:
             raise StreetlampError(f"{self.name}: n_samples must be an integer >= 2, got {self.n_samples!r}")
 
+    def sample(self, view: View, batch_size: int | None, seed: int) -> tuple[np.ndarray, np.ndarray, list[dict], dict]:
+        """The method, once: each row of ``view`` is one problem over that row's features (coalitions of
+        absent features removed by the view's rule, F of that row read on each): ``scores`` ``[k, n]`` (each
+        feature's coefficient in its row), ``groups`` ``[k, n]``, the fit's record per row, the common record."""
+        adapter = view.adapter
+        used, tid, tok = adapter.replacement_token(self.replacement)
+        groups, _ = view.features(self.group, False, tid is None, coalitions=True)
+        scores = np.zeros((view.k, view.n))
+        rows: list[dict] = []
+        pert = None
+        extra: dict = {}
+        for j in range(view.k):
+            g = groups[j]
+            feats = np.unique(g[g >= 0])  # the row's feature ids, in column order
+            m = len(feats)
+            self.check_samples(m)
+            if pert is None:
+                pert = view.perturber(tid, batch_size, self.kv_cache, self.name)
+            rng = view.rng(seed, j)
+
+            def value(z: np.ndarray, g: np.ndarray = g, feats: np.ndarray = feats, j: int = j) -> np.ndarray:
+                absent = [np.isin(g, feats[~np.asarray(row, dtype=bool)]) for row in z]
+                return pert(absent, [j])[:, j]
+
+            f_full = float(pert.base[j])
+            phi, arrays, axes, meaning, info = self.fit(m, value, f_full, rng)
+            scores[j] = np.where(g >= 0, phi[np.searchsorted(feats, np.maximum(g, 0))] if m else 0.0, 0.0)
+            rows.append({"features": m, "F": f_full, **info})
+            extra = {"arrays": arrays, "axes": axes, "meaning": meaning}
+        assert pert is not None
+        common = {
+            "used": used,
+            "token": tok,
+            "rule": view.removal_rule(used, tok, False),
+            "index": pert.index,
+            "base": pert.base,
+            **pert.stats,
+            **extra,
+        }
+        return scores, groups, rows, common
+
+    def attribute_view(self, view: View, *, batch_size: int | None = None, seed: int = 0) -> ViewAttribution:
+        self.check_view(view)
+        scores, groups, rows, rec = self.sample(view, batch_size, seed)
+        return ViewAttribution(
+            {"": scores},
+            {
+                "features": (
+                    (groups >= 0).astype(np.uint8),
+                    ["generated", "token"],
+                    f"1 where the token is one of that row's {self.name} features (0: not an input of the row, a "
+                    "special token, the decoder start token or, with delete, the input the row is read after)",
+                )
+            },
+            {
+                "replacement": self.replacement,
+                "replacement_used": rec["used"],
+                "replacement_token": rec["token"],
+                "removal_rule": rec["rule"],
+                "rows": rows,
+            },
+            rows,
+        )
+
     def attribute(
         self, adapter: ModelAdapter, inputs: Inputs, *, target: Target, batch_size: int | None = None, seed: int = 0
     ) -> list[Explanation]:
         self.check(adapter)
-        used, tid, tok = adapter.replacement_token(self.replacement)
+        used, _, tok = adapter.replacement_token(self.replacement)
         common = explanation_common(self.name, used, tok, self.replacement)
-        rule = Removal.of(adapter, tid)
-        rule_note = rule.describe(adapter)
         out = []
-        for b, n in enumerate(inputs.lengths):
-            ids = inputs.input_ids[b, :n].cpu()
-            groups, feats = feature_groups(
-                adapter, ids.tolist(), inputs.tokens[b], self.group, False, rule.protected(n)
-            )
-            m = len(feats)
-            self.check_samples(m)
-            scorer = Scorer(adapter, ids, target, batch_size, use_cache=self.kv_cache, desc=self.name)
-            rng = np.random.default_rng(seed)  # per text, so a text gets the same samples alone or in a batch
-
-            def value(z: np.ndarray) -> np.ndarray:
-                rows = [rule.row(ids, np.isin(groups, np.flatnonzero(~row))) for row in z]
-                return scorer(rows)
-
-            phi, arrays, axes, meaning, info = self.fit(m, value, scorer.base, rng)
-            scores = np.where(groups >= 0, phi[np.maximum(groups, 0)] if m else 0.0, 0.0)
+        for b in range(len(inputs)):
+            view = SequenceView(adapter, inputs, b, target)
+            scores, groups, rows, rec = self.sample(view, batch_size, seed)
+            rule_note = rec["rule"]
+            info = {k: v for k, v in rows[0].items() if k not in ("features", "F")}
             out.append(
                 self.explanation(
                     adapter,
                     inputs,
                     b,
-                    int(scorer.index[0]),
+                    int(rec["index"][0]),
                     target,
-                    arrays={"tokens": scores.astype(np.float32), "groups": groups, **arrays},
-                    axes={"tokens": ["token"], "groups": ["token"], **axes},
+                    arrays={"tokens": scores[0].astype(np.float32), "groups": groups[0], **rec["arrays"]},
+                    axes={"tokens": ["token"], "groups": ["token"], **rec["axes"]},
                     meaning={
                         "tokens": f"{self.name} coefficient of the {self.group}'s presence; "
                         + common["replacement_note"]
                         + (f"; {rule_note}" if rule_note else ""),
                         "groups": f"{self.group} id per token (-1: never perturbed, e.g. special tokens"
-                        + (", the explained position)" if rule.keep_last else ")"),
-                        **meaning,
+                        + (", the explained position)" if rule_note else ")"),
+                        **rec["meaning"],
                     },
-                    base_score=scorer.base,
-                    n_features=m,
-                    n_evaluated=scorer.n_rows,
+                    base_score=float(rec["base"][0]),
+                    n_features=rows[0]["features"],
+                    n_evaluated=rec["rows"],
                     seed=seed,
-                    kv_cache_used=scorer.use_cache,
+                    kv_cache_used=rec["kv_cache_used"],
                     removal_rule=rule_note,
                     **info,
                     **common,

@@ -2,7 +2,9 @@
 
 One forward pass with chunked attention (:mod:`streetlamp.models.chunked`) writes the kept rows
 (``attention/*.safetensors`` shards) and every layer's queries and keys (``qk/``) straight into the
-run folder's staging copy; rollout and flow of the explained row are then recomputed from q/k. The
+run folder's staging copy; then every asked method gives the explained row through its long-input
+implementation (``long_input``, :mod:`streetlamp.methods.long_input`): rollout and flow recomputed from q/k,
+attention x gradient from the same pass, occlusion by spans. The methods are found by registry query. The
 manifest's ``long_context`` section says exactly which layers, heads and rows were kept.
 """
 
@@ -17,14 +19,13 @@ import torch
 from safetensors import safe_open
 
 from ..errors import StreetlampError
-from ..methods.long_occlusion import check_window, occlusion_spans
-from ..methods.long_rows import check_flow_size, flow_row, rollout_row
-from ..methods.scorer import REPLACEMENTS
+from ..methods.attention_grad import long_row
+from ..methods.base import Method
+from ..methods.long_input import LongInput
+from ..methods.registry import get_method, long_methods
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..models.chunked import QKStore, Recorder, Selection, record_long
 from ..store.run_folder import RunFolder
-
-LONG_METHODS = ("rollout", "flow", "attention_x_gradient", "occlusion")
 
 
 def parse_indices(spec: str | None, n: int, flag: str, what: str) -> list[int]:
@@ -72,12 +73,14 @@ def parse_rows(spec: str | None, n: int, explained: int) -> list[int]:
 
 
 def check_methods(methods: list[str] | None) -> list[str]:
-    methods = list(LONG_METHODS[:1] if methods is None else methods)
-    other = [m for m in methods if m not in LONG_METHODS]
+    """The asked methods (default: the first long-input one, rollout), each with a long-input implementation."""
+    long = long_methods()
+    methods = list(long[:1] if methods is None else methods)
+    other = [m for m in methods if m not in long]
     if other:
         raise StreetlampError(
             f"with --rows/--layers/--heads explain records rows in bounded memory and runs only "
-            f"{', '.join(LONG_METHODS)} (not {', '.join(other)})"
+            f"{', '.join(long)} (not {', '.join(other)})"
         )
     return methods
 
@@ -122,11 +125,8 @@ def attention_x_gradient_row(
     with the (detached) explained logits and the recorder."""
     pos = adapter.explained_position(inputs.lengths[0])
     logits, rec = record(adapter, inputs, folder, selection, chunk, grad_row=pos)
-    index = adapter.resolve(inputs, target, logits.detach())
-    with torch.enable_grad():
-        f = adapter.score(logits, index.to(logits.device), target).sum()
-        axg = rec.attention_x_gradient(f)
-    return axg.sum(0).double().cpu().numpy(), logits.detach(), rec
+    row, _ = long_row(adapter, inputs, target, logits, rec)
+    return row, logits.detach(), rec
 
 
 def read_rows(folder: Path | str, layer: int, rows: list[int], heads: list[int] | None = None) -> np.ndarray:
@@ -203,8 +203,8 @@ def explain_long(
     occlusion_window: int | None = None,
     occlusion_replacement: str = "mask",
 ) -> LongResult:
-    """Record the asked rows, store q/k, compute rollout/flow/attention x gradient of the explained row and
-    span occlusion (``occlusion_window`` tokens a span; default n/32); all checked first."""
+    """Record the asked rows, store q/k, and give each asked method's explained row through its long-input
+    implementation (span occlusion: ``occlusion_window`` tokens a span, default n/32); all checked first."""
     rf = RunFolder.of(out, "explain", overwrite)
     methods = check_methods(methods)
     inputs = adapter.encode(text, truncate=truncate)
@@ -215,16 +215,17 @@ def explain_long(
         parse_indices(heads, adapter.n_heads, "--heads", "head"),
         parse_rows(rows, n, pos),
     )
-    if "flow" in methods:
-        check_flow_size(adapter.n_layers, n)
-    if "occlusion" in methods:
-        window = check_window(occlusion_window, n)
-        if occlusion_replacement not in REPLACEMENTS:
-            raise StreetlampError(
-                f"unknown occlusion replacement {occlusion_replacement!r}; choose one of {', '.join(REPLACEMENTS)}"
-            )
-    elif occlusion_window is not None:
+    if "occlusion" not in methods and occlusion_window is not None:
         raise StreetlampError("--occlusion-window applies to --methods occlusion")
+    params = {
+        "rollout": {"fusion": fusion},
+        "flow": {"fusion": fusion},
+        "occlusion": {"replacement": occlusion_replacement},
+    }
+    built: dict[str, Method] = {m: get_method(m, **params.get(m, {})) for m in methods}
+    long = LongInput(adapter, inputs, target, pos, chunk=chunk, window=occlusion_window)
+    for m in built.values():
+        m.check_long(long)
     need = qk_bytes(adapter, n) + len(sel.layers) * len(sel.heads) * len(sel.rows) * n * 4
     rf.out.parent.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(rf.out.parent).free
@@ -233,56 +234,27 @@ def explain_long(
             f"the recording needs {need / (1 << 30):.2f} GiB on disk, {free / (1 << 30):.2f} GiB free"
         )
     with rf.staging() as w:
-        if "attention_x_gradient" in methods:  # the same single pass, with the last layer's graph
-            axg, logits, rec = attention_x_gradient_row(adapter, inputs, w.path, sel, target, chunk)
-        else:
-            logits, rec = record(adapter, inputs, w.path, sel, chunk)
+        graph = any(m.long_needs_graph for m in built.values())  # the same single pass, with the last layer's graph
+        logits, rec = record(adapter, inputs, w.path, sel, chunk, grad_row=pos if graph else None)
+        section = rec.describe()
+        long.store, long.recorder, long.logits = QKStore(w.path, section), rec, logits
+        logits = logits.detach()
         index = int(adapter.resolve(inputs, target, logits)[0])
         probs = torch.softmax(logits[0].float(), -1).cpu().numpy()
-        section = rec.describe()
-        store = QKStore(w.path, section)
         res = LongResult(rf.out, n, pos, inputs.labels[0], adapter.output_label(int(probs.argmax())), section["kept"])
         res.disk = need
-        meaning = {}
-        occ = None
-        for m in methods:
-            if m == "occlusion":
-                occ = occlusion_spans(adapter, inputs, target, window, occlusion_replacement)
-                res.rows[m] = occ.tokens
-                meaning[m] = (
-                    f"F(x) - F(x without the token's span of {window} tokens) (F = {target.describe(adapter, occ.index)}); "
-                    f"absent tokens: {occ.replacement}"
-                    + (f"; {occ.rule}" if occ.rule else "")
-                    + "; 0 where a token is never removed (special tokens"
-                    + (", the explained position)" if occ.rule else ")")
-                )
-            elif m == "attention_x_gradient":
-                res.rows[m] = axg
-                meaning[m] = (
-                    f"sum over heads of the last layer's row {pos} of A ⊙ dF/dA, dF/dA[h, {pos}, j] = dF/dz[{pos}, h] · v[h, j] "
-                    f"(F = {target.describe(adapter, index)})"
-                )
-            else:
-                res.rows[m] = (rollout_row if m == "rollout" else flow_row)(store, pos, fusion, chunk)
-                meaning[m] = (
-                    f"{m} row of position {pos}: Â_l = 0.5·{fusion}_h A[l] + 0.5·I (rows renormalised), "
-                    "recomputed from the stored queries and keys chunk by chunk"
-                )
+        meaning, extra, more = {}, {}, {}
+        for name, m in built.items():
+            row = m.attribute_long(long)
+            res.rows[name], meaning[name] = row.tokens, row.meaning
+            extra.update(row.arrays)
+            more.update(row.parameters)
+        long.logits = None  # the graph is no longer needed
         w.add_array("probs", probs, axes=["output"], meaning="softmax of the explained logits")
-        for m, row in res.rows.items():
-            w.add_array(f"{m}.tokens", row.astype(np.float32), axes=["token"], meaning=meaning[m])
-        if occ is not None:
-            w.add_array(
-                "occlusion.spans", occ.spans, axes=["span", "start_end"], meaning="span k covers positions start..end-1"
-            )
-            w.add_array(
-                "occlusion.drop",
-                occ.drop,
-                axes=["span"],
-                meaning="F(x) - F(x without span k) (float64)",
-                base_score=occ.base,
-                positions_computed=occ.positions_computed,
-            )
+        for name, tokens in res.rows.items():
+            w.add_array(f"{name}.tokens", tokens.astype(np.float32), axes=["token"], meaning=meaning[name])
+        for name, (arr, axes, what, fields) in extra.items():
+            w.add_array(name, arr, axes=axes, meaning=what, **fields)
         w.write_manifest(
             {
                 "model": adapter.describe(),
@@ -299,11 +271,7 @@ def explain_long(
                     "rows": rows,
                     "methods": methods,
                     "fusion": fusion,
-                    **(
-                        {"occlusion_window": occ.window, "occlusion_replacement": occ.replacement}
-                        if occ is not None
-                        else {}
-                    ),
+                    **more,
                 },
                 "long_context": section,
             }

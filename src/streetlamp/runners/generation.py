@@ -1,12 +1,18 @@
-"""``streetlamp explain-generation``: attribute every token a causal LM generates, with any registered method.
+"""``streetlamp explain-generation``: attribute every token a causal LM or an encoder-decoder generates.
 
-Integrated gradients uses one shared interpolation path for all generated tokens
+On a causal LM, integrated gradients uses one shared interpolation path for all generated tokens
 (:meth:`~streetlamp.methods.ig.IntegratedGradients.attribute_sequence`): the model is causal, so
 generated token j at position P+j-1 depends only on the first P+j tokens. Every other method is
 applied to each prefix in turn (prompt + generated[:j], target: token j, the chosen quantity), the
 same call ``streetlamp explain`` makes. Output: one matrix ``[generated token, input token]`` per
 method (cells after a target's own prefix are 0 and marked in ``allowed``), IG's completeness
 record, a heatmap per method, and a manifest that says what each method explains.
+
+On an encoder-decoder (T5, BART) the source goes through the encoder and the target (greedy, or forced)
+is read by the decoder with teacher forcing; every method that declares the encoder-decoder kind runs once
+over the :class:`~streetlamp.methods.views.Seq2SeqView` (:meth:`~streetlamp.methods.base.Method.attribute_view`:
+the model kind supplies the embeddings, each row's inputs, the scorer and the removal rule), and the files
+are those of :mod:`.generation_files`. Other methods refuse in one line (:func:`..models.seq2seq.refusal`).
 """
 
 from __future__ import annotations
@@ -17,22 +23,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-import matplotlib
+import numpy as np
+import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from ..errors import StreetlampError  # noqa: E402
-from ..methods.base import Method  # noqa: E402
-from ..methods.granularity import LEVELS, aggregate, units  # noqa: E402
-from ..methods.ig import IntegratedGradients  # noqa: E402
-from ..methods.registry import get_method  # noqa: E402
-from ..models.adapter import Inputs, ModelAdapter, Target  # noqa: E402
-from ..report.compare import normalise_rows  # noqa: E402
-from ..results import Explanation  # noqa: E402
-from ..store.run_folder import RunFolder  # noqa: E402
+from ..errors import StreetlampError
+from ..methods.base import ENCODER_DECODER, Method, ViewAttribution
+from ..methods.granularity import LEVELS, aggregate, units
+from ..methods.ig import IntegratedGradients
+from ..methods.prefixes import per_prefix
+from ..methods.registry import REGISTRY, get_method
+from ..methods.views import Seq2SeqView
+from ..models.adapter import Inputs, ModelAdapter, Target
+from ..results import Explanation
+from ..store.run_folder import RunFolder
+from .generation_files import IG, figure, figure_name, write_encdec
 
 GENERATION_IG: dict[str, Any] = {"rule": "panels", "max_steps": 1024}
 # a causal LM's IG baseline here: the document-start token (<|endoftext|> on SmolLM2), chosen by the
@@ -43,7 +47,6 @@ GRANULARITY_RULE = (
     "a unit's score is the sum of its tokens' scores; words from the tokenizer's leading-space / ## markers, "
     "sentences after . ! ? and whitespace, paragraphs after a blank line; special tokens are units of their own"
 )
-IG = "integrated_gradients"
 
 
 @dataclass
@@ -57,7 +60,7 @@ class GenerationResult:
     matrices: dict[str, np.ndarray] = field(default_factory=dict)  # method -> [generated, token]
 
     def lines(self) -> list[str]:
-        figs = ", ".join(_figure_name(m) for m in self.matrices) or "generation.png"
+        figs = ", ".join(figure_name(m) for m in self.matrices) or "generation.png"
         return [*self.summary, f"output: {self.out}/ (manifest.json, arrays.safetensors, {figs})"]
 
     def _repr_html_(self) -> str:  # a notebook shows the run's report inline
@@ -93,7 +96,7 @@ def build_methods(
     ig_defaults: dict[str, Any],
     check_names: Callable[[list[str]], None] | None = None,
 ) -> dict[str, Method]:
-    """The methods of ``explain-generation`` (both runners), built with their parameters: ``ig_defaults`` under
+    """The methods of ``explain-generation`` (both model kinds), built with their parameters: ``ig_defaults`` under
     ``--ig-params`` / ``--method-params``' IG entry (given once). A name twice, an unknown name or parameter
     (or one ``check_names`` refuses): an error before anything runs."""
     methods = list(methods or [IG])
@@ -149,27 +152,14 @@ def explain_generation(
     matrices (sums over each unit's tokens, :mod:`~streetlamp.methods.granularity`)."""
     from .steps import StepFunction, chat_prompt_ids
 
-    if adapter.kind == "seq2seq":  # source -> target: its own runner, the same matrices and files
+    if adapter.kind == ENCODER_DECODER:  # source -> target: the same matrices and files, over the seq2seq view
         if contrast_token or contrast_prompt or chat or granularity != "token" or quantity == "kl_divergence":
             raise StreetlampError(
                 "--contrast-token, --contrast-prompt, --chat, --granularity and kl_divergence are for causal LMs"
             )
-        from ..models.seq2seq import Seq2SeqAdapter
-        from .seq2seq_generation import explain_seq2seq_generation
-
-        return explain_seq2seq_generation(
-            cast(Seq2SeqAdapter, adapter),
-            prompt,
-            out,
-            new_tokens=new_tokens,
-            continuation=continuation,
-            methods=methods,
-            quantity=quantity,
-            overwrite=overwrite,
-            batch_size=batch_size,
-            seed=seed,
-            ig_params=ig_params,
-            method_params=method_params,
+        rf = RunFolder.of(out, "explain-generation", overwrite)
+        return _encoder_decoder(
+            adapter, prompt, rf, new_tokens, continuation, methods, quantity, batch_size, seed, ig_params, method_params
         )
     rf = RunFolder.of(out, "explain-generation", overwrite)
     if adapter.kind != "causal_lm":
@@ -280,9 +270,9 @@ def explain_generation(
                     meaning=f"{name}.matrix summed over each {granularity}'s tokens (columns: manifest granularity.units)",
                 )
         for name, mat in matrices.items():
-            _figure(mat, allowed, labels, generated, w.path / _figure_name(name), name)
+            figure(mat, allowed, labels, generated, w.path / figure_name(name), name)
             w.add_figure(
-                file=_figure_name(name),
+                file=figure_name(name),
                 shows=f"{'IG' if name == IG else name} per generated token (rows) over input tokens, each row "
                 "divided by its max |score|; grey: not an input of that row",
             )
@@ -356,29 +346,6 @@ def explain_generation(
     return res
 
 
-def per_prefix(
-    adapter: ModelAdapter,
-    method: Method,
-    full: torch.Tensor,
-    prompt_len: int,
-    quantity: str,
-    batch_size: int | None,
-    seed: int,
-    contrast: int | None = None,
-) -> list[Explanation]:
-    """``method`` on each prefix ``full[:P+j]`` explaining its next token ``full[P+j]`` (one call per prefix,
-    as ``streetlamp explain`` calls it)."""
-    out = []
-    for n in range(prompt_len, len(full)):
-        inputs = Inputs.from_ids(adapter, [full[:n]])
-        target = Target(int(full[n]), contrast, quantity)  # type: ignore[arg-type]
-        e = method.attribute(adapter, inputs, target=target, batch_size=batch_size, seed=seed)[0]
-        if len(e.scores) != n:
-            raise StreetlampError(f"{method.name} gave {len(e.scores)} scores for a prefix of {n} tokens")
-        out.append(e)
-    return out
-
-
 def _matrix(exps: list[Explanation], k: int, width: int) -> np.ndarray:
     matrix = np.zeros((k, width), np.float32)
     for j, e in enumerate(exps):
@@ -390,7 +357,7 @@ def _explains(name: str, exps: list[Explanation], quantity: str) -> dict[str, An
     """What a method's matrix holds: its scores' meaning (last row) and each row's explained target."""
     return {
         "array": f"{name}.matrix",
-        "figure": _figure_name(name),
+        "figure": figure_name(name),
         "scores": exps[-1].meaning.get("tokens", ""),
         "explained": [e.info.get("target", {}).get("explained") for e in exps],
         "quantity": quantity,
@@ -398,26 +365,67 @@ def _explains(name: str, exps: list[Explanation], quantity: str) -> dict[str, An
     }
 
 
-def _figure_name(method: str) -> str:
-    return "generation.png" if method == IG else f"generation_{method}.png"
+def _encoder_decoder(
+    adapter: ModelAdapter,
+    source: str,
+    rf: RunFolder,
+    new_tokens: int,
+    continuation: list[int] | str | None,
+    methods: list[str] | None,
+    quantity: str,
+    batch_size: int | None,
+    seed: int,
+    ig_params: dict[str, Any] | None,
+    method_params: dict[str, dict[str, Any]] | None,
+) -> GenerationResult:
+    """explain-generation on an encoder-decoder: each method's ``attribute_view`` over the source and the target."""
+    from ..models.seq2seq import Seq2SeqAdapter, refusal
 
+    s2s = cast(Seq2SeqAdapter, adapter)
+    if not source or not source.strip():
+        raise StreetlampError("empty source text")
+    if continuation is None:
+        check_length(adapter, new_tokens, None)
 
-def _figure(
-    matrix: np.ndarray, allowed: np.ndarray, labels: list[str], generated: list[str], path: Path, method: str = IG
-) -> None:
-    m = np.ma.masked_where(allowed == 0, normalise_rows(matrix.astype(np.float64)))
-    k, n = m.shape
-    fig, ax = plt.subplots(figsize=(min(3 + 0.45 * n, 30), 1.4 + 0.4 * k))
-    ax.set_facecolor("#d9d9d9")
-    im = ax.imshow(m, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
-    ax.set_xticks(range(n), labels, rotation=90, fontsize=8)
-    ax.set_yticks(range(k), [repr(g) for g in generated], fontsize=8)
-    ax.set_xlabel("input token")
-    ax.set_ylabel("generated token")
-    cb = fig.colorbar(im, ax=ax, shrink=0.9)
-    short = "IG" if method == IG else method
-    cb.set_label(f"{short} / max |{short}| of the row (signed)", fontsize=8)
-    title = "Integrated gradients" if method == IG else method
-    ax.set_title(f"{title} of each generated token (grey: not one of its inputs)", fontsize=9)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    def check_names(names: list[str]) -> None:
+        for name in names:
+            if name in REGISTRY and ENCODER_DECODER not in REGISTRY[name].kinds:
+                raise StreetlampError(refusal(name, adapter.name))
+
+    built = build_methods(methods, method_params, ig_params, GENERATION_IG, check_names)
+    src = adapter.encode(source).input_ids[0]
+    target = Target(quantity=cast(Any, quantity))
+    probe = Seq2SeqView(s2s, src, [s2s.decoder_start_token_id], target)  # the kind's checks, before decoding
+    for m in built.values():
+        m.check_view(probe)
+    forced = continuation is not None
+    if isinstance(continuation, str):
+        continuation = s2s.target_ids(continuation)
+    check_length(adapter, new_tokens, continuation)
+    if len(continuation or []) > adapter.max_positions or new_tokens > adapter.max_positions:
+        raise StreetlampError(f"the target exceeds the model's {adapter.max_positions} positions")
+    t0 = time.time()
+    gen = [int(i) for i in continuation] if continuation is not None else s2s.generate(src, new_tokens)
+    stopped = None if forced else ("eos" if gen[-1] in s2s.eos_token_ids else "new_tokens")
+    view = Seq2SeqView(s2s, src, gen, target)
+    results: dict[str, ViewAttribution] = {
+        name: m.attribute_view(view, batch_size=batch_size, seed=seed) for name, m in built.items()
+    }
+    secs = time.time() - t0
+    tokens, generated, summary, matrices = write_encdec(
+        rf,
+        view,
+        source,
+        results,
+        built,
+        forced=forced,
+        stopped=stopped,
+        quantity=quantity,
+        batch_size=batch_size,
+        seed=seed,
+        secs=secs,
+    )
+    first = next(iter(matrices))
+    res = GenerationResult(rf.out, tokens, generated, matrices[first], view.allowed, matrices=matrices)
+    res.summary.extend(summary)
+    return res
