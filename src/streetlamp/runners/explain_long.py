@@ -22,6 +22,7 @@ from ..methods.long_rows import check_flow_size, flow_row, rollout_row
 from ..methods.scorer import REPLACEMENTS
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..models.chunked import QKStore, Recorder, Selection, record_long
+from ..store.files import folder_file
 from ..store.run_folder import RunFolder
 
 LONG_METHODS = ("rollout", "flow", "attention_x_gradient", "occlusion")
@@ -141,7 +142,7 @@ def read_rows(folder: Path | str, layer: int, rows: list[int], heads: list[int] 
         out = []
         for r in rows:
             s, i = have[r]
-            with safe_open(str(Path(folder) / s["file"]), framework="pt") as f:
+            with safe_open(str(folder_file(folder, s["file"])), framework="pt") as f:
                 p = f.get_slice("pattern")[:, i : i + 1]
             out.append(p[[kept["heads"].index(h) for h in want_heads]])
         return torch.cat(out, 1).numpy()
@@ -316,7 +317,7 @@ def print_row(folder: Path, layer: int, row: str, heads: str | None, column: boo
     import json
 
     store = QKStore(folder)
-    manifest = json.loads((Path(folder) / "manifest.json").read_text())
+    manifest = json.loads(Path(str(folder_file(folder, "manifest.json"))).read_text())
     labels = manifest["token_labels"]
     n_layers, n_heads = store.n_layers, int(store.section["n_heads"])
     if not -n_layers <= layer < n_layers:
