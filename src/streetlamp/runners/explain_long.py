@@ -19,9 +19,11 @@ from safetensors import safe_open
 from ..errors import StreetlampError
 from ..methods.long_occlusion import check_window, occlusion_spans
 from ..methods.long_rows import check_flow_size, flow_row, rollout_row
+from ..methods.registry import REGISTRY
 from ..methods.scorer import REPLACEMENTS
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..models.chunked import QKStore, Recorder, Selection, record_long
+from ..readings import ATTENTION_FAMILY, attention_sink, sink_line
 from ..store.files import folder_file
 from ..store.run_folder import RunFolder
 
@@ -159,6 +161,7 @@ class LongResult:
     kept: dict[str, list[int]]
     rows: dict[str, np.ndarray] = field(default_factory=dict)
     disk: int = 0
+    sinks: dict[str, dict | None] = field(default_factory=dict)  # readings.attention_sink of each row
 
     def lines(self) -> list[str]:
         k = self.kept
@@ -172,8 +175,19 @@ class LongResult:
             out.append(
                 f"{name} row {self.position}, top: " + ", ".join(f"{self.labels[j]!r}@{j} {row[j]:.3f}" for j in top)
             )
+            sink = self.sinks.get(name)
+            if sink:
+                out.append(sink_line(f"{name} row {self.position}", sink))
         out.append(f"output: {self.out}/ (manifest.json, attention/ shards, qk/, arrays.safetensors)")
         return out
+
+
+def long_sink(method: str, row: np.ndarray, labels: list[str], pos: int, causal: bool) -> dict | None:
+    """The attention sink of an attention-derived row (rollout, flow) over the keys ``pos`` may read."""
+    cls = REGISTRY.get(method)
+    if cls is None or cls.family != ATTENTION_FAMILY:
+        return None
+    return attention_sink(row, labels, range(pos + 1) if causal else None)
 
 
 def _ranges(xs: list[int]) -> str:
@@ -271,7 +285,15 @@ def explain_long(
                 )
         w.add_array("probs", probs, axes=["output"], meaning="softmax of the explained logits")
         for m, row in res.rows.items():
-            w.add_array(f"{m}.tokens", row.astype(np.float32), axes=["token"], meaning=meaning[m])
+            sink = long_sink(m, row, inputs.labels[0], pos, adapter.kind == "causal_lm")
+            w.add_array(
+                f"{m}.tokens",
+                row.astype(np.float32),
+                axes=["token"],
+                meaning=meaning[m],
+                **({"attention_sink": sink} if sink else {}),
+            )
+            res.sinks[m] = sink
         if occ is not None:
             w.add_array(
                 "occlusion.spans", occ.spans, axes=["span", "start_end"], meaning="span k covers positions start..end-1"
