@@ -18,8 +18,9 @@ from streetlamp.cli import main
 from streetlamp.methods.attention import record_attention
 from streetlamp.models.adapter import ModelAdapter
 from streetlamp.models.tiny import save_tiny, tiny_model
-from streetlamp.readings import SINK_SHARE, attention_sink, position_skew
+from streetlamp.readings import SINK_SHARE, SKEW_TIMES_UNIFORM, attention_sink, position_skew
 from streetlamp.report.viewer import build_html
+from streetlamp.store.files import load_arrays
 
 from .conftest import f32_tol
 
@@ -144,3 +145,29 @@ def test_forced_sink_on_the_long_path(sink_run: tuple[Path, str, np.ndarray], ca
     assert s["key"] == 0 and s["share"] == pytest.approx(roll[0] / roll.sum(), abs=f32_tol(2))
     assert f"attention sink in rollout row {att.shape[-1] - 1}: {s['token']!r}@0" in printed
     assert '"attention_sink"' in build_html(long)
+
+
+@pytest.mark.parametrize("words", [1, 4])
+def test_attnlrp_skew_is_marked_on_long_texts_only(words: int, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A tiny Llama's AttnLRP gives its last token ~4x uniform on 5 tokens (no note) and ~35x on 40
+    (the note, with the shares recomputed here from the stored relevance)."""
+    ckpt = save_tiny("llama", tmp_path / "llama", seed=1)
+    text = (
+        " ".join(["the movie was not good but the acting was great"] * words) if words > 1 else "the movie was not good"
+    )
+    out = tmp_path / "run"
+    assert main(["explain", text, "--model", str(ckpt), "--methods", "attnlrp", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    r = np.asarray(load_arrays(out / "arrays.safetensors")["attnlrp.tokens"], np.float64)
+    a, n = np.abs(r), len(r)
+    first, last = a[0] / a.sum() * n, a[-1] / a.sum() * n
+    info = json.loads((out / "manifest.json").read_text())["methods"]["attnlrp"]
+    if max(first, last) < SKEW_TIMES_UNIFORM:
+        assert n == 5 and "position_skew" not in info and "position skew" not in printed
+        return
+    assert n == 40 and last > 20  # far above the threshold: the note must be there
+    sk = info["position_skew"]
+    assert sk["last"]["times_uniform"] == pytest.approx(last, rel=1e-5) and sk["n_tokens"] == n
+    assert sk["first"]["share"] == pytest.approx(a[0] / a.sum(), rel=1e-5) and sk["first"]["sign"] == np.sign(r[0])
+    assert "position skew in attnlrp: position 0 takes" in printed and "grows with the length" in printed
+    assert '"position_skew"' in build_html(out)
