@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -30,3 +31,10 @@ def test_ray_matches_local(tmp_path: Path) -> None:
     b = read_metrics(remote.out).sort_values(["example_id", "method", "metric"]).reset_index(drop=True)
     assert len(a) > 100 and a[["example_id", "method", "metric"]].equals(b[["example_id", "method", "metric"]])
     np.testing.assert_allclose(a.value, b.value, rtol=1e-5, atol=1e-6, equal_nan=True)
+    # the manifest says what ran the chunks: one Ray session, its actors, cluster and chunks; local: no engine
+    m = json.loads((remote.out / "manifest.json").read_text())
+    assert "engine" not in json.loads((local.out / "manifest.json").read_text())
+    (e,) = m["engine"]
+    assert e["name"] == "ray" and e["address"] == "local instance" and e["workers"] == 2 and e["device"] == "cpu"
+    assert e["chunks"] == [0, 1, 2] and e["nodes"] == 1 and e["cluster_resources"]["CPU"] == 2.0
+    assert e["ray_version"] == ray.__version__ and isinstance(e["gcs_address"], str) and ":" in e["gcs_address"]

@@ -64,7 +64,9 @@ def _ids(adapter: ModelAdapter, ids: torch.Tensor) -> torch.Tensor:
 def logit_lens(adapter: ModelAdapter, ids: torch.Tensor, index: int, top: int = 5) -> dict[str, np.ndarray]:
     """The lens at every layer (row 0: the embedding, row l+1: resid_post of layer l) and position.
 
-    Returns ``logit``/``prob``/``rank`` of token ``index`` ``[layer+1, pos]``, the ``top`` tokens and
+    Returns ``logit``/``prob``/``logprob``/``rank`` of token ``index`` ``[layer+1, pos]`` (``logprob``: the
+    log-softmax in float64, finite where ``prob`` underflows: a probability below float32's smallest
+    normal, ~1.2e-38, is stored as 0 in a float32 array, its log is not), the ``top`` tokens and
     their probabilities ``[layer+1, pos, top]``, and ``last_logits`` ``[vocab]``: the lens of the
     last layer at the last position (equal to the model's logits there)."""
     check_lens(adapter)
@@ -78,6 +80,7 @@ def logit_lens(adapter: ModelAdapter, ids: torch.Tensor, index: int, top: int = 
         out = {
             "logit": np.zeros((L + 1, n)),
             "prob": np.zeros((L + 1, n)),
+            "logprob": np.zeros((L + 1, n)),
             "rank": np.zeros((L + 1, n), np.int64),
             "top_ids": np.zeros((L + 1, n, top), np.int64),
             "top_prob": np.zeros((L + 1, n, top)),
@@ -85,10 +88,12 @@ def logit_lens(adapter: ModelAdapter, ids: torch.Tensor, index: int, top: int = 
         last = None
         for r, s in enumerate(sites):
             lg = capped(adapter, unembed(adapter, norm(fwd.cache[s][0])))  # [pos, vocab]
-            p = torch.softmax(lg, -1)
+            logp = torch.log_softmax(lg.double(), -1)  # float64: log p stays finite where p underflows
+            p = logp.exp()
             t = lg[:, index]
             out["logit"][r] = t.cpu().numpy()
             out["prob"][r] = p[:, index].cpu().numpy()
+            out["logprob"][r] = logp[:, index].cpu().numpy()
             out["rank"][r] = (lg > t[:, None]).sum(-1).cpu().numpy()
             tp, ti = p.topk(top, -1)
             out["top_ids"][r], out["top_prob"][r] = ti.cpu().numpy(), tp.cpu().numpy()

@@ -14,6 +14,7 @@ from ..errors import StreetlampError
 from ..methods.attention import record_attention
 from ..methods.registry import get_method
 from ..models.adapter import Inputs, ModelAdapter, Target
+from ..readings import ATTENTION_FAMILY, attention_sink, position_skew, sink_line, skew_line
 from ..report import heatmaps
 from ..results import Explanation
 from ..settings import check_head, check_layer
@@ -143,7 +144,24 @@ def compute(
         m = get_method(name, **params)
         m.check(adapter)
         res.explanations[name] = m.attribute(adapter, inputs, target=run_target, batch_size=batch_size, seed=seed)[0]
+        add_readings(res, name)
     return res
+
+
+def add_readings(res: ExplainResult, name: str) -> None:
+    """Notes on how to read a method's scores, into its ``info`` (so the manifest's ``methods`` and the
+    report carry them): the attention sink of an attention-derived score over the keys the explained
+    position may read, AttnLRP's position skew (:mod:`streetlamp.readings`)."""
+    e = res.explanations[name]
+    if e.info.get("family") == ATTENTION_FAMILY:
+        keys = np.flatnonzero(res.allowed[res.position]).tolist() if res.allowed.ndim == 2 else None
+        sink = attention_sink(e.scores, res.labels, keys) if len(e.scores) == len(res.labels) else None
+        if sink is not None:
+            e.info["attention_sink"] = sink
+    if name == "attnlrp":
+        skew = position_skew(e.scores)
+        if skew is not None:
+            e.info["position_skew"] = skew
 
 
 def write_outputs(
@@ -340,6 +358,14 @@ def summarise(adapter: ModelAdapter, res: ExplainResult, k: int = 3) -> list[str
             f"  {row[[j for j in range(len(row)) if j not in words]].sum():.0%} of it goes to "
             "special tokens (excluded below)"
         )
+    sink = attention_sink(row, res.labels, words)
+    if sink is not None:
+        lines.append(sink_line("this attention row", sink))
+    for name, e in res.explanations.items():
+        if name != "attention" and "attention_sink" in e.info:
+            lines.append(sink_line(name, e.info["attention_sink"]))
+        if "position_skew" in e.info:
+            lines.append(skew_line(name, e.info["position_skew"]))
     occ = res.explanations.get("occlusion")
     if occ is None or not words:
         order = sorted(words, key=lambda j: -row[j])[:k]

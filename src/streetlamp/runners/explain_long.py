@@ -22,9 +22,11 @@ from ..errors import StreetlampError
 from ..methods.attention_grad import long_row
 from ..methods.base import Method
 from ..methods.long_input import LongInput
-from ..methods.registry import get_method, long_methods
+from ..methods.registry import REGISTRY, get_method, long_methods
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..models.chunked import QKStore, Recorder, Selection, record_long
+from ..readings import ATTENTION_FAMILY, attention_sink, sink_line
+from ..store.files import folder_file
 from ..store.run_folder import RunFolder
 
 
@@ -141,7 +143,7 @@ def read_rows(folder: Path | str, layer: int, rows: list[int], heads: list[int] 
         out = []
         for r in rows:
             s, i = have[r]
-            with safe_open(str(Path(folder) / s["file"]), framework="pt") as f:
+            with safe_open(str(folder_file(folder, s["file"])), framework="pt") as f:
                 p = f.get_slice("pattern")[:, i : i + 1]
             out.append(p[[kept["heads"].index(h) for h in want_heads]])
         return torch.cat(out, 1).numpy()
@@ -158,6 +160,7 @@ class LongResult:
     kept: dict[str, list[int]]
     rows: dict[str, np.ndarray] = field(default_factory=dict)
     disk: int = 0
+    sinks: dict[str, dict | None] = field(default_factory=dict)  # readings.attention_sink of each row
 
     def lines(self) -> list[str]:
         k = self.kept
@@ -171,8 +174,19 @@ class LongResult:
             out.append(
                 f"{name} row {self.position}, top: " + ", ".join(f"{self.labels[j]!r}@{j} {row[j]:.3f}" for j in top)
             )
+            sink = self.sinks.get(name)
+            if sink:
+                out.append(sink_line(f"{name} row {self.position}", sink))
         out.append(f"output: {self.out}/ (manifest.json, attention/ shards, qk/, arrays.safetensors)")
         return out
+
+
+def long_sink(method: str, row: np.ndarray, labels: list[str], pos: int, causal: bool) -> dict | None:
+    """The attention sink of an attention-derived row (rollout, flow) over the keys ``pos`` may read."""
+    cls = REGISTRY.get(method)
+    if cls is None or cls.family != ATTENTION_FAMILY:
+        return None
+    return attention_sink(row, labels, range(pos + 1) if causal else None)
 
 
 def _ranges(xs: list[int]) -> str:
@@ -252,7 +266,15 @@ def explain_long(
         long.logits = None  # the graph is no longer needed
         w.add_array("probs", probs, axes=["output"], meaning="softmax of the explained logits")
         for name, tokens in res.rows.items():
-            w.add_array(f"{name}.tokens", tokens.astype(np.float32), axes=["token"], meaning=meaning[name])
+            sink = long_sink(name, tokens, inputs.labels[0], pos, adapter.kind == "causal_lm")
+            w.add_array(
+                f"{name}.tokens",
+                tokens.astype(np.float32),
+                axes=["token"],
+                meaning=meaning[name],
+                **({"attention_sink": sink} if sink else {}),
+            )
+            res.sinks[name] = sink
         for name, (arr, axes, what, fields) in extra.items():
             w.add_array(name, arr, axes=axes, meaning=what, **fields)
         w.write_manifest(
@@ -284,7 +306,7 @@ def print_row(folder: Path, layer: int, row: str, heads: str | None, column: boo
     import json
 
     store = QKStore(folder)
-    manifest = json.loads((Path(folder) / "manifest.json").read_text())
+    manifest = json.loads(Path(str(folder_file(folder, "manifest.json"))).read_text())
     labels = manifest["token_labels"]
     n_layers, n_heads = store.n_layers, int(store.section["n_heads"])
     if not -n_layers <= layer < n_layers:

@@ -76,6 +76,7 @@ def run_lens(
     arrays = {
         "lens.logit": lens["logit"],
         "lens.prob": lens["prob"],
+        "lens.logprob": lens["logprob"],
         "lens.rank": lens["rank"].astype(np.float64),
         "lens.top_ids": lens["top_ids"].astype(np.float64),
         "lens.top_prob": lens["top_prob"],
@@ -83,6 +84,7 @@ def run_lens(
         "dla.head_source": dla.head_source,
         "dla.mlp": dla.mlp,
         "dla.attn_bias": dla.attn_bias,
+        "dla.embed": np.asarray(dla.embed),
         **{f"head_types.{k}": types[k] for k in TYPES},
     }
     lp = ["layer(0=embedding, l+1=after layer l)", "pos"]
@@ -92,7 +94,15 @@ def run_lens(
             "meaning": f"logit lens: logit of {target!r} from each layer's residual through "
             "the final norm and unembedding",
         },
-        "lens.prob": {"axes": lp, "meaning": f"logit lens: probability of {target!r}"},
+        "lens.prob": {
+            "axes": lp,
+            "meaning": f"logit lens: probability of {target!r} (float32: below ~1e-38 it reads 0; see lens.logprob)",
+        },
+        "lens.logprob": {
+            "axes": lp,
+            "meaning": f"logit lens: natural log of the probability of {target!r} (log-softmax in float64, "
+            "finite where lens.prob underflows)",
+        },
         "lens.rank": {"axes": lp, "meaning": f"logit lens: rank of {target!r} (0 = top)"},
         "lens.top_ids": {"axes": lp + ["k"], "meaning": "logit lens: top token ids"},
         "lens.top_prob": {"axes": lp + ["k"], "meaning": "logit lens: probabilities of the top tokens"},
@@ -104,6 +114,12 @@ def run_lens(
         "dla.head_source": {"axes": ["layer", "head", "key"], "meaning": "dla.heads split over the key positions read"},
         "dla.mlp": {"axes": ["layer"], "meaning": "direct logit attribution of each MLP output at the last position"},
         "dla.attn_bias": {"axes": ["layer"], "meaning": "direct logit attribution of each attention output bias"},
+        "dla.embed": {
+            "axes": [],
+            "meaning": "direct logit attribution of the embedding (the residual entering layer 0) at the last "
+            "position; embed + heads + attn_bias + mlp + the final norm's and the unembedding's biases "
+            "(manifest summary) = the logit",
+        },
         **{
             f"head_types.{k}": {
                 "axes": ["layer", "head"],
@@ -118,13 +134,14 @@ def run_lens(
     tables = [
         {
             "title": f"logit lens: top token at the last position ({labels[-1]!r}) per layer",
-            "columns": ["layer", "top token", "p(top)", f"p({target!r})", f"rank of {target!r}"],
+            "columns": ["layer", "top token", "p(top)", f"p({target!r})", f"log p({target!r})", f"rank of {target!r}"],
             "rows": [
                 [
                     "embed" if r == 0 else r - 1,
                     repr(adapter.output_label(int(lens["top_ids"][r, -1, 0]))),
                     float(lens["top_prob"][r, -1, 0]),
                     float(lens["prob"][r, -1]),
+                    float(lens["logprob"][r, -1]),
                     int(lens["rank"][r, -1]),
                 ]
                 for r in range(L + 1)
@@ -155,7 +172,13 @@ def run_lens(
                 "rows": _top(types[k].reshape(-1), head_names, 5),
             }
         )
-    summary: dict = {"target": {"index": index, "label": target}, "logit": dla.logit, "dla_total": dla.total()}
+    summary: dict = {
+        "target": {"index": index, "label": target},
+        "logit": dla.logit,
+        "dla_total": dla.total(),
+        "dla_norm_bias": dla.norm_bias,
+        "dla_unembed_bias": dla.unembed_bias,
+    }
     if dla.softcap:  # DLA splits the logit before the final soft-cap (Gemma)
         summary.update(final_logit_softcap=dla.softcap, model_logit=dla.model_logit)
     qk = None

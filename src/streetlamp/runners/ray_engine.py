@@ -8,6 +8,11 @@ written by the driver as they arrive (``write(chunk_index, result)``; by default
 ``store.write_chunk(c, rows, arrays)``), so resumption and atomicity are the local engine's. ``address``: an existing cluster (``ray://host:10001`` or ``auto``);
 without it a local instance is started. On a GPU cluster pass ``--device cuda``: each actor then
 reserves one GPU (``num_gpus=1``), so ``--workers`` actors use that many GPUs.
+
+Each Ray session is recorded in the manifest before its first chunk runs: ``manifest["engine"]`` is a
+list with one entry per session that computed chunks (a run resumed on another cluster adds one),
+see :func:`engine_record`. A local run has no ``engine`` key. The token of a cluster with token
+authentication (``RAY_AUTH_TOKEN``) is never recorded.
 """
 
 from __future__ import annotations
@@ -42,6 +47,30 @@ class _Worker:
         return work(self.adapter, chunk, settings)
 
 
+def engine_record(ray: Any, address: str | None, workers: int, device: str, chunks: list[int]) -> dict[str, Any]:
+    """What a Ray session ran on: the address asked for and the cluster's own (GCS) address, the actors
+    started, the live nodes and the cluster's CPUs/GPUs, Ray's version, the chunks given to it."""
+    from ..store.run_folder import utc_now
+
+    try:
+        gcs = ray.get_runtime_context().gcs_address
+    except Exception:  # noqa: BLE001 - an older Ray without it: the address asked for is still recorded
+        gcs = None
+    res = ray.cluster_resources()
+    return {
+        "name": "ray",
+        "address": address or "local instance",
+        "gcs_address": gcs,
+        "workers": workers,
+        "device": device,
+        "nodes": sum(1 for x in ray.nodes() if x.get("Alive")),
+        "cluster_resources": {k: float(res[k]) for k in ("CPU", "GPU") if k in res},
+        "ray_version": getattr(ray, "__version__", "?"),
+        "chunks": chunks,
+        "started": utc_now(),
+    }
+
+
 def run_on_ray(
     model: str,
     device: str,
@@ -70,6 +99,8 @@ def run_on_ray(
     # ray types the actor class as ActorClass | type and its methods as plain callables (no .remote)
     cls: Any = ray.remote(num_gpus=1, num_cpus=1)(_Worker) if gpu else ray.remote(num_cpus=1)(_Worker)
     actors = [cls.remote(model, "cuda" if gpu else "cpu", 1) for _ in range(n)]
+    record = engine_record(ray, address, n, "cuda" if gpu else "cpu", sorted(chunks))
+    store.update_manifest({"engine": [*store.manifest().get("engine", []), record]})
     try:
         pending, queue = {}, list(chunks)
         for a in actors:

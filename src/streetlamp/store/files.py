@@ -1,10 +1,12 @@
-"""File helpers shared by every writer: safetensors arrays, JSON, the command line, package versions."""
+"""File helpers shared by every writer: safetensors arrays, JSON, the command line, package versions, and
+:func:`folder_file`, the one gate through which every reader of a run folder it did not write opens a file."""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
+import stat
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -12,6 +14,8 @@ from typing import Any
 
 import numpy as np
 from safetensors.numpy import load_file, save_file
+
+from ..errors import StreetlampError
 
 
 def versions() -> dict[str, str]:
@@ -68,3 +72,54 @@ def write_json(path: Path, obj: Any) -> None:
 
 def command_line() -> list[str]:
     return [os.path.basename(sys.argv[0])] + sys.argv[1:]
+
+
+def folder_file(folder: Path | str, name: object, *, kind: str = "file", missing_ok: bool = False) -> Path | None:
+    """The real path of ``name`` (a path relative to run folder ``folder``, as a manifest names it), or
+    one clear :class:`StreetlampError` when reading it could leak a file of this machine.
+
+    A run folder may come from elsewhere (copied, downloaded): what its manifest names is untrusted. A
+    name is refused when it is absolute, when it leads outside ``folder`` once every symlink and ``..``
+    is resolved (``../run2/x.csv`` beside ``run`` included: the test is per path component), or when it
+    is not a regular file (``kind="file"``; a FIFO would block the reader, a device would stream) or
+    not a folder (``kind="dir"``). A symlink that stays inside the folder is followed. Missing: ``None``
+    when ``missing_ok``, else an error. The caller opens the returned path, never ``folder / name``."""
+    folder = Path(folder)
+    if not isinstance(name, (str, os.PathLike)) or not str(name) or "\x00" in str(name):
+        raise StreetlampError(f"{folder}: {name!r} is not a file name")
+    shown = str(name)
+    if Path(name).is_absolute():
+        raise StreetlampError(
+            f"{folder}: refusing {shown!r}: an absolute path (a run folder may name only files inside itself)"
+        )
+    root = Path(os.path.realpath(folder))
+    target = Path(os.path.realpath(folder / name))
+    if not target.is_relative_to(root):
+        raise StreetlampError(
+            f"{folder}: refusing {shown!r}: it leads outside the run folder (to {target}); "
+            "a run folder may name only files inside itself"
+        )
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        if missing_ok:
+            return None
+        raise StreetlampError(f"{folder}: {shown} is missing") from None
+    except OSError as e:
+        raise StreetlampError(f"{folder}: {shown} cannot be read ({e.strerror or e})") from None
+    if kind == "dir":
+        if not stat.S_ISDIR(mode):
+            raise StreetlampError(f"{folder}: refusing {shown!r}: not a folder")
+    elif not stat.S_ISREG(mode):
+        raise StreetlampError(f"{folder}: refusing {shown!r}: not a regular file")
+    return target
+
+
+def folder_files(folder: Path | str, sub: str, pattern: str) -> list[Path]:
+    """The regular files ``folder/sub/pattern`` (sorted by name), each through :func:`folder_file`:
+    a ``sub`` that is a symlink out of the folder, or a matching entry that is one, is refused."""
+    d = folder_file(folder, sub, kind="dir", missing_ok=True)
+    if d is None:
+        return []
+    names = sorted(p.name for p in (Path(folder) / sub).glob(pattern))
+    return [p for n in names if (p := folder_file(folder, f"{sub}/{n}")) is not None]

@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 
 from ..errors import StreetlampError
 from ..models.pattern import LayerRule, Scratch, chunk_rows, pattern_rows, repeat_heads
+from .files import folder_file
 
 QK_DIR, SHARD_DIR = "qk", "attention"
 
@@ -47,6 +48,13 @@ def write_shard(folder: Path, layer: int, pattern: torch.Tensor, first: int, las
     return name
 
 
+def _inside(folder: Path, name: object) -> Path:
+    """``folder / name``, refused when it leads outside the recording's folder (it may come from elsewhere)."""
+    p = folder_file(folder, name)
+    assert p is not None
+    return p
+
+
 class QKStore:
     """The stored queries, keys and rules of a long recording: any attention row or column, on demand."""
 
@@ -56,7 +64,7 @@ class QKStore:
         self.folder = Path(folder)
         self.device = torch.device(device) if device is not None else None  # where rows are recomputed
         if section is None:
-            manifest = json.loads((self.folder / "manifest.json").read_text())
+            manifest = json.loads(_inside(self.folder, "manifest.json").read_text())
             if "long_context" not in manifest:
                 raise StreetlampError(f"{folder} holds no long-context recording (run explain with --rows)")
             section = manifest["long_context"]
@@ -71,7 +79,7 @@ class QKStore:
         if layer not in self.rules:
             raise StreetlampError(f"layer {layer} out of range: the recording has layers 0..{self.n_layers - 1}")
         rule = self.rules[layer]
-        with safe_open(str(self.folder / self.section["qk"]["files"][str(layer)]), framework="pt") as f:
+        with safe_open(str(_inside(self.folder, self.section["qk"]["files"][str(layer)])), framework="pt") as f:
             q, k = f.get_tensor("query"), f.get_tensor("key")
         if self.device is not None:
             q, k = q.to(self.device), k.to(self.device)

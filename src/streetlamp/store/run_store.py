@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import StreetlampError
-from .files import save_arrays, to_jsonable
+from .files import folder_file, folder_files, save_arrays, to_jsonable
 from .run_folder import manifest_header
 
 SCHEMA = pa.schema(
@@ -42,6 +42,7 @@ KEY = ["example_id", "method", "metric"]
 def _atomic_write(path: Path, write) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
+        tmp.unlink(missing_ok=True)  # a symlink planted under this name is removed, never written through
         write(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
@@ -89,9 +90,9 @@ class RunStore:
         mpath = s.folder / "manifest.json"
         if s.folder.exists() and not s.folder.is_dir():
             raise StreetlampError(f"{s.folder} exists and is not a folder")
-        if mpath.exists():
+        if mpath.exists() or mpath.is_symlink():
             try:
-                stored = json.loads(mpath.read_text())["settings"]
+                stored = json.loads(s._manifest_path().read_text())["settings"]
             except (json.JSONDecodeError, KeyError):
                 raise StreetlampError(f"{mpath} is not a streetlamp run manifest") from None
             diff = _diff(stored, json.loads(json.dumps(settings)), added=added)
@@ -114,8 +115,14 @@ class RunStore:
             _atomic_write(mpath, lambda p: p.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n"))
         return s
 
+    def _manifest_path(self) -> Path:
+        """``manifest.json``, refused when it is a symlink out of the folder (a folder may come from elsewhere)."""
+        p = folder_file(self.folder, "manifest.json")
+        assert p is not None
+        return p
+
     def manifest(self) -> dict:
-        return json.loads((self.folder / "manifest.json").read_text())
+        return json.loads(self._manifest_path().read_text())
 
     def part_path(self, chunk: int) -> Path:
         return self.metrics_dir / f"part-{chunk:06d}.parquet"
@@ -154,8 +161,8 @@ class RunStore:
         """The records of the done chunks, in chunk order."""
         out = []
         for c in sorted(self.done_chunks()):
-            p = self.folder / "records" / f"part-{c:06d}.jsonl"
-            if p.exists():
+            p = folder_file(self.folder, f"records/part-{c:06d}.jsonl", missing_ok=True)
+            if p is not None:
                 out += [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
         return out
 
@@ -173,7 +180,7 @@ class RunStore:
 
 def read_metrics(folder: Path) -> pd.DataFrame:
     """All metric rows of a run folder, deduplicated on (example_id, method, metric)."""
-    parts = sorted((Path(folder) / "metrics").glob("part-*.parquet"))
+    parts = folder_files(folder, "metrics", "part-*.parquet")  # each refused if it leads out of the folder
     if not parts:
         return pd.DataFrame({c: pd.Series(dtype="float64" if c == "value" else "object") for c in SCHEMA.names})
     df = pd.concat([pq.read_table(p, schema=SCHEMA).to_pandas() for p in parts], ignore_index=True)

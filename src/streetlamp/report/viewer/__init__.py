@@ -77,6 +77,7 @@ def write_report(folder: Path) -> Path:
     out = folder / "report.html"
     tmp = folder / f".report.html.tmp-{os.getpid()}"
     try:
+        tmp.unlink(missing_ok=True)  # a symlink planted under this name is removed, never written through
         tmp.write_text(page, encoding="utf-8")
         os.replace(tmp, out)
     except OSError as e:

@@ -1,4 +1,8 @@
-"""Read a run folder for the report: its manifest and its array files, nothing else, checked first."""
+"""Read a run folder for the report: its manifest and its array files, nothing else, checked first.
+
+Every file is opened through :func:`~streetlamp.store.files.folder_file`: a folder from elsewhere whose
+manifest names an absolute path, a ``..`` path or a symlink out of the folder is refused in one line, so
+``report.html`` can never carry a file of the reporting machine."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import StreetlampError
-from ...store.files import TOKEN_LABELS, labels_of
+from ...store.files import TOKEN_LABELS, folder_file, labels_of
 from ...store.run_folder import FORMAT_VERSION  # the newest run-folder format this viewer reads
 from .pack import SMALL, Packed, choose_codec
 
@@ -24,8 +28,9 @@ def read_manifest(folder: Path) -> tuple[dict, str]:
     if not folder.is_dir():
         raise StreetlampError(f"{folder} is not a folder")
     mpath = folder / "manifest.json"
-    if not mpath.is_file():
+    if not mpath.is_file() and not mpath.is_symlink():
         raise StreetlampError(f"{folder} is not a run folder (no manifest.json)")
+    mpath = folder_file(folder, "manifest.json") or mpath
     try:
         manifest = json.loads(mpath.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -49,15 +54,16 @@ def read_manifest(folder: Path) -> tuple[dict, str]:
 
 
 def _open(path: Path, folder: Path):
+    """``path``: ``folder / name``, checked here (its real path is what is opened)."""
     from safetensors import safe_open
 
-    if not path.is_file():
-        raise StreetlampError(f"{folder}: {path.relative_to(folder)} is missing")
+    rel = path.relative_to(folder)
+    real = folder_file(folder, str(rel))
     try:
-        return safe_open(str(path), framework="numpy")
+        return safe_open(str(real), framework="numpy")
     except Exception as e:  # safetensors raises its own error types for truncated or corrupt files
         raise StreetlampError(
-            f"{folder}: {path.relative_to(folder)} is not a readable safetensors file "
+            f"{folder}: {rel} is not a readable safetensors file "
             f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
         ) from None
 
@@ -106,10 +112,10 @@ def figure_uris(folder: Path, manifest: dict) -> list[dict]:
     out = []
     for fig in manifest.get("figures") or []:
         name = fig.get("file") if isinstance(fig, dict) else fig if isinstance(fig, str) else None
-        if not isinstance(name, str) or not name.lower().endswith(".png") or ".." in Path(name).parts:
+        if not isinstance(name, str) or not name.lower().endswith(".png"):
             continue
-        p = folder / name
-        if p.is_file():
+        p = folder_file(folder, name, missing_ok=True)  # refuses a name leading outside the folder
+        if p is not None:
             data = p.read_bytes()
             if data[:8] != b"\x89PNG\r\n\x1a\n":
                 raise StreetlampError(f"{folder}: {name} is not a PNG file")
@@ -144,10 +150,13 @@ def csv_tables(folder: Path, manifest: dict, max_rows: int = 5000) -> list[dict]
             listed.setdefault(fig["file"], str(fig.get("shows", "")))
     out = []
     for name, shows in listed.items():
-        if not name.lower().endswith(".csv") or ".." in Path(name).parts or not (folder / name).is_file():
+        if not name.lower().endswith(".csv"):
+            continue
+        p = folder_file(folder, name, missing_ok=True)  # refuses a name leading outside the folder
+        if p is None:
             continue
         try:
-            with open(folder / name, newline="", encoding="utf-8") as f:
+            with open(p, newline="", encoding="utf-8") as f:
                 rows = list(csv.reader(f))
         except (OSError, UnicodeDecodeError, csv.Error) as e:
             raise StreetlampError(f"{folder}: {name} cannot be read as CSV ({e})") from None
@@ -196,7 +205,7 @@ def evaluate_extra(folder: Path, manifest: dict, packed: Packed) -> dict:
     tokens: dict[str, list[str]] = {}
     for ex in examples[:MAX_EXAMPLES]:
         rel = f"arrays/{safe_name(ex)}.safetensors"
-        if (folder / rel).is_file():
+        if folder_file(folder, rel, missing_ok=True) is not None:
             with _open(folder / rel, folder) as f:
                 keys = list(f.keys())
                 if TOKEN_LABELS in keys:  # the tokens as text travel in the page's JSON, not as numbers
@@ -232,11 +241,10 @@ def explained_rows(packed: Packed, folder: Path, manifest: dict) -> None:
 
 
 def _shard(path: Path, folder: Path) -> np.ndarray:
-    """A shard's ``pattern`` as float32 (through torch: a bfloat16 run's shards have no numpy dtype)."""
+    """A shard's ``pattern`` as float32 (through torch: a bfloat16 run's shards have no numpy dtype);
+    ``path`` comes from :func:`folder_file`."""
     from safetensors import safe_open
 
-    if not path.is_file():
-        raise StreetlampError(f"{folder}: {path.relative_to(folder.resolve())} is missing")
     try:
         with safe_open(str(path), framework="pt") as f:
             return f.get_tensor("pattern").float().numpy()
@@ -259,9 +267,8 @@ def long_rows(packed: Packed, folder: Path, section: dict) -> dict:
     for sh in shards:
         if not isinstance(sh, dict) or not {"file", "layer", "rows", "heads"} <= set(sh):
             raise StreetlampError(f"{folder}/manifest.json: a long_context shard lacks file/layer/rows/heads")
-        path = (folder / str(sh["file"])).resolve()
-        if folder.resolve() not in path.parents:
-            raise StreetlampError(f"{folder}/manifest.json: shard {sh['file']!r} lies outside the run folder")
+        path = folder_file(folder, sh["file"])
+        assert path is not None
         layers.setdefault(int(sh["layer"]), []).append(
             ([int(r) for r in sh["rows"]], path, [int(h) for h in sh["heads"]])
         )

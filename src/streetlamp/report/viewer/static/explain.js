@@ -314,6 +314,7 @@
         sentence = `Attention (${where}) points at ${q(labels[top])} (position ${top}, weight ${fmt(row[top], 4)}); removing ${q(labels[top])} (${repl}) changes ${tgt.explained || "the output"} by ${fmt(-scores[occ][top])}.`;
       } else sentence = `Attention (${where}) points at ${q(labels[top])} (position ${top}, weight ${fmt(row[top], 4)}); this run has no occlusion, so what removing it does is unknown (run explain with --methods occlusion).`;
       cmpBox.appendChild(el("p", { cls: "sentence", id: "sentence", text: sentence }));
+      for (const m of methods) { const r = L.readings(m, mi[m]); if (r) cmpBox.appendChild(r); }
       const taus = methods.map((m) => [m, L.kendallTauB(keep.map((j) => row[j]), keep.map((j) => Math.abs(scores[m][j])))]);
       cmpBox.appendChild(el("div", { id: "taus" }, `Kendall τ-b between this attention row and each method's |score| over ${keep.length} tokens (${st.hide ? "special tokens and sinks excluded" : "all tokens"}): `,
         taus.map(([m, t], k) => el("span", { cls: "tau", "data-method": m, "data-value": String(t) }, (k ? "; " : "") + `${m} ${fmt(t, 3)}`))));

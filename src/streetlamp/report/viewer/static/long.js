@@ -88,6 +88,7 @@
       panel.textContent = "";
       panel.appendChild(el("h2", { text: title }));
       panel.appendChild(el("div", { cls: "note", text: note }));
+      if (st.what !== "attention") { const r = L.readings(st.what, (MAN.arrays || {})[st.what + ".tokens"]); if (r) panel.appendChild(r); }
       panel.appendChild(signed ? L.legend("div", 0, m) : L.legend("seq", 0, m, el("span", { text: " (scaled to this row's largest value)" })));
       const readout = el("div", { cls: "readout", id: "long-value" }, "hover a token");
       const strip = el("div", { cls: "tokens", id: "long-tokens" });

@@ -347,13 +347,22 @@
     return el("div", { cls: "panel" }, el("h2", { text: "Figures stored in the run folder" }),
       figs.map((f) => el("div", { cls: "figure" }, el("div", { cls: "note", text: `${f.file}: ${f.shows || ""}` }), el("img", { src: f.uri, alt: f.shows || f.file }))));
   }
+  // how to read a method's scores (streetlamp/readings.py computes them; the page only words them):
+  // the attention sink of an attention-derived score, AttnLRP's position skew. One div per note, or null.
+  function readings(name, x) {
+    const notes = [], pct = (v, d) => `${(100 * v).toFixed(d)}%`;
+    const s = x && x.attention_sink, k = x && x.position_skew;
+    if (s) notes.push(`attention sink in ${name}: ${q(s.token)}@${s.key} takes ${pct(s.share, 1)} of its mass (at least ${pct(s.threshold, 0)}: more than all other tokens together), so its top token says where the sink is, not what the text contributes; with it set aside, the top tokens are ${(s.set_aside || []).map(([j, t, v]) => `${q(t)}@${j} ${pct(v, 0)}`).join(", ") || "none"} (shares of the rest)`);
+    if (k) notes.push(`position skew in ${name}: position 0 takes ${pct(k.first.share, 1)} of the total |relevance| (${k.first.times_uniform.toFixed(1)}× uniform, ${k.first.sign < 0 ? "negative" : "positive"}), the last token ${pct(k.last.share, 1)} (${k.last.times_uniform.toFixed(1)}×); this grows with the length of the text (docs/decoder.md): read the middle tokens' ranking, not the ends'`);
+    return notes.length ? el("div", { cls: "warn reading", "data-method": name }, notes.map((t) => el("div", { text: t }))) : null;
+  }
   function genericTables() {
     return (MAN.tables || []).map((t, k) => el("div", { cls: "panel" }, el("h2", { text: t.title || `table ${k + 1}` }),
       t.note ? el("div", { cls: "note", text: t.note }) : null,
       table((t.columns || []).map((c, j) => ({ title: String(c), text: (t.rows || []).some((r) => typeof r[j] === "string") })), t.rows || [], { id: `table-${k}` })));
   }
 
-  SL.lib = { el, fmt, q, arr, slab, has, info, table, valueGrid, scatter, lines, bars, kv, figures, genericTables, legend, hatchLegend,
+  SL.lib = { el, fmt, q, arr, slab, has, info, table, valueGrid, scatter, lines, bars, kv, figures, genericTables, readings, legend, hatchLegend,
     paint, seq, div, FORBID, exportButtons, state, writeHash, sint, header, modelLine, rankDesc, kendallTauB, jsd, showTip, hideTip, css, ink, MAN, MODEL };
   const VIEWS = (SL.views = {});
 
