@@ -24,9 +24,9 @@ import torch
 from ...errors import StreetlampError
 from ...stats import percentile_interval, resample_indices
 from .blocks import Blocks
+from .forward import run_graph
 from .graph import Graph
 from .scores import EdgeScores, ablation_values, metric_values
-from .forward import run_graph
 from .tasks import PairSet
 
 
