@@ -229,3 +229,10 @@ def inclusion_frequency(
         s = per[torch.as_tensor(i)].mean(0)
         acc += (circuit(graph, s, k) if pruned else top_k(graph, s, k)).double()
     return acc / len(idx)
+
+
+def precision_recall(found: torch.Tensor, truth: torch.Tensor) -> tuple[float, float]:
+    """Edge precision and recall of a circuit ``found`` against a known circuit ``truth`` (``[R, U]`` bool)."""
+    tp = float((found & truth).sum())
+    nf, nt = float(found.sum()), float(truth.sum())
+    return (tp / nf if nf else float("nan")), (tp / nt if nt else float("nan"))
