@@ -17,7 +17,8 @@
 * :func:`precision_at_k` -- expected precision of the top ``k`` when ties at the cut are broken at
   random (so it too does not depend on token order).
 * :func:`bootstrap_ci` -- the mean and its percentile bootstrap confidence interval over independent
-  units (examples), NaNs dropped.
+  units (examples), NaNs dropped; :func:`resample_indices` and :func:`percentile_interval` are its two
+  halves, for statistics that are not a mean (the circuit engine's faithfulness, a ratio of means).
 """
 
 from __future__ import annotations
@@ -148,7 +149,25 @@ def bootstrap_ci(
         return mean, float("nan"), float("nan"), n
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
-    idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
-    means = v[idx].mean(1)
-    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
-    return mean, float(lo), float(hi), n
+    lo, hi = percentile_interval(v[resample_indices(n, n_boot, seed)].mean(1), level)
+    return mean, lo, hi, n
+
+
+def resample_indices(n: int, n_boot: int = 2000, seed: int = 0) -> np.ndarray:
+    """``[n_boot, n]`` indices: ``n_boot`` resamples of ``n`` independent units with replacement
+    (``numpy.random.default_rng(seed)``), the draws :func:`bootstrap_ci` uses; for statistics other than a
+    mean (a ratio of means, a ranking), computed on each resample."""
+    return np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+
+
+def percentile_interval(samples: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """The ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of bootstrap ``samples`` (linear
+    interpolation, NaN samples dropped; NaN when none remains)."""
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    x = np.asarray(samples, np.float64).reshape(-1)
+    x = x[~np.isnan(x)]
+    if x.size == 0:
+        return float("nan"), float("nan")
+    lo, hi = np.quantile(x, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)

@@ -1,0 +1,187 @@
+"""The per-family pieces of the circuit forward: embeddings, each layer's norms and projections, the
+attention core, the MLP and the readout, called on the model's own modules and weights.
+
+The model's forward feeds one residual stream to every head; the circuit graph gives every reader its
+own input (:mod:`.graph`), which no site edit can express (a site is shared by every reader). So the
+circuit forward (:mod:`.forward`) calls these pieces itself; ``tests/test_circuit_forward.py`` checks
+that with every edge present it reproduces ``adapter.forward`` and the ``attn.head_out`` / ``mlp.out``
+sites on every supported family.
+
+Supported: the pre-norm decoders GPT-2 (LayerNorm, fused ``c_attn``), Llama, Mistral (sliding
+window), Qwen2 (q/k/v biases), Qwen3 (per-head q/k RMSNorm), Phi-3 (fused ``qkv_proj``, partial RoPE),
+as causal LMs or sequence classifiers (readout at the last real token). Not supported, with the
+reason as the error: post-LN encoders (BERT, RoBERTa, DistilBERT, DeBERTa: a post-LN residual stream
+is no sum of writers), Gemma's sandwich norms (each layer's heads are normalised together before they
+join the stream), ModernBERT and ViT (not wired yet), encoder-decoders.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from ...errors import StreetlampError
+from ...models.adapter import ModelAdapter
+from ...models.readout import sliding_window
+from ...models.sites import output_matrix
+from .graph import Graph
+
+SUPPORTED = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3")
+_WHY = {
+    "bert": "post-LN",
+    "roberta": "post-LN",
+    "distilbert": "post-LN",
+    "deberta-v2": "post-LN",
+    "gemma2": "sandwich",
+    "gemma3_text": "sandwich",
+}
+
+
+def check_supported(adapter: ModelAdapter) -> None:
+    fam = adapter.family.name
+    if fam in SUPPORTED and adapter.modality == "text":
+        if fam == "gpt2" and getattr(adapter.hf_model.config, "scale_attn_by_inverse_layer_idx", False):
+            raise StreetlampError("circuits: GPT-2 with scale_attn_by_inverse_layer_idx is not supported")
+        return
+    why = {
+        "post-LN": "its residual stream is normalised after each block (post-LN), so it is no sum of writers",
+        "sandwich": "it normalises each layer's heads together before they join the residual stream",
+    }.get(_WHY.get(fam, ""), "not wired into the circuit engine yet")
+    raise StreetlampError(
+        f"circuits: {adapter.name} ({fam}) is not supported: {why}; supported: {', '.join(SUPPORTED)}"
+    )
+
+
+class Blocks:
+    """The model's pieces in circuit form, for one adapter (weights read from its modules when used)."""
+
+    def __init__(self, adapter: ModelAdapter) -> None:
+        check_supported(adapter)
+        self.adapter = adapter
+        self.graph = Graph(adapter.n_layers, adapter.n_heads, adapter.n_kv_heads)
+        self.fam = adapter.family.name
+        self.base: Any = adapter.hf_model.base_model
+        self.layers: list[Any] = list(adapter.layer_modules)
+        self.H, self.KV = adapter.n_heads, adapter.n_kv_heads
+        attn: Any = adapter.attn_modules[0]
+        self.dh = int(getattr(attn, "head_dim", adapter.d_model // self.H))
+
+    # -- embeddings ----------------------------------------------------------------------------
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """The ``embed`` writer ``[b, s, d]``: token embeddings (GPT-2: plus the learned positions)."""
+        e = self.adapter.embed_module(ids)
+        if self.fam == "gpt2":
+            e = e + self.base.wpe(torch.arange(ids.shape[1], device=ids.device))[None]
+        return e
+
+    # -- attention ---------------------------------------------------------------------------------
+    def _norms(self, l: int) -> tuple[nn.Module, nn.Module]:
+        layer = self.layers[l]
+        if self.fam == "gpt2":
+            return layer.ln_1, layer.ln_2
+        return layer.input_layernorm, layer.post_attention_layernorm
+
+    def _qkv_weights(self, l: int) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """``[(W [n, d, dh], b [n, dh] | None)]`` for q (n = heads), k and v (n = kv groups)."""
+        attn: Any = self.adapter.attn_modules[l]
+        H, KV, dh = self.H, self.KV, self.dh
+        if self.fam == "gpt2":  # Conv1D: y = x W + b, W [d, 3d]
+            w, b = attn.c_attn.weight, attn.c_attn.bias
+            d = w.shape[0]
+            return [
+                (w[:, i * d : (i + 1) * d].reshape(d, H, dh).permute(1, 0, 2), b[i * d : (i + 1) * d].reshape(H, dh))
+                for i in range(3)
+            ]
+
+        def lin(w: torch.Tensor, b: torch.Tensor | None, n: int):
+            return w.reshape(n, dh, -1).transpose(1, 2), (b.reshape(n, dh) if b is not None else None)
+
+        if hasattr(attn, "qkv_proj"):  # Phi-3: rows [q (H·dh), k (KV·dh), v (KV·dh)]
+            w, b = attn.qkv_proj.weight, attn.qkv_proj.bias
+            cuts = [0, H * dh, (H + KV) * dh, (H + 2 * KV) * dh]
+            return [
+                lin(w[cuts[i] : cuts[i + 1]], b[cuts[i] : cuts[i + 1]] if b is not None else None, n)
+                for i, n in enumerate((H, KV, KV))
+            ]
+        return [lin(m.weight, m.bias, n) for m, n in ((attn.q_proj, H), (attn.k_proj, KV), (attn.v_proj, KV))]
+
+    def rotary(self, x: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """cos, sin ``[s, r]`` (r rotary dimensions of a head), or None (GPT-2: no RoPE)."""
+        if self.fam == "gpt2":
+            return None
+        pos = torch.arange(s, device=x.device)[None]
+        cos, sin = self.base.rotary_emb(x, pos)
+        return cos[0], sin[0]
+
+    @staticmethod
+    def _rope(x: torch.Tensor, cs: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """RoPE on ``x`` ``[b, s, n, dh]`` (the first r dimensions rotate, the rest pass: partial RoPE)."""
+        if cs is None:
+            return x
+        cos, sin = cs[0][None, :, None].to(x.dtype), cs[1][None, :, None].to(x.dtype)
+        r = cos.shape[-1]
+        xr, xp = x[..., :r], x[..., r:]
+        h = r // 2
+        return torch.cat((xr * cos + torch.cat((-xr[..., h:], xr[..., :h]), -1) * sin, xp), -1)
+
+    def attention(
+        self,
+        l: int,
+        xq: torch.Tensor,
+        xk: torch.Tensor,
+        xv: torch.Tensor,
+        key_mask: torch.Tensor,
+        cs: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> torch.Tensor:
+        """Layer ``l``'s head outputs ``z_h W_O,h`` ``[b, s, H, d]`` from its readers' inputs: ``xq``
+        ``[b, s, H, d]`` (one per head), ``xk``, ``xv`` ``[b, s, KV, d]`` (one per group). Grouped
+        attention runs on ``[b, KV, heads per group, ...]``: keys and values are never repeated."""
+        ln1, _ = self._norms(l)
+        attn: Any = self.adapter.attn_modules[l]
+        (wq, bq), (wk, bk), (wv, bv) = self._qkv_weights(l)
+
+        def proj(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+            y = torch.einsum("bsnd,nde->bsne", ln1(x), w.to(x.dtype))
+            return y + b.to(x.dtype) if b is not None else y
+
+        q, k, v = proj(xq, wq, bq), proj(xk, wk, bk), proj(xv, wv, bv)
+        if getattr(attn, "q_norm", None) is not None:  # Qwen3: RMSNorm over each head's d_head
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = self._rope(q, cs), self._rope(k, cs)
+        b, s = q.shape[:2]
+        G = self.H // self.KV
+        qg = q.reshape(b, s, self.KV, G, self.dh)
+        scale = getattr(attn, "scaling", None)
+        scale = float(scale) if scale is not None else self.dh**-0.5
+        scores = torch.einsum("bqkgd,bskd->bkgqs", qg, k) * scale
+        i = torch.arange(s, device=q.device)
+        allowed = (i[None, :] <= i[:, None])[None] & key_mask.bool()[:, None, :]  # [b, query, key]
+        w = sliding_window(self.adapter, l)
+        if w:
+            allowed = allowed & (i[None, :] > i[:, None] - int(w))[None]
+        scores = scores.masked_fill(~allowed[:, None, None], torch.finfo(scores.dtype).min)
+        probs = torch.softmax(scores, -1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
+        z = torch.einsum("bkgqs,bskd->bqkgd", probs, v).reshape(b, s, self.H, self.dh)
+        wo = output_matrix(self.adapter.o_proj_modules[l], self.H)  # [H, dh, d]
+        return torch.einsum("bshe,hed->bshd", z, wo.to(z.dtype))
+
+    def out_bias(self, l: int) -> torch.Tensor | None:
+        """``b_O`` of layer ``l`` (a constant in every reader after it), or None."""
+        return cast(Any, self.adapter.o_proj_modules[l]).bias
+
+    # -- MLP and readout ---------------------------------------------------------------------------
+    def mlp(self, l: int, x: torch.Tensor) -> torch.Tensor:
+        _, ln2 = self._norms(l)
+        return self.layers[l].mlp(ln2(x))
+
+    def readout(self, x: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """Explained logits ``[b, n_outputs]`` from the logits reader's input ``x`` ``[b, s, d]``:
+        the final norm and the LM head (or a decoder classifier's score head) at each row's last real
+        token ``last`` ``[b]``."""
+        norm = self.base.ln_f if self.fam == "gpt2" else self.base.norm
+        h = norm(x[torch.arange(x.shape[0], device=x.device), last])
+        hf: Any = self.adapter.hf_model
+        head = hf.score if self.adapter.kind == "classifier" else hf.get_output_embeddings()
+        return head(h)

@@ -1,0 +1,95 @@
+"""The circuit forward: every reader gets its own input, so single edges can be ablated.
+
+For writers ``z_u`` and ablated values ``z̃_u`` (the corrupted run's outputs for patching, a mean, or
+zero), reader ``r``'s input is
+
+    x_r = c_r + Σ_{u before r} [ M_ru z_u + (1 - M_ru) z̃_u ]
+
+with ``M`` the edge mask (1 = the edge is in the circuit) and ``c_r`` the constants before ``r``
+(the ``b_O`` biases). ``M = 1`` is the model's own forward (every reader reads the same stream);
+``M = 0`` feeds every reader its ablated input. A batch row may carry its own mask (exact patching
+puts one edge per row). ``override`` replaces a writer block's outputs by given values (EAP-IG's
+interpolations).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .blocks import Blocks
+
+
+@dataclass
+class GraphRun:
+    logits: torch.Tensor  # [b, n_outputs] explained logits
+    writers: torch.Tensor  # [b, s, U, d] every writer's output
+    readers: list[torch.Tensor]  # per layer [b, s, H + 2 KV, d] (q, k, v) and [b, s, 1, d] (mlp); then the logits'
+
+
+def run_graph(
+    blocks: Blocks,
+    ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    ablated: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    override: dict[str, torch.Tensor] | None = None,
+) -> GraphRun:
+    """One circuit forward. ``ids``, ``attention_mask`` ``[b, s]`` (right-padded); ``ablated``
+    ``[b or 1, s or 1, U, d]`` (needed when ``mask`` is given); ``mask`` ``[b or 1, R, U]`` (None: every
+    edge present); ``override``: block name (``embed``, ``attn{l}``, ``mlp{l}``) -> its outputs
+    ``[b, s, n, d]``. The reader inputs are returned (non-leaf tensors: take gradients w.r.t. them)."""
+    g, adapter = blocks.graph, blocks.adapter
+    dev = adapter.device
+    ids, am = ids.to(dev), attention_mask.to(dev)
+    last = am.sum(1) - 1
+    override = override or {}
+    emb = blocks.embed(ids)
+    outs: list[torch.Tensor] = [override.get("embed", emb[:, :, None])]  # pieces [b, s, n, d], writer order
+    const = torch.zeros_like(emb)
+    cs = blocks.rotary(emb, ids.shape[1])
+    readers: list[torch.Tensor] = []
+    if mask is not None:
+        assert ablated is not None, "an edge mask needs the ablated writer values"
+        ablated = ablated.to(emb.dtype)
+        mask = mask.to(emb.dtype)
+
+    def inputs(rows: range, n: int) -> torch.Tensor:
+        """Inputs ``[b, s, len(rows), d]`` of readers ``rows``, each reading writers ``0..n-1``."""
+        z = torch.cat(outs, 2)  # [b, s, n, d]
+        if mask is None:
+            x = (z.sum(2) + const)[:, :, None]
+            return x.expand(-1, -1, len(rows), -1)
+        assert ablated is not None
+        za = ablated[:, :, :n].expand_as(z)
+        m = mask[:, rows.start : rows.stop, :n]
+        return (const + za.sum(2))[:, :, None] + torch.einsum("bsud,bru->bsrd", z - za, m)
+
+    H, KV = blocks.H, blocks.KV
+    for l in range(g.n_layers):
+        n = g.layer_start(l)
+        rows = g.attn_readers(l)
+        x = inputs(rows, n)
+        heads = blocks.attention(l, x[:, :, :H], x[:, :, H : H + KV], x[:, :, H + KV :], am, cs)
+        outs.append(override.get(f"attn{l}", heads))
+        bias = blocks.out_bias(l)
+        if bias is not None:
+            const = const + bias.to(const.dtype)
+        mr = g.mlp_reader(l)
+        xm = inputs(range(mr, mr + 1), n + H)
+        readers += [x, xm]
+        outs.append(override.get(f"mlp{l}", blocks.mlp(l, xm[:, :, 0])[:, :, None]))
+    xl = inputs(range(g.logits_reader, g.logits_reader + 1), g.n_writers)
+    readers.append(xl)
+    logits = blocks.readout(xl[:, :, 0], last)
+    return GraphRun(logits, torch.cat(outs, 2), readers)
+
+
+def reader_slices(blocks: Blocks) -> list[range]:
+    """The reader indices of each tensor in :attr:`GraphRun.readers`."""
+    g = blocks.graph
+    out: list[range] = []
+    for l in range(g.n_layers):
+        out += [g.attn_readers(l), range(g.mlp_reader(l), g.mlp_reader(l) + 1)]
+    return out + [range(g.logits_reader, g.logits_reader + 1)]

@@ -1,0 +1,149 @@
+"""The circuit graph: writers, readers and the edges between them (METHODS.md §9).
+
+Every node writes to the residual stream; a reader's input is the sum of the outputs of every
+earlier writer. **Writers** (in forward order): ``embed``, then per layer every head ``L{l}.H{h}``
+(its output ``z_h W_O,h``, the ``layers.{l}.attn.head_out`` site) and the MLP ``L{l}.MLP`` (the
+``layers.{l}.mlp.out`` site). **Readers**: per layer each head's query input ``(L{l}.H{h}, q)``, the
+key and value inputs ``(·, k)`` and ``(·, v)``, the MLP input ``(L{l}.MLP, mlp)``, and at the end
+``(logits, logits)``. An edge ``u -> r`` joins a writer to every later reader (a head of layer l
+reads the writers before layer l; the MLP of layer l also reads layer l's heads).
+
+Grouped-query attention: a layer with ``kv < heads`` computes each key and value once per group of
+``heads / kv`` query heads, so its k and v readers are the groups, ``L{l}.KV{g}`` (heads
+``g * heads/kv .. (g+1) * heads/kv - 1``); without grouping they are the heads themselves. Nothing is
+ever repeated per query head at the width of the residual stream.
+
+Constants that no writer owns (the output-projection bias ``b_O``) are added to every later reader
+unchanged by any ablation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class Reader:
+    node: str  # the node whose input this is ("L3.H2", "L3.KV1", "L3.MLP", "logits")
+    input: str  # q | k | v | mlp | logits
+    layer: int  # n_layers for the logits
+    owners: tuple[int, ...]  # writer indices this input feeds (a group's heads; the logits: none)
+
+
+@dataclass(frozen=True)
+class Graph:
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    writers: tuple[str, ...] = field(init=False)
+    readers: tuple[Reader, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        L, H, KV = self.n_layers, self.n_heads, self.n_kv_heads
+        if H % KV:
+            raise ValueError(f"{H} heads do not split into {KV} key/value groups")
+        w = ["embed"]
+        r: list[Reader] = []
+        G = H // KV
+        for l in range(L):
+            first = len(w)
+            w += [f"L{l}.H{h}" for h in range(H)] + [f"L{l}.MLP"]
+            r += [Reader(f"L{l}.H{h}", "q", l, (first + h,)) for h in range(H)]
+            for inp in ("k", "v"):
+                for g in range(KV):
+                    node = f"L{l}.H{g}" if G == 1 else f"L{l}.KV{g}"
+                    r.append(Reader(node, inp, l, tuple(first + g * G + i for i in range(G))))
+            r.append(Reader(f"L{l}.MLP", "mlp", l, (first + H,)))
+        r.append(Reader("logits", "logits", L, ()))
+        object.__setattr__(self, "writers", tuple(w))
+        object.__setattr__(self, "readers", tuple(r))
+
+    # -- sizes and index ranges -------------------------------------------------------------------
+    @property
+    def n_writers(self) -> int:
+        return len(self.writers)
+
+    @property
+    def n_readers(self) -> int:
+        return len(self.readers)
+
+    def attn_readers(self, layer: int) -> range:
+        """Reader indices of layer ``layer``'s q, k, v inputs (q per head, then k and v per group)."""
+        start = layer * (self.n_heads + 2 * self.n_kv_heads + 1)
+        return range(start, start + self.n_heads + 2 * self.n_kv_heads)
+
+    def mlp_reader(self, layer: int) -> int:
+        return self.attn_readers(layer).stop
+
+    @property
+    def logits_reader(self) -> int:
+        return self.n_readers - 1
+
+    def layer_start(self, layer: int) -> int:
+        """Index of layer ``layer``'s first head among the writers (= how many writers come before it)."""
+        return 1 + layer * (self.n_heads + 1)
+
+    def n_upstream(self, reader: int) -> int:
+        """How many writers (0 .. n-1) reader ``reader`` reads."""
+        r = self.readers[reader]
+        if r.input == "logits":
+            return self.n_writers
+        if r.input == "mlp":
+            return self.layer_start(r.layer) + self.n_heads
+        return self.layer_start(r.layer)
+
+    def blocks(self) -> list[tuple[str, slice]]:
+        """Writer blocks in forward order: ``embed``, then per layer ``attn{l}`` (its heads) and ``mlp{l}``."""
+        out = [("embed", slice(0, 1))]
+        for l in range(self.n_layers):
+            s = self.layer_start(l)
+            out += [
+                (f"attn{l}", slice(s, s + self.n_heads)),
+                (f"mlp{l}", slice(s + self.n_heads, s + self.n_heads + 1)),
+            ]
+        return out
+
+    # -- edges ----------------------------------------------------------------------------------------
+    def valid(self) -> torch.Tensor:
+        """``[reader, writer]`` bool: True where the edge exists (the writer comes before the reader)."""
+        m = torch.zeros(self.n_readers, self.n_writers, dtype=torch.bool)
+        for i in range(self.n_readers):
+            m[i, : self.n_upstream(i)] = True
+        return m
+
+    @property
+    def n_edges(self) -> int:
+        return int(self.valid().sum())
+
+    def edge_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """(reader, writer) indices of every edge, in row-major order of :meth:`valid`."""
+        r, w = np.nonzero(self.valid().numpy())
+        return r, w
+
+    def edge_names(self) -> list[tuple[str, str, str]]:
+        """(source, target, input) of every edge, in the order of :meth:`edge_index`."""
+        r, w = self.edge_index()
+        return [(self.writers[j], self.readers[i].node, self.readers[i].input) for i, j in zip(r, w)]
+
+    def edges_table(self, scores: torch.Tensor | np.ndarray, method: str, **columns: np.ndarray):
+        """A pandas DataFrame of every edge: ``source``, ``target``, ``input``, ``score``, ``method``, and
+        any extra per-edge columns (arrays ``[reader, writer]`` like ``scores``, or per edge)."""
+        import pandas as pd
+
+        r, w = self.edge_index()
+        s = np.asarray(scores.detach().cpu() if isinstance(scores, torch.Tensor) else scores)
+        names = self.edge_names()
+        data = {
+            "source": [n[0] for n in names],
+            "target": [n[1] for n in names],
+            "input": [n[2] for n in names],
+            "score": s[r, w].astype(np.float64),
+            "method": method,
+        }
+        for k, v in columns.items():
+            a = np.asarray(v)
+            data[k] = a[r, w] if a.ndim == 2 else a
+        return pd.DataFrame(data)

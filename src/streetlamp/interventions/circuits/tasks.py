@@ -1,0 +1,191 @@
+"""Circuit tasks: pairs of a clean and a corrupted prompt with the answer and the wrong answer.
+
+Generators (each with several templates, seeded): ``ioi`` (indirect object identification, Wang et
+al. 2023: the corrupted prompt swaps the subject's second mention for a third name, as their "ABC"
+distribution), ``greater-than`` (Hanna et al. 2023: "from the year 1742 to the year 17", answer a
+larger two-digit end, wrong a smaller one; the corrupted start year is ``..01``), ``induction`` (a
+random word sequence repeated: the clean prompt's second copy predicts the next word; the corrupted
+prompt's first copy is other words). ``read_pairs`` reads a CSV with columns ``clean``,
+``corrupt``, ``answer``, ``wrong``. :func:`encode_pairs` checks each pair against the tokenizer.
+"""
+
+from __future__ import annotations
+
+import csv
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ...errors import StreetlampError
+from ...models.adapter import Inputs, ModelAdapter
+
+
+@dataclass(frozen=True)
+class TaskPair:
+    clean: str
+    corrupt: str
+    answer: str  # what the clean prompt should predict (one token, leading space as the model reads it)
+    wrong: str  # the competing answer
+    template: int = 0
+
+
+@dataclass
+class PairSet:
+    """Encoded pairs: clean and corrupted inputs of equal token length per pair, answer/wrong ids."""
+
+    clean: Inputs
+    corrupt: Inputs
+    answer: torch.Tensor  # [n] output ids
+    wrong: torch.Tensor  # [n]
+    templates: list[int]
+
+    def __len__(self) -> int:
+        return len(self.clean)
+
+    def select(self, idx: list[int] | range) -> PairSet:
+        i = list(idx)
+        return PairSet(
+            self.clean.select(i), self.corrupt.select(i), self.answer[i], self.wrong[i], [self.templates[j] for j in i]
+        )
+
+
+NAMES = ["Mary", "John", "Tom", "James", "Anna", "Paul", "Sarah", "David", "Kate", "Mark"]
+PLACES = ["store", "park", "school", "office"]
+OBJECTS = ["drink", "book", "ball", "gift"]
+IOI_TEMPLATES = [
+    "When {A} and {B} went to the {P}, {S} gave a {O} to",
+    "After {A} and {B} went to the {P}, {S} gave a {O} to",
+    "Then, {A} and {B} had a long day at the {P}. {S} gave a {O} to",
+    "While {A} and {B} were at the {P}, {S} handed a {O} to",
+]
+
+
+def ioi(n: int, seed: int = 0, names: list[str] | None = None, templates: list[str] | None = None) -> list[TaskPair]:
+    """IOI pairs: clean ``... A and B ..., B gave ... to`` (answer `` A``, wrong `` B``); corrupt: the
+    second B replaced by a third name C (the model can no longer tell who the indirect object is)."""
+    names, templates = names or NAMES, templates or IOI_TEMPLATES
+    if len(set(names)) < 3:
+        raise StreetlampError("ioi needs at least three different names")
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        t = i % len(templates)
+        a, b, c = rng.sample(names, 3)
+        fill = dict(A=a, B=b, P=rng.choice(PLACES), O=rng.choice(OBJECTS))
+        if rng.random() < 0.5:  # both name orders (ABB and BAB)
+            fill["A"], fill["B"] = b, a
+            a, b = b, a
+        clean = templates[t].format(S=b, **fill)
+        corrupt = templates[t].format(S=c, **fill)
+        out.append(TaskPair(clean, corrupt, " " + a, " " + b, t))
+    return out
+
+
+GT_TEMPLATES = [
+    "The war lasted from the year {C}{Y} to the year {C}",
+    "The reign lasted from the year {C}{Y} to the year {C}",
+    "The expedition lasted from the year {C}{Y} to the year {C}",
+]
+
+
+def greater_than(n: int, seed: int = 0, century: int = 17, two_digit: bool = True) -> list[TaskPair]:
+    """Greater-than pairs. ``two_digit``: the answer is a two-digit end year (GPT-2 reads ``1742`` as
+    ``17`` + ``42``); otherwise its first digit (tokenizers that split numbers into digits). Answer: a
+    later end (start + 1 .. +5 years or decades), wrong: an earlier one; corrupt start: ``{C}01``."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        t = i % len(GT_TEMPLATES)
+        if two_digit:
+            y = rng.randint(12, 89)
+            ans, wrong = f"{y + rng.randint(1, 9):02d}", f"{y - rng.randint(1, 9):02d}"
+            ys = f"{y:02d}"
+        else:
+            d = rng.randint(2, 8)
+            ans, wrong = str(rng.randint(d + 1, 9)), str(rng.randint(0, d - 1))
+            ys = f"{d}{rng.randint(0, 9)}"
+        clean = GT_TEMPLATES[t].format(C=century, Y=ys)
+        corrupt = GT_TEMPLATES[t].format(C=century, Y="01")
+        out.append(TaskPair(clean, corrupt, ans, wrong, t))
+    return out
+
+
+INDUCTION_WORDS = "cat dog tree house river stone cloud bird lamp door chair apple music paper glass field".split()
+INDUCTION_TEMPLATES = ["{X} {Y}", "Notes: {X} . Again: {Y}", "List {X} ; list {Y}"]
+
+
+def induction(n: int, seed: int = 0, length: int = 5, words: list[str] | None = None) -> list[TaskPair]:
+    """Induction pairs: clean ``w1 .. wL`` then ``w1 .. w(L-1)`` (answer `` wL``); corrupt: the first
+    copy replaced by other words (wrong: the corrupted copy's last word)."""
+    words = words or INDUCTION_WORDS
+    if len(set(words)) < 2 * length:
+        raise StreetlampError(f"induction needs at least {2 * length} different words")
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        t = i % len(INDUCTION_TEMPLATES)
+        w = rng.sample(words, 2 * length)
+        seq, other = w[:length], w[length:]
+        tpl = INDUCTION_TEMPLATES[t]
+        clean = tpl.format(X=" ".join(seq), Y=" ".join(seq[:-1]))
+        corrupt = tpl.format(X=" ".join(other), Y=" ".join(seq[:-1]))
+        out.append(TaskPair(clean, corrupt, " " + seq[-1], " " + other[-1], t))
+    return out
+
+
+TASKS = {"ioi": ioi, "greater-than": greater_than, "induction": induction}
+
+
+def read_pairs(path: str | Path) -> list[TaskPair]:
+    """Pairs from a CSV with columns ``clean``, ``corrupt``, ``answer``, ``wrong`` (optional ``template``)."""
+    p = Path(path)
+    try:
+        with p.open(newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+            cols = set(rows[0]) if rows else set()
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise StreetlampError(f"cannot read pairs from {p}: {e}") from None
+    need = {"clean", "corrupt", "answer", "wrong"}
+    if not rows or not need <= cols:
+        raise StreetlampError(f"{p}: need a header with columns clean,corrupt,answer,wrong and at least one row")
+    out = []
+    for i, r in enumerate(rows):
+        if any(not (r.get(c) or "").strip() for c in need):
+            raise StreetlampError(f"{p}: row {i + 1} has an empty clean, corrupt, answer or wrong")
+        t = r.get("template") or "0"
+        if not t.isdigit():
+            raise StreetlampError(f"{p}: row {i + 1}: template must be a whole number, not {t!r}")
+        out.append(TaskPair(r["clean"], r["corrupt"], r["answer"], r["wrong"], int(t)))
+    return out
+
+
+def _one_token(adapter: ModelAdapter, s: str, i: int, what: str) -> int:
+    if adapter.kind == "classifier":
+        return adapter.parse_label(s.strip())
+    ids = adapter.tokenizer(s, add_special_tokens=False)["input_ids"]
+    if len(ids) != 1:
+        raise StreetlampError(f"pair {i}: the {what} {s!r} is {len(ids)} tokens for this tokenizer; give one token")
+    return int(ids[0])
+
+
+def encode_pairs(adapter: ModelAdapter, pairs: list[TaskPair]) -> PairSet:
+    """Tokenise and check: each pair's clean and corrupted prompts have the same token length, the
+    answers are one token each (a class name for a classifier) and differ."""
+    if not pairs:
+        raise StreetlampError("no pairs given")
+    clean = adapter.encode([p.clean for p in pairs])
+    corrupt = adapter.encode([p.corrupt for p in pairs])
+    for i, (n, m) in enumerate(zip(clean.lengths, corrupt.lengths)):
+        if n != m:
+            raise StreetlampError(
+                f"pair {i}: the clean prompt has {n} tokens and the corrupted one {m}; edges are patched position "
+                f"by position, so both must have the same token length ({pairs[i].clean!r} / {pairs[i].corrupt!r})"
+            )
+    ans = [_one_token(adapter, p.answer, i, "answer") for i, p in enumerate(pairs)]
+    wrong = [_one_token(adapter, p.wrong, i, "wrong answer") for i, p in enumerate(pairs)]
+    for i, (a, w) in enumerate(zip(ans, wrong)):
+        if a == w:
+            raise StreetlampError(f"pair {i}: the answer and the wrong answer are the same token")
+    return PairSet(clean, corrupt, torch.tensor(ans), torch.tensor(wrong), [p.template for p in pairs])
