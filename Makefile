@@ -10,7 +10,7 @@ TEXT   ?= The movie was not good, but the acting was great.
 
 BBH    := $(HOME)/.cache/streetlamp/bigbench/.extracted
 
-.PHONY: setup run test lint bench clean browser bigbench test-server
+.PHONY: setup run test lint bench clean browser bigbench test-server mutate
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -76,6 +76,13 @@ test-server: setup
 	$(PY) -c 'import llama_cpp, uvicorn' 2>/dev/null || \
 	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install -q 'llama-cpp-python[server]==0.3.36'
 	$(PY) -m pytest -q tests/test_cot_server.py
+
+# Mutation testing (mutmut), bounded: only MODULES (default: the src/streetlamp modules changed vs main),
+# only the TESTS that drive them; one worker. Not in CI (docs/developing.md, "Mutation testing").
+MODULES ?=
+TESTS   ?= tests/test_stats.py tests/test_boundaries.py
+mutate: setup
+	$(PY) scripts/mutate.py $(if $(MODULES),--modules $(MODULES)) --tests $(TESTS)
 
 bench: setup
 	$(PY) benchmarks/run_all.py

@@ -15,6 +15,7 @@ from streetlamp.cli import main
 from streetlamp.store import read_metrics
 
 from .cot_helpers import RuleModel, save_tiny_lm, serve, write_questions
+from .peers import require_module
 
 
 def _records(out: Path) -> list[dict]:
@@ -38,7 +39,7 @@ def _same(a: Any, b: Any, where: str = "") -> None:
 
 
 def test_ray_matches_local_and_resumes(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    ray = pytest.importorskip("ray")  # installed by the test extra (pyproject), so this runs in CI
+    ray = require_module("ray")  # installed by the test extra (pyproject); .ci/run requires it
     model = save_tiny_lm(tmp_path / "tiny-lm", seed=3)
     data = write_questions(tmp_path / "q.jsonl", 4)
     judge = RuleModel("ok")  # the judge's settings travel to the actors with the chunks

@@ -16,6 +16,7 @@ from streetlamp.models.relevance import softmax_absorbed
 from streetlamp.models.tiny import tiny_model
 
 from .conftest import FAMILIES, eager_twin
+from .peers import require_module
 
 TEXT = "when mary and john went to the store , john gave a drink to"
 # parameters that enter the network additively: biases (LayerNorm betas included) and the
@@ -171,7 +172,7 @@ def test_matches_lxt(family: str) -> None:
     more than 100 times that even on this small random model (checked, so the comparison can fail).
     lxt's Gemma 3 patch leaves the final-logit soft-cap on its plain gradient (its rules stop at the LM
     head), so for Gemma 3 both explain the logit without that cap (our rule for it: the test above)."""
-    pytest.importorskip("lxt")
+    require_module("lxt")  # .ci/run requires the peer (STREETLAMP_REQUIRE_PEERS=1)
     from .lxt_peer import lxt_relevance
 
     a = adapter64(family)
@@ -225,7 +226,7 @@ def test_smollm2_equals_lxt_and_skews_to_the_last_token(smollm: ModelAdapter) ->
     position: the last token's share of Σ|R| is above the uniform 1/n on every prompt (measured
     1.8x to 4.3x; asserted > 1.5x each and > 2.5x on average). The first token is NOT consistently
     favoured on SmolLM2 (no BOS; shares 0.007 to 0.145), so nothing is asserted for it."""
-    pytest.importorskip("lxt")
+    require_module("lxt")  # .ci/run requires the peer (STREETLAMP_REQUIRE_PEERS=1)
     import copy
 
     from .lxt_peer import lxt_relevance

@@ -6,16 +6,16 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from streetlamp.models.tiny import save_tiny
 from streetlamp.runners.evaluate import evaluate
 from streetlamp.store import read_metrics
+from tests.peers import require_module
 from tests.test_store import cheap_settings, write_data
 
 
 def test_ray_matches_local(tmp_path: Path) -> None:
-    ray = pytest.importorskip("ray")  # installed by the test extra (pyproject), so this runs in CI
+    ray = require_module("ray")  # installed by the test extra (pyproject); .ci/run requires it
     model = save_tiny("bert", tmp_path / "tiny-bert", seed=2)
     data = write_data(tmp_path / "d.csv", 6, seed=3)
     local = evaluate(str(model), str(data), tmp_path / "local", cheap_settings(), chunk_size=2)
