@@ -81,3 +81,47 @@ def test_every_module_imports_in_a_fresh_interpreter() -> None:
     code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
     r = subprocess.run([sys.executable, "-c", code, *mods], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_no_import_cycle_in_models_counting_function_level_imports() -> None:
+    """models/ (and store/, which reads its recordings) import in one direction even counting the imports
+    inside functions: a lazy import there is for start-up time, never to close a circle. Only imports under
+    ``if TYPE_CHECKING:`` are left out (they never run)."""
+    mods = {m: p for m, p in modules().items() if m.startswith(("streetlamp.models", "streetlamp.store"))}
+    graph = {}
+    for m, p in mods.items():
+        tree = ast.parse(p.read_text())
+        hidden = {
+            id(n)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+            for n in ast.walk(block)
+        }
+        package = m if p.name == "__init__.py" else m.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(tree):
+            if id(node) in hidden or not isinstance(node, ast.ImportFrom | ast.Import):
+                continue
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            found |= {t for t in targets if t in mods and t != m}
+        graph[m] = found
+    assert graph["streetlamp.models.chunked"] and graph["streetlamp.models.adapter"]  # the parser sees imports
+    done: set[str] = set()
+
+    def visit(m: str, path: list[str]) -> None:
+        for n in sorted(graph[m]):
+            if n in path:
+                raise AssertionError("import cycle: " + " -> ".join(path[path.index(n) :] + [n]))
+            if n not in done:
+                visit(n, path + [n])
+        done.add(m)
+
+    for m in sorted(graph):
+        visit(m, [m])

@@ -6,9 +6,14 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from ..deberta import deberta_hooks
 from .base import Family, TinySpec, classifier_config
 from .bert import PATHS, POST_LN
+
+
+def _hooks(session: Any, layer: int, attn: Any) -> Any:
+    from ..deberta import deberta_hooks  # lazy for start-up time: the registry imports without torch
+
+    return deberta_hooks(session, layer, attn)
 
 
 def _tiny(tok: Any, layers: int, heads: int, d_model: int) -> Any:
@@ -45,6 +50,6 @@ DEBERTA_V2 = Family(
     attnlrp_refusal="its disentangled attention adds content-to-position scores, linear in the input, to the "
     "bilinear content-to-content score inside its own module; one uniform rule at the pattern would halve both",
     reads_cls=True,  # the ContextPooler reads [CLS]
-    attention_hooks=deberta_hooks,
+    attention_hooks=_hooks,
     tiny=TinySpec("classifier", _tiny),
 )

@@ -6,11 +6,16 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from ..images import vit_embed_hook
 from .base import Family, NormPlacement, TinySpec
 
 # The tiny ViT: 32 x 32 RGB images cut into 8 x 8 patches, so [CLS] + 16 patch tokens.
 TINY_IMAGE_SIZE, TINY_PATCH = 32, 8
+
+
+def _embed_hook(session: Any) -> Any:
+    from ..images import vit_embed_hook  # lazy for start-up time: the registry imports without torch
+
+    return vit_embed_hook(session)
 
 
 def _processor() -> Any:
@@ -58,6 +63,6 @@ VIT = Family(
     attnlrp_refusal=None,
     reads_cls=True,
     modality="image",
-    embed_hook=vit_embed_hook,
+    embed_hook=_embed_hook,
     tiny=TinySpec("classifier", _tiny, tokenizer=_processor),
 )
