@@ -95,7 +95,9 @@ SITE_FAMILIES = {
     "decoder.self_attn": "decoder self-attention (target over earlier target tokens, causal)",
     "decoder.cross_attn": "cross-attention (target over source)",
 }
-# the methods explain-generation runs on an encoder-decoder
+# the methods explain-generation runs on an encoder-decoder: those declaring the encoder-decoder kind
+# (methods.registry.methods_of_kind("seq2seq"), each written once over methods.views.Seq2SeqView);
+# named here for the one-line refusal, and checked against the registry by tests/test_views.py
 SEQ2SEQ_METHODS = (
     "attention",
     "saliency",

@@ -34,9 +34,11 @@ from ..methods.prefixes import per_prefix
 from ..methods.registry import REGISTRY, get_method
 from ..methods.views import Seq2SeqView
 from ..models.adapter import Inputs, ModelAdapter, Target
+from ..models.seq2seq import Seq2SeqAdapter, refusal
 from ..results import Explanation
 from ..store.run_folder import RunFolder
 from .generation_files import IG, figure, figure_name, write_encdec
+from .steps import StepFunction, chat_continuation_ids, chat_prompt_ids
 
 GENERATION_IG: dict[str, Any] = {"rule": "panels", "max_steps": 1024}
 # a causal LM's IG baseline here: the document-start token (<|endoftext|> on SmolLM2), chosen by the
@@ -150,8 +152,6 @@ def explain_generation(
     methods), minus a ``contrast_token``'s, or minus the log-prob after a ``contrast_prompt``. ``chat``
     applies the tokenizer's chat template to the prompt; ``granularity`` adds word / sentence / paragraph
     matrices (sums over each unit's tokens, :mod:`~streetlamp.methods.granularity`)."""
-    from .steps import StepFunction, chat_prompt_ids
-
     if adapter.kind == ENCODER_DECODER:  # source -> target: the same matrices and files, over the seq2seq view
         if contrast_token or contrast_prompt or chat or granularity != "token" or quantity == "kl_divergence":
             raise StreetlampError(
@@ -183,8 +183,6 @@ def explain_generation(
     forced = continuation is not None
     if isinstance(continuation, str):
         if chat:
-            from .steps import chat_continuation_ids
-
             continuation = chat_continuation_ids(adapter, prompt, prompt_ids.tolist(), continuation)
         else:
             continuation = continuation_ids(adapter, prompt, continuation)
@@ -379,8 +377,6 @@ def _encoder_decoder(
     method_params: dict[str, dict[str, Any]] | None,
 ) -> GenerationResult:
     """explain-generation on an encoder-decoder: each method's ``attribute_view`` over the source and the target."""
-    from ..models.seq2seq import Seq2SeqAdapter, refusal
-
     s2s = cast(Seq2SeqAdapter, adapter)
     if not source or not source.strip():
         raise StreetlampError("empty source text")
