@@ -26,6 +26,9 @@ PAIRS = [
     TaskPair("the movie was good", "the film was bad", " good", " bad"),  # shorter: right padding
 ]
 
+# a classifier's answer and wrong answer are classes
+CLASS_PAIRS = [TaskPair(p.clean, p.corrupt, "pos", "neg") for p in PAIRS]
+
 
 def tol(a: ModelAdapter, scale: float) -> float:
     # Hugging Face runs RMSNorm (and the rotary tables) in float32 even in a float64 model; GPT-2 is float64 throughout
@@ -37,7 +40,7 @@ def test_full_graph_is_the_model_and_empty_graph_is_the_corrupted_run(family: st
     model, tok = tiny_model(family, seed=1)
     a = ModelAdapter(model.double(), tok, f"tiny-{family}")
     b = Blocks(a)
-    pairs = encode_pairs(a, PAIRS)
+    pairs = encode_pairs(a, PAIRS if a.kind == "causal_lm" else CLASS_PAIRS)
     L = a.n_layers - 1
     sites = [f"layers.{L}.attn.head_out", f"layers.{L}.mlp.out"]
     fwd = a.forward(pairs.clean, record=sites)
@@ -45,13 +48,16 @@ def test_full_graph_is_the_model_and_empty_graph_is_the_corrupted_run(family: st
         run = run_graph(b, pairs.clean.input_ids, pairs.clean.attention_mask)
     scale = float(fwd.logits.abs().max())
     assert scale > 1e-2
-    torch.testing.assert_close(run.logits, fwd.logits, rtol=0, atol=F64_TOL * max(1.0, scale))
+    # the same modules on the same stream: equal to rounding (ModernBERT's own rotary step casts q and k to
+    # float32, the engine keeps float64)
+    exact = F64_TOL * max(1.0, scale) if family != "modernbert" else tol(a, scale)
+    torch.testing.assert_close(run.logits, fwd.logits, rtol=0, atol=exact)
     real = pairs.clean.attention_mask.bool()
     s = b.graph.layer_start(L)
     torch.testing.assert_close(
-        run.writers[:, :, s : s + a.n_heads][real], fwd.cache[sites[0]][real], rtol=0, atol=F64_TOL
+        run.writers[:, :, s : s + a.n_heads][real], fwd.cache[sites[0]][real], rtol=0, atol=exact
     )
-    torch.testing.assert_close(run.writers[:, :, s + a.n_heads][real], fwd.cache[sites[1]][real], rtol=0, atol=F64_TOL)
+    torch.testing.assert_close(run.writers[:, :, s + a.n_heads][real], fwd.cache[sites[1]][real], rtol=0, atol=exact)
     # an all-ones mask with arbitrary ablated values is the model too; an all-zeros mask under patching
     # feeds every reader the corrupted stream: the corrupted run
     ab = ablation_values(b, pairs, "patch")

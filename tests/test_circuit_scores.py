@@ -364,3 +364,49 @@ def test_bad_inputs_raise_one_line() -> None:
     bert, tok = tiny_model("bert")
     with pytest.raises(StreetlampError, match="post-LN"):
         Blocks(ModelAdapter(bert, tok, "tiny-bert"))
+
+
+@pytest.mark.parametrize("family", ["modernbert", "qwen3", "phi3"])
+def test_eap_is_the_mask_derivative_on_the_other_families(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the encoder (ModernBERT: bidirectional, local layers, [CLS] readout), Qwen3 (per-head q/k norms)
+    and Phi-3 (fused qkv, partial RoPE): EAP(u -> r) = -d m / d M_ru at M = 1, by float64 central
+    differences of the circuit forward with that one mask entry moved (the forward itself is the model:
+    test_circuit_forward). RMSNorm is swapped for its float64 formula (Hugging Face casts to float32)."""
+    import importlib
+
+    from streetlamp.interventions.circuits.forward import run_graph
+
+    mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    norm = getattr(mod, f"{type(tiny_model(family)[0]).__name__.split('For')[0].replace('Model', '')}RMSNorm", None)
+    if norm is not None:
+        monkeypatch.setattr(
+            norm,
+            "forward",
+            lambda self, x: self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)),
+        )
+    a, b = make(family)
+    pairs = encode_pairs(
+        a, PAIRS if a.kind == "causal_lm" else [TaskPair(p.clean, p.corrupt, "pos", "neg") for p in PAIRS]
+    )
+    e = S.eap(b, pairs).per_prompt
+    ab = S.ablation_values(b, pairs, "patch")
+    g = b.graph
+    r_idx, w_idx = g.edge_index()
+    pick = np.random.default_rng(0).choice(len(r_idx), size=10, replace=False)
+    top = int(torch.nan_to_num(e.abs().sum(0)).flatten().argmax())
+    checked = 0.0
+    for r, w in [(r_idx[j], w_idx[j]) for j in pick] + [divmod(top, g.n_writers)]:
+
+        def m(eps: float) -> np.ndarray:
+            mask = g.valid().double()[None].clone()
+            mask[0, r, w] = 1 - eps
+            with torch.no_grad():
+                run = run_graph(b, pairs.clean.input_ids, pairs.clean.attention_mask, ablated=ab, mask=mask)
+                return S.metric_values(run.logits, pairs.answer, pairs.wrong, "logit_diff").numpy()
+
+        d1 = (m(1e-3) - m(-1e-3)) / 2e-3
+        d2 = (m(5e-4) - m(-5e-4)) / 1e-3
+        tol = 4 * np.abs(d1 - d2) + 1e-10
+        assert np.all(np.abs(e[:, r, w].numpy() - d2) <= tol), (g.writers[w], g.readers[r])
+        checked = max(checked, float(np.abs(d2).max() / max(tol.max(), 1e-300)))
+    assert checked > 1e3  # the largest edge's value is far above its finite-difference tolerance

@@ -9,10 +9,12 @@ sites on every supported family.
 
 Supported: the pre-norm decoders GPT-2 (LayerNorm, fused ``c_attn``), Llama, Mistral (sliding
 window), Qwen2 (q/k/v biases), Qwen3 (per-head q/k RMSNorm), Phi-3 (fused ``qkv_proj``, partial RoPE),
-as causal LMs or sequence classifiers (readout at the last real token). Not supported, with the
-reason as the error: post-LN encoders (BERT, RoBERTa, DistilBERT, DeBERTa: a post-LN residual stream
-is no sum of writers), Gemma's sandwich norms (each layer's heads are normalised together before they
-join the stream), ModernBERT and ViT (not wired yet), encoder-decoders.
+as causal LMs or sequence classifiers (readout at the last real token), and the pre-norm encoder
+ModernBERT (bidirectional, alternating global and local layers; the ``embed`` writer is its embedding
+module's output, after the embedding norm; readout: final norm, [CLS] or mean pooling, head, classifier).
+Not supported, with the reason as the error: post-LN encoders (BERT, RoBERTa, DistilBERT, DeBERTa: a
+post-LN residual stream is no sum of writers), Gemma's sandwich norms (each layer's heads are normalised
+together before they join the stream), ViT (not wired yet), encoder-decoders.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ...models.readout import sliding_window
 from ...models.sites import output_matrix
 from .graph import Graph
 
-SUPPORTED = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3")
+SUPPORTED = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "modernbert")
 _WHY = {
     "bert": "post-LN",
     "roberta": "post-LN",
@@ -71,6 +73,8 @@ class Blocks:
     # -- embeddings ----------------------------------------------------------------------------
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """The ``embed`` writer ``[b, s, d]``: token embeddings (GPT-2: plus the learned positions)."""
+        if self.fam == "modernbert":
+            return self.base.embeddings(input_ids=ids)
         e = self.adapter.embed_module(ids)
         if self.fam == "gpt2":
             e = e + self.base.wpe(torch.arange(ids.shape[1], device=ids.device))[None]
@@ -81,6 +85,8 @@ class Blocks:
         layer = self.layers[l]
         if self.fam == "gpt2":
             return layer.ln_1, layer.ln_2
+        if self.fam == "modernbert":
+            return layer.attn_norm, layer.mlp_norm
         return layer.input_layernorm, layer.post_attention_layernorm
 
     def _qkv_weights(self, l: int) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
@@ -98,8 +104,9 @@ class Blocks:
         def lin(w: torch.Tensor, b: torch.Tensor | None, n: int):
             return w.reshape(n, dh, -1).transpose(1, 2), (b.reshape(n, dh) if b is not None else None)
 
-        if hasattr(attn, "qkv_proj"):  # Phi-3: rows [q (H·dh), k (KV·dh), v (KV·dh)]
-            w, b = attn.qkv_proj.weight, attn.qkv_proj.bias
+        fused = getattr(attn, "qkv_proj", None) or getattr(attn, "Wqkv", None)
+        if fused is not None:  # Phi-3's qkv_proj, ModernBERT's Wqkv: rows [q (H·dh), k (KV·dh), v (KV·dh)]
+            w, b = fused.weight, fused.bias
             cuts = [0, H * dh, (H + KV) * dh, (H + 2 * KV) * dh]
             return [
                 lin(w[cuts[i] : cuts[i + 1]], b[cuts[i] : cuts[i + 1]] if b is not None else None, n)
@@ -107,13 +114,39 @@ class Blocks:
             ]
         return [lin(m.weight, m.bias, n) for m, n in ((attn.q_proj, H), (attn.k_proj, KV), (attn.v_proj, KV))]
 
-    def rotary(self, x: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """cos, sin ``[s, r]`` (r rotary dimensions of a head), or None (GPT-2: no RoPE)."""
+    def rotary(self, x: torch.Tensor, l: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Layer ``l``'s cos, sin ``[s, r]`` (r rotary dimensions of a head), or None (GPT-2: no RoPE)."""
         if self.fam == "gpt2":
             return None
-        pos = torch.arange(s, device=x.device)[None]
-        cos, sin = self.base.rotary_emb(x, pos)
+        pos = torch.arange(x.shape[1], device=x.device)[None]
+        if self.fam == "modernbert":  # global and local layers rotate with their own base
+            cos, sin = self.base.rotary_emb(x, pos, self.layers[l].attention_type)
+        else:
+            cos, sin = self.base.rotary_emb(x, pos)
         return cos[0], sin[0]
+
+    def allowed(self, l: int, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        """``[b, query, key]`` bool: which keys layer ``l``'s queries see (padding keys never)."""
+        s = x.shape[1]
+        i = torch.arange(s, device=x.device)
+        if self.fam == "modernbert":  # bidirectional; local layers: the window transformers' own mask builder draws
+            from transformers import masking_utils
+
+            build = (
+                masking_utils.create_bidirectional_sliding_window_mask
+                if self.layers[l].attention_type == "sliding_attention"
+                else masking_utils.create_bidirectional_mask
+            )
+            m = build(config=self.adapter.hf_model.config, inputs_embeds=x, attention_mask=key_mask)
+            if m is None:
+                return key_mask.bool()[:, None, :].expand(-1, s, -1)
+            m = m[:, 0]
+            return (m if m.dtype == torch.bool else m > torch.finfo(m.dtype).min / 2) & key_mask.bool()[:, None, :]
+        allowed = (i[None, :] <= i[:, None])[None] & key_mask.bool()[:, None, :]
+        w = sliding_window(self.adapter, l)
+        if w:
+            allowed = allowed & (i[None, :] > i[:, None] - int(w))[None]
+        return allowed
 
     @staticmethod
     def _rope(x: torch.Tensor, cs: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
@@ -132,7 +165,7 @@ class Blocks:
         xq: torch.Tensor,
         xk: torch.Tensor,
         xv: torch.Tensor,
-        key_mask: torch.Tensor,
+        allowed: torch.Tensor,
         cs: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> torch.Tensor:
         """Layer ``l``'s head outputs ``z_h W_O,h`` ``[b, s, H, d]`` from its readers' inputs: ``xq``
@@ -156,11 +189,6 @@ class Blocks:
         scale = getattr(attn, "scaling", None)
         scale = float(scale) if scale is not None else self.dh**-0.5
         scores = torch.einsum("bqkgd,bskd->bkgqs", qg, k) * scale
-        i = torch.arange(s, device=q.device)
-        allowed = (i[None, :] <= i[:, None])[None] & key_mask.bool()[:, None, :]  # [b, query, key]
-        w = sliding_window(self.adapter, l)
-        if w:
-            allowed = allowed & (i[None, :] > i[:, None] - int(w))[None]
         scores = scores.masked_fill(~allowed[:, None, None], torch.finfo(scores.dtype).min)
         probs = torch.softmax(scores, -1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
         z = torch.einsum("bkgqs,bskd->bqkgd", probs, v).reshape(b, s, self.H, self.dh)
@@ -176,12 +204,22 @@ class Blocks:
         _, ln2 = self._norms(l)
         return self.layers[l].mlp(ln2(x))
 
-    def readout(self, x: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    def readout(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         """Explained logits ``[b, n_outputs]`` from the logits reader's input ``x`` ``[b, s, d]``:
         the final norm and the LM head (or a decoder classifier's score head) at each row's last real
-        token ``last`` ``[b]``."""
+        token; ModernBERT: the final norm, its pooling ([CLS] or the mean over real tokens), head and
+        classifier."""
+        hf: Any = self.adapter.hf_model
+        if self.fam == "modernbert":
+            h = self.base.final_norm(x)
+            if hf.config.classifier_pooling == "cls":
+                h = h[:, 0]
+            else:
+                km = key_mask.to(h.dtype)[:, :, None]
+                h = (h * km).sum(1) / km.sum(1)
+            return hf.classifier(hf.head(h))
+        last = key_mask.sum(1) - 1
         norm = self.base.ln_f if self.fam == "gpt2" else self.base.norm
         h = norm(x[torch.arange(x.shape[0], device=x.device), last])
-        hf: Any = self.adapter.hf_model
         head = hf.score if self.adapter.kind == "classifier" else hf.get_output_embeddings()
         return head(h)

@@ -43,12 +43,10 @@ def run_graph(
     g, adapter = blocks.graph, blocks.adapter
     dev = adapter.device
     ids, am = ids.to(dev), attention_mask.to(dev)
-    last = am.sum(1) - 1
     override = override or {}
     emb = blocks.embed(ids)
     outs: list[torch.Tensor] = [override.get("embed", emb[:, :, None])]  # pieces [b, s, n, d], writer order
     const = torch.zeros_like(emb)
-    cs = blocks.rotary(emb, ids.shape[1])
     readers: list[torch.Tensor] = []
     if mask is not None:
         assert ablated is not None, "an edge mask needs the ablated writer values"
@@ -71,7 +69,8 @@ def run_graph(
         n = g.layer_start(l)
         rows = g.attn_readers(l)
         x = inputs(rows, n)
-        heads = blocks.attention(l, x[:, :, :H], x[:, :, H : H + KV], x[:, :, H + KV :], am, cs)
+        allowed = blocks.allowed(l, emb, am)
+        heads = blocks.attention(l, x[:, :, :H], x[:, :, H : H + KV], x[:, :, H + KV :], allowed, blocks.rotary(emb, l))
         outs.append(override.get(f"attn{l}", heads))
         bias = blocks.out_bias(l)
         if bias is not None:
@@ -82,7 +81,7 @@ def run_graph(
         outs.append(override.get(f"mlp{l}", blocks.mlp(l, xm[:, :, 0])[:, :, None]))
     xl = inputs(range(g.logits_reader, g.logits_reader + 1), g.n_writers)
     readers.append(xl)
-    logits = blocks.readout(xl[:, :, 0], last)
+    logits = blocks.readout(xl[:, :, 0], am)
     return GraphRun(logits, torch.cat(outs, 2), readers)
 
 
