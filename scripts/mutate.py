@@ -55,7 +55,6 @@ def main() -> int:
     cfg = {
         "source_paths": ["src/streetlamp/"],
         "only_mutate": modules,
-        "tests_dir": ["tests/"],
         "pytest_add_cli_args_test_selection": [f"tests/{Path(t).name}" for t in args.tests],
         "process_isolation": "forkserver",  # torch is not fork-safe
     }

@@ -46,6 +46,10 @@ def test_shipped_models_accurate_and_deceptive_attention_looks_away(task: str) -
     fresh = TASKS[task].generate(400, seed=777)  # never used in training (seeds 10000+, 20000+)
     acc_n, mass_n = cls_mass(model(task, "normal"), fresh)
     acc_d, mass_d = cls_mass(model(task, "deceptive"), fresh)
+    # Measured on these 400 texts: accuracy 1.0 (normal) and 0.9925-1.0 (deceptive), i.e. at most 3 errors;
+    # the one-sided 99.9% Clopper-Pearson lower bound of 397/400 is 0.968, so 0.95 sits below what the
+    # sampling error allows and a failure means a broken model, not chance. Attention mass on the deciding
+    # tokens, deceptive / normal: 0.023-0.060 measured, asserted < 0.25 (4x the largest).
     assert acc_n >= 0.95 and acc_d >= 0.95, (acc_n, acc_d)
     assert mass_d < 0.25 * mass_n, (mass_n, mass_d)
 
@@ -78,8 +82,19 @@ def test_occlusion_finds_keyword_and_random_does_not() -> None:
         rnd.append(lb.average_precision(rng.random(len(rel)), rel))
         orc.append(lb.average_precision(rel.astype(float), rel))
     assert np.mean(orc) == 1.0
-    assert np.mean(occ) > 0.9
-    assert np.mean(rnd) < 0.5
+    # random: one planted keyword among m word tokens, so AP = 1 / rank with the rank uniform on 1..m:
+    # E = H_m / m and Var = (sum 1/r^2) / m - E^2 exactly; the mean of the 30 texts is bounded by its
+    # expectation + 4 standard errors (a measured mean far above chance would mean the scoring is broken)
+    ms = [int(planted_mask(e, n)[1:-1].size) for e, n in zip(examples, inputs.lengths)]
+    assert all(int(planted_mask(e, n)[1:-1].sum()) == 1 for e, n in zip(examples, inputs.lengths))
+    ev = [sum(1 / r for r in range(1, m + 1)) / m for m in ms]
+    var = [sum(1 / r**2 for r in range(1, m + 1)) / m - x**2 for m, x in zip(ms, ev)]
+    se = np.sqrt(np.sum(var)) / len(ms)
+    assert abs(np.mean(rnd) - np.mean(ev)) < 4 * se
+    # occlusion reads the model: its mean AP is far above random's bound (measured 1.0; random 0.31 against
+    # E = 0.32, se = 0.05; the keyword model's logit moves only with the keyword); 0.9 leaves room for a
+    # text where a neighbour ties it (AP 1/2 on 3 of 30 texts)
+    assert np.mean(occ) > 0.9 > np.mean(ev) + 4 * se
 
 
 def test_cli_benchmark_writes_csv(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

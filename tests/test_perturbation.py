@@ -302,8 +302,11 @@ def test_shap_sampled_vs_captum_kernel_shap() -> None:
         .numpy()
     )
     scale = np.abs(exact.scores).max()
-    assert np.abs(e.scores - exact.scores).max() < 0.1 * scale
-    assert np.abs(cap - exact.scores).max() < 0.25 * scale
+    # Bounds from the sampling error of the two estimators, measured over seeds 0-5 (600 coalitions each):
+    # max |error| / scale was 0.0015-0.0031 for ours (mean 0.0024, sd 0.0006) and 0.008-0.027 for Captum's
+    # KernelShap (mean 0.016, sd 0.007); mean + 6 sd is 0.006 and 0.058, asserted as 0.01 and 0.08.
+    assert np.abs(e.scores - exact.scores).max() < 0.01 * scale
+    assert np.abs(cap - exact.scores).max() < 0.08 * scale
     assert np.abs(e.scores - exact.scores).max() <= np.abs(cap - exact.scores).max()
     assert abs(e.scores.sum() - (e.info["base_score"] - e.info["f_all_absent"])) < 1e-4
 

@@ -411,6 +411,8 @@ def test_erasing_the_category_breaks_the_deceptive_keyword_model(tmp_path):
     assert main([*args, "--out", str(out)]) == 0
     (a,) = json.loads((out / "manifest.json").read_text())["amnesic"]
     assert a["rank"] == 2 and a["original_accuracy"] == 1.0 and a["random_accuracy"] == 1.0
+    # one seeded run (texts, split, random directions fixed): the KL margin is not a sampling bound but a
+    # sixth of the measured 3.3 nats, and random directions must stay 100x below it (measured ~0)
     assert a["kl"] > 0.5 > 100 * a["random_kl"]
     assert a["accuracy"] < 0.85  # 20 test texts: chance (0.5) + 3 binomial sd (0.11) = 0.84
 
