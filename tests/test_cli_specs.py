@@ -147,3 +147,18 @@ def test_pairs_reach_the_run(tmp_path, capsys) -> None:
     assert a["parameters"]["methods"]["occlusion"]["replacement"] == "unk" and "[UNK]" in capsys.readouterr().out
     assert main([*base, "--method-params", "shap.n_samples=8", "--out", str(tmp_path / "c")]) == 2
     assert "not among the methods of this run" in capsys.readouterr().err and not (tmp_path / "c").exists()
+
+
+def test_probe_layers_and_sweep() -> None:
+    from streetlamp.specs import parse_layers, parse_sweep
+
+    assert parse_layers("all", 3) == ["embed", "0", "1", "2"]
+    assert parse_layers("embed,2-3,1,2", 4) == ["embed", "2", "3", "1"]  # each once, in the order given
+    for bad, msg in [("x", "use all, embed, layer numbers or ranges"), ("5", "layer 5 out of range"), ("", "--layers")]:
+        with pytest.raises(StreetlampError, match=msg):
+            parse_layers(bad, 4)
+    assert parse_sweep("none") is None and parse_sweep(None) is None
+    assert parse_sweep("hidden:4,16") == ("hidden", [4.0, 16.0]) and parse_sweep("dropout:0.1") == ("dropout", [0.1])
+    for bad, msg in [("depth:2", "--sweep is KIND"), ("hidden:a", "must be numbers"), ("rank:0.5", "whole numbers")]:
+        with pytest.raises(StreetlampError, match=msg):
+            parse_sweep(bad)
