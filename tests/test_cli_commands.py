@@ -145,3 +145,28 @@ def test_every_declared_view_exists_in_the_viewer() -> None:
             assert c.name in c.views, c.name
         if c.writes is not None and c.name != "replicate":  # replicate's folder has summary files, no report
             assert c.views, c.name
+
+
+def test_store_never_imports_report() -> None:
+    """Storage never renders: no module of store/ imports report/, at module level or in a function;
+    the command pipeline writes report.html after the run."""
+    import ast
+
+    store = ROOT / "src" / "streetlamp" / "store"
+    for f in store.glob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                target = "." * node.level + (node.module or "")
+                assert "report" not in target.split("."), (f.name, target)
+            elif isinstance(node, ast.Import):
+                assert not any(".report" in a.name for a in node.names), f.name
+
+
+def test_a_run_folder_written_outside_the_pipeline_has_no_report(bert: Path, tmp_path: Path) -> None:
+    """The runner writes results only; the pipeline (CLI, API) adds report.html; `report DIR` still builds it."""
+    from streetlamp.models.loading import load
+    from streetlamp.runners.explain import explain
+
+    res = explain(load(str(bert)), "the movie was good", tmp_path / "e", methods=["attention"])
+    assert (res.out / "manifest.json").exists() and not (res.out / "report.html").exists()
+    assert main(["report", str(res.out)]) == 0 and (res.out / "report.html").exists()
