@@ -55,7 +55,9 @@ class Opt:
 
 def option(default: Any = MISSING, *, default_factory: Any = MISSING, **opt: Any) -> Any:
     """A dataclass field with its command-line metadata (:class:`Opt`), declared once."""
-    meta = {"cli": Opt(**{k: tuple(v) if k == "choices" and v is not None else v for k, v in opt.items()})}
+    if opt.get("choices") is not None:
+        opt["choices"] = tuple(opt["choices"])
+    meta = {"cli": Opt(**opt)}
     if default_factory is not MISSING:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
