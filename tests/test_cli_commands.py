@@ -170,3 +170,21 @@ def test_a_run_folder_written_outside_the_pipeline_has_no_report(bert: Path, tmp
     res = explain(load(str(bert)), "the movie was good", tmp_path / "e", methods=["attention"])
     assert (res.out / "manifest.json").exists() and not (res.out / "report.html").exists()
     assert main(["report", str(res.out)]) == 0 and (res.out / "report.html").exists()
+
+
+def test_settings_and_specs_stay_on_the_lowest_floor() -> None:
+    """settings.py and specs.py import nothing of streetlamp but errors and specs, lazily or not (only
+    ``if TYPE_CHECKING`` is exempt): the registry checks live in commands/checks.py, above them."""
+    import ast
+
+    for name in ("settings.py", "specs.py"):
+        tree = ast.parse((ROOT / "src" / "streetlamp" / name).read_text())
+        skip = {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+            for n in ast.walk(node)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level and id(node) not in skip:
+                assert node.module in ("errors", "specs"), (name, node.module)
