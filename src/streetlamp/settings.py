@@ -55,7 +55,9 @@ class Opt:
 
 def option(default: Any = MISSING, *, default_factory: Any = MISSING, **opt: Any) -> Any:
     """A dataclass field with its command-line metadata (:class:`Opt`), declared once."""
-    meta = {"cli": Opt(**{k: tuple(v) if k == "choices" and v is not None else v for k, v in opt.items()})}
+    if opt.get("choices") is not None:
+        opt["choices"] = tuple(opt["choices"])
+    meta = {"cli": Opt(**opt)}
     if default_factory is not MISSING:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -127,27 +129,6 @@ def layers_of(adapter: ModelAdapter, spec: str, flag: str = "layers") -> list[in
         return [adapter.n_layers - 1]
     check_layer(adapter, int(spec), flag)
     return [int(spec)]
-
-
-def check_method_params(mparams: dict[str, dict], methods: list[str], flag: str = "--method-params") -> None:
-    """Every method of ``mparams`` is among this run's, and every parameter builds it (unknown names,
-    bad values: a clear error now, before any work)."""
-    from .methods.registry import get_method  # at run time: the registry imports torch
-
-    stray = [k for k in mparams if k not in methods]
-    if stray:
-        raise StreetlampError(
-            f"{flag} names {', '.join(map(repr, stray))}, not among the methods of this run ({', '.join(methods)})"
-        )
-    for name, params in mparams.items():
-        get_method(name, **params)
-
-
-def parse_methods(spec: str | list[str]) -> list[str]:
-    """``--methods``: comma-separated registered names or ``all`` (the registry is read at run time)."""
-    from .methods.registry import parse_methods as parse
-
-    return parse(spec if isinstance(spec, str) else ",".join(spec))
 
 
 @dataclass

@@ -121,6 +121,47 @@ def parse_heads(spec: str, n_layers: int, n_heads: int) -> list[tuple[int, int]]
     return out
 
 
+def parse_layers(spec: str, n_layers: int) -> list[str]:
+    """``probe --layers``: ``all`` (embed + every layer), ``embed,0,3``, ``2-5`` -> site prefixes (``embed`` or layer numbers)."""
+    if spec == "all":
+        return ["embed"] + [str(i) for i in range(n_layers)]
+    out: list[str] = []
+    for part in (p.strip() for p in spec.split(",")):
+        if part == "embed":
+            out.append("embed")
+        elif "-" in part and all(x.isdigit() for x in part.split("-", 1)):
+            a, b = (int(x) for x in part.split("-", 1))
+            out += [str(i) for i in range(a, b + 1)]
+        elif part.isdigit():
+            out.append(part)
+        else:
+            raise StreetlampError(f"--layers {spec!r}: use all, embed, layer numbers or ranges like 2-5")
+    for p in out:
+        if p != "embed" and not 0 <= int(p) < n_layers:
+            raise StreetlampError(f"layer {p} out of range: the model has layers 0..{n_layers - 1}")
+    if not out:
+        raise StreetlampError("no layer named")
+    return list(dict.fromkeys(out))
+
+
+SWEEP_KINDS = ("hidden", "rank", "weight_decay", "dropout")
+
+
+def parse_sweep(spec: str | None) -> tuple[str, list[float]] | None:
+    if not spec or spec == "none":
+        return None
+    kind, _, vals = spec.partition(":")
+    if kind not in SWEEP_KINDS or not vals:
+        raise StreetlampError(f"--sweep is KIND:v1,v2,... with KIND in {', '.join(SWEEP_KINDS)} (got {spec!r})")
+    try:
+        values = [float(v) for v in vals.split(",") if v.strip()]
+    except ValueError:
+        raise StreetlampError(f"--sweep values must be numbers (got {vals!r})") from None
+    if kind in ("hidden", "rank") and any(v < 1 or v != int(v) for v in values):
+        raise StreetlampError(f"--sweep {kind} values must be whole numbers >= 1")
+    return kind, values
+
+
 _SIZE = re.compile(r"\d+(\.\d+)?\s*([KMGT]i?B)")
 
 
@@ -169,7 +210,7 @@ def _pairs(spec: str, flag: str, dotted: bool) -> dict[str, Any]:
     for part in _PAIR_START.split(spec):
         name, eq, value = part.partition("=")
         name = name.strip()
-        if not eq or not key.fullmatch(name) or not value.strip():
+        if not eq or not key.fullmatch(name) or not value.strip() or value.strip().endswith(","):
             raise StreetlampError(
                 f"{flag} {part.strip()!r}: give JSON or {'METHOD.PARAM' if dotted else 'PARAM'}=VALUE pairs, "
                 f"comma-separated, e.g. {example}"

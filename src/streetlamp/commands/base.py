@@ -88,7 +88,7 @@ def place(cmd: Command, opts: RunOptions, settings: Any) -> Any:
     from ..models.loading import load
     from ..specs import parse_max_memory
 
-    adapter = load(opts.model) if isinstance(opts.model, (str, Path)) else opts.model  # the API may pass an adapter
+    adapter: Any = load(opts.model) if isinstance(opts.model, (str, Path)) else opts.model  # the API: an adapter
     if cmd.one_stack:
         from ..models.seq2seq import require_one_stack
 

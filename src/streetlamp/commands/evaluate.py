@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import StreetlampError
-from ..settings import Settings, Shared, at_least, check_method_params, layers_of, option, parse_methods
+from ..settings import Settings, Shared, at_least, layers_of, option
 from ..specs import layer_spec, parse_method_params, parse_tasks
 from .base import Command
+from .checks import check_method_params, parse_methods
 
 if TYPE_CHECKING:
     from ..models.adapter import ModelAdapter

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import StreetlampError
-from ..settings import Settings, Shared, check_head, check_layer, check_method_params, option, parse_methods
+from ..settings import Settings, Shared, check_head, check_layer, option
 from ..specs import parse_method_params, parse_params
 from .base import Command
+from .checks import check_method_params, parse_methods
 
 if TYPE_CHECKING:
     from ..models.adapter import ModelAdapter

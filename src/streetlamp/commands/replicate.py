@@ -66,7 +66,7 @@ def one_device(opts: RunOptions) -> None:
 def run_replicate(adapter: ModelAdapter, s: ReplicateCommandSettings, out: Path, opts: RunOptions) -> Any:
     from ..runners.replicate import replicate
 
-    return replicate(opts.model, s.data, out, s.stored(), limit=s.limit, chunk_size=s.chunk_size, adapter=adapter)
+    return replicate(str(opts.model), s.data, out, s.stored(), limit=s.limit, chunk_size=s.chunk_size, adapter=adapter)
 
 
 REPLICATE = Command(

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import specs
 from ..errors import StreetlampError
 
 FILLERS = (
@@ -170,14 +171,7 @@ def get_task(name: str) -> Task:
 
 
 def parse_tasks(spec: str | None) -> list[str]:
-    if not spec or spec == "all":
-        return list(TASKS)
-    names = [s.strip() for s in spec.split(",") if s.strip()]
-    for n in names:
-        get_task(n)
-    if not names:
-        raise StreetlampError("no task named")
-    return names
+    return specs.parse_tasks(spec, TASKS)
 
 
 def planted_mask(example: Example, n_tokens: int) -> np.ndarray:

@@ -26,52 +26,9 @@ from ..methods.registry import REGISTRY, get_method, long_methods
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..models.chunked import QKStore, Recorder, Selection, record_long
 from ..readings import ATTENTION_FAMILY, attention_sink, sink_line
+from ..specs import parse_indices, parse_rows  # the user-string parsers, in one low module
 from ..store.files import folder_file
 from ..store.run_folder import RunFolder
-
-
-def parse_indices(spec: str | None, n: int, flag: str, what: str) -> list[int]:
-    """``"0,5,-1"`` or ``"all"``/None -> sorted distinct indices in 0..n-1 (negatives count from the end)."""
-    if spec is None or spec == "all":
-        return list(range(n))
-    out: set[int] = set()
-    for part in spec.split(","):
-        try:
-            i = int(part)
-        except ValueError:
-            raise StreetlampError(f"{flag} takes comma-separated {what} numbers or 'all' (got {part!r})") from None
-        if not -n <= i < n:
-            raise StreetlampError(f"{flag} {i} out of range: the model has {what}s 0..{n - 1} (or -1..-{n})")
-        out.add(i % n)
-    return sorted(out)
-
-
-def parse_rows(spec: str | None, n: int, explained: int) -> list[int]:
-    """``--rows``: comma-separated ``last``, ``explained``, ``N`` (negative from the end) or ``A:B``
-    (positions A..B-1) -> sorted distinct query positions; default the explained position."""
-    if spec is None:
-        return [explained]
-    out: set[int] = set()
-    for part in spec.split(","):
-        part = part.strip()
-        try:
-            if part == "last":
-                out.add(n - 1)
-            elif part == "explained":
-                out.add(explained)
-            elif ":" in part:
-                a, b = (int(x) if x else d for x, d in zip(part.split(":", 1), (0, n)))
-                if not (0 <= a < b <= n):
-                    raise StreetlampError(f"--rows {part} out of range: the text has positions 0..{n - 1}")
-                out.update(range(a, b))
-            else:
-                i = int(part)
-                if not -n <= i < n:
-                    raise StreetlampError(f"--rows {i} out of range: the text has positions 0..{n - 1}")
-                out.add(i % n)
-        except ValueError:
-            raise StreetlampError(f"--rows takes last, explained, N or A:B, comma-separated (got {part!r})") from None
-    return sorted(out)
 
 
 def check_methods(methods: list[str] | None) -> list[str]:

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import specs
 from ..errors import StreetlampError
 from ..interventions import mediation as M
 from ..interventions import patching as P
@@ -67,21 +68,8 @@ META = {"axes_lp": ["layer", "pos"], "axes_lh": ["layer", "head"]}
 
 
 def parse_heads(adapter: ModelAdapter, spec: str) -> list[tuple[int, int]] | None:
-    """``logits`` or ``L.H[,L.H...]``."""
-    if spec in ("", "logits"):
-        return None
-    out = []
-    for part in spec.split(","):
-        try:
-            l, h = (int(x) for x in part.strip().split("."))
-        except ValueError:
-            raise StreetlampError(f"bad receiver {part!r}: write LAYER.HEAD, e.g. 9.6, or 'logits'") from None
-        if not (0 <= l < adapter.n_layers and 0 <= h < adapter.n_heads):
-            raise StreetlampError(
-                f"receiver {part} out of range: layers 0..{adapter.n_layers - 1}, heads 0..{adapter.n_heads - 1}"
-            )
-        out.append((l, h))
-    return out
+    """``logits`` or ``L.H[,L.H...]`` (:func:`streetlamp.specs.parse_heads`) for this model."""
+    return specs.parse_heads(spec, adapter.n_layers, adapter.n_heads)
 
 
 def run_patch(

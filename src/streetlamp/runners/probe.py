@@ -27,10 +27,10 @@ from ..probing.control import control_labels, selectivity
 from ..probing.mdl import online_codelength
 from ..probing.probes import ProbeSpec, fit_probe, parse_probes
 from ..probing.tasks import ProbeTask, align, load_task_file, planted_task, pos_task, sentence_task
+from ..specs import SWEEP_KINDS, parse_layers, parse_sweep  # noqa: F401 - the user-string parsers
 from ..store.run_folder import RunFolder
 
 MIN_TRAIN, MIN_TEST = 10, 5
-SWEEP_KINDS = ("hidden", "rank", "weight_decay", "dropout")
 
 
 @dataclass(frozen=True)
@@ -75,21 +75,6 @@ class ProbeResult:
 
 
 # -- settings checks (before anything is loaded or written) ---------------------------------------------
-def parse_sweep(spec: str | None) -> tuple[str, list[float]] | None:
-    if not spec or spec == "none":
-        return None
-    kind, _, vals = spec.partition(":")
-    if kind not in SWEEP_KINDS or not vals:
-        raise StreetlampError(f"--sweep is KIND:v1,v2,... with KIND in {', '.join(SWEEP_KINDS)} (got {spec!r})")
-    try:
-        values = [float(v) for v in vals.split(",") if v.strip()]
-    except ValueError:
-        raise StreetlampError(f"--sweep values must be numbers (got {vals!r})") from None
-    if kind in ("hidden", "rank") and any(v < 1 or v != int(v) for v in values):
-        raise StreetlampError(f"--sweep {kind} values must be whole numbers >= 1")
-    return kind, values
-
-
 def check_settings(s: ProbeSettings) -> None:
     ok = [k for k in LAYER_SITES if site_axes(f"layers.0.{k}") == ["batch", "pos", "d_model"]]
     if s.site not in ok:
@@ -112,29 +97,6 @@ def check_settings(s: ProbeSettings) -> None:
         raise StreetlampError("--limit must be at least 1")
     parse_probes(s.probes, s.hidden, s.weight_decay, s.dropout, s.seed, s.early_stopping, s.max_epochs)
     parse_sweep(s.sweep)
-
-
-def parse_layers(spec: str, n_layers: int) -> list[str]:
-    """``all`` (embed + every layer), ``embed,0,3``, ``2-5`` -> site prefixes (``embed`` or layer numbers)."""
-    if spec == "all":
-        return ["embed"] + [str(i) for i in range(n_layers)]
-    out: list[str] = []
-    for part in (p.strip() for p in spec.split(",")):
-        if part == "embed":
-            out.append("embed")
-        elif "-" in part and all(x.isdigit() for x in part.split("-", 1)):
-            a, b = (int(x) for x in part.split("-", 1))
-            out += [str(i) for i in range(a, b + 1)]
-        elif part.isdigit():
-            out.append(part)
-        else:
-            raise StreetlampError(f"--layers {spec!r}: use all, embed, layer numbers or ranges like 2-5")
-    for p in out:
-        if p != "embed" and not 0 <= int(p) < n_layers:
-            raise StreetlampError(f"layer {p} out of range: the model has layers 0..{n_layers - 1}")
-    if not out:
-        raise StreetlampError("no layer named")
-    return list(dict.fromkeys(out))
 
 
 def site_name(layer: str, site: str) -> str:

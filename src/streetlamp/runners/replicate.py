@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import progress
+from .. import progress, specs
 from ..data import load_dataset, sample_indices
 from ..errors import StreetlampError
 from ..evaluation.replicate import (
@@ -73,11 +73,7 @@ class ReplicateResult:
 
 
 def parse_data(spec: str) -> list[str]:
-    names = [x.strip() for x in spec.split(",") if x.strip()]
-    bad = [x for x in names if x not in DATASETS]
-    if not names or bad:
-        raise StreetlampError(f"--data takes a comma-separated list of {', '.join(DATASETS)} (got {spec!r})")
-    return list(dict.fromkeys(names))
+    return specs.parse_data(spec, DATASETS)
 
 
 def text_items(

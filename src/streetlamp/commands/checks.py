@@ -1,0 +1,27 @@
+"""Checks of settings against the registries (methods), run before anything is written. Here, not in
+``settings.py``: the registries import torch and sit above the settings' floor; commands sit above both."""
+
+from __future__ import annotations
+
+from ..errors import StreetlampError
+
+
+def check_method_params(mparams: dict[str, dict], methods: list[str], flag: str = "--method-params") -> None:
+    """Every method of ``mparams`` is among this run's, and every parameter builds it (unknown names,
+    bad values: a clear error now, before any work)."""
+    from ..methods.registry import get_method  # at run time: the registry imports torch
+
+    stray = [k for k in mparams if k not in methods]
+    if stray:
+        raise StreetlampError(
+            f"{flag} names {', '.join(map(repr, stray))}, not among the methods of this run ({', '.join(methods)})"
+        )
+    for name, params in mparams.items():
+        get_method(name, **params)
+
+
+def parse_methods(spec: str | list[str]) -> list[str]:
+    """``--methods``: comma-separated registered names or ``all`` (the registry is read at run time)."""
+    from ..methods.registry import parse_methods as parse
+
+    return parse(spec if isinstance(spec, str) else ",".join(spec))
