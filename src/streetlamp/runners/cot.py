@@ -51,6 +51,7 @@ from ..cot.prompts import (
     truncate,
 )
 from ..errors import StreetlampError
+from ..extras import require
 from ..store import RunStore
 
 TESTS = ("hint", "biased_fewshot", "early_answer", "add_mistake", "paraphrase", "filler")
@@ -451,6 +452,8 @@ def run_cot(
         )
     if workers is not None and workers < 1:
         raise StreetlampError("--workers must be at least 1")
+    if fan_out == "ray":  # before the store exists
+        require("ray")
     qs = load_questions(data)
     if limit is not None:
         if limit < 1:

@@ -15,6 +15,7 @@ import pandas as pd
 from ..data import Dataset, load_dataset, sample_indices
 from ..errors import StreetlampError
 from ..evaluation.pipeline import ChunkExample, EvalSettings, evaluate_chunk
+from ..extras import require
 from ..methods.registry import get_method
 from ..methods.removal import Removal
 from ..models.adapter import ModelAdapter
@@ -152,6 +153,8 @@ def evaluate(
 ) -> EvalResult:
     from ..models.loading import load
 
+    if engine == "ray":  # before the model loads and the store exists
+        require("ray")
     ds = load_dataset(data, text_column=text_column, label_column=label_column)
     if sample is not None:
         if limit is not None:

@@ -20,6 +20,7 @@ import torch
 
 from ..batching import group_by_budget
 from ..errors import StreetlampError
+from ..extras import require
 from ..models.adapter import Inputs, ModelAdapter
 from ..models.sites import LAYER_SITES, site_axes
 from ..probing import amnesic as am
@@ -210,6 +211,8 @@ def probe(
 
     s = settings
     check_settings(s)
+    if s.amnesic:  # before the model loads: amnesic probing (on by default) needs concept-erasure
+        require("probe", "concept_erasure")
     rf = RunFolder.of(out, command="probe", overwrite=overwrite)
     log = (lambda m: print(f"probe: {m}", file=sys.stderr)) if progress else (lambda m: None)
     t_start = time.time()

@@ -23,6 +23,7 @@ from typing import Any
 
 from ..errors import StreetlampError
 from ..evaluation.pipeline import ChunkExample, EvalSettings
+from ..extras import require
 from ..store import RunStore
 
 
@@ -83,10 +84,9 @@ def run_on_ray(
     work: Callable[[Any, list[Any], Any], Any] | None = None,
     write: Callable[[int, Any], None] | None = None,
 ) -> None:
-    try:
-        import ray
-    except ImportError:
-        raise StreetlampError("--engine ray needs ray: pip install 'streetlamp[ray]'") from None
+    require("ray")
+    import ray
+
     if not chunks:
         return
     if not ray.is_initialized():

@@ -13,12 +13,15 @@ import sys
 from pathlib import Path
 
 from ..errors import StreetlampError
+from ..extras import require
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 
 
 def check_address(host: str, port: int, allow_remote: bool) -> None:
-    """Refuse a non-local address unless ``allow_remote``; refuse a port that is taken, before loading."""
+    """Refuse a non-local address unless ``allow_remote``; refuse a port that is taken, before loading;
+    refuse a missing ``serve`` extra (Starlette, uvicorn) then too."""
+    require("serve")
     if not 1 <= port <= 65535:
         raise StreetlampError(f"--port {port} is not a TCP port (1..65535)")
     if host not in LOCAL_HOSTS:
@@ -49,6 +52,7 @@ def serve(
     timeout: float = 300.0,
     queue: int = 8,
 ) -> None:
+    require("serve")
     import uvicorn
 
     from .app import Limits, create_app, new_token
