@@ -45,24 +45,40 @@ def run_graph(
     ids, am = ids.to(dev), attention_mask.to(dev)
     override = override or {}
     emb = blocks.embed(ids)
+    b, s, d = emb.shape
     outs: list[torch.Tensor] = [override.get("embed", emb[:, :, None])]  # pieces [b, s, n, d], writer order
     const = torch.zeros_like(emb)
+    resid = outs[0].sum(2)  # every-edge path: the stream itself (the sum of the writers so far)
     readers: list[torch.Tensor] = []
+    buf: torch.Tensor | None = None  # masked path without gradients: the writers so far, written in place
     if mask is not None:
         assert ablated is not None, "an edge mask needs the ablated writer values"
         ablated = ablated.to(emb.dtype)
         mask = mask.to(emb.dtype)
+        if not torch.is_grad_enabled():
+            buf = torch.empty(b, s, g.n_writers, d, dtype=emb.dtype, device=emb.device)
+            buf[:, :, :1] = outs[0]
+        ab_sum = torch.cumsum(ablated.expand(b, s, -1, -1), 2)  # Σ_{u < n} z̃_u = ab_sum[:, :, n - 1]
+    done = 1  # writers computed so far
+
+    def add(piece: torch.Tensor) -> None:
+        nonlocal resid, done
+        outs.append(piece)
+        resid = resid + piece.sum(2)
+        if buf is not None:
+            buf[:, :, done : done + piece.shape[2]] = piece
+        done += piece.shape[2]
 
     def inputs(rows: range, n: int) -> torch.Tensor:
         """Inputs ``[b, s, len(rows), d]`` of readers ``rows``, each reading writers ``0..n-1``."""
-        z = torch.cat(outs, 2)  # [b, s, n, d]
+        assert n == done
         if mask is None:
-            x = (z.sum(2) + const)[:, :, None]
-            return x.expand(-1, -1, len(rows), -1)
+            return (resid + const)[:, :, None].expand(-1, -1, len(rows), -1)
         assert ablated is not None
-        za = ablated[:, :, :n].expand_as(z)
+        z = buf[:, :, :n] if buf is not None else torch.cat(outs, 2)
         m = mask[:, rows.start : rows.stop, :n]
-        return (const + za.sum(2))[:, :, None] + torch.einsum("bsud,bru->bsrd", z - za, m)
+        diff = z - ablated[:, :, :n]
+        return (const + ab_sum[:, :, n - 1])[:, :, None] + torch.einsum("bsud,bru->bsrd", diff, m)
 
     H, KV = blocks.H, blocks.KV
     for l in range(g.n_layers):
@@ -71,18 +87,18 @@ def run_graph(
         x = inputs(rows, n)
         allowed = blocks.allowed(l, emb, am)
         heads = blocks.attention(l, x[:, :, :H], x[:, :, H : H + KV], x[:, :, H + KV :], allowed, blocks.rotary(emb, l))
-        outs.append(override.get(f"attn{l}", heads))
+        add(override.get(f"attn{l}", heads))
         bias = blocks.out_bias(l)
         if bias is not None:
             const = const + bias.to(const.dtype)
         mr = g.mlp_reader(l)
         xm = inputs(range(mr, mr + 1), n + H)
         readers += [x, xm]
-        outs.append(override.get(f"mlp{l}", blocks.mlp(l, xm[:, :, 0])[:, :, None]))
+        add(override.get(f"mlp{l}", blocks.mlp(l, xm[:, :, 0])[:, :, None]))
     xl = inputs(range(g.logits_reader, g.logits_reader + 1), g.n_writers)
     readers.append(xl)
     logits = blocks.readout(xl[:, :, 0], am)
-    return GraphRun(logits, torch.cat(outs, 2), readers)
+    return GraphRun(logits, buf if buf is not None else torch.cat(outs, 2), readers)
 
 
 def reader_slices(blocks: Blocks) -> list[range]:

@@ -100,44 +100,57 @@ def _chunks(n: int, size: int) -> list[list[int]]:
 def _gradient_scores(
     blocks: Blocks,
     p: PairSet,
-    delta: torch.Tensor,
+    ablated: torch.Tensor,
     metric: str,
     per_position: bool,
     override: dict[str, torch.Tensor] | None = None,
     sources: slice | None = None,
+    delta: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``Σ_s δ_u · ∂m/∂x_r`` ``[b, R, U]`` (``[b, s, R, U]``) at one clean forward with ``override``;
-    only edges from writers ``sources`` when given (others 0)."""
+    """``Σ_s δ_u · ∂m/∂x_r`` ``[b, R, U]`` (``[b, s, R, U]``) at one clean forward with ``override``,
+    ``δ = z̃ - z`` (``delta``, or from this forward's writers when it has no override); only edges
+    from writers ``sources`` when given (others 0)."""
     g = blocks.graph
     run = run_graph(blocks, p.clean.input_ids, p.clean.attention_mask, override=override)
+    if delta is None:
+        delta = _delta_of(p, ablated, run.writers.detach())
     m = metric_values(run.logits, p.answer, p.wrong, metric).sum()
     live = [x.requires_grad for x in run.readers]  # readers fed only by overridden constants have none
     got = iter(torch.autograd.grad(m, [x for x, ok in zip(run.readers, live) if ok], allow_unused=True))
     grads = [next(got) if ok else None for ok in live]
-    b, s = delta.shape[:2]
-    shape = (b, s, g.n_readers, g.n_writers) if per_position else (b, g.n_readers, g.n_writers)
+    b, s, U, d = delta.shape
+    shape = (b, s, g.n_readers, U) if per_position else (b, g.n_readers, U)
     out = torch.zeros(shape, dtype=delta.dtype, device=delta.device)
+    if sources is not None:
+        keep = torch.zeros(U, dtype=delta.dtype, device=delta.device)
+        keep[sources] = 1
+        delta = delta * keep[None, None, :, None]
+    # [b, U, s·d] once, so each reader group's products are one batched matrix product
+    flat = None if per_position else delta.permute(0, 2, 1, 3).reshape(b, U, s * d)
     from .forward import reader_slices
 
     for rr, gr in zip(reader_slices(blocks), grads):
         if gr is None:
             continue
         n = g.n_upstream(rr.start)
-        d = delta[:, :, :n]
-        if sources is not None:
-            keep = torch.zeros(n, dtype=d.dtype, device=d.device)
-            keep[sources.start : min(sources.stop, n)] = 1
-            d = d * keep[None, None, :, None]
-        eq = "bsud,bsrd->bsru" if per_position else "bsud,bsrd->bru"
-        out[..., rr.start : rr.stop, :n] = torch.einsum(eq, d, gr)
+        if per_position:
+            out[..., rr.start : rr.stop, :n] = torch.einsum("bsud,bsrd->bsru", delta[:, :, :n], gr)
+        else:
+            assert flat is not None
+            gflat = gr.permute(0, 2, 1, 3).reshape(b, len(rr), s * d)
+            out[:, rr.start : rr.stop, :n] = torch.bmm(gflat, flat[:, :n].transpose(1, 2))
     return out
+
+
+def _delta_of(p: PairSet, ablated: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
+    real = p.clean.attention_mask.to(clean.device, clean.dtype)[:, :, None, None]
+    return (ablated.to(clean.dtype).expand_as(clean) - clean) * real
 
 
 def _delta(blocks: Blocks, p: PairSet, ablated: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     with torch.no_grad():
         clean = run_graph(blocks, p.clean.input_ids, p.clean.attention_mask).writers
-    real = p.clean.attention_mask.to(clean.device, clean.dtype)[:, :, None, None]
-    return (ablated.expand_as(clean) - clean) * real, clean
+    return _delta_of(p, ablated, clean), clean
 
 
 def _finish(blocks: Blocks, parts: list[torch.Tensor], method: str, ablation: str, metric: str) -> EdgeScores:
@@ -162,8 +175,7 @@ def eap(
     for rows in _chunks(len(pairs), batch_size):
         p = pairs.select(rows)
         ab = ablation_values(blocks, pairs, "patch", rows=rows) if mean_ab is None else mean_ab
-        delta, _ = _delta(blocks, p, ab)
-        parts.append(_gradient_scores(blocks, p, delta, metric, per_position))
+        parts.append(_gradient_scores(blocks, p, ab, metric, per_position))
     return _finish(blocks, parts, "eap", ablation, metric)
 
 
@@ -200,7 +212,7 @@ def eap_ig(
                 # a leaf that requires grad, so readers fed only by it still carry gradients
                 over = {name: (ab[:, :, sl] + a * (clean[:, :, sl] - ab[:, :, sl])).detach().requires_grad_(True)}
                 src = None if mode == "inputs" else sl
-                s = _gradient_scores(blocks, p, delta, metric, per_position, over, src)
+                s = _gradient_scores(blocks, p, ab, metric, per_position, over, src, delta)
                 acc = s if acc is None else acc + s
         assert acc is not None
         parts.append(acc / steps)
