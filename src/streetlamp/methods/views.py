@@ -193,9 +193,9 @@ class SequenceView(View):
 
     def index(self) -> torch.Tensor:
         if self._index is None:
-            with torch.no_grad():
-                logits = self.adapter.forward(ids_inputs(self.adapter, self.ids)).logits
             one = ids_inputs(self.adapter, self.ids)
+            with torch.no_grad():
+                logits = self.adapter.forward(one).logits
             self._index = self.adapter.resolve(one, self.target, logits.view(1, -1)).view(1).to(self.device())
         return self._index
 
@@ -216,17 +216,16 @@ class SequenceView(View):
     def features(
         self, group: str, include_special: bool, delete: bool, coalitions: bool
     ) -> tuple[np.ndarray, list[np.ndarray]]:
-        rule = Removal.of(self.adapter, None if delete else 0)
-        groups, feats = feature_groups(
-            self.adapter, self.ids.tolist(), self.tokens, group, include_special, rule.protected(self.n)
-        )
+        # deletion on a causal LM never removes the explained last position (Removal.keep_last)
+        protected = Removal.of(self.adapter, None).protected(self.n) if delete else np.zeros(self.n, dtype=bool)
+        groups, feats = feature_groups(self.adapter, self.ids.tolist(), self.tokens, group, include_special, protected)
         return groups[None], feats
 
     def perturber(self, token_id: int | None, batch_size: int | None, use_cache: bool, desc: str) -> Perturbed:
         return _SequencePerturbed(self, token_id, batch_size, use_cache, desc)
 
     def removal_rule(self, used: str, token: str | None, include_special: bool) -> str | None:
-        return Removal.of(self.adapter, None if used == "delete" else 0).describe(self.adapter)
+        return Removal.of(self.adapter, None).describe(self.adapter) if used == "delete" else None
 
     def rng(self, seed: int, j: int) -> np.random.Generator:
         return np.random.default_rng(seed)  # per text: a text gets the same samples alone or in a batch
