@@ -80,7 +80,7 @@ test-server: setup
 # Mutation testing (mutmut), bounded: only MODULES (default: the src/streetlamp modules changed vs main),
 # only the TESTS that drive them; one worker. Not in CI (docs/developing.md, "Mutation testing").
 MODULES ?=
-TESTS   ?= tests/test_stats.py tests/test_boundaries.py
+TESTS   ?= tests/test_stats.py tests/test_boundaries.py tests/test_stats_edges.py
 mutate: setup
 	$(PY) scripts/mutate.py $(if $(MODULES),--modules $(MODULES)) --tests $(TESTS)
 
