@@ -19,8 +19,7 @@ from importlib import import_module
 from typing import Any
 
 from .errors import StreetlampError
-
-__version__ = "0.1.0"
+from .version import __version__
 
 _LAZY = {
     "load": ".models.loading",

@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 
 from ...errors import StreetlampError
+from ...version import __version__
 from .folder import FORMAT_VERSION, load_folder, read_manifest
 from .palettes import palettes
 
@@ -44,8 +45,6 @@ def script_json(obj: object) -> str:
 
 def build_html(folder: Path) -> str:
     """The report page of a run folder as one string (raises StreetlampError on bad input)."""
-    from ... import __version__
-
     model, packed = load_folder(Path(folder))
     model["palettes"] = palettes()
     model["built_by"] = f"streetlamp {__version__}"
