@@ -19,7 +19,7 @@ from importlib import import_module
 from typing import Any
 
 from .errors import StreetlampError
-from .version import __version__
+from .version import __version__ as __version__
 
 _LAZY = {
     "load": ".models.loading",
