@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -286,13 +287,8 @@ def explain_long(
         w.add_array("probs", probs, axes=["output"], meaning="softmax of the explained logits")
         for m, row in res.rows.items():
             sink = long_sink(m, row, inputs.labels[0], pos, adapter.kind == "causal_lm")
-            w.add_array(
-                f"{m}.tokens",
-                row.astype(np.float32),
-                axes=["token"],
-                meaning=meaning[m],
-                **({"attention_sink": sink} if sink else {}),
-            )
+            note: dict[str, Any] = {"attention_sink": sink} if sink else {}
+            w.add_array(f"{m}.tokens", row.astype(np.float32), axes=["token"], meaning=meaning[m], **note)
             res.sinks[m] = sink
         if occ is not None:
             w.add_array(
