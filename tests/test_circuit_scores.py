@@ -410,3 +410,11 @@ def test_eap_is_the_mask_derivative_on_the_other_families(family: str, monkeypat
         assert np.all(np.abs(e[:, r, w].numpy() - d2) <= tol), (g.writers[w], g.readers[r])
         checked = max(checked, float(np.abs(d2).max() / max(tol.max(), 1e-300)))
     assert checked > 1e3  # the largest edge's value is far above its finite-difference tolerance
+
+
+def test_exact_refuses_pairs_that_are_not_edges() -> None:
+    a, b = make("gpt2")
+    pairs = encode_pairs(a, PAIRS[:1])
+    # reader 0 (L0.H0's query) reads only the embeddings: writer 1 (L0.H0 itself) is no edge of it
+    with pytest.raises(StreetlampError, match="not edges"):
+        S.exact(b, pairs, edges=(np.array([0]), np.array([1])))
