@@ -6,8 +6,9 @@ reader's input is the sum of its writers (each kept or ablated by the edge mask)
 extra term. It shares no code with the engine (``streetlamp.interventions.circuits``) beyond reading
 the same weights. Against it, for **every edge** of the graph:
 
-* EAP = the derivative ``d/dε m(x_r + ε Δ_u)`` at 0 (central float64 finite differences, with a
-  tolerance from the Richardson estimate of their truncation error) and = autograd of the hand forward;
+* EAP = autograd of the hand forward (every edge) and = the derivative ``d/dε m(x_r + ε Δ_u)`` at 0 by
+  central float64 finite differences (a seeded sample of 12 edges per prompt, and the largest edge;
+  tolerance from the Richardson estimate of their truncation error);
 * exact edge patching = ``m(x_r + Δ_u) - m(clean)`` of the hand forward.
 
 Hugging Face's Llama runs RMSNorm and the rotary tables in float32 even in a float64 model; the
