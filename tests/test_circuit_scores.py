@@ -6,8 +6,9 @@ reader's input is the sum of its writers (each kept or ablated by the edge mask)
 extra term. It shares no code with the engine (``streetlamp.interventions.circuits``) beyond reading
 the same weights. Against it, for **every edge** of the graph:
 
-* EAP = the derivative ``d/dε m(x_r + ε Δ_u)`` at 0 (central float64 finite differences, with a
-  tolerance from the Richardson estimate of their truncation error) and = autograd of the hand forward;
+* EAP = autograd of the hand forward (every edge) and = the derivative ``d/dε m(x_r + ε Δ_u)`` at 0 by
+  central float64 finite differences (a seeded sample of 12 edges per prompt, and the largest edge;
+  tolerance from the Richardson estimate of their truncation error);
 * exact edge patching = ``m(x_r + Δ_u) - m(clean)`` of the hand forward.
 
 Hugging Face's Llama runs RMSNorm and the rotary tables in float32 even in a float64 model; the
@@ -410,3 +411,11 @@ def test_eap_is_the_mask_derivative_on_the_other_families(family: str, monkeypat
         assert np.all(np.abs(e[:, r, w].numpy() - d2) <= tol), (g.writers[w], g.readers[r])
         checked = max(checked, float(np.abs(d2).max() / max(tol.max(), 1e-300)))
     assert checked > 1e3  # the largest edge's value is far above its finite-difference tolerance
+
+
+def test_exact_refuses_pairs_that_are_not_edges() -> None:
+    a, b = make("gpt2")
+    pairs = encode_pairs(a, PAIRS[:1])
+    # reader 0 (L0.H0's query) reads only the embeddings: writer 1 (L0.H0 itself) is no edge of it
+    with pytest.raises(StreetlampError, match="not edges"):
+        S.exact(b, pairs, edges=(np.array([0]), np.array([1])))
