@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import streetlamp
-
-SRC = Path(streetlamp.__file__).parent
+from tests.test_imports import modules  # the package's modules by dotted name, one reader for both tests
 
 # The written floor list: a top-level module or package of streetlamp -> its floor.
 FLOORS: dict[str, int] = {
@@ -28,14 +26,6 @@ FLOORS: dict[str, int] = {
     **dict.fromkeys(["commands", "serve"], 8),
     **dict.fromkeys(["cli", "api", "__main__", ""], 9),  # "": the package itself (its lazy front door)
 }
-
-
-def modules() -> dict[str, Path]:
-    out = {}
-    for p in sorted(SRC.rglob("*.py")):
-        parts = ("streetlamp",) + p.relative_to(SRC).with_suffix("").parts
-        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
-    return out
 
 
 def _type_checking(node: ast.If) -> bool:
