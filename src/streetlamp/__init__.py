@@ -42,8 +42,8 @@ _API = (
     "evaluate",
     "replicate",
     "benchmark",
-    "probe",
     "cot",
+    "probe",
     "RunResult",
 )  # one function per command that runs (api.names(); the same list: tests/test_cli_api.py)
 

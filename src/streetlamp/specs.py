@@ -169,7 +169,7 @@ def _pairs(spec: str, flag: str, dotted: bool) -> dict[str, Any]:
     for part in _PAIR_START.split(spec):
         name, eq, value = part.partition("=")
         name = name.strip()
-        if not eq or not key.fullmatch(name) or not value.strip():
+        if not eq or not key.fullmatch(name) or not value.strip() or value.strip().endswith(","):
             raise StreetlampError(
                 f"{flag} {part.strip()!r}: give JSON or {'METHOD.PARAM' if dotted else 'PARAM'}=VALUE pairs, "
                 f"comma-separated, e.g. {example}"
