@@ -39,6 +39,7 @@ from ..interventions.circuits import tasks as T
 from ..interventions.circuits.blocks import Blocks
 from ..interventions.circuits.graph import Graph
 from ..models.adapter import ModelAdapter
+from ..report import circuit as fig
 from ..stats import resample_indices
 from ..store.run_folder import RunFolder
 
@@ -329,9 +330,14 @@ def run_circuit(adapter: ModelAdapter, out: RunFolder | Path, s: CircuitSettings
                 json.dumps(mib_json(g, r.scores.mean, r.mask, adapter.d_model))
             )
             files[f"circuit.{name}.json"] = f"the {name} circuit at size {chosen:g} in MIB's edge-dict format"
+        fig.faithfulness_curves(ft, f"{adapter.name}: {s.task}, {s.ablation} ablation", w.path / "faithfulness.png")
+        w.add_figure(
+            file="faithfulness.png", shows="faithfulness over circuit sizes, 95% bootstrap bands, random baseline"
+        )
         w.write_manifest(
             {
                 "model": adapter.describe(),
+                "tables": report_tables(res),
                 "task": {"name": s.task, "n_prompts": len(pairs), "templates": sorted(set(pairs.templates))},
                 "methods": list(s.methods),
                 "parameters": {
@@ -353,6 +359,39 @@ def run_circuit(adapter: ModelAdapter, out: RunFolder | Path, s: CircuitSettings
             }
         )
     return res
+
+
+def report_tables(res: CircuitResult) -> list[dict]:
+    """The report's tables (``manifest["tables"]``): faithfulness per method and size, and each method's
+    top circuit edges at the chosen size."""
+    cols = ["method", "size_fraction", "n_edges", "faithfulness", "ci_low", "ci_high", "random_faithfulness"]
+    f = res.faithfulness[cols]
+    out = [
+        {
+            "title": f"faithfulness over circuit sizes ({res.ablation} ablation, 95% bootstrap over prompts)",
+            "columns": cols,
+            "rows": [[_plain_value(v) for v in r] for r in f.itertuples(index=False)],
+        }
+    ]
+    ecols = ["source", "target", "input", "score", "ci_low", "ci_high", "inclusion"]
+    for name in res.methods:
+        e = res.edges[(res.edges["method"] == name) & res.edges["in_circuit"]]
+        e = e.reindex(e["score"].abs().sort_values(ascending=False).index).head(max(res.top, 20))
+        out.append(
+            {
+                "title": f"top edges of the {name} circuit at size {res.size:g}",
+                "note": "score = m(edge ablated) - m(model), mean over prompts; inclusion: share of bootstrap "
+                "circuits holding the edge",
+                "columns": ecols,
+                "rows": [[_plain_value(v) for v in r] for r in e[ecols].itertuples(index=False)],
+            }
+        )
+    return out
+
+
+def _plain_value(v: Any) -> Any:
+    v = v.item() if hasattr(v, "item") else v
+    return None if isinstance(v, float) and not np.isfinite(v) else v
 
 
 def _plain(d: dict) -> dict:
