@@ -133,6 +133,18 @@ def test_tables_match_the_engine(run: tuple[Path, str], engine) -> None:
     row = ft[(ft["method"] == "eap") & np.isclose(ft["size_fraction"], chosen)].iloc[0]
     assert f"faithfulness {row['faithfulness']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]" in printed
     assert "heads and MLPs it joins:" in printed and f"output: {out}/" in printed
+    # the report: the generic view's tables are the stored ones, the curves figure is listed
+    assert [t["title"].split(" (")[0] for t in m["tables"]][:1] == ["faithfulness over circuit sizes"]
+    top = m["tables"][1]
+    assert top["title"].startswith("top edges of the eap circuit") and len(top["rows"]) == min(
+        20, int(e["in_circuit"].sum())
+    )
+    assert {tuple(r[:3]) for r in top["rows"]} <= set(
+        map(tuple, e[e["in_circuit"]][["source", "target", "input"]].values)
+    )
+    assert [f["file"] for f in m["figures"]] == ["faithfulness.png"] and (out / "faithfulness.png").is_file()
+    html = (out / "report.html").read_text()
+    assert "top edges of the eap circuit" in html
 
 
 def test_mib_json_is_the_parquet_circuit(run: tuple[Path, str], engine) -> None:
