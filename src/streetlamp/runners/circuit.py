@@ -58,7 +58,7 @@ def task_pairs(task: str, limit: int, seed: int, ablation: str, two_digit: bool 
     if task in T.TASKS:
         if task == "greater-than":
             return T.greater_than(limit, seed, two_digit=two_digit)
-        return T.TASKS[task](limit, seed)
+        return T.ioi(limit, seed) if task == "ioi" else T.induction(limit, seed)
     p = Path(task)
     if p.suffix.lower() != ".csv":
         raise StreetlampError(f"unknown task {task!r}; choose ioi, greater-than, induction or a .csv file of pairs")
@@ -274,15 +274,16 @@ def run_circuit(adapter: ModelAdapter, out: RunFolder | Path, s: CircuitSettings
     for name in s.methods:
         sc = edge_scores(blocks, pairs, name, s.ablation, s.metric, s.steps, rows_of(s.batch_size, pairs, 16))
         sw = F.sweep(blocks, pairs, sc, sizes, s.random, s.bootstrap, LEVEL, s.seed, rows_of(s.batch_size, pairs, 32))
+        table: Any = sw.table  # a pandas DataFrame
         if chosen is None:
-            chosen = choose_size(sw.table, None)
-        j = int(np.flatnonzero(np.isclose(sw.table["size_fraction"], chosen))[0])
-        k = int(sw.table["n_edges_requested"].iloc[j])
+            chosen = choose_size(table, None)
+        j = int(np.flatnonzero(np.isclose(table["size_fraction"], chosen))[0])
+        k = int(table["n_edges_requested"].iloc[j])
         inc = F.inclusion_frequency(g, sc, k, s.bootstrap, s.seed)
         lo, hi = edge_intervals(g, sc.per_prompt, s.bootstrap, s.seed)
         mask = sw.masks[j]
-        methods[name] = MethodResult(sc, sw, mask, inc, sw.table.iloc[j].to_dict())
-        tables.append(sw.table)
+        methods[name] = MethodResult(sc, sw, mask, inc, table.iloc[j].to_dict())
+        tables.append(table)
         sm = sw.summary
         areas.append(
             {
