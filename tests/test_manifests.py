@@ -60,6 +60,7 @@ KEYS = {
     "evaluate": HEADER | {"model_info", "removal_rule", "replacement_token", "settings", "skipped_too_long"},
     "benchmark": HEADER | {"files", "method_params", "methods", "n_examples", "quantity", "seed", "tasks"},
     "lens": HEADER | {"arrays", "figures", "model", "parameters", "seed", "summary", "tables"},
+    "circuit": HEADER | {"figures", "files", "methods", "model", "parameters", "seed", "summary", "tables", "task"},
 }
 
 
@@ -87,11 +88,14 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         + "\n".join(f"{WORDS[i]} {WORDS[i + 1]} {WORDS[i + 2]},{['neg', 'neu', 'pos'][i % 3]}" for i in range(8))
         + "\n"
     )
+    pairs = t / "pairs.csv"
+    pairs.write_text("clean,corrupt,answer,wrong\nthe movie was good,the film was bad, good, bad\n")
     return {
         "bert": save_tiny("bert", t / "bert", seed=1),
         "gpt2": save_tiny("gpt2", t / "gpt2", seed=1),
         "llama": save_tiny("llama", t / "llama", seed=1),
         "data": data,
+        "pairs": pairs,
     }
 
 
@@ -161,6 +165,8 @@ def argv(command: str, s: dict[str, Path]) -> list[str]:
             "--types-seqs",
             "1",
         ],
+        "circuit": ["circuit", "--model", str(s["llama"]), "--task", str(s["pairs"]), "--methods", "eap"]
+        + ["--sizes", "0.1,1", "--bootstrap", "5"],
     }[command]
 
 

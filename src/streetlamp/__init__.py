@@ -43,6 +43,7 @@ _API = (
     "benchmark",
     "cot",
     "probe",
+    "circuit",
     "RunResult",
 )  # one function per command that runs (api.names(); the same list: tests/test_cli_api.py)
 

@@ -9,6 +9,7 @@ Importing this package imports no torch (``streetlamp --help`` reads it).
 from __future__ import annotations
 
 from .base import Command, Lines, execute
+from .circuit import CIRCUIT
 from .cot import COT
 from .evaluate import BENCHMARK, EVALUATE
 from .explain import EXPLAIN, EXPLAIN_GENERATION
@@ -37,6 +38,7 @@ COMMANDS: list[Command] = [
     SERVE,
     COT,
     PROBE,
+    CIRCUIT,
 ]
 
 

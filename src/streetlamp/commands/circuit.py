@@ -1,0 +1,142 @@
+"""``circuit``: edge scores (EAP, EAP-IG, exact edge patching), the circuit at each size and its
+faithfulness with bootstrap intervals (METHODS.md §9; the computation: :mod:`streetlamp.runners.circuit`).
+
+Every refusal is made before anything is written: the task, methods, sizes and ablation in
+:meth:`CircuitSettings.check` (no model needed: a pairs file is read there), the pairs against the
+tokenizer (equal token lengths, one-token answers) and the model's family in
+:meth:`CircuitSettings.validate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import StreetlampError
+from ..settings import Settings, Shared, at_least, option
+from ..specs import split_list
+from .base import Command
+
+if TYPE_CHECKING:
+    from ..models.adapter import ModelAdapter
+
+# the user's method names -> the core's (``eap-ig`` is EAP-IG with the inputs interpolated)
+METHODS = {
+    "eap": "eap",
+    "eap-ig": "eap-ig-inputs",
+    "eap-ig-inputs": "eap-ig-inputs",
+    "eap-ig-activations": "eap-ig-activations",
+    "exact": "exact",
+}
+TASKS = ("ioi", "greater-than", "induction")
+DEFAULT_SIZES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)  # MIB's sweep, 0.1% .. 50%
+
+
+def parse_sizes(spec: str | list | tuple) -> list[float]:
+    """``--sizes 0.01,0.1,0.5`` (fractions of the graph's edges); each in (0, 1]."""
+    items = split_list(spec) if isinstance(spec, str) else list(spec)
+    out = []
+    for s in items:
+        try:
+            v = float(s)
+        except (TypeError, ValueError):
+            raise StreetlampError(f"bad circuit size {s!r}: give fractions of the edges, e.g. 0.01,0.1,0.5") from None
+        out.append(v)
+    if not out:
+        raise StreetlampError("give at least one circuit size")
+    for v in out:
+        check_size(v)
+    return sorted(set(out))
+
+
+def check_size(v: float) -> None:
+    if not (0 < v <= 1):  # NaN fails too
+        raise StreetlampError(f"circuit size {v:g} is outside (0, 1]: sizes are fractions of the graph's edges")
+
+
+def parse_circuit_methods(spec: str | list[str]) -> list[str]:
+    names = split_list(spec)
+    bad = [m for m in names if m not in METHODS]
+    if bad or not names:
+        raise StreetlampError(f"unknown circuit method(s) {bad}; choose from {', '.join(METHODS)}")
+    out: list[str] = []
+    for m in names:
+        if METHODS[m] not in out:
+            out.append(METHODS[m])
+    return out
+
+
+@dataclass
+class CircuitSettings(Settings):
+    task: str = option("ioi", help="ioi, greater-than, induction, or a CSV of pairs (clean,corrupt,answer,wrong)")
+    methods: list[str] = option(
+        default_factory=lambda: ["eap", "eap-ig-inputs"],
+        parse=parse_circuit_methods,
+        help="comma-separated: eap, eap-ig (= eap-ig-inputs), eap-ig-activations, exact (default eap,eap-ig)",
+    )
+    sizes: list[float] = option(
+        default_factory=lambda: list(DEFAULT_SIZES),
+        parse=parse_sizes,
+        help="circuit sizes as fractions of the edges, each in (0, 1] (default 0.001..0.5)",
+    )
+    size: float | None = option(
+        None,
+        type=float,
+        help="the circuit printed and written as JSON (default: the smallest swept size with faithfulness "
+        ">= 0.8 by the first method, else the largest)",
+    )
+    ablation: str = option(
+        "patch",
+        choices=("patch", "mean", "zero"),
+        help="what an edge outside the circuit carries: the corrupted run's value (patch), the mean over the "
+        "clean prompts' tokens, or zero",
+    )
+    metric: str = option("logit_diff", choices=("logit_diff", "prob_diff"), help="task metric: answer minus wrong")
+    bootstrap: int = option(200, help="bootstrap resamples of the prompts for every interval")
+    steps: int = option(5, help="EAP-IG interpolation steps")
+    limit: int = option(8, help="prompts (generated for a built-in task; the first rows of a CSV)")
+    random: int = option(3, help="random circuits per size for the baseline")
+    top: int = option(10, help="edges printed")
+    exact_max: int = option(200_000, help="refuse exact patching above this many (prompt, edge) forwards")
+
+    def check(self) -> None:
+        super().check()
+        at_least(self.limit, 1, "--limit")
+        at_least(self.bootstrap, 1, "--bootstrap")
+        at_least(self.steps, 1, "--steps")
+        at_least(self.random, 0, "--random")
+        at_least(self.top, 1, "--top")
+        if self.size is not None:
+            check_size(self.size)
+        from ..runners.circuit import task_pairs
+
+        task_pairs(self.task, self.limit, self.seed, self.ablation)  # the task and its file, refused now
+
+    def validate(self, adapter: ModelAdapter) -> None:
+        from ..interventions.circuits.blocks import check_supported
+        from ..runners.circuit import encoded_pairs, n_edges_of
+
+        check_supported(adapter)
+        pairs = encoded_pairs(adapter, self)
+        if "exact" in self.methods and len(pairs) * n_edges_of(adapter) > self.exact_max:
+            raise StreetlampError(
+                f"exact patching would run {len(pairs) * n_edges_of(adapter)} forwards ({len(pairs)} prompts x "
+                f"{n_edges_of(adapter)} edges), above --exact-max {self.exact_max}; lower --limit or raise --exact-max"
+            )
+
+
+def run_circuit(adapter: ModelAdapter, s: CircuitSettings, out: Any, opts: Any) -> Any:
+    from ..runners.circuit import run_circuit as run
+
+    return run(adapter, out, s)
+
+
+CIRCUIT = Command(
+    "circuit",
+    "circuit discovery: edge scores (EAP, EAP-IG, exact patching), the top-k circuit over a sweep of sizes "
+    "and its faithfulness with bootstrap intervals, a random baseline, CPR/CMD",
+    CircuitSettings,
+    run_circuit,
+    shared=Shared(model="smollm2-135m", out="output folder (default runs/circuit-<time>)"),
+    views=("generic",),
+)

@@ -1,0 +1,399 @@
+"""``streetlamp circuit``: task pairs -> edge scores by each method -> the faithfulness sweep over
+circuit sizes (bootstrap intervals, random baseline, CPR/CMD) -> the circuit at the chosen size.
+
+Everything is computed by the circuit engine (:mod:`streetlamp.interventions.circuits`); this module
+chooses, tabulates and writes. Files of the run folder (each described in ``manifest["files"]``):
+
+* ``edges.parquet``: every edge of every method: ``source``, ``target``, ``input`` (q/k/v/mlp/logits),
+  ``score`` (mean over prompts of ``m(edge ablated) - m(clean)``), ``method``, ``ci_low``/``ci_high``
+  (percentile bootstrap over prompts of that mean), ``inclusion`` (share of resamples whose top-k circuit
+  at the chosen size holds the edge), ``in_circuit`` (in the chosen circuit). Nodes: ``embed``,
+  ``L{l}.H{h}``, ``L{l}.MLP``, ``logits``; with grouped-query attention the k and v inputs are read per
+  key/value group, ``L{l}.KV{g}``.
+* ``faithfulness.csv``: one row per method and size (``method``, ``size_fraction``, ``n_edges``,
+  ``faithfulness``, ``ci_low``, ``ci_high``, the random baseline's columns, ablation, metric).
+* ``areas.csv``: CPR and CMD per method with intervals, the random baseline's CPR, m(M) and m(∅).
+* ``pairs.csv``: the prompts used.
+* ``circuit.<method>.json``: the chosen circuit in the MIB edge-dict format (the ``Graph.to_json`` of
+  the EAP-IG / MIB circuit-track code: ``cfg``, ``nodes`` ``{name: {in_graph}}``, ``edges``
+  ``{"a0.h1->m2": {score, in_graph}}``, attention inputs as ``->a3.h0<q>``; nodes ``input``,
+  ``a{l}.h{h}``, ``m{l}``, ``logits``). A key/value group's edge is written once per head of the group
+  (the same score and membership: patching the group's input patches every head that shares it).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ..errors import StreetlampError
+from ..interventions.circuits import faithfulness as F
+from ..interventions.circuits import scores as S
+from ..interventions.circuits import tasks as T
+from ..interventions.circuits.blocks import Blocks
+from ..interventions.circuits.graph import Graph
+from ..models.adapter import ModelAdapter
+from ..report import circuit as fig
+from ..stats import resample_indices
+from ..store.run_folder import RunFolder
+
+if TYPE_CHECKING:
+    from ..commands.circuit import CircuitSettings
+
+LEVEL = 0.95
+CHOOSE_AT = 0.8  # the default chosen size: the smallest swept size whose faithfulness reaches this
+
+
+# -- the task's pairs ---------------------------------------------------------------------------------
+def task_pairs(task: str, limit: int, seed: int, ablation: str, two_digit: bool = True) -> list[T.TaskPair]:
+    """The pairs of ``task`` (a built-in generator or a CSV file), at most ``limit``. A CSV without a
+    ``corrupt`` column serves mean and zero ablation (its corrupted prompt is the clean one, unused);
+    ``patch`` needs corrupted prompts."""
+    if task in T.TASKS:
+        if task == "greater-than":
+            return T.greater_than(limit, seed, two_digit=two_digit)
+        return T.ioi(limit, seed) if task == "ioi" else T.induction(limit, seed)
+    p = Path(task)
+    if p.suffix.lower() != ".csv":
+        raise StreetlampError(f"unknown task {task!r}; choose ioi, greater-than, induction or a .csv file of pairs")
+    if not p.is_file():
+        raise StreetlampError(f"task file {p} does not exist")
+    try:
+        with p.open(newline="", encoding="utf-8") as f:
+            cols = set(next(csv.reader(f), []))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise StreetlampError(f"cannot read pairs from {p}: {e}") from None
+    if "corrupt" in cols:
+        return T.read_pairs(p)[:limit]
+    if ablation == "patch":
+        raise StreetlampError(
+            f"{p} has no corrupt column: --ablation patch needs corrupted prompts (give them, or --ablation mean|zero)"
+        )
+    need = {"clean", "answer", "wrong"}
+    with p.open(newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or not need <= cols:
+        raise StreetlampError(f"{p}: need a header with columns clean,answer,wrong (and corrupt for patching)")
+    out = []
+    for i, r in enumerate(rows[:limit]):
+        if any(not (r.get(c) or "").strip() for c in need):
+            raise StreetlampError(f"{p}: row {i + 1} has an empty clean, answer or wrong")
+        out.append(T.TaskPair(r["clean"], r["clean"], r["answer"], r["wrong"], 0))
+    return out
+
+
+def _two_digit(adapter: ModelAdapter) -> bool:
+    """Greater-than answers two-digit years where the tokenizer reads ``42`` as one token, else digits."""
+    return len(adapter.tokenizer("42", add_special_tokens=False)["input_ids"]) == 1
+
+
+def pairs_for(adapter: ModelAdapter, s: CircuitSettings) -> list[T.TaskPair]:
+    return task_pairs(s.task, s.limit, s.seed, s.ablation, two_digit=_two_digit(adapter))
+
+
+def encoded_pairs(adapter: ModelAdapter, s: CircuitSettings) -> T.PairSet:
+    """The pairs checked against the tokenizer (equal token lengths, one-token answers that differ)."""
+    return T.encode_pairs(adapter, pairs_for(adapter, s))
+
+
+def n_edges_of(adapter: ModelAdapter) -> int:
+    return Graph(adapter.n_layers, adapter.n_heads, adapter.n_kv_heads).n_edges
+
+
+# -- the computation ----------------------------------------------------------------------------------
+def rows_of(budget: int | None, pairs: T.PairSet, default: int) -> int:
+    """Rows per forward pass from the ``--batch-size`` token budget (the padded length of the pairs)."""
+    if budget is None:
+        return default
+    return max(1, budget // max(1, int(pairs.clean.input_ids.shape[1])))
+
+
+def edge_scores(
+    blocks: Blocks, pairs: T.PairSet, method: str, ablation: str, metric: str, steps: int, rows: int
+) -> S.EdgeScores:
+    if method == "eap":
+        return S.eap(blocks, pairs, metric, ablation, batch_size=rows)
+    if method.startswith("eap-ig-"):
+        return S.eap_ig(blocks, pairs, steps, method.removeprefix("eap-ig-"), metric, ablation, batch_size=rows)
+    if method == "exact":
+        return S.exact(blocks, pairs, metric, ablation, batch_size=rows)
+    raise StreetlampError(f"unknown circuit method {method!r}")
+
+
+def edge_intervals(graph: Graph, per_prompt: torch.Tensor, n_boot: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-edge percentile bootstrap interval ``[R, U]`` (low, high) of the mean score over prompts: the
+    resamples of :func:`streetlamp.stats.resample_indices` and the quantiles of
+    :func:`streetlamp.stats.percentile_interval`, vectorised over the edges."""
+    s = per_prompt.sum(1) if per_prompt.dim() == 4 else per_prompt
+    r, w = graph.edge_index()
+    v = s.double().cpu().numpy()[:, r, w]  # [n, E]
+    lo = np.full((graph.n_readers, graph.n_writers), np.nan)
+    hi = lo.copy()
+    if v.shape[0] >= 2:
+        means = v[resample_indices(v.shape[0], n_boot, seed)].mean(1)  # [boot, E]
+        q = np.quantile(means, [(1 - LEVEL) / 2, (1 + LEVEL) / 2], axis=0)
+        lo[r, w], hi[r, w] = q[0], q[1]
+    return lo, hi
+
+
+def mib_name(node: str) -> str:
+    if node == "embed":
+        return "input"
+    if node == "logits":
+        return "logits"
+    layer, rest = node.split(".")
+    return f"m{layer[1:]}" if rest == "MLP" else f"a{layer[1:]}.h{rest[1:]}"
+
+
+def mib_json(graph: Graph, scores: torch.Tensor, mask: torch.Tensor, d_model: int) -> dict:
+    """The circuit ``mask`` (``[R, U]`` bool) with its ``scores`` in MIB's edge-dict format."""
+    edges: dict[str, dict] = {}
+    s = scores.detach().double().cpu().numpy()
+    m = mask.cpu().numpy()
+    for i, j in zip(*graph.edge_index()):
+        rd = graph.readers[i]
+        src = mib_name(graph.writers[j])
+        if rd.input in ("q", "k", "v"):
+            heads = [graph.writers[o] for o in rd.owners]  # a key/value group: every head that shares it
+            for h in heads:
+                edges[f"{src}->{mib_name(h)}<{rd.input}>"] = {"score": float(s[i, j]), "in_graph": bool(m[i, j])}
+        else:
+            edges[f"{src}->{mib_name(rd.node)}"] = {"score": float(s[i, j]), "in_graph": bool(m[i, j])}
+    used = {"input", "logits"}
+    for name, e in edges.items():
+        if e["in_graph"]:
+            a, b = name.split("->")
+            used |= {a, b.split("<")[0]}
+    nodes = {mib_name(w): {"in_graph": mib_name(w) in used} for w in graph.writers}
+    nodes["logits"] = {"in_graph": True}
+    cfg = {"n_layers": graph.n_layers, "n_heads": graph.n_heads, "parallel_attn_mlp": False, "d_model": d_model}
+    return {"cfg": cfg, "nodes": nodes, "edges": edges}
+
+
+def choose_size(table: Any, size: float | None) -> float:
+    """``size`` when given, else the smallest swept size whose faithfulness reaches CHOOSE_AT (else the largest)."""
+    if size is not None:
+        return size
+    ok = table[table["faithfulness"] >= CHOOSE_AT]
+    return float(ok["size_fraction"].min() if len(ok) else table["size_fraction"].max())
+
+
+@dataclass
+class MethodResult:
+    scores: S.EdgeScores
+    sweep: F.Sweep
+    mask: torch.Tensor  # the chosen circuit
+    inclusion: torch.Tensor  # [R, U]
+    row: dict  # the faithfulness row at the chosen size
+
+
+@dataclass
+class CircuitResult:
+    out: Path
+    model: str
+    task: str
+    n_prompts: int
+    ablation: str
+    metric: str
+    size: float
+    methods: dict[str, MethodResult]
+    edges: Any  # pandas DataFrame (edges.parquet)
+    faithfulness: Any  # faithfulness.csv
+    areas: Any  # areas.csv
+    top: int = 10
+    nodes: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        first = next(iter(self.methods))
+        s0 = self.methods[first].sweep.summary
+        out = [
+            f"circuit on {self.model}: task {self.task}, {self.n_prompts} prompts, ablation {self.ablation}, "
+            f"metric {self.metric}: m(model) {s0['m_full']:.4g}, m(empty circuit) {s0['m_empty']:.4g}"
+        ]
+        for name, r in self.methods.items():
+            s = r.sweep.summary
+            out.append(
+                f"{name}: CPR {s['cpr']:.3f} [{s['cpr_ci'][0]:.3f}, {s['cpr_ci'][1]:.3f}], CMD {s['cmd']:.3f} "
+                f"[{s['cmd_ci'][0]:.3f}, {s['cmd_ci'][1]:.3f}] (random CPR {s['random_cpr']:.3f}; 95% bootstrap)"
+            )
+        for name, r in self.methods.items():
+            row = r.row
+            out.append(
+                f"circuit at {self.size:g} of the edges by {name}: {row['n_edges']} edges, faithfulness "
+                f"{row['faithfulness']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}] "
+                f"(random circuits {row['random_faithfulness']:.3f})"
+            )
+        r = self.methods[first]
+        e = self.edges[(self.edges["method"] == first) & self.edges["in_circuit"]]
+        e = e.reindex(e["score"].abs().sort_values(ascending=False).index).head(self.top)
+        out.append(f"top edges of the {first} circuit (score = m(edge ablated) - m(model); inclusion):")
+        out += [
+            f"  {x.source} -> {x.target} ({x.input}): {x.score:+.4g} [{x.ci_low:+.4g}, {x.ci_high:+.4g}]; "
+            f"{x.inclusion:.2f}"
+            for x in e.itertuples()
+        ]
+        out.append("heads and MLPs it joins: " + (", ".join(self.nodes) if self.nodes else "none"))
+        inc = r.inclusion[r.mask].numpy()
+        if inc.size:
+            stable = int((inc >= 0.9).sum())
+            verdict = "stable" if stable >= inc.size / 2 else "NOT stable across resampled prompts"
+            out.append(
+                f"stability: {stable} of {inc.size} circuit edges are in >= 90% of the bootstrap circuits ({verdict})"
+            )
+        return out + [f"output: {self.out}/"]
+
+
+def joined_nodes(graph: Graph, mask: torch.Tensor) -> list[str]:
+    """The heads and MLPs of a circuit (a key/value group's reader counted as its heads), in graph order."""
+    names: set[str] = set()
+    for i, j in zip(*np.nonzero(mask.numpy())):
+        names.add(graph.writers[j])
+        rd = graph.readers[i]
+        names |= {graph.writers[o] for o in rd.owners}
+    return [w for w in graph.writers if w in names and w != "embed"]
+
+
+def run_circuit(adapter: ModelAdapter, out: RunFolder | Path, s: CircuitSettings) -> CircuitResult:
+    import pandas as pd
+
+    rf = RunFolder.of(out, "circuit")
+    raw = pairs_for(adapter, s)
+    pairs = T.encode_pairs(adapter, raw)
+    blocks = Blocks(adapter)
+    g = blocks.graph
+    sizes = sorted(set(s.sizes) | ({s.size} if s.size is not None else set()))
+    methods: dict[str, MethodResult] = {}
+    tables, areas, edges = [], [], []
+    chosen: float | None = s.size
+    for name in s.methods:
+        sc = edge_scores(blocks, pairs, name, s.ablation, s.metric, s.steps, rows_of(s.batch_size, pairs, 16))
+        sw = F.sweep(blocks, pairs, sc, sizes, s.random, s.bootstrap, LEVEL, s.seed, rows_of(s.batch_size, pairs, 32))
+        table: Any = sw.table  # a pandas DataFrame
+        if chosen is None:
+            chosen = choose_size(table, None)
+        j = int(np.flatnonzero(np.isclose(table["size_fraction"], chosen))[0])
+        k = int(table["n_edges_requested"].iloc[j])
+        inc = F.inclusion_frequency(g, sc, k, s.bootstrap, s.seed)
+        lo, hi = edge_intervals(g, sc.per_prompt, s.bootstrap, s.seed)
+        mask = sw.masks[j]
+        methods[name] = MethodResult(sc, sw, mask, inc, table.iloc[j].to_dict())
+        tables.append(table)
+        sm = sw.summary
+        areas.append(
+            {
+                "method": name,
+                "ablation": sm["ablation"],
+                "metric": sm["metric"],
+                "cpr": sm["cpr"],
+                "cpr_ci_low": sm["cpr_ci"][0],
+                "cpr_ci_high": sm["cpr_ci"][1],
+                "cmd": sm["cmd"],
+                "cmd_ci_low": sm["cmd_ci"][0],
+                "cmd_ci_high": sm["cmd_ci"][1],
+                "random_cpr": sm["random_cpr"],
+                "m_full": sm["m_full"],
+                "m_empty": sm["m_empty"],
+                "n_prompts": sm["n_prompts"],
+                "n_boot": sm["n_boot"],
+            }
+        )
+        edges.append(
+            g.edges_table(sc.mean, name, ci_low=lo, ci_high=hi, inclusion=inc.numpy(), in_circuit=mask.numpy())
+        )
+    assert chosen is not None
+    et, ft, at = pd.concat(edges, ignore_index=True), pd.concat(tables, ignore_index=True), pd.DataFrame(areas)
+    first = s.methods[0]
+    res = CircuitResult(
+        rf.out, adapter.name, s.task, len(pairs), s.ablation, s.metric, chosen, methods, et, ft, at, s.top,
+        joined_nodes(g, methods[first].mask),
+    )  # fmt: skip
+    with rf.staging() as w:
+        et.to_parquet(w.path / "edges.parquet", index=False)
+        ft.to_csv(w.path / "faithfulness.csv", index=False)
+        at.to_csv(w.path / "areas.csv", index=False)
+        pd.DataFrame([vars(p) for p in raw]).to_csv(w.path / "pairs.csv", index=False)
+        files = {
+            "edges.parquet": "every edge of every method: score (mean over prompts of m(edge ablated) - m(model)), "
+            "its 95% bootstrap interval, inclusion frequency and membership at the chosen size",
+            "faithfulness.csv": "faithfulness f(C) = (m(C) - m(empty)) / (m(model) - m(empty)) per method and size, "
+            "95% bootstrap interval over prompts, random-circuit baseline",
+            "areas.csv": "CPR (area under f) and CMD (area between f and 1) per method, with intervals",
+            "pairs.csv": "the clean / corrupted prompts, answers and templates used",
+        }
+        for name, r in methods.items():
+            (w.path / f"circuit.{name}.json").write_text(
+                json.dumps(mib_json(g, r.scores.mean, r.mask, adapter.d_model))
+            )
+            files[f"circuit.{name}.json"] = f"the {name} circuit at size {chosen:g} in MIB's edge-dict format"
+        fig.faithfulness_curves(ft, f"{adapter.name}: {s.task}, {s.ablation} ablation", w.path / "faithfulness.png")
+        w.add_figure(
+            file="faithfulness.png", shows="faithfulness over circuit sizes, 95% bootstrap bands, random baseline"
+        )
+        w.write_manifest(
+            {
+                "model": adapter.describe(),
+                "tables": report_tables(res),
+                "task": {"name": s.task, "n_prompts": len(pairs), "templates": sorted(set(pairs.templates))},
+                "methods": list(s.methods),
+                "parameters": {
+                    "sizes": sizes,
+                    "size": chosen,
+                    "ablation": s.ablation,
+                    "metric": s.metric,
+                    "bootstrap": s.bootstrap,
+                    "level": LEVEL,
+                    "steps": s.steps,
+                    "limit": s.limit,
+                    "random": s.random,
+                    "batch_size": s.batch_size,
+                    "graph": {"writers": g.n_writers, "readers": g.n_readers, "edges": g.n_edges},
+                },
+                "summary": {n: {**r.sweep.summary, "chosen": _plain(r.row)} for n, r in methods.items()},
+                "files": files,
+                "seed": s.seed,
+            }
+        )
+    return res
+
+
+def report_tables(res: CircuitResult) -> list[dict]:
+    """The report's tables (``manifest["tables"]``): faithfulness per method and size, and each method's
+    top circuit edges at the chosen size."""
+    cols = ["method", "size_fraction", "n_edges", "faithfulness", "ci_low", "ci_high", "random_faithfulness"]
+    f = res.faithfulness[cols]
+    out = [
+        {
+            "title": f"faithfulness over circuit sizes ({res.ablation} ablation, 95% bootstrap over prompts)",
+            "columns": cols,
+            "rows": [[_plain_value(v) for v in r] for r in f.itertuples(index=False)],
+        }
+    ]
+    ecols = ["source", "target", "input", "score", "ci_low", "ci_high", "inclusion"]
+    for name in res.methods:
+        e = res.edges[(res.edges["method"] == name) & res.edges["in_circuit"]]
+        e = e.reindex(e["score"].abs().sort_values(ascending=False).index).head(max(res.top, 20))
+        out.append(
+            {
+                "title": f"top edges of the {name} circuit at size {res.size:g}",
+                "note": "score = m(edge ablated) - m(model), mean over prompts; inclusion: share of bootstrap "
+                "circuits holding the edge",
+                "columns": ecols,
+                "rows": [[_plain_value(v) for v in r] for r in e[ecols].itertuples(index=False)],
+            }
+        )
+    return out
+
+
+def _plain_value(v: Any) -> Any:
+    v = v.item() if hasattr(v, "item") else v
+    return None if isinstance(v, float) and not np.isfinite(v) else v
+
+
+def _plain(d: dict) -> dict:
+    return {k: (v.item() if hasattr(v, "item") else v) for k, v in d.items()}

@@ -1,0 +1,255 @@
+"""``streetlamp circuit`` through ``streetlamp.cli.main`` on a tiny grouped-query Llama (4 heads, 2
+key/value groups): every stored table read back with pandas and checked against the circuit engine's
+functions called here directly (the scores, f at the smallest size, f = 1 at full size, CPR/CMD, the
+per-edge bootstrap intervals against ``stats.bootstrap_ci``, inclusion frequencies), the MIB JSON
+against the Parquet circuit, and bad input refused in one line, exit 2, with no folder written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from streetlamp.cli import main
+from streetlamp.interventions.circuits import faithfulness as F
+from streetlamp.interventions.circuits import scores as S
+from streetlamp.interventions.circuits.blocks import Blocks
+from streetlamp.interventions.circuits.tasks import encode_pairs, read_pairs
+from streetlamp.models.loading import load
+from streetlamp.models.tiny import save_tiny
+from streetlamp.stats import bootstrap_ci
+from tests.conftest import f32_tol
+
+PAIRS = """clean,corrupt,answer,wrong
+when mary and john went to the store john gave a drink to,when mary and john went to the store mary gave a drink to, mary, john
+the movie was good and the acting,the film was bad and the acting, good, bad
+the story was fun and the plot,the story was boring and the plot, fun, boring
+when john and mary went to the store mary gave a drink to,when john and mary went to the store john gave a drink to, john, mary
+"""
+SIZES = [0.05, 0.2, 1.0]
+BOOT = 40
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    t = tmp_path_factory.mktemp("circuit")
+    (t / "pairs.csv").write_text(PAIRS)
+    (t / "nocorrupt.csv").write_text(
+        "clean,answer,wrong\n" + "\n".join(",".join(r.split(",")[i] for i in (0, 2, 3)) for r in PAIRS.splitlines()[1:])
+    )
+    return {"dir": t, "llama": save_tiny("llama", t / "llama", seed=1), "bert": save_tiny("bert", t / "bert", seed=1)}
+
+
+@pytest.fixture(scope="module")
+def run(setup: dict[str, Path]) -> tuple[Path, str]:
+    out = setup["dir"] / "run"
+    args = ["circuit", "--model", str(setup["llama"]), "--task", str(setup["dir"] / "pairs.csv"), "--out", str(out)]
+    args += ["--methods", "eap,exact", "--sizes", ",".join(map(str, SIZES)), "--bootstrap", str(BOOT), "--seed", "3"]
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(args) == 0
+    return out, buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def engine(setup: dict[str, Path]):
+    a = load(setup["llama"])
+    b = Blocks(a)
+    pairs = encode_pairs(a, read_pairs(setup["dir"] / "pairs.csv"))
+    return a, b, pairs
+
+
+def test_tables_match_the_engine(run: tuple[Path, str], engine) -> None:
+    out, printed = run
+    a, b, pairs = engine
+    g = b.graph
+    # float32 rounding relative to the size of the quantities compared (the tiny model's logit differences
+    # and edge scores are ~1e-2, so the tolerance is scaled to them: f32_tol is for O(1) values)
+    scale = float(np.abs(S.eap(b, pairs).mean.double().nan_to_num().numpy()).max())
+    tol = f32_tol(a.n_layers) * scale
+    edges = pd.read_parquet(out / "edges.parquet")
+    assert {"source", "target", "input", "score", "method", "ci_low", "ci_high", "inclusion", "in_circuit"} <= set(
+        edges.columns
+    )
+    assert set(edges["input"]) == {"q", "k", "v", "mlp", "logits"} and set(edges["method"]) == {"eap", "exact"}
+    assert "L0.KV1" in set(edges["target"]) and {"embed", "L1.MLP", "L0.H3"} <= set(edges["source"])
+    assert (edges["target"] == "logits").sum() == 2 * g.n_writers  # every writer reaches the logits, per method
+    want = {"eap": S.eap(b, pairs), "exact": S.exact(b, pairs)}
+    r, w = g.edge_index()
+    for name, sc in want.items():
+        e = edges[edges["method"] == name]
+        assert len(e) == g.n_edges
+        ref = sc.mean.double().numpy()[r, w]
+        assert np.abs(ref).max() > 1e3 * tol  # the scores compared are far above the tolerance
+        np.testing.assert_allclose(e["score"].to_numpy(), ref, rtol=0, atol=tol)
+        # per-edge intervals: the bootstrap of stats.bootstrap_ci on that edge's per-prompt scores
+        per = sc.per_prompt.double().numpy()
+        for i in np.argsort(-np.abs(ref))[:5]:
+            _, lo, hi, n = bootstrap_ci(per[:, r[i], w[i]], BOOT, 0.95, seed=3)
+            assert n == len(pairs)
+            assert e["ci_low"].iloc[i] == pytest.approx(lo, abs=tol) and e["ci_high"].iloc[i] == pytest.approx(
+                hi, abs=tol
+            )
+    ft = pd.read_csv(out / "faithfulness.csv")
+    assert {"method", "size_fraction", "n_edges", "faithfulness", "ci_low", "ci_high", "random_faithfulness"} <= set(
+        ft.columns
+    )
+    mv = F.circuit_metrics(b, pairs, [g.valid(), torch.zeros_like(g.valid())])
+    gap = abs(mv[0].mean() - mv[1].mean())
+    assert gap > 1e3 * tol
+    ftol = 4 * f32_tol(a.n_layers) * max(scale, gap) / gap  # f is a ratio over m(model) - m(empty)
+    for name, sc in want.items():
+        t = ft[ft["method"] == name].sort_values("size_fraction")
+        assert list(t["size_fraction"]) == SIZES
+        assert t["faithfulness"].iloc[-1] == pytest.approx(1.0, abs=ftol)  # the full circuit is the model
+        k = max(1, round(SIZES[0] * g.n_edges))
+        m = F.circuit(g, sc.mean, k)
+        assert t["n_edges"].iloc[0] == int(m.sum())
+        f0 = F.faithfulness(F.circuit_metrics(b, pairs, [m])[0], mv[1], mv[0])
+        assert abs(f0 - 1) > 10 * ftol  # the small circuit is not trivially faithful
+        assert t["faithfulness"].iloc[0] == pytest.approx(f0, abs=ftol)
+        assert np.all(t["ci_low"] <= t["faithfulness"] + ftol) and np.all(t["faithfulness"] <= t["ci_high"] + ftol)
+        ar = pd.read_csv(out / "areas.csv").set_index("method").loc[name]
+        cpr, cmd = F.areas(np.array(SIZES), t["faithfulness"].to_numpy())
+        assert ar["cpr"] == pytest.approx(cpr, abs=1e-12) and ar["cmd"] == pytest.approx(cmd, abs=1e-12)
+        assert ar["cpr_ci_low"] <= ar["cpr_ci_high"] and ar["ablation"] == "patch"
+    m = json.loads((out / "manifest.json").read_text())
+    chosen = m["parameters"]["size"]
+    assert chosen in SIZES and m["task"]["n_prompts"] == 4 and m["methods"] == ["eap", "exact"] and m["seed"] == 3
+    assert m["model"]["kv_heads"] == 2 and set(m["files"]) >= {"edges.parquet", "faithfulness.csv", "areas.csv"}
+    # inclusion frequency at the chosen size and membership
+    e = edges[edges["method"] == "eap"]
+    k = max(1, round(chosen * g.n_edges))
+    inc = F.inclusion_frequency(g, want["eap"], k, BOOT, 3).numpy()[r, w]
+    np.testing.assert_allclose(e["inclusion"].to_numpy(), inc, atol=1e-12)
+    np.testing.assert_array_equal(e["in_circuit"].to_numpy(), F.circuit(g, want["eap"].mean, k).numpy()[r, w])
+    row = ft[(ft["method"] == "eap") & np.isclose(ft["size_fraction"], chosen)].iloc[0]
+    assert f"faithfulness {row['faithfulness']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]" in printed
+    assert "heads and MLPs it joins:" in printed and f"output: {out}/" in printed
+    # the report: the generic view's tables are the stored ones, the curves figure is listed
+    assert [t["title"].split(" (")[0] for t in m["tables"]][:1] == ["faithfulness over circuit sizes"]
+    top = m["tables"][1]
+    assert top["title"].startswith("top edges of the eap circuit") and len(top["rows"]) == min(
+        20, int(e["in_circuit"].sum())
+    )
+    assert {tuple(r[:3]) for r in top["rows"]} <= set(
+        map(tuple, e[e["in_circuit"]][["source", "target", "input"]].values)
+    )
+    assert [f["file"] for f in m["figures"]] == ["faithfulness.png"] and (out / "faithfulness.png").is_file()
+    html = (out / "report.html").read_text()
+    assert "top edges of the eap circuit" in html
+
+
+def test_mib_json_is_the_parquet_circuit(run: tuple[Path, str], engine) -> None:
+    out, _ = run
+    g = engine[1].graph
+    edges = pd.read_parquet(out / "edges.parquet")
+    d = json.loads((out / "circuit.eap.json").read_text())
+    assert set(d) == {"cfg", "nodes", "edges"} and d["cfg"]["n_heads"] == 4 and d["cfg"]["n_layers"] == 2
+    assert "input" in d["nodes"] and "a1.h3" in d["nodes"] and "m0" in d["nodes"] and d["nodes"]["logits"]["in_graph"]
+    e = edges[edges["method"] == "eap"]
+
+    def mib(n: str) -> list[str]:  # a key/value group reads for each of its heads
+        if n in ("embed", "logits"):
+            return ["input" if n == "embed" else "logits"]
+        layer, rest = n.split(".")
+        if rest == "MLP":
+            return [f"m{layer[1:]}"]
+        if rest.startswith("KV"):
+            return [f"a{layer[1:]}.h{2 * int(rest[2:]) + i}" for i in range(2)]
+        return [f"a{layer[1:]}.h{rest[1:]}"]
+
+    names = set()
+    for x in e[e["in_circuit"]].itertuples():
+        for t in mib(x.target):
+            key = f"{mib(x.source)[0]}->{t}" + (f"<{x.input}>" if x.input in "qkv" else "")
+            assert d["edges"][key]["in_graph"] and d["edges"][key]["score"] == pytest.approx(x.score, abs=1e-12)
+            names.add(key)
+    assert names and {k for k, v in d["edges"].items() if v["in_graph"]} == names
+    # MIB's ungrouped edge count: per layer 3 inputs per head + the MLP, and the logits
+    H = g.n_heads
+    n_mib = sum(g.layer_start(l) * 3 * H + g.layer_start(l) + H for l in range(g.n_layers)) + g.n_writers
+    assert len(d["edges"]) == n_mib
+
+
+def test_mean_ablation_runs_without_corrupted_prompts(setup: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "m"
+    args = ["circuit", "--model", str(setup["llama"]), "--task", str(setup["dir"] / "nocorrupt.csv")]
+    assert (
+        main(
+            args
+            + ["--out", str(out), "--ablation", "mean", "--methods", "eap", "--sizes", "0.1,1", "--bootstrap", "20"]
+        )
+        == 0
+    )
+    ft = pd.read_csv(out / "faithfulness.csv")
+    assert set(ft["ablation"]) == {"mean"} and ft["faithfulness"].iloc[-1] == pytest.approx(1.0, abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    "task, extra, message",
+    [
+        ("lengths", [], "must have the same token length"),
+        ("answer", [], "is 2 tokens"),
+        ("ioi-x", [], "unknown task 'ioi-x'"),
+        (None, ["--methods", "eap,acdc"], "unknown circuit method(s) ['acdc']"),
+        (None, ["--sizes", "0.1,1.5"], "circuit size 1.5 is outside (0, 1]"),
+        (None, ["--sizes", "0"], "circuit size 0 is outside (0, 1]"),
+        (None, ["--size", "0"], "circuit size 0 is outside (0, 1]"),
+        ("nocorrupt", [], "--ablation patch needs corrupted prompts"),
+        ("missing.csv", [], "does not exist"),
+        (None, ["--model", "bert"], "is not supported: its residual stream is normalised after each block"),
+    ],
+)
+def test_bad_input(
+    setup: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    task: str | None,
+    extra: list[str],
+    message: str,
+) -> None:
+    d = setup["dir"]
+    rows = PAIRS.splitlines()
+    files = {
+        "lengths": rows[0] + "\nthe movie was good,the movie was very good, good, bad\n",
+        "answer": rows[0] + "\nthe movie was good,the movie was bad, mary john, bad\n",
+    }
+    if task in files:
+        (tmp_path / f"{task}.csv").write_text(files[task])
+        spec = str(tmp_path / f"{task}.csv")
+    elif task == "nocorrupt":
+        spec = str(d / "nocorrupt.csv")
+    elif task is None:
+        spec = str(d / "pairs.csv")
+    else:
+        spec = task if "." not in task else str(tmp_path / task)
+    model = str(setup["bert"] if "bert" in extra else setup["llama"])
+    extra = [x for x in extra if x != "bert" and x != "--model"]
+    out = tmp_path / "bad"
+    assert main(["circuit", "--model", model, "--task", spec, "--out", str(out), *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.strip().count("\n") == 0, err
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_ioi_on_smollm2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "ioi"
+    args = ["circuit", "--model", "smollm2-135m", "--task", "ioi", "--limit", "3", "--methods", "eap"]
+    assert main(args + ["--sizes", "0.01,0.1,1", "--bootstrap", "20", "--random", "1", "--out", str(out)]) == 0
+    ft = pd.read_csv(out / "faithfulness.csv")
+    assert ft["faithfulness"].iloc[-1] == pytest.approx(1.0, abs=1e-3)
+    s = json.loads((out / "manifest.json").read_text())["summary"]["eap"]
+    assert s["m_full"] - s["m_empty"] > 0.5  # the model does IOI: the clean logit difference beats the corrupted one
+    e = pd.read_parquet(out / "edges.parquet")
+    assert len(e) == json.loads((out / "manifest.json").read_text())["parameters"]["graph"]["edges"]
+    assert "L0.KV0" in set(e["target"])  # SmolLM2: 9 heads in 3 key/value groups
+    assert "faithfulness" in capsys.readouterr().out
