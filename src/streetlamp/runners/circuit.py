@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from .. import progress
 from ..errors import StreetlampError
 from ..interventions.circuits import faithfulness as F
 from ..interventions.circuits import scores as S
@@ -271,41 +272,46 @@ def run_circuit(adapter: ModelAdapter, out: RunFolder | Path, s: CircuitSettings
     methods: dict[str, MethodResult] = {}
     tables, areas, edges = [], [], []
     chosen: float | None = s.size
-    for name in s.methods:
-        sc = edge_scores(blocks, pairs, name, s.ablation, s.metric, s.steps, rows_of(s.batch_size, pairs, 16))
-        sw = F.sweep(blocks, pairs, sc, sizes, s.random, s.bootstrap, LEVEL, s.seed, rows_of(s.batch_size, pairs, 32))
-        table: Any = sw.table  # a pandas DataFrame
-        if chosen is None:
-            chosen = choose_size(table, None)
-        j = int(np.flatnonzero(np.isclose(table["size_fraction"], chosen))[0])
-        k = int(table["n_edges_requested"].iloc[j])
-        inc = F.inclusion_frequency(g, sc, k, s.bootstrap, s.seed)
-        lo, hi = edge_intervals(g, sc.per_prompt, s.bootstrap, s.seed)
-        mask = sw.masks[j]
-        methods[name] = MethodResult(sc, sw, mask, inc, table.iloc[j].to_dict())
-        tables.append(table)
-        sm = sw.summary
-        areas.append(
-            {
-                "method": name,
-                "ablation": sm["ablation"],
-                "metric": sm["metric"],
-                "cpr": sm["cpr"],
-                "cpr_ci_low": sm["cpr_ci"][0],
-                "cpr_ci_high": sm["cpr_ci"][1],
-                "cmd": sm["cmd"],
-                "cmd_ci_low": sm["cmd_ci"][0],
-                "cmd_ci_high": sm["cmd_ci"][1],
-                "random_cpr": sm["random_cpr"],
-                "m_full": sm["m_full"],
-                "m_empty": sm["m_empty"],
-                "n_prompts": sm["n_prompts"],
-                "n_boot": sm["n_boot"],
-            }
-        )
-        edges.append(
-            g.edges_table(sc.mean, name, ci_low=lo, ci_high=hi, inclusion=inc.numpy(), in_circuit=mask.numpy())
-        )
+    with progress.bar(2 * len(s.methods), "circuit (edge scores, faithfulness sweep per method)") as stages:
+        for name in s.methods:
+            sc = edge_scores(blocks, pairs, name, s.ablation, s.metric, s.steps, rows_of(s.batch_size, pairs, 16))
+            stages.update()
+            sw = F.sweep(
+                blocks, pairs, sc, sizes, s.random, s.bootstrap, LEVEL, s.seed, rows_of(s.batch_size, pairs, 32)
+            )
+            stages.update()
+            table: Any = sw.table  # a pandas DataFrame
+            if chosen is None:
+                chosen = choose_size(table, None)
+            j = int(np.flatnonzero(np.isclose(table["size_fraction"], chosen))[0])
+            k = int(table["n_edges_requested"].iloc[j])
+            inc = F.inclusion_frequency(g, sc, k, s.bootstrap, s.seed)
+            lo, hi = edge_intervals(g, sc.per_prompt, s.bootstrap, s.seed)
+            mask = sw.masks[j]
+            methods[name] = MethodResult(sc, sw, mask, inc, table.iloc[j].to_dict())
+            tables.append(table)
+            sm = sw.summary
+            areas.append(
+                {
+                    "method": name,
+                    "ablation": sm["ablation"],
+                    "metric": sm["metric"],
+                    "cpr": sm["cpr"],
+                    "cpr_ci_low": sm["cpr_ci"][0],
+                    "cpr_ci_high": sm["cpr_ci"][1],
+                    "cmd": sm["cmd"],
+                    "cmd_ci_low": sm["cmd_ci"][0],
+                    "cmd_ci_high": sm["cmd_ci"][1],
+                    "random_cpr": sm["random_cpr"],
+                    "m_full": sm["m_full"],
+                    "m_empty": sm["m_empty"],
+                    "n_prompts": sm["n_prompts"],
+                    "n_boot": sm["n_boot"],
+                }
+            )
+            edges.append(
+                g.edges_table(sc.mean, name, ci_low=lo, ci_high=hi, inclusion=inc.numpy(), in_circuit=mask.numpy())
+            )
     assert chosen is not None
     et, ft, at = pd.concat(edges, ignore_index=True), pd.concat(tables, ignore_index=True), pd.DataFrame(areas)
     first = s.methods[0]
