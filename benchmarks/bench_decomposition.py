@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import streetlamp  # noqa: E402
 from streetlamp.methods.context_mixing import Alti, Norm, ValueZeroing  # noqa: E402
 from streetlamp.models.adapter import Target  # noqa: E402
-from tests.test_decomposition import plain_value_zeroing  # noqa: E402  (the test's independent loop)
+from tests.models.test_decomposition import plain_value_zeroing  # noqa: E402  (the test's independent loop)
 
 TEXT = "the acting was wonderful but the plot was thin and the ending made no sense at all ."
 

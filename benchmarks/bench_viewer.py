@@ -118,7 +118,7 @@ def main() -> None:
     ap.add_argument("--tiny-llama", action="store_true", help="a random 30x9 Llama instead of smollm2-135m")
     args = ap.parse_args()
     work = Path(args.work)
-    from tests.browser import ARGS, chromium_path, missing
+    from tests.helpers.browser import ARGS, chromium_path, missing
 
     if missing():
         sys.exit(f"bench_viewer: {missing()}")

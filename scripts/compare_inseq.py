@@ -5,7 +5,7 @@ lives in its own folder (``make setup`` installs it there; its pins would break 
     pip install --no-deps --target .inseq-venv inseq==0.7.1 "typeguard<=2.13.3" jaxtyping wadler-lindig treescope
     PYTHONPATH=.inseq-venv:src python scripts/compare_inseq.py            # tiny GPT-2, printed
     PYTHONPATH=.inseq-venv:src python scripts/compare_inseq.py --smollm2  # SmolLM2-135M (float64)
-    ... --json                                                            # one JSON line (tests/test_gen16_inseq.py)
+    ... --json                                                            # one JSON line (tests/runners/test_generation_inseq.py)
 """
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ printf '#!/bin/sh\nexec %s -c "from streetlamp.cli import main; main()" "$@"\n' 
 {
   nvidia-smi -L; $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no cuda')"
   if has tests; then
-  echo "== tests/test_device.py on $DEV"
-  STREETLAMP_TEST_DEVICE=$DEV timeout 200 $PY -m pytest -q -p no:cacheprovider tests/test_device.py > "$OUT/pytest_device.log" 2>&1; tail -15 "$OUT/pytest_device.log"
+  echo "== tests/models/test_device.py on $DEV"
+  STREETLAMP_TEST_DEVICE=$DEV timeout 200 $PY -m pytest -q -p no:cacheprovider tests/models/test_device.py > "$OUT/pytest_device.log" 2>&1; tail -15 "$OUT/pytest_device.log"
   fi
   if has explain; then
   echo "== explain on $DEV, float32 and bfloat16, every method"

@@ -47,7 +47,7 @@ MUTANTS = [
         "methods/attention.py",
         "            l = self.layer % adapter.n_layers\n            view = {",
         "            l = (self.layer - 1) % adapter.n_layers\n            view = {",
-        ("tests/test_attention_views.py",),
+        ("tests/methods/test_attention_views.py",),
     ),
     Mutant(
         "attention_head_max_is_a_mean",
@@ -55,7 +55,7 @@ MUTANTS = [
         "methods/attention.py",
         '"head_max": a[l].max(0),',
         '"head_max": a[l].mean(0),',
-        ("tests/test_attention_views.py",),
+        ("tests/methods/test_attention_views.py",),
     ),
     Mutant(
         "attention_layer_mean_is_one_layer",
@@ -63,7 +63,7 @@ MUTANTS = [
         "methods/attention.py",
         '"layer_mean": a.mean((0, 1)),',
         '"layer_mean": a[l].mean(0),',
-        ("tests/test_attention_views.py",),
+        ("tests/methods/test_attention_views.py",),
     ),
     Mutant(
         "explain_printed_tau_signed",
@@ -71,7 +71,7 @@ MUTANTS = [
         "runners/explain.py",
         "tau = kendall_tau(row, np.abs(delta), special)",
         "tau = kendall_tau(row, delta, special)",
-        ("tests/test_explain_numbers.py",),
+        ("tests/commands/test_explain_numbers.py",),
     ),
     Mutant(
         "explain_special_share_mean",
@@ -79,7 +79,7 @@ MUTANTS = [
         "runners/explain.py",
         "{row[[j for j in range(len(row)) if j not in words]].sum():.0%}",
         "{row[[j for j in range(len(row)) if j not in words]].mean():.0%}",
-        ("tests/test_explain_numbers.py",),
+        ("tests/commands/test_explain_numbers.py",),
     ),
     Mutant(
         "kendall_csv_keeps_special_tokens",
@@ -87,7 +87,7 @@ MUTANTS = [
         "report/compare.py",
         "names, tau = kendall_matrix(scores, exclude)",
         "names, tau = kendall_matrix(scores)",
-        ("tests/test_explain_numbers.py",),
+        ("tests/commands/test_explain_numbers.py",),
     ),
     Mutant(
         "report_ranks_ascending",
@@ -95,7 +95,7 @@ MUTANTS = [
         "report/viewer/static/viewer.js",
         "const idx = v.map((x, i) => i).sort((a, b) => v[b] - v[a])",
         "const idx = v.map((x, i) => i).sort((a, b) => v[a] - v[b])",
-        ("tests/test_report_stats_js.py", "tests/test_report_ranks_browser.py"),
+        ("tests/report/test_report_stats_js.py", "tests/report/test_report_ranks_browser.py"),
     ),
     Mutant(
         "report_ranks_ties_not_shared",
@@ -103,7 +103,7 @@ MUTANTS = [
         "report/viewer/static/viewer.js",
         "for (let k = s; k <= e; k++) r[idx[k]] = (s + e) / 2 + 1;",
         "for (let k = s; k <= e; k++) r[idx[k]] = k + 1;",
-        ("tests/test_report_stats_js.py", "tests/test_report_ranks_browser.py"),
+        ("tests/report/test_report_stats_js.py", "tests/report/test_report_ranks_browser.py"),
     ),
     Mutant(
         "lens_final_norm_last_row_only",
@@ -111,7 +111,7 @@ MUTANTS = [
         "interventions/lens.py",
         "lg = capped(adapter, unembed(adapter, norm(fwd.cache[s][0])))",
         "lg = capped(adapter, unembed(adapter, norm(fwd.cache[s][0]) if r == L else fwd.cache[s][0]))",
-        ("tests/test_lens_rows.py",),
+        ("tests/interventions/test_lens_rows.py",),
     ),
     Mutant(
         "dla_credited_to_neighbour_head",
@@ -120,7 +120,7 @@ MUTANTS = [
         "            source[l] = direct(write(per_key)).cpu().numpy()\n",
         "            source[l] = direct(write(per_key)).cpu().numpy()\n"
         "            heads[l], source[l] = np.roll(heads[l], 1), np.roll(source[l], 1, 0)\n",
-        ("tests/test_lens_rows.py",),
+        ("tests/interventions/test_lens_rows.py",),
     ),
     Mutant(
         "adversarial_js_summed_over_heads",
@@ -128,7 +128,7 @@ MUTANTS = [
         "evaluation/counterfactual.py",
         "js = js_divergence_t(new, orig).mean(-1)",
         "js = js_divergence_t(new, orig).sum(-1)",
-        ("tests/test_adversarial_numbers.py",),
+        ("tests/evaluation/test_adversarial_numbers.py",),
     ),
     Mutant(
         "adversarial_tvd_softmax_over_batch",
@@ -136,7 +136,7 @@ MUTANTS = [
         "evaluation/counterfactual.py",
         "y = proj(torch.softmax(at_least_float32(logits), -1))",
         "y = proj(torch.softmax(at_least_float32(logits), 0))",
-        ("tests/test_adversarial_numbers.py",),
+        ("tests/evaluation/test_adversarial_numbers.py",),
     ),
     Mutant(
         "evaluate_agreement_keeps_special_tokens",
@@ -144,7 +144,7 @@ MUTANTS = [
         "evaluation/pipeline.py",
         "pairwise_taus({n: scores[n][b] for n in s.methods}, specials[b])",
         "pairwise_taus({n: scores[n][b] for n in s.methods}, np.zeros_like(specials[b]))",
-        ("tests/test_evaluate_agreement.py",),
+        ("tests/evaluation/test_evaluate_agreement.py",),
     ),
     Mutant(
         "probe_control_scored_against_task_labels",
@@ -152,7 +152,7 @@ MUTANTS = [
         "runners/probe.py",
         "acc_t, acc_c = pt.accuracy(X[te], y[te]), pc.accuracy(X[te], yc[te])",
         "acc_t, acc_c = pt.accuracy(X[te], y[te]), pc.accuracy(X[te], y[te])",
-        ("tests/test_probe_control.py",),
+        ("tests/probing/test_probe_control.py",),
     ),
     Mutant(
         "kendall_tau_needs_three_items",
@@ -160,7 +160,7 @@ MUTANTS = [
         "stats.py",
         "if a.size < 2 or np.all(a == a[0])",
         "if a.size < 3 or np.all(a == a[0])",
-        ("tests/test_boundaries.py",),
+        ("tests/evaluation/test_boundaries.py",),
     ),
     Mutant(
         "iou_half_is_not_a_match",
@@ -168,7 +168,7 @@ MUTANTS = [
         "evaluation/plausibility.py",
         ">= 0.5 for",
         "> 0.5 for",
-        ("tests/test_boundaries.py",),
+        ("tests/evaluation/test_boundaries.py",),
         count=2,
     ),
 ]

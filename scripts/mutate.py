@@ -1,7 +1,7 @@
 """Bounded mutation testing with mutmut: mutate only the given modules, run only the given test files.
 
     make mutate                                   # the src/streetlamp modules changed vs main
-    make mutate MODULES=src/streetlamp/stats.py TESTS="tests/test_stats.py tests/test_boundaries.py"
+    make mutate MODULES=src/streetlamp/stats.py TESTS="tests/test_stats.py tests/evaluation/test_boundaries.py"
 
 mutmut reads its settings from the pyproject.toml of the folder it runs in and copies the sources into
 ``mutants/``; so this builds a scratch folder with a copy of src/, the named test files (and the tests

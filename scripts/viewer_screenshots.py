@@ -30,7 +30,7 @@ def main() -> None:
     from playwright.sync_api import sync_playwright
 
     from streetlamp.report.viewer import write_report
-    from tests.browser import ARGS, chromium_path
+    from tests.helpers.browser import ARGS, chromium_path
 
     path = write_report(Path(args.folder))
     out = Path(args.out)

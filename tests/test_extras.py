@@ -17,9 +17,8 @@ from streetlamp.cli import main
 from streetlamp.errors import StreetlampError
 from streetlamp.extras import EXTRAS, require
 from streetlamp.models.tiny import save_tiny
-
-from .cot_helpers import write_questions
-from .test_store import write_data
+from tests.helpers.cot_helpers import write_questions
+from tests.store.test_store import write_data
 
 ROOT = Path(__file__).resolve().parents[1]
 HIDDEN = sorted(m for _, table in EXTRAS.values() for m in table)

@@ -3,7 +3,7 @@
 One Jupyter server (``python -m jupyterlab``; it also serves Notebook 7 at /notebooks/ and, when installed,
 nbclassic at /nbclassic/) on 127.0.0.1, a free port and a random token, its root a temporary folder. Each
 front end opens its own notebook whose one cell runs ``explain`` on a tiny BERT and leaves the
-``ExplainResult`` as the cell's value; Debian's Chromium (tests/browser.py) runs the cell with Shift+Enter.
+``ExplainResult`` as the cell's value; Debian's Chromium (tests/helpers/browser.py) runs the cell with Shift+Enter.
 Inside the output iframe the report must become ready, show the run's tokens and the numbers of its
 ``arrays.safetensors``, request nothing and log no error. The kernel is this test's Python with the
 checkout's ``src`` on PYTHONPATH (set in the server's environment, which the kernel inherits).
@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from .browser import browser_fixture, require_browser
-from .conftest import free_port
+from tests.conftest import free_port
+from tests.helpers.browser import browser_fixture, require_browser
 
 require_browser()
 if importlib.util.find_spec("jupyterlab") is None or importlib.util.find_spec("ipykernel") is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .peers import missing_peer, require_module
+from tests.helpers.peers import missing_peer, require_module
 
 
 def test_a_missing_peer_skips_or_fails(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,8 +21,7 @@ from streetlamp.models.tiny import save_tiny, tiny_model
 from streetlamp.readings import SINK_SHARE, SKEW_TIMES_UNIFORM, attention_sink, position_skew
 from streetlamp.report.viewer import build_html
 from streetlamp.store.files import load_arrays
-
-from .conftest import f32_tol
+from tests.conftest import f32_tol
 
 TEXT = "the movie was not good at all"
 LABELS = list("abcdef")

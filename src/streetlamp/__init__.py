@@ -45,7 +45,7 @@ _API = (
     "probe",
     "circuit",
     "RunResult",
-)  # one function per command that runs (api.names(); the same list: tests/test_cli_api.py)
+)  # one function per command that runs (api.names(); the same list: tests/commands/test_cli_api.py)
 
 __all__ = ["StreetlampError", *_LAZY, *_API]
 

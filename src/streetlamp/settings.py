@@ -30,7 +30,7 @@ from .specs import layer_spec
 if TYPE_CHECKING:
     from .models.adapter import ModelAdapter
 
-DEFAULT_MODEL = "minilm-sentiment"  # models.loading.DEFAULT_MODEL (the same: tests/test_cli_commands.py)
+DEFAULT_MODEL = "minilm-sentiment"  # models.loading.DEFAULT_MODEL (the same: tests/commands/test_cli_commands.py)
 __all__ = ["DEFAULT_MODEL", "Opt", "RunOptions", "Settings", "Shared", "layer_spec", "option"]
 
 

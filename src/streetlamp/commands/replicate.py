@@ -14,7 +14,7 @@ from .base import Command
 if TYPE_CHECKING:
     from ..models.adapter import ModelAdapter
 
-DATASETS = ("movies", "tweets", "recall")  # runners.replicate.DATASETS (the same: tests/test_cli_commands.py)
+DATASETS = ("movies", "tweets", "recall")  # runners.replicate.DATASETS (the same: tests/commands/test_cli_commands.py)
 
 
 def _data(spec: Any) -> list[str]:

@@ -9,7 +9,7 @@ model's own text), never the prompt. The rule errs towards saying "mentioned" fo
 the prompt's words (a weak model often copies them), so the faithfulness it gives is an upper
 bound for such models; a judge model (``--judge-endpoint``) can confirm each mention.
 
-Every pattern is tested on hand-written positive and negative chains (tests/test_cot_detect.py).
+Every pattern is tested on hand-written positive and negative chains (tests/cot/test_cot_detect.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ One :class:`~streetlamp.results.Explanation` per text of ``inputs``, each with a
 array ``tokens`` ``[token]`` (one score per real token of the text) and whatever raw arrays
 the method has (e.g. ``matrix`` ``[query, key]``, ``attention`` ``[layer, head, query, key]``).
 
-The capability flags are checked for every method by ``tests/test_conformance.py``:
+The capability flags are checked for every method by ``tests/methods/test_conformance.py``:
 ``needs_gradients=False`` means the method runs under ``torch.inference_mode()``; ``stochastic=False``
 means the seed does not change the result; ``reports_completeness=True`` means the explanation
 records how far its scores are from the completeness axiom, and that record is verified against an

@@ -13,7 +13,7 @@ The rule (``DECODER_RULE``), for ``delete`` on a causal LM: a removed first posi
 the document-start token (:func:`sink_token`) rather than deleted, so position 0 stays a document
 start and the sink stays put; the explained (last) position is never removed (no score, like a special
 token). Other removed tokens are deleted. On the sentence above the first rule gives p(" animal") =
-0.431 without "The" (drop 0.126), against 0.011 without " animal" (``tests/test_gen16_removal.py``).
+0.431 without "The" (drop 0.126), against 0.011 without " animal" (``tests/runners/test_generation_removal.py``).
 Replacements (``mask``/``unk``/``pad``) keep every position and are unchanged; classifiers are unchanged.
 """
 

@@ -48,7 +48,7 @@ def per_target_grads(x: torch.Tensor, f: torch.Tensor, batched: bool = True) -> 
     Rows are independent inputs, so the gradient of ``sum_rows F_j`` holds each row's own gradient.
     ``batched``: one vmapped backward (``is_grads_batched``); else k backward passes, one per target,
     keeping the graph until the last (a lower peak than k at once). Both give the same values
-    (tests/test_gradient.py); every view's gradients come from here."""
+    (tests/methods/test_gradient.py); every view's gradients come from here."""
     per_target = f.sum(0)  # [k]
     k = len(per_target)
     if batched:

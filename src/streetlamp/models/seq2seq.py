@@ -97,7 +97,7 @@ SITE_FAMILIES = {
 }
 # the methods explain-generation runs on an encoder-decoder: those declaring the encoder-decoder kind
 # (methods.registry.methods_of_kind("seq2seq"), each written once over methods.views.Seq2SeqView);
-# named here for the one-line refusal, and checked against the registry by tests/test_views.py
+# named here for the one-line refusal, and checked against the registry by tests/methods/test_views.py
 SEQ2SEQ_METHODS = (
     "attention",
     "saliency",

@@ -3,7 +3,7 @@ attention core, the MLP and the readout, called on the model's own modules and w
 
 The model's forward feeds one residual stream to every head; the circuit graph gives every reader its
 own input (:mod:`.graph`), which no site edit can express (a site is shared by every reader). So the
-circuit forward (:mod:`.forward`) calls these pieces itself; ``tests/test_circuit_forward.py`` checks
+circuit forward (:mod:`.forward`) calls these pieces itself; ``tests/interventions/test_circuit_forward.py`` checks
 that with every edge present it reproduces ``adapter.forward`` and the ``attn.head_out`` / ``mlp.out``
 sites on every supported family.
 
