@@ -64,8 +64,12 @@ def vit() -> ModelAdapter:
     return tiny_vit(seed=1, double=True, shim=True)
 
 
+# where each shared test module lives under tests/ (the ids above keep the short names)
+HOME = {"test_recording": "models", "test_sites": "models"}
+
+
 def _call(module: str, fn: str, kwargs: dict, adapter: ModelAdapter, monkeypatch: pytest.MonkeyPatch) -> None:
-    mod = importlib.import_module(f"tests.{module}")
+    mod = importlib.import_module(f"tests.{HOME.get(module, 'methods')}.{module}")
     if hasattr(mod, "eager_twin"):
         monkeypatch.setattr(mod, "eager_twin", pixel_twin)
     test: Callable = getattr(mod, fn)
