@@ -13,6 +13,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -224,13 +225,8 @@ def explain_long(
         w.add_array("probs", probs, axes=["output"], meaning="softmax of the explained logits")
         for name, tokens in res.rows.items():
             sink = long_sink(name, tokens, inputs.labels[0], pos, adapter.kind == "causal_lm")
-            w.add_array(
-                f"{name}.tokens",
-                tokens.astype(np.float32),
-                axes=["token"],
-                meaning=meaning[name],
-                **({"attention_sink": sink} if sink else {}),
-            )
+            note: dict[str, Any] = {"attention_sink": sink} if sink else {}
+            w.add_array(f"{name}.tokens", tokens.astype(np.float32), axes=["token"], meaning=meaning[name], **note)
             res.sinks[name] = sink
         for name, (arr, axes, what, fields) in extra.items():
             w.add_array(name, arr, axes=axes, meaning=what, **fields)
