@@ -225,22 +225,27 @@ def _pairs(spec: str, flag: str, dotted: bool) -> dict[str, Any]:
     return out
 
 
+def _json_or_pairs(spec: str | dict | None, flag: str, dotted: bool) -> tuple[Any, bool]:
+    """``(value, complete)``: a dict given as is or decoded JSON (``complete`` False: the caller checks its
+    shape), or ``{}`` / the parsed ``param=value`` pairs (``complete`` True: already of the right shape)."""
+    if isinstance(spec, dict):
+        return spec, False
+    if not spec or not spec.strip():
+        return {}, True
+    if not spec.lstrip().startswith(("{", "[")):
+        return _pairs(spec.strip(), flag, dotted=dotted), True
+    try:
+        return json.loads(spec), False
+    except json.JSONDecodeError as e:
+        raise StreetlampError(f"{flag} is not JSON ({e.msg})") from None
+
+
 def parse_method_params(spec: str | dict | None, flag: str = "--method-params") -> dict[str, dict[str, Any]]:
     """``--method-params``: JSON ``{"method": {"param": value}}`` or pairs
     ``method.param=value[,method.param=value...]`` (values JSON where they parse, strings otherwise).
     Only the syntax: which methods and parameters exist is checked against the registry later."""
-    if isinstance(spec, dict):
-        mparams: Any = spec
-    elif not spec or not spec.strip():
-        return {}
-    elif not spec.lstrip().startswith(("{", "[")):
-        return _pairs(spec.strip(), flag, dotted=True)
-    else:
-        try:
-            mparams = json.loads(spec)
-        except json.JSONDecodeError as e:
-            raise StreetlampError(f"{flag} is not JSON ({e.msg})") from None
-    if not isinstance(mparams, dict) or not all(isinstance(v, dict) for v in mparams.values()):
+    mparams, complete = _json_or_pairs(spec, flag, dotted=True)
+    if not complete and (not isinstance(mparams, dict) or not all(isinstance(v, dict) for v in mparams.values())):
         raise StreetlampError(
             f'{flag} must be a JSON object of objects, e.g. {{"integrated_gradients": {{"rule": "panels"}}}}'
             " or integrated_gradients.rule=panels"
@@ -250,16 +255,7 @@ def parse_method_params(spec: str | dict | None, flag: str = "--method-params") 
 
 def parse_params(spec: str | dict | None, flag: str) -> dict[str, Any]:
     """One method's parameters (``--ig-params``): JSON ``{"param": value}`` or ``param=value`` pairs."""
-    if isinstance(spec, dict):
-        return spec
-    if not spec or not spec.strip():
-        return {}
-    if not spec.lstrip().startswith(("{", "[")):
-        return _pairs(spec.strip(), flag, dotted=False)
-    try:
-        params = json.loads(spec)
-    except json.JSONDecodeError as e:
-        raise StreetlampError(f"{flag} is not JSON ({e.msg})") from None
-    if not isinstance(params, dict):
+    params, complete = _json_or_pairs(spec, flag, dotted=False)
+    if not complete and not isinstance(params, dict):
         raise StreetlampError(f'{flag} must be a JSON object, e.g. {{"rule": "panels", "steps": 16}}')
     return params
