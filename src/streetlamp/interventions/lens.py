@@ -34,13 +34,8 @@ import torch
 from ..methods.gradient import ids_inputs
 from ..models.adapter import ModelAdapter
 from ..models.attention_block import output_weights
-from ..models.readout import check_lens, final_norm, final_softcap, output_norms, unembed, unembedding
-
-
-def capped(adapter: ModelAdapter, logits: torch.Tensor) -> torch.Tensor:
-    """The model's final-logit soft-cap applied to unembedded logits (identity without one)."""
-    cap = final_softcap(adapter)
-    return torch.tanh(logits / cap) * cap if cap else logits
+from ..models.readout import check_lens, final_norm, final_softcap, output_norms, unembedding
+from .lenses.base import Lens, capped, readout  # noqa: F401  (capped: re-exported, its home was here)
 
 
 def attn_writes(adapter: ModelAdapter, layer: int, parts: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
@@ -61,21 +56,24 @@ def _ids(adapter: ModelAdapter, ids: torch.Tensor) -> torch.Tensor:
     return ids.view(-1).to(adapter.device)
 
 
-def logit_lens(adapter: ModelAdapter, ids: torch.Tensor, index: int, top: int = 5) -> dict[str, np.ndarray]:
-    """The lens at every layer (row 0: the embedding, row l+1: resid_post of layer l) and position.
+def logit_lens(
+    adapter: ModelAdapter, ids: torch.Tensor, index: int, top: int = 5, lens: Lens | None = None
+) -> dict[str, np.ndarray]:
+    """The lens at every layer (row 0: the embedding, row l+1: resid_post of layer l) and position:
+    the logit lens, or ``lens`` (a tuned or Jacobian lens, :mod:`streetlamp.interventions.lenses`).
 
     Returns ``logit``/``prob``/``logprob``/``rank`` of token ``index`` ``[layer+1, pos]`` (``logprob``: the
     log-softmax in float64, finite where ``prob`` underflows: a probability below float32's smallest
     normal, ~1.2e-38, is stored as 0 in a float32 array, its log is not), the ``top`` tokens and
     their probabilities ``[layer+1, pos, top]``, and ``last_logits`` ``[vocab]``: the lens of the
-    last layer at the last position (equal to the model's logits there)."""
+    last layer at the last position (equal to the model's logits there, for every lens)."""
     check_lens(adapter)
+    lens = lens or Lens.logit(adapter)
     ids = _ids(adapter, ids)
     L = adapter.n_layers
     sites = ["layers.0.resid_pre"] + [f"layers.{l}.resid_post" for l in range(L)]
     with torch.no_grad():
         fwd = adapter.forward(ids_inputs(adapter, ids.cpu()), record=sites)
-        norm = final_norm(adapter)
         n = ids.shape[0]
         out = {
             "logit": np.zeros((L + 1, n)),
@@ -87,7 +85,7 @@ def logit_lens(adapter: ModelAdapter, ids: torch.Tensor, index: int, top: int = 
         }
         last = None
         for r, s in enumerate(sites):
-            lg = capped(adapter, unembed(adapter, norm(fwd.cache[s][0])))  # [pos, vocab]
+            lg = readout(adapter, lens, r, fwd.cache[s][0])  # [pos, vocab]
             logp = torch.log_softmax(lg.double(), -1)  # float64: log p stays finite where p underflows
             p = logp.exp()
             t = lg[:, index]

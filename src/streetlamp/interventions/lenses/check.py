@@ -1,0 +1,115 @@
+"""Each lens checked against intervention, per prompt and layer.
+
+A lens reads from row ``r``'s residual ``h_r`` at the explained position what that residual "will make the
+model say". The causal test: put ``h_r`` into a **neutral context** (by default the model's document
+separator twice: ``<sep> <sep>``, the patched vector at the second position, which sees only a start of
+document) at the same row, run the rest of the model, and read the real output there. Per row:
+
+* ``top1_match``: the lens's top token is the patched run's top token;
+* ``kl``: KL(patched outcome ‖ lens readout) in nats (float64 log-softmax);
+* ``rank_lens`` / ``rank_patched``: rank (0 = top) of the target token (default: the model's prediction on
+  the prompt) under the lens and under the patched outcome;
+* ``disagrees``: the lens's top token is not the patched run's.
+
+At the last row (the final residual) the patched run reads ``h_L`` through the final norm and unembedding:
+every lens agrees there exactly (KL 0, a test). Each patched run is one row of one batch (an
+:class:`~streetlamp.interventions.engine.Intervention` per row, at that row's site and the last position).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ...errors import StreetlampError
+from ...methods.gradient import ids_inputs
+from ...models.adapter import Inputs
+from ..engine import Intervention
+from ..engine import run as run_edited
+from .base import Lens, readout, row_label, row_sites
+
+if TYPE_CHECKING:
+    from ...models.adapter import ModelAdapter
+
+COLUMNS = [
+    "row",
+    "layer",
+    "lens_top",
+    "patched_top",
+    "top1_match",
+    "kl_patched_lens",
+    "rank_lens",
+    "rank_patched",
+    "disagrees",
+]
+
+
+def neutral_ids(adapter: ModelAdapter, text: str | None) -> list[int]:
+    """The neutral context's tokens: ``text`` tokenised as the model reads it, or ``<sep> <sep>``."""
+    if text:
+        ids = adapter.encode(text).input_ids[0].tolist()
+    else:
+        ids = [adapter.empty_context_token()] * 2
+    return ids
+
+
+def _rank(logits: torch.Tensor, index: int) -> np.ndarray:
+    return (logits > logits[..., index : index + 1]).sum(-1).cpu().numpy()
+
+
+def check_against_intervention(
+    adapter: ModelAdapter, ids: torch.Tensor, lens: Lens, index: int, neutral: list[int] | None = None
+) -> dict[str, Any]:
+    """The per-row check at the last position of ``ids`` (module docstring); ``index``: the target token."""
+    L = adapter.n_layers
+    sites = row_sites(L)
+    ids = ids.view(-1).cpu()
+    neutral = neutral or neutral_ids(adapter, None)
+    if not neutral:
+        raise StreetlampError("the neutral context has no token")
+    with torch.no_grad():
+        fwd = adapter.forward(ids_inputs(adapter, ids), record=sites)
+        h = [fwd.cache[s][0, -1] for s in sites]
+        lens_logits = torch.stack([readout(adapter, lens, r, h[r]) for r in range(L + 1)])  # [row, vocab] float64
+        rows = Inputs.from_ids(adapter, [neutral] * (L + 1), strings=False)
+        ivs = [
+            Intervention(
+                sites[r], (lambda a, v=h[r]: v.to(a.device, a.dtype).view(1, 1, -1)), pos=len(neutral) - 1, rows=[r]
+            )
+            for r in range(L + 1)
+        ]
+        patched = run_edited(adapter, rows, ivs).logits.double()  # [row, vocab]: the output at the patched position
+    lp_lens = torch.log_softmax(lens_logits, -1)
+    lp_patch = torch.log_softmax(patched, -1)
+    kl = (lp_patch.exp() * (lp_patch - lp_lens)).sum(-1).clamp_min(0).cpu().numpy()
+    lens_top = lens_logits.argmax(-1).cpu().numpy()
+    patched_top = patched.argmax(-1).cpu().numpy()
+    match = lens_top == patched_top
+    out = {
+        "lens_top": lens_top,
+        "patched_top": patched_top,
+        "top1_match": match,
+        "kl": kl,
+        "rank_lens": _rank(lens_logits, index),
+        "rank_patched": _rank(patched, index),
+        "lens_logits": lens_logits.cpu().numpy(),
+        "patched_logits": patched.cpu().numpy(),
+        "neutral": list(neutral),
+    }
+    out["rows"] = [
+        {
+            "row": r,
+            "layer": row_label(r),
+            "lens_top": adapter.output_label(int(lens_top[r])),
+            "patched_top": adapter.output_label(int(patched_top[r])),
+            "top1_match": bool(match[r]),
+            "kl_patched_lens": float(kl[r]),
+            "rank_lens": int(out["rank_lens"][r]),
+            "rank_patched": int(out["rank_patched"][r]),
+            "disagrees": not bool(match[r]),
+        }
+        for r in range(L + 1)
+    ]
+    return out
