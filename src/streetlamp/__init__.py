@@ -37,6 +37,7 @@ _API = (
     "prune",
     "patch",
     "lens",
+    "lens_fit",
     "mediate",
     "evaluate",
     "replicate",

@@ -61,6 +61,18 @@ def layer_spec(spec: str, flag: str = "layers") -> str:
     return spec
 
 
+def lens_spec(spec: str | tuple | None) -> tuple[str, str | None]:
+    """``lens --lens``: ``logit``, ``tuned:DIR`` or ``jacobian:DIR`` -> (kind, folder or None)."""
+    if spec is None or spec == "logit" or (isinstance(spec, tuple) and spec[0] == "logit"):
+        return ("logit", None)
+    if isinstance(spec, tuple):
+        spec = ":".join(str(x) for x in spec)
+    kind, sep, folder = str(spec).partition(":")
+    if kind not in ("tuned", "jacobian") or not sep or not folder:
+        raise StreetlampError(f"--lens takes logit, tuned:DIR or jacobian:DIR (got {spec!r})")
+    return (kind, folder)
+
+
 def parse_indices(spec: str | None, n: int, flag: str, what: str) -> list[int]:
     """``"0,5,-1"`` or ``"all"``/None -> sorted distinct indices in 0..n-1 (negatives count from the end)."""
     if spec is None or spec == "all":

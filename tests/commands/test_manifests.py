@@ -60,6 +60,7 @@ KEYS = {
     "evaluate": HEADER | {"model_info", "removal_rule", "replacement_token", "settings", "skipped_too_long"},
     "benchmark": HEADER | {"files", "method_params", "methods", "n_examples", "quantity", "seed", "tasks"},
     "lens": HEADER | {"arrays", "figures", "model", "parameters", "seed", "summary", "tables"},
+    "lens-fit": HEADER | {"arrays", "files", "model", "parameters", "seed", "summary", "tables"},
     "circuit": HEADER | {"figures", "files", "methods", "model", "parameters", "seed", "summary", "tables", "task"},
 }
 
@@ -165,6 +166,8 @@ def argv(command: str, s: dict[str, Path]) -> list[str]:
             "--types-seqs",
             "1",
         ],
+        "lens-fit": ["lens-fit", "--model", str(s["llama"]), "--lens", "tuned", "--data", str(s["data"])]
+        + ["--seq-len", "4", "--heldout", "1", "--steps", "2"],
         "circuit": ["circuit", "--model", str(s["llama"]), "--task", str(s["pairs"]), "--methods", "eap"]
         + ["--sizes", "0.1,1", "--bootstrap", "5"],
     }[command]

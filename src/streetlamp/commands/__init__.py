@@ -15,6 +15,7 @@ from .evaluate import BENCHMARK, EVALUATE
 from .explain import EXPLAIN, EXPLAIN_GENERATION
 from .heads import HEADS, PRUNE
 from .lens import LENS
+from .lens_fit import LENS_FIT
 from .listing import ATTENTION_ROW, METHODS, MODELS, REPORT, SERVE
 from .patch import MEDIATE, PATCH
 from .probe import PROBE
@@ -30,6 +31,7 @@ COMMANDS: list[Command] = [
     PRUNE,
     PATCH,
     LENS,
+    LENS_FIT,
     MEDIATE,
     EVALUATE,
     REPLICATE,

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..settings import Settings, Shared, option
+from ..specs import lens_spec
 from .base import Command
 
 if TYPE_CHECKING:
@@ -21,6 +22,24 @@ class LensSettings(Settings):
     query: int | None = option(None, help="query position for --head (default: last)")
     types_length: int = option(20, help="random tokens per head-type sequence (repeated)")
     types_seqs: int = option(4, help="random sequences for the head types")
+    lens: tuple[str, str | None] = option(
+        ("logit", None),
+        parse=lens_spec,
+        help="logit (default), tuned:DIR or jacobian:DIR (a folder of lens-fit, or of the tuned-lens package)",
+    )
+    intervention_check: bool = option(
+        False,
+        flag="--check",
+        help="check the lens against intervention at the last position: each layer's residual patched into a "
+        "neutral context (table, lens_check.csv, check.* arrays)",
+    )
+    neutral: str | None = option(None, help="--check: the neutral context (default: the document separator twice)")
+
+    def validate(self, adapter: ModelAdapter) -> None:
+        if self.lens[1] is not None:
+            from ..interventions.lenses.store import load_lens
+
+            load_lens(self.lens[1], adapter, self.lens[0])  # refused before anything is written
 
 
 @dataclass
@@ -54,6 +73,9 @@ def run_lens(adapter: ModelAdapter, s: LensSettings, out: Any, opts: Any) -> Len
         query=s.query,
         types_length=s.types_length,
         types_seqs=s.types_seqs,
+        lens=s.lens,
+        check=s.intervention_check,
+        neutral=s.neutral,
         seed=s.seed,
         overwrite=opts.overwrite,
     )

@@ -6,14 +6,20 @@ Writes ``arrays.safetensors``, figures and ``manifest.json`` (result tables also
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 
 from ..errors import StreetlampError
 from ..interventions.head_types import TYPES, detect_head_types
 from ..interventions.lens import direct_logit_attribution, logit_lens
+from ..interventions.lenses.base import Lens
+from ..interventions.lenses.check import COLUMNS as CHECK_COLUMNS
+from ..interventions.lenses.check import check_against_intervention, neutral_ids
+from ..interventions.lenses.store import load_lens
 from ..interventions.qk import head_table
 from ..models.adapter import ModelAdapter
 from ..models.readout import check_lens
@@ -48,12 +54,18 @@ def run_lens(
     query: int | None = None,
     types_length: int = 20,
     types_seqs: int = 4,
+    lens: tuple[str, str | None] = ("logit", None),
+    check: bool = False,
+    neutral: str | None = None,
     seed: int = 0,
     top: int = 10,
     overwrite: bool = False,
 ) -> dict:
     rf = RunFolder.of(out, "lens", overwrite)
     check_lens(adapter)
+    kind, folder = lens
+    the_lens = Lens.logit(adapter) if folder is None else load_lens(folder, adapter, kind)
+    neutral_tokens = neutral_ids(adapter, neutral) if check else None
     inputs = adapter.encode(text)
     ids = inputs.input_ids[0]
     n = ids.shape[0]
@@ -69,7 +81,8 @@ def run_lens(
             index = int(adapter.forward(inputs).logits[0].argmax())
     target = adapter.output_label(index)
 
-    lens = logit_lens(adapter, ids, index)
+    lens = logit_lens(adapter, ids, index, lens=the_lens)
+    name = f"{kind} lens"
     dla = direct_logit_attribution(adapter, ids, index)
     types = detect_head_types(adapter, length=types_length, n_seqs=types_seqs, seed=seed)
     L, H = adapter.n_layers, adapter.n_heads
@@ -91,21 +104,22 @@ def run_lens(
     described = {
         "lens.logit": {
             "axes": lp,
-            "meaning": f"logit lens: logit of {target!r} from each layer's residual through "
-            "the final norm and unembedding",
+            "meaning": f"{name}: logit of {target!r} from each layer's residual"
+            + (" through" if kind == "logit" else f" mapped by the {kind} lens's A h + b, then through")
+            + " the final norm and unembedding",
         },
         "lens.prob": {
             "axes": lp,
-            "meaning": f"logit lens: probability of {target!r} (float32: below ~1e-38 it reads 0; see lens.logprob)",
+            "meaning": f"{name}: probability of {target!r} (float32: below ~1e-38 it reads 0; see lens.logprob)",
         },
         "lens.logprob": {
             "axes": lp,
-            "meaning": f"logit lens: natural log of the probability of {target!r} (log-softmax in float64, "
+            "meaning": f"{name}: natural log of the probability of {target!r} (log-softmax in float64, "
             "finite where lens.prob underflows)",
         },
-        "lens.rank": {"axes": lp, "meaning": f"logit lens: rank of {target!r} (0 = top)"},
-        "lens.top_ids": {"axes": lp + ["k"], "meaning": "logit lens: top token ids"},
-        "lens.top_prob": {"axes": lp + ["k"], "meaning": "logit lens: probabilities of the top tokens"},
+        "lens.rank": {"axes": lp, "meaning": f"{name}: rank of {target!r} (0 = top)"},
+        "lens.top_ids": {"axes": lp + ["k"], "meaning": f"{name}: top token ids"},
+        "lens.top_prob": {"axes": lp + ["k"], "meaning": f"{name}: probabilities of the top tokens"},
         "dla.heads": {
             "axes": ["layer", "head"],
             "meaning": f"direct logit attribution to {target!r} at the last "
@@ -133,7 +147,7 @@ def run_lens(
     head_names = [f"L{l}H{h}" for l in range(L) for h in range(H)]
     tables = [
         {
-            "title": f"logit lens: top token at the last position ({labels[-1]!r}) per layer",
+            "title": f"{name}: top token at the last position ({labels[-1]!r}) per layer",
             "columns": ["layer", "top token", "p(top)", f"p({target!r})", f"log p({target!r})", f"rank of {target!r}"],
             "rows": [
                 [
@@ -181,6 +195,62 @@ def run_lens(
     }
     if dla.softcap:  # DLA splits the logit before the final soft-cap (Gemma)
         summary.update(final_logit_softcap=dla.softcap, model_logit=dla.model_logit)
+    if folder is not None:
+        summary["lens"] = {"kind": kind, "folder": str(folder), **the_lens.info}
+        if "warning" in the_lens.info:
+            print(f"warning: {the_lens.info['warning']}", file=sys.stderr)
+    checked = None
+    if check:
+        checked = check_against_intervention(adapter, ids, the_lens, index, neutral_tokens)
+        flagged = [r["layer"] for r in checked["rows"] if r["disagrees"]]
+        tables.append(
+            {
+                "title": f"{name} checked against intervention: each layer's residual at the last position patched "
+                f"into the neutral context {[adapter.output_label(t) for t in checked['neutral']]!r}",
+                "columns": [
+                    "layer",
+                    "lens top",
+                    "patched top",
+                    "top-1 match",
+                    "KL(patched || lens)",
+                    f"rank of {target!r} (lens)",
+                    f"rank of {target!r} (patched)",
+                    "disagrees",
+                ],
+                "rows": [
+                    [
+                        "embed" if r["row"] == 0 else r["row"] - 1,
+                        repr(r["lens_top"]),
+                        repr(r["patched_top"]),
+                        r["top1_match"],
+                        r["kl_patched_lens"],
+                        r["rank_lens"],
+                        r["rank_patched"],
+                        "DISAGREES" if r["disagrees"] else "",
+                    ]
+                    for r in checked["rows"]
+                ],
+                "note": f"{len(flagged)} of {L + 1} layers disagree (the lens's top token is not the patched run's): "
+                + (", ".join(flagged) or "none"),
+            }
+        )
+        summary["check"] = {
+            "file": "lens_check.csv",
+            "neutral": checked["neutral"],
+            "agreement": float(np.mean(checked["top1_match"])),
+            "disagreeing_layers": flagged,
+        }
+        for k, meaning in (
+            ("kl", "KL(patched outcome || lens readout) at the last position, nats"),
+            ("top1_match", "1 where the lens's top token is the patched run's top token"),
+            ("rank_lens", f"rank of {target!r} under the lens readout (0 = top)"),
+            ("rank_patched", f"rank of {target!r} in the patched run's output (0 = top)"),
+        ):
+            arrays[f"check.{k}"] = np.asarray(checked[k], np.float64)
+            described[f"check.{k}"] = {
+                "axes": ["layer(0=embedding, l+1=after layer l)"],
+                "meaning": f"{name} check: {meaning}",
+            }
     qk = None
     if lh is not None:
         ht = head_table(adapter, ids, lh[0], lh[1], q, index)
@@ -208,6 +278,8 @@ def run_lens(
             "dla": ht["dla"],
         }
     with rf.staging() as w:
+        if checked is not None:
+            pd.DataFrame(checked["rows"], columns=CHECK_COLUMNS).to_csv(w.path / "lens_check.csv", index=False)
         w.add_arrays({k: np.asarray(v, np.float32) for k, v in arrays.items()}, described)
         fig.layer_pos(
             {f"p({target!r})": lens["prob"]},
@@ -250,8 +322,11 @@ def run_lens(
                     "qk_parts": qk.parts if qk is not None else None,
                     "types_length": types_length,
                     "types_seqs": types_seqs,
+                    "lens": {"kind": kind, "folder": str(folder) if folder is not None else None},
+                    "check": check,
+                    "neutral": neutral,
                 },
                 "seed": seed,
             }
         )
-    return {"lens": lens, "dla": dla, "types": types, "tables": tables, "summary": summary}
+    return {"lens": lens, "dla": dla, "types": types, "tables": tables, "summary": summary, "check": checked}
