@@ -48,6 +48,11 @@ class EvaluateSettings(Settings):
     answer_tokens: int = option(
         0, help="causal LM: also score every token of the greedy N-token answer (forced decoding; docs/decoder.md)"
     )
+    soft: bool = option(
+        True, help="soft erasure: Soft-NC/NS and pi-Soft-NC/NS beside the hard metrics (--no-soft: off)"
+    )
+    soft_samples: int = option(10, help="soft erasure: Bernoulli masks per example, method and variant")
+    soft_pi: float = option(0.5, help="pi-Soft-NC/NS: expected retained fraction of the tokens, in (0, 1]")
 
     def check(self) -> None:
         super().check()
@@ -70,6 +75,9 @@ class EvaluateSettings(Settings):
         at_least(self.workers, 1, "--workers")
         if not self.eps > 0:
             raise StreetlampError(f"--eps must be positive (got {self.eps})")
+        from ..evaluation.soft import check_soft
+
+        check_soft(self.soft_samples, self.soft_pi)
 
     def eval_settings(self) -> Any:
         """The stored part (:class:`~streetlamp.evaluation.pipeline.EvalSettings`)."""
@@ -88,6 +96,9 @@ class EvaluateSettings(Settings):
             counterfactual=cf.__dict__.copy(),
             truncate=self.truncate,
             answer_tokens=self.answer_tokens,
+            soft=self.soft,
+            soft_samples=self.soft_samples,
+            soft_pi=self.soft_pi,
         )
 
     def validate(self, adapter: ModelAdapter) -> None:

@@ -44,11 +44,17 @@ class EvalSettings:
     counterfactual: dict[str, Any] = field(default_factory=lambda: asdict(Counterfactual()))
     truncate: bool = False
     answer_tokens: int = 0  # causal LM: also score a greedy answer of this many tokens (evaluation/answer.py)
+    soft: bool = True  # soft erasure (evaluation/soft.py): soft_samples masks per variant, retained fraction soft_pi
+    soft_samples: int = 10
+    soft_pi: float = 0.5
 
     def to_dict(self) -> dict:
         d = asdict(self)
         if not self.answer_tokens:  # stores written before the option compare equal on resume
             del d["answer_tokens"]
+        if not self.soft:  # likewise for soft erasure, off (--no-soft)
+            for k in ("soft", "soft_samples", "soft_pi"):
+                del d[k]
         return d
 
 
@@ -125,6 +131,18 @@ def evaluate_chunk(
         arrays[e.id][f"{name}.tokens"] = scores[name][b].astype(np.float32)
         for key, arr_v in arr.items():
             arrays[e.id][f"{name}.{key}"] = arr_v
+    if s.soft:  # soft and pi-controlled erasure (evaluation/soft.py)
+        from .soft import soft_erasure
+
+        f_full = probs[np.arange(len(examples)), pred]
+        soft = soft_erasure(
+            adapter, ids, scores, specials, removal, f_full, pred, s.soft_pi, s.soft_samples, seeds, budget
+        )
+        for (name, b), (met, arr) in soft.items():
+            for k, v in met.items():
+                add(examples[b].id, name, k, v)
+            for key, arr_v in arr.items():
+                arrays[examples[b].id][f"{name}.{key}"] = arr_v
 
     # -- agreement and plausibility --------------------------------------------------------------
     for b, e in enumerate(examples):

@@ -14,6 +14,7 @@ import pandas as pd
 
 from ..data import Dataset, load_dataset, sample_indices
 from ..errors import StreetlampError
+from ..evaluation.confounds import write_interval_table
 from ..evaluation.pipeline import ChunkExample, EvalSettings, evaluate_chunk
 from ..extras import require
 from ..methods.registry import get_method
@@ -188,6 +189,10 @@ def evaluate(
         raise StreetlampError("--replacement must be 'delete' or 'mask'")
     if settings.answer_tokens and adapter.kind != "causal_lm":
         raise StreetlampError(f"--answer-tokens needs a causal LM; {adapter.name} is a {adapter.kind}")
+    if settings.soft:
+        from ..evaluation.soft import check_soft
+
+        check_soft(settings.soft_samples, settings.soft_pi)
     layers_of(adapter, settings.flip_layers, "--flip-layers")  # a bad layer: refused before the store exists
     layers_of(adapter, settings.cf_layers, "--cf-layers")
     # every check before the store is touched; a generated answer needs its positions too
@@ -236,12 +241,14 @@ def evaluate(
             raise StreetlampError(f"unknown engine {engine!r}: local or ray")
     finally:
         bar.close()
-    summary = summarise(store.metrics())
+    metrics = store.metrics()
+    summary = summarise(metrics)
     lines = write_summary(store.folder, summary)
+    lines += append_summary(store.folder, write_interval_table(store.folder, metrics))
     try:
         from ..report.evaluation import figures
 
-        figures(store.folder, store.metrics())
+        figures(store.folder, metrics)
     except ImportError:  # the report module is optional for the store itself
         pass
     # report.html: written by the command pipeline after the run (store/ never imports report/)
@@ -254,6 +261,15 @@ def summarise(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["method", "metric", "mean", "median", "n"])
     g = df.groupby(["method", "metric"])["value"]
     return g.agg(mean="mean", median="median", n="count").reset_index()
+
+
+def append_summary(folder: Path, lines: list[str]) -> list[str]:
+    """Add a section to ``summary.md`` (the interval tables of evaluation/confounds.py)."""
+    if not lines:
+        return []
+    with open(folder / "summary.md", "a") as f:
+        f.write("\n" + "\n".join(lines) + "\n")
+    return ["", *lines]
 
 
 def _md(df: pd.DataFrame) -> str:
