@@ -53,6 +53,9 @@ class EvaluateSettings(Settings):
     )
     soft_samples: int = option(10, help="soft erasure: Bernoulli masks per example, method and variant")
     soft_pi: float = option(0.5, help="pi-Soft-NC/NS: expected retained fraction of the tokens, in (0, 1]")
+    randomisation: str = option(
+        "", help="model-randomisation sanity check: cascading, independent or both (explains again per stage)"
+    )
 
     def check(self) -> None:
         super().check()
@@ -78,6 +81,11 @@ class EvaluateSettings(Settings):
         from ..evaluation.soft import check_soft
 
         check_soft(self.soft_samples, self.soft_pi)
+        if self.randomisation:
+            from ..evaluation.randomisation import check_methods, modes_of
+
+            modes_of(self.randomisation)
+            check_methods(self.methods, self.method_params)
 
     def eval_settings(self) -> Any:
         """The stored part (:class:`~streetlamp.evaluation.pipeline.EvalSettings`)."""
@@ -99,6 +107,7 @@ class EvaluateSettings(Settings):
             soft=self.soft,
             soft_samples=self.soft_samples,
             soft_pi=self.soft_pi,
+            randomisation=self.randomisation,
         )
 
     def validate(self, adapter: ModelAdapter) -> None:

@@ -47,6 +47,7 @@ class EvalSettings:
     soft: bool = True  # soft erasure (evaluation/soft.py): soft_samples masks per variant, retained fraction soft_pi
     soft_samples: int = 10
     soft_pi: float = 0.5
+    randomisation: str = ""  # "", cascading, independent or both (evaluation/randomisation.py)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -55,6 +56,8 @@ class EvalSettings:
         if not self.soft:  # likewise for soft erasure, off (--no-soft)
             for k in ("soft", "soft_samples", "soft_pi"):
                 del d[k]
+        if not self.randomisation:
+            del d["randomisation"]
         return d
 
 
@@ -143,6 +146,15 @@ def evaluate_chunk(
                 add(examples[b].id, name, k, v)
             for key, arr_v in arr.items():
                 arrays[examples[b].id][f"{name}.{key}"] = arr_v
+
+    if s.randomisation:  # model-randomisation sanity checks, on randomised copies (evaluation/randomisation.py)
+        from .randomisation import randomisation_rows
+
+        params = {n: s.method_params.get(n, {}) for n in s.methods}
+        for b, name, k, v in randomisation_rows(
+            adapter, inputs, scores, specials, params, s.randomisation, s.seed, budget
+        ):
+            add(examples[b].id, name, k, v)
 
     # -- agreement and plausibility --------------------------------------------------------------
     for b, e in enumerate(examples):

@@ -193,6 +193,11 @@ def evaluate(
         from ..evaluation.soft import check_soft
 
         check_soft(settings.soft_samples, settings.soft_pi)
+    if settings.randomisation:
+        from ..evaluation.randomisation import check_methods, modes_of
+
+        modes_of(settings.randomisation)
+        check_methods(settings.methods, settings.method_params)
     layers_of(adapter, settings.flip_layers, "--flip-layers")  # a bad layer: refused before the store exists
     layers_of(adapter, settings.cf_layers, "--cf-layers")
     # every check before the store is touched; a generated answer needs its positions too
@@ -245,6 +250,10 @@ def evaluate(
     summary = summarise(metrics)
     lines = write_summary(store.folder, summary)
     lines += append_summary(store.folder, write_interval_table(store.folder, metrics))
+    if settings.randomisation:
+        from ..evaluation.randomisation import write_verdicts
+
+        lines += append_summary(store.folder, write_verdicts(store.folder, metrics))
     try:
         from ..report.evaluation import figures
 
