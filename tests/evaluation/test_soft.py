@@ -147,7 +147,7 @@ def test_soft_metrics_in_a_run_and_resume_recomputes_nothing(tmp_path: Path) -> 
     table = (tmp_path / "run" / "faithfulness.csv").read_text().splitlines()
     assert table[0].startswith("method,metric,mean,ci_low,ci_high,n")
     assert any(line.startswith("attention,pi_soft_nc,") for line in table)
-    assert "## Hard and soft erasure" in (tmp_path / "run" / "summary.md").read_text()
+    assert "## Hard and soft erasure, F-Fidelity" in (tmp_path / "run" / "summary.md").read_text()
     again = evaluate(str(ckpt), str(data), tmp_path / "run", s, chunk_size=2)
     assert again.n_computed_chunks == 0
     assert again.summary.equals(r.summary)

@@ -53,6 +53,13 @@ class EvaluateSettings(Settings):
     )
     soft_samples: int = option(10, help="soft erasure: Bernoulli masks per example, method and variant")
     soft_pi: float = option(0.5, help="pi-Soft-NC/NS: expected retained fraction of the tokens, in (0, 1]")
+    ffidelity_train: str = option(
+        "", help="F-Fidelity: fine-tune a copy with random masking on this data (evaluated texts left out)"
+    )
+    ffidelity_beta: float = option(0.5, help="F-Fidelity: largest masked fraction, in training and measuring")
+    ffidelity_epochs: int = option(2, help="F-Fidelity: fine-tuning epochs")
+    ffidelity_lr: float = option(3e-5, help="F-Fidelity: AdamW learning rate")
+    ffidelity_samples: int = option(4, help="F-Fidelity: random subsets per removal ratio")
     randomisation: str = option(
         "", help="model-randomisation sanity check: cascading, independent or both (explains again per stage)"
     )
@@ -81,6 +88,8 @@ class EvaluateSettings(Settings):
         from ..evaluation.soft import check_soft
 
         check_soft(self.soft_samples, self.soft_pi)
+        if self.ffidelity_train:
+            self._ffidelity().check()
         if self.randomisation:
             from ..evaluation.randomisation import check_methods, modes_of
 
@@ -108,6 +117,18 @@ class EvaluateSettings(Settings):
             soft_samples=self.soft_samples,
             soft_pi=self.soft_pi,
             randomisation=self.randomisation,
+            ffidelity=self._ffidelity().__dict__.copy() if self.ffidelity_train else {},
+        )
+
+    def _ffidelity(self) -> Any:
+        from ..evaluation.ffidelity import FFidelity
+
+        return FFidelity(
+            train=self.ffidelity_train,
+            beta=self.ffidelity_beta,
+            epochs=self.ffidelity_epochs,
+            lr=self.ffidelity_lr,
+            samples=self.ffidelity_samples,
         )
 
     def validate(self, adapter: ModelAdapter) -> None:

@@ -16,6 +16,8 @@ from ..stats import bootstrap_ci
 
 HARD = ("aopc_comprehensiveness", "aopc_sufficiency")
 SOFT = ("soft_nc", "soft_ns", "pi_soft_nc", "pi_soft_ns")
+FFID = ("ffid_aopc_plus", "ffid_aopc_minus")
+MAIN = HARD + SOFT + FFID
 # F-Fidelity (ffid_plus@r / ffid_minus@r) and randomisation (mprt_*) metrics are matched by pattern
 PATTERN = re.compile(r"^(ffid_(plus|minus)(@[0-9.]+)?|ffid_aopc_(plus|minus)|mprt_(cascading|independent)_\w+@.+)$")
 COLUMNS = ["method", "metric", "mean", "ci_low", "ci_high", "n"]
@@ -49,12 +51,12 @@ def write_interval_table(folder: Path, metrics: pd.DataFrame) -> list[str]:
     """``faithfulness.csv`` and the markdown lines for ``summary.md`` (hard and soft erasure side by side)."""
     t = interval_table(metrics)
     t.to_csv(folder / "faithfulness.csv", index=False)
-    main = t[t.metric.isin(HARD + SOFT)]
+    main = t[t.metric.isin(MAIN)]
     if main.empty:
         return []
-    cols = [m for m in HARD + SOFT if m in set(main.metric)]
+    cols = [m for m in MAIN if m in set(main.metric)]
     lines = [
-        "## Hard and soft erasure (mean [95% bootstrap interval] over examples)",
+        "## Hard and soft erasure, F-Fidelity (mean [95% bootstrap interval] over examples)",
         "",
         "| method | " + " | ".join(cols) + " |",
         "|---|" + "---|" * len(cols),

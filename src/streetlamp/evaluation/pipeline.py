@@ -48,6 +48,7 @@ class EvalSettings:
     soft_samples: int = 10
     soft_pi: float = 0.5
     randomisation: str = ""  # "", cascading, independent or both (evaluation/randomisation.py)
+    ffidelity: dict[str, Any] = field(default_factory=dict)  # evaluation/ffidelity.FFidelity fields; {} = off
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -58,6 +59,8 @@ class EvalSettings:
                 del d[k]
         if not self.randomisation:
             del d["randomisation"]
+        if not self.ffidelity:
+            del d["ffidelity"]
         return d
 
 
@@ -84,8 +87,9 @@ def distribution(name: str, p: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def evaluate_chunk(
-    adapter: ModelAdapter, examples: list[ChunkExample], s: EvalSettings
+    adapter: ModelAdapter, examples: list[ChunkExample], s: EvalSettings, tuned: ModelAdapter | None = None
 ) -> tuple[Rows, dict[str, dict[str, np.ndarray]]]:
+    """``tuned``: the F-Fidelity fine-tuned copy (evaluation/ffidelity.py), when ``s.ffidelity`` asks for it."""
     tables = ChunkTables([e.id for e in examples])
     if not examples:
         return tables.out()
@@ -155,6 +159,18 @@ def evaluate_chunk(
             adapter, inputs, scores, specials, params, s.randomisation, s.seed, budget
         ):
             add(examples[b].id, name, k, v)
+
+    if tuned is not None:  # F-Fidelity on the fine-tuned copy (evaluation/ffidelity.py)
+        from .ffidelity import FFidelity, ffidelity_metrics
+
+        ff, f_tuned = ffidelity_metrics(tuned, ids, scores, specials, pred, FFidelity(**s.ffidelity), seeds, budget)
+        p_tuned = output_probs(tuned, ids, budget)
+        for b, e in enumerate(examples):
+            add(e.id, "ffidelity_model", "prob", f_tuned[b])
+            add(e.id, "ffidelity_model", "correct", p_tuned[b].argmax() == e.gold)
+        for (name, b), met in ff.items():
+            for k, v in met.items():
+                add(examples[b].id, name, k, v)
 
     # -- agreement and plausibility --------------------------------------------------------------
     for b, e in enumerate(examples):
