@@ -60,6 +60,7 @@ class EvaluateSettings(Settings):
     ffidelity_epochs: int = option(2, help="F-Fidelity: fine-tuning epochs")
     ffidelity_lr: float = option(3e-5, help="F-Fidelity: AdamW learning rate")
     ffidelity_samples: int = option(4, help="F-Fidelity: random subsets per removal ratio")
+    ffidelity_max_train: int = option(1000, help="F-Fidelity: at most N training examples (drawn with --seed)")
     randomisation: str = option(
         "", help="model-randomisation sanity check: cascading, independent or both (explains again per stage)"
     )
@@ -129,6 +130,7 @@ class EvaluateSettings(Settings):
             epochs=self.ffidelity_epochs,
             lr=self.ffidelity_lr,
             samples=self.ffidelity_samples,
+            max_train=self.ffidelity_max_train,
         )
 
     def validate(self, adapter: ModelAdapter) -> None:

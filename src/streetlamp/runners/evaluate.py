@@ -295,6 +295,9 @@ def _ffidelity_copy(
         return got[0]
     evaluated = {e.text for e in examples}
     train_ds.examples = [e for e in train_ds.examples if e.text not in evaluated]
+    cap = FFidelity(**settings.ffidelity).max_train
+    if len(train_ds.examples) > cap:
+        train_ds.examples = [train_ds.examples[i] for i in sample_indices(len(train_ds.examples), cap, settings.seed)]
     train = [(e.ids, e.gold) for e in prepare(adapter, train_ds, truncate=True)[0]] if train_ds.examples else []
     held = [(e.ids, e.gold) for e in examples]
     tuned, record = fine_tune(adapter, train, held, FFidelity(**settings.ffidelity), settings.seed, settings.batch_size)
