@@ -5,6 +5,8 @@
   rows and the comparison table): the positions flagged by ``exclude`` -- the model's structural
   special tokens, :meth:`~streetlamp.models.adapter.ModelAdapter.special_mask` -- are dropped
   before ranking; the result is NaN when fewer than two tokens remain or either ranking is constant.
+* :func:`spearman_rho` -- Spearman's rank correlation (Pearson correlation of the average ranks, ties
+  shared), with the same ``exclude`` policy and NaN rule as :func:`kendall_tau`.
 * :func:`js_divergence` / :func:`js_divergence_t` -- Jensen-Shannon divergence in bits (base 2, in
   [0, 1]), numpy and torch.
 * :func:`total_variation` / :func:`total_variation_t` -- ``0.5 * sum |p - q|``.
@@ -45,6 +47,31 @@ def kendall_tau(a: np.ndarray, b: np.ndarray, exclude: np.ndarray | None = None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return float(kendalltau(a, b).statistic)
+
+
+def _avg_ranks(x: np.ndarray) -> np.ndarray:
+    """1-based ranks, tied values sharing the mean of their ranks."""
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x))
+    ranks[order] = np.arange(1, len(x) + 1)
+    _, inv = np.unique(x, return_inverse=True)
+    sums = np.bincount(inv, weights=ranks)
+    return (sums / np.bincount(inv))[inv]
+
+
+def spearman_rho(a: np.ndarray, b: np.ndarray, exclude: np.ndarray | None = None) -> float:
+    """Spearman's rho of ``a`` and ``b`` over the positions not in ``exclude`` (bool mask)."""
+    a, b = np.asarray(a, np.float64).reshape(-1), np.asarray(b, np.float64).reshape(-1)
+    if a.shape != b.shape:
+        raise ValueError(f"score arrays differ in shape: {a.shape} vs {b.shape}")
+    if exclude is not None:
+        keep = ~np.asarray(exclude, bool).reshape(-1)
+        a, b = a[keep], b[keep]
+    if a.size < 2 or np.all(a == a[0]) or np.all(b == b[0]):
+        return float("nan")
+    ra, rb = _avg_ranks(a), _avg_ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    return float(np.dot(ra, rb) / np.sqrt(np.dot(ra, ra) * np.dot(rb, rb)))
 
 
 def _kl_bits(a: np.ndarray, b: np.ndarray, axis: int) -> np.ndarray:

@@ -48,6 +48,22 @@ class EvaluateSettings(Settings):
     answer_tokens: int = option(
         0, help="causal LM: also score every token of the greedy N-token answer (forced decoding; docs/decoder.md)"
     )
+    soft: bool = option(
+        True, help="soft erasure: Soft-NC/NS and pi-Soft-NC/NS beside the hard metrics (--no-soft: off)"
+    )
+    soft_samples: int = option(10, help="soft erasure: Bernoulli masks per example, method and variant")
+    soft_pi: float = option(0.5, help="pi-Soft-NC/NS: expected retained fraction of the tokens, in (0, 1]")
+    ffidelity_train: str = option(
+        "", help="F-Fidelity: fine-tune a copy with random masking on this data (evaluated texts left out)"
+    )
+    ffidelity_beta: float = option(0.5, help="F-Fidelity: largest masked fraction, in training and measuring")
+    ffidelity_epochs: int = option(2, help="F-Fidelity: fine-tuning epochs")
+    ffidelity_lr: float = option(3e-5, help="F-Fidelity: AdamW learning rate")
+    ffidelity_samples: int = option(4, help="F-Fidelity: random subsets per removal ratio")
+    ffidelity_max_train: int = option(1000, help="F-Fidelity: at most N training examples (drawn with --seed)")
+    randomisation: str = option(
+        "", help="model-randomisation sanity check: cascading, independent or both (explains again per stage)"
+    )
 
     def check(self) -> None:
         super().check()
@@ -70,6 +86,16 @@ class EvaluateSettings(Settings):
         at_least(self.workers, 1, "--workers")
         if not self.eps > 0:
             raise StreetlampError(f"--eps must be positive (got {self.eps})")
+        from ..evaluation.soft import check_soft
+
+        check_soft(self.soft_samples, self.soft_pi)
+        if self.ffidelity_train:
+            self._ffidelity().check()
+        if self.randomisation:
+            from ..evaluation.randomisation import check_methods, modes_of
+
+            modes_of(self.randomisation)
+            check_methods(self.methods, self.method_params)
 
     def eval_settings(self) -> Any:
         """The stored part (:class:`~streetlamp.evaluation.pipeline.EvalSettings`)."""
@@ -88,6 +114,23 @@ class EvaluateSettings(Settings):
             counterfactual=cf.__dict__.copy(),
             truncate=self.truncate,
             answer_tokens=self.answer_tokens,
+            soft=self.soft,
+            soft_samples=self.soft_samples,
+            soft_pi=self.soft_pi,
+            randomisation=self.randomisation,
+            ffidelity=self._ffidelity().__dict__.copy() if self.ffidelity_train else {},
+        )
+
+    def _ffidelity(self) -> Any:
+        from ..evaluation.ffidelity import FFidelity
+
+        return FFidelity(
+            train=self.ffidelity_train,
+            beta=self.ffidelity_beta,
+            epochs=self.ffidelity_epochs,
+            lr=self.ffidelity_lr,
+            samples=self.ffidelity_samples,
+            max_train=self.ffidelity_max_train,
         )
 
     def validate(self, adapter: ModelAdapter) -> None:

@@ -44,11 +44,23 @@ class EvalSettings:
     counterfactual: dict[str, Any] = field(default_factory=lambda: asdict(Counterfactual()))
     truncate: bool = False
     answer_tokens: int = 0  # causal LM: also score a greedy answer of this many tokens (evaluation/answer.py)
+    soft: bool = True  # soft erasure (evaluation/soft.py): soft_samples masks per variant, retained fraction soft_pi
+    soft_samples: int = 10
+    soft_pi: float = 0.5
+    randomisation: str = ""  # "", cascading, independent or both (evaluation/randomisation.py)
+    ffidelity: dict[str, Any] = field(default_factory=dict)  # evaluation/ffidelity.FFidelity fields; {} = off
 
     def to_dict(self) -> dict:
         d = asdict(self)
         if not self.answer_tokens:  # stores written before the option compare equal on resume
             del d["answer_tokens"]
+        if not self.soft:  # likewise for soft erasure, off (--no-soft)
+            for k in ("soft", "soft_samples", "soft_pi"):
+                del d[k]
+        if not self.randomisation:
+            del d["randomisation"]
+        if not self.ffidelity:
+            del d["ffidelity"]
         return d
 
 
@@ -75,8 +87,9 @@ def distribution(name: str, p: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def evaluate_chunk(
-    adapter: ModelAdapter, examples: list[ChunkExample], s: EvalSettings
+    adapter: ModelAdapter, examples: list[ChunkExample], s: EvalSettings, tuned: ModelAdapter | None = None
 ) -> tuple[Rows, dict[str, dict[str, np.ndarray]]]:
+    """``tuned``: the F-Fidelity fine-tuned copy (evaluation/ffidelity.py), when ``s.ffidelity`` asks for it."""
     tables = ChunkTables([e.id for e in examples])
     if not examples:
         return tables.out()
@@ -125,6 +138,39 @@ def evaluate_chunk(
         arrays[e.id][f"{name}.tokens"] = scores[name][b].astype(np.float32)
         for key, arr_v in arr.items():
             arrays[e.id][f"{name}.{key}"] = arr_v
+    if s.soft:  # soft and pi-controlled erasure (evaluation/soft.py)
+        from .soft import soft_erasure
+
+        f_full = probs[np.arange(len(examples)), pred]
+        soft = soft_erasure(
+            adapter, ids, scores, specials, removal, f_full, pred, s.soft_pi, s.soft_samples, seeds, budget
+        )
+        for (name, b), (met, arr) in soft.items():
+            for k, v in met.items():
+                add(examples[b].id, name, k, v)
+            for key, arr_v in arr.items():
+                arrays[examples[b].id][f"{name}.{key}"] = arr_v
+
+    if s.randomisation:  # model-randomisation sanity checks, on randomised copies (evaluation/randomisation.py)
+        from .randomisation import randomisation_rows
+
+        params = {n: s.method_params.get(n, {}) for n in s.methods}
+        for b, name, k, v in randomisation_rows(
+            adapter, inputs, scores, specials, params, s.randomisation, s.seed, budget
+        ):
+            add(examples[b].id, name, k, v)
+
+    if tuned is not None:  # F-Fidelity on the fine-tuned copy (evaluation/ffidelity.py)
+        from .ffidelity import FFidelity, ffidelity_metrics
+
+        ff, f_tuned = ffidelity_metrics(tuned, ids, scores, specials, pred, FFidelity(**s.ffidelity), seeds, budget)
+        p_tuned = output_probs(tuned, ids, budget)
+        for b, e in enumerate(examples):
+            add(e.id, "ffidelity_model", "prob", f_tuned[b])
+            add(e.id, "ffidelity_model", "correct", p_tuned[b].argmax() == e.gold)
+        for (name, b), met in ff.items():
+            for k, v in met.items():
+                add(examples[b].id, name, k, v)
 
     # -- agreement and plausibility --------------------------------------------------------------
     for b, e in enumerate(examples):

@@ -64,6 +64,7 @@ class Method(ABC):
     kinds: ClassVar[tuple[str, ...]] = ("classifier", "causal_lm")
     long_input: ClassVar[bool] = False
     long_needs_graph: ClassVar[bool] = False  # the long recording keeps the last layer's graph for this method
+    uses_weights: ClassVar[bool] = True  # reads the model's weights (evaluate's randomisation check needs it)
 
     def params(self) -> dict[str, Any]:
         return dataclasses.asdict(self) if dataclasses.is_dataclass(self) else {}

@@ -14,6 +14,7 @@ import pandas as pd
 
 from ..data import Dataset, load_dataset, sample_indices
 from ..errors import StreetlampError
+from ..evaluation.confounds import write_interval_table
 from ..evaluation.pipeline import ChunkExample, EvalSettings, evaluate_chunk
 from ..extras import require
 from ..methods.registry import get_method
@@ -188,6 +189,16 @@ def evaluate(
         raise StreetlampError("--replacement must be 'delete' or 'mask'")
     if settings.answer_tokens and adapter.kind != "causal_lm":
         raise StreetlampError(f"--answer-tokens needs a causal LM; {adapter.name} is a {adapter.kind}")
+    if settings.soft:
+        from ..evaluation.soft import check_soft
+
+        check_soft(settings.soft_samples, settings.soft_pi)
+    if settings.randomisation:
+        from ..evaluation.randomisation import check_methods, modes_of
+
+        modes_of(settings.randomisation)
+        check_methods(settings.methods, settings.method_params)
+    ff_train = _ffidelity_check(adapter, settings, engine)
     layers_of(adapter, settings.flip_layers, "--flip-layers")  # a bad layer: refused before the store exists
     layers_of(adapter, settings.cf_layers, "--cf-layers")
     # every check before the store is touched; a generated answer needs its positions too
@@ -216,6 +227,7 @@ def evaluate(
             "removal_rule": Removal.of(adapter, adapter.replacement_token(settings.replacement)[1]).describe(adapter),
         },
     )
+    tuned = _ffidelity_copy(adapter, store.folder, settings, ff_train, examples) if ff_train is not None else None
     chunks = [examples[i : i + chunk_size] for i in range(0, len(examples), chunk_size)]
     done = store.done_chunks()
     todo = [c for c in range(len(chunks)) if c not in done]
@@ -223,7 +235,7 @@ def evaluate(
     try:
         if engine == "local":
             for c in todo:
-                rows, arrays = evaluate_chunk(adapter, chunks[c], settings)
+                rows, arrays = evaluate_chunk(adapter, chunks[c], settings, tuned)
                 store.write_chunk(c, rows, arrays)
                 bar.update(len(chunks[c]))
         elif engine == "ray":
@@ -236,16 +248,77 @@ def evaluate(
             raise StreetlampError(f"unknown engine {engine!r}: local or ray")
     finally:
         bar.close()
-    summary = summarise(store.metrics())
+    metrics = store.metrics()
+    summary = summarise(metrics)
     lines = write_summary(store.folder, summary)
+    lines += append_summary(store.folder, write_interval_table(store.folder, metrics))
+    if tuned is not None:
+        lines += append_summary(store.folder, _ffidelity_lines(store.folder))
+    if settings.randomisation:
+        from ..evaluation.randomisation import write_verdicts
+
+        lines += append_summary(store.folder, write_verdicts(store.folder, metrics))
     try:
         from ..report.evaluation import figures
 
-        figures(store.folder, store.metrics())
+        figures(store.folder, metrics)
     except ImportError:  # the report module is optional for the store itself
         pass
     # report.html: written by the command pipeline after the run (store/ never imports report/)
     return EvalResult(store.folder, len(examples), len(skipped), len(todo), summary, lines)
+
+
+def _ffidelity_check(adapter: ModelAdapter, settings: EvalSettings, engine: str) -> Dataset | None:
+    """F-Fidelity's settings, model and training data checked before the store exists (None: off)."""
+    if not settings.ffidelity:
+        return None
+    from ..evaluation.ffidelity import FFidelity, check_adapter
+
+    cfg = FFidelity(**settings.ffidelity)
+    cfg.check()
+    check_adapter(adapter)
+    if engine != "local":
+        raise StreetlampError("--ffidelity-train runs on the local engine only (the fine-tuned copy lives in the run)")
+    ds = load_dataset(cfg.train)
+    label_indices(adapter, ds)  # its labels must be the model's classes
+    return ds
+
+
+def _ffidelity_copy(
+    adapter: ModelAdapter, folder: Path, settings: EvalSettings, train_ds: Dataset, examples: list[ChunkExample]
+) -> ModelAdapter:
+    """The fine-tuned copy saved in the run folder, trained now when it is not there yet."""
+    from ..evaluation.ffidelity import FFidelity, fine_tune, load_copy, save_copy
+
+    got = load_copy(folder, adapter)
+    if got is not None:
+        return got[0]
+    evaluated = {e.text for e in examples}
+    train_ds.examples = [e for e in train_ds.examples if e.text not in evaluated]
+    cap = FFidelity(**settings.ffidelity).max_train
+    if len(train_ds.examples) > cap:
+        train_ds.examples = [train_ds.examples[i] for i in sample_indices(len(train_ds.examples), cap, settings.seed)]
+    train = [(e.ids, e.gold) for e in prepare(adapter, train_ds, truncate=True)[0]] if train_ds.examples else []
+    held = [(e.ids, e.gold) for e in examples]
+    tuned, record = fine_tune(adapter, train, held, FFidelity(**settings.ffidelity), settings.seed, settings.batch_size)
+    record["train_data"] = {"name": train_ds.name, "source": train_ds.source, "sha256": train_ds.hash()}
+    save_copy(folder, tuned, record)
+    return tuned
+
+
+def _ffidelity_lines(folder: Path) -> list[str]:
+    import json
+
+    r = json.loads((folder / "ffidelity" / "training.json").read_text())
+    a = r["accuracy"]
+    return [
+        "## F-Fidelity: the fine-tuned copy (ffidelity/model.safetensors, training.json)",
+        "",
+        f"{r['n_train']} training examples, {r['settings']['epochs']} epochs, beta {r['settings']['beta']}, "
+        f"{r['seconds']:.1f} s; loss per epoch {', '.join(f'{x:.4f}' for x in r['loss_per_epoch'])}; accuracy on "
+        f"the {r['n_held_out']} evaluated examples: copy {a['fine_tuned']:.3f} (original {a['original']:.3f}), "
+        f"with a beta-fraction masked: copy {a['fine_tuned_masked']:.3f} (original {a['original_masked']:.3f})",
+    ]
 
 
 def summarise(df: pd.DataFrame) -> pd.DataFrame:
@@ -254,6 +327,15 @@ def summarise(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["method", "metric", "mean", "median", "n"])
     g = df.groupby(["method", "metric"])["value"]
     return g.agg(mean="mean", median="median", n="count").reset_index()
+
+
+def append_summary(folder: Path, lines: list[str]) -> list[str]:
+    """Add a section to ``summary.md`` (the interval tables of evaluation/confounds.py)."""
+    if not lines:
+        return []
+    with open(folder / "summary.md", "a") as f:
+        f.write("\n" + "\n".join(lines) + "\n")
+    return ["", *lines]
 
 
 def _md(df: pd.DataFrame) -> str:

@@ -1,0 +1,176 @@
+"""Model-parameter randomisation sanity checks (Adebayo et al., NeurIPS 2018, "Sanity Checks for Saliency
+Maps"; Quantus' MPRT): does an explanation change when the model it explains is destroyed?
+
+The model's parameters are split into **stages**, from the top: ``head`` (everything outside the base
+model, i.e. the classifier / score / LM head, plus a BERT pooler), ``layer.{L-1}``, ..., ``layer.0``
+(each block's parameters), then ``embed`` (what remains of the base model: token and position
+embeddings, their norm, a final norm). A stage's tensors are redrawn as ``mean + std * N(0, 1)`` with
+the tensor's own mean and standard deviation (``config.initializer_range``, else 0.02, for a
+constant or one-element tensor), from a generator seeded by the run seed and the parameter's name,
+so every chunk, mode and resumed run sees the same randomised model.
+
+* **cascading**: stage ``k`` randomises stages ``0..k`` (top down, cumulatively);
+* **independent**: stage ``k`` randomises that stage alone.
+
+Always on a **copy** (``copy.deepcopy`` of the model, wrapped in its own adapter): the model being
+evaluated is never modified (``tests/evaluation/test_randomisation.py`` hashes its weights before and
+after). For each method, example and stage: ``mprt_{mode}_spearman@{stage}``, Spearman's rho between
+the explanation on the trained model and on the randomised one over the non-special tokens
+(:func:`streetlamp.stats.spearman_rho`), and ``mprt_{mode}_spearman_abs@{stage}`` of the absolute
+scores (a sign flip alone is not a change of what the explanation points at).
+
+**Verdict** (per method, on the cascading check with every stage randomised, ``@embed``): the mean rho
+over the examples with its 95% bootstrap interval; ``pass`` when the interval lies below
+:data:`THRESHOLD` (the explanation changed), ``fail`` when it lies at or above it (it barely changes
+when the model is destroyed), ``inconclusive`` otherwise.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..errors import StreetlampError
+from ..methods.registry import get_method
+from ..models.adapter import Inputs, ModelAdapter, Target
+from ..stats import bootstrap_ci, spearman_rho
+
+MODES = ("cascading", "independent")
+CHOICES = ("cascading", "independent", "both")
+THRESHOLD = 0.5
+
+
+def modes_of(spec: str) -> tuple[str, ...]:
+    if spec == "both":
+        return MODES
+    if spec in MODES:
+        return (spec,)
+    raise StreetlampError(f"--randomisation must be one of {', '.join(CHOICES)} (got {spec!r})")
+
+
+def check_methods(methods: list[str], params: dict) -> None:
+    """Refuse randomisation for a method whose explanation does not read the model's weights."""
+    for n in methods:
+        if not get_method(n, **params.get(n, {})).uses_weights:
+            raise StreetlampError(
+                f"--randomisation: method {n!r} does not read the model's weights, so randomising them "
+                "cannot change its explanation; leave it out of --methods or drop --randomisation"
+            )
+
+
+def stage_parameters(adapter: ModelAdapter) -> dict[str, list[str]]:
+    """Stage name -> parameter names of the adapter's model, in top-down order (empty stages left out)."""
+    hf = adapter.hf_model
+    names = {id(p): n for n, p in hf.named_parameters()}  # tied parameters appear once, under their first name
+    base_ids = {id(p) for p in hf.base_model.parameters()}
+    pooler = f"{hf.base_model_prefix}.pooler."
+    head = [n for p, n in names.items() if p not in base_ids or n.startswith(pooler)]
+    stages: dict[str, list[str]] = {"head": head}
+    layer_ids = [{id(p) for p in m.parameters()} for m in adapter.layer_modules]
+    for l in reversed(range(len(layer_ids))):
+        stages[f"layer.{l}"] = [n for p, n in names.items() if p in layer_ids[l]]
+    used = {n for v in stages.values() for n in v}
+    stages["embed"] = [n for n in names.values() if n not in used]
+    return {k: v for k, v in stages.items() if v}
+
+
+def _generator(seed: int, name: str) -> torch.Generator:
+    h = int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little")
+    return torch.Generator().manual_seed(h % (2**63))
+
+
+@torch.no_grad()
+def randomise(hf_model: torch.nn.Module, names: list[str], seed: int, init_std: float) -> None:
+    """Redraw the named parameters of ``hf_model`` in place (call it on a copy)."""
+    params = dict(hf_model.named_parameters())
+    for n in names:
+        p = params[n]
+        x = p.detach().double()
+        mean = float(x.mean())
+        std = float(x.std()) if x.numel() > 1 else 0.0
+        if not std > 0:
+            std = init_std
+        z = torch.randn(p.shape, generator=_generator(seed, n), dtype=torch.float64)
+        p.copy_((mean + std * z).to(p.dtype))
+
+
+def randomised_copies(adapter: ModelAdapter, mode: str, seed: int) -> Iterator[tuple[str, ModelAdapter]]:
+    """(stage, adapter of a randomised copy) for every stage of ``mode``, top down; one copy at a time."""
+    stages = stage_parameters(adapter)
+    init_std = float(getattr(adapter.hf_model.config, "initializer_range", None) or 0.02)
+    order = list(stages)
+    for k, stage in enumerate(order):
+        names = [n for s in order[: k + 1] for n in stages[s]] if mode == "cascading" else stages[stage]
+        hf = copy.deepcopy(adapter.hf_model)
+        randomise(hf, names, seed, init_std)
+        yield stage, ModelAdapter(hf, adapter.tokenizer, f"{adapter.name} ({mode} randomisation to {stage})")
+
+
+def randomisation_rows(
+    adapter: ModelAdapter,
+    inputs: Inputs,
+    scores: dict[str, list[np.ndarray]],
+    specials: list[np.ndarray],
+    methods: dict[str, dict],
+    spec: str,
+    seed: int,
+    budget: int | None,
+) -> list[tuple[int, str, str, float]]:
+    """``(example index, method, metric, value)`` of every mode, stage, method and example."""
+    rows: list[tuple[int, str, str, float]] = []
+    for mode in modes_of(spec):
+        for stage, rnd in randomised_copies(adapter, mode, seed):
+            for name, params in methods.items():
+                exps = get_method(name, **params).attribute(rnd, inputs, target=Target(), batch_size=budget, seed=seed)
+                for b, x in enumerate(exps):
+                    r = np.asarray(x.scores, np.float64)
+                    t = scores[name][b]
+                    rows.append((b, name, f"mprt_{mode}_spearman@{stage}", spearman_rho(t, r, specials[b])))
+                    rows.append(
+                        (b, name, f"mprt_{mode}_spearman_abs@{stage}", spearman_rho(abs(t), abs(r), specials[b]))
+                    )
+    return rows
+
+
+def verdicts(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Per method: the fully randomised cascading rho (mean, interval, n) and the verdict."""
+    cols = ["method", "metric", "mean", "ci_low", "ci_high", "n", "threshold", "verdict"]
+    df = metrics[metrics.metric == "mprt_cascading_spearman@embed"]
+    out = []
+    for method, g in df.groupby("method", sort=True):
+        mean, lo, hi, n = bootstrap_ci(g["value"].to_numpy())
+        v = "pass" if hi < THRESHOLD else "fail" if lo >= THRESHOLD else "inconclusive"
+        out.append((method, "mprt_cascading_spearman@embed", mean, lo, hi, n, THRESHOLD, v))
+    return pd.DataFrame(out, columns=cols)
+
+
+def write_verdicts(folder: Path, metrics: pd.DataFrame) -> list[str]:
+    """``randomisation.csv`` (every mode x stage x method: mean rho, interval, n) and
+    ``randomisation_verdict.csv``; the markdown lines for ``summary.md``."""
+    from .confounds import interval_table
+
+    t = interval_table(metrics)
+    t = t[t.metric.str.startswith("mprt_")].copy()
+    parts = t.metric.str.extract(r"^mprt_(?P<mode>\w+?)_(?P<statistic>spearman(?:_abs)?)@(?P<stage>.+)$")
+    t = pd.concat([t[["method"]], parts, t[["mean", "ci_low", "ci_high", "n"]]], axis=1)
+    t.to_csv(folder / "randomisation.csv", index=False)
+    v = verdicts(metrics)
+    v.to_csv(folder / "randomisation_verdict.csv", index=False)
+    if v.empty:
+        return []
+    lines = [
+        f"## Model randomisation (cascading, every stage randomised): Spearman rho trained vs randomised; "
+        f"pass = interval below {THRESHOLD}",
+        "",
+        "| method | rho [95% interval] | n | verdict |",
+        "|---|---|---|---|",
+    ]
+    for r in v.itertuples(index=False):
+        lines.append(f"| {r.method} | {r.mean:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] | {r.n} | {r.verdict} |")
+    return lines
