@@ -61,6 +61,7 @@ KEYS = {
     "benchmark": HEADER | {"files", "method_params", "methods", "n_examples", "quantity", "seed", "tasks"},
     "lens": HEADER | {"arrays", "figures", "model", "parameters", "seed", "summary", "tables"},
     "circuit": HEADER | {"figures", "files", "methods", "model", "parameters", "seed", "summary", "tables", "task"},
+    "atlas": HEADER | {"ablation", "arrays", "atlas", "files", "model_info", "n_cut_to_max_tokens", "settings"},
 }
 
 
@@ -167,6 +168,7 @@ def argv(command: str, s: dict[str, Path]) -> list[str]:
         ],
         "circuit": ["circuit", "--model", str(s["llama"]), "--task", str(s["pairs"]), "--methods", "eap"]
         + ["--sizes", "0.1,1", "--bootstrap", "5"],
+        "atlas": ["atlas", "--model", str(s["llama"]), "--data", str(s["data"]), "--limit", "3", "--top-k", "1"],
     }[command]
 
 
