@@ -45,6 +45,7 @@ _API = (
     "cot",
     "probe",
     "circuit",
+    "atlas",
     "RunResult",
 )  # one function per command that runs (api.names(); the same list: tests/commands/test_cli_api.py)
 

@@ -62,6 +62,7 @@ KEYS = {
     "lens": HEADER | {"arrays", "figures", "model", "parameters", "seed", "summary", "tables"},
     "lens-fit": HEADER | {"arrays", "files", "model", "parameters", "seed", "summary", "tables"},
     "circuit": HEADER | {"figures", "files", "methods", "model", "parameters", "seed", "summary", "tables", "task"},
+    "atlas": HEADER | {"ablation", "arrays", "atlas", "files", "model_info", "n_cut_to_max_tokens", "settings"},
 }
 
 
@@ -170,6 +171,7 @@ def argv(command: str, s: dict[str, Path]) -> list[str]:
         + ["--seq-len", "4", "--heldout", "1", "--steps", "2"],
         "circuit": ["circuit", "--model", str(s["llama"]), "--task", str(s["pairs"]), "--methods", "eap"]
         + ["--sizes", "0.1,1", "--bootstrap", "5"],
+        "atlas": ["atlas", "--model", str(s["llama"]), "--data", str(s["data"]), "--limit", "3", "--top-k", "1"],
     }[command]
 
 

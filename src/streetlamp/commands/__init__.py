@@ -8,6 +8,7 @@ Importing this package imports no torch (``streetlamp --help`` reads it).
 
 from __future__ import annotations
 
+from .atlas import ATLAS
 from .base import Command, Lines, execute
 from .circuit import CIRCUIT
 from .cot import COT
@@ -41,6 +42,7 @@ COMMANDS: list[Command] = [
     COT,
     PROBE,
     CIRCUIT,
+    ATLAS,
 ]
 
 
