@@ -179,6 +179,54 @@ def test_mib_json_is_the_parquet_circuit(run: tuple[Path, str], engine) -> None:
     assert len(d["edges"]) == n_mib
 
 
+def test_paths_table_is_exact_patching_of_the_named_paths(run: tuple[Path, str], engine) -> None:
+    """paths.csv: the top paths of rollout, attention attribution, ALTI and the eap circuit, each row's
+    patch effect and interval = exact edge patching of that edge (the engine here, and the run's own
+    ``exact`` scores), the matters / agree rule from the stated threshold, disagreements first."""
+    out, printed = run
+    a, b, pairs = engine
+    g = b.graph
+    t = pd.read_csv(out / "paths.csv")
+    assert list(t.columns) == [
+        "source_method", "sender", "receiver", "input", "positions", "tokens", "matrix_score", "matrix_share",
+        "matrix_rank", "patch_effect", "patch_ci_low", "patch_ci_high", "relative_effect", "matters", "agree",
+    ]  # fmt: skip
+    assert set(t["source_method"]) == {"rollout", "attention_attribution", "alti", "circuit:eap"}
+    assert (t.groupby("source_method").size() == 10).all()
+    mat = t[~t["source_method"].str.startswith("circuit:")]
+    assert set(mat["input"]) <= {"v", "logits"} and mat["sender"].str.match(r"L\d+\.H\d+$").all()
+    rd = {(x.node, x.input): i for i, x in enumerate(g.readers)}
+    idx = [(rd[(x.receiver, x.input)], g.writers.index(x.sender)) for x in t.itertuples()]
+    rr, ww = np.array([i for i, _ in idx]), np.array([j for _, j in idx])
+    ex = S.exact(b, pairs, edges=(rr, ww)).per_prompt.double().numpy()[:, rr, ww]  # [prompts, rows]
+    tol = f32_tol(a.n_layers) * float(np.abs(ex).max())
+    assert np.abs(ex.mean(0)).max() > 1e3 * tol
+    np.testing.assert_allclose(t["patch_effect"], ex.mean(0), atol=tol, rtol=0)
+    for k in range(0, len(t), 7):
+        _, lo, hi, _ = bootstrap_ci(ex[:, k], BOOT, 0.95, seed=3)
+        assert t["patch_ci_low"].iloc[k] == pytest.approx(lo, abs=tol)
+        assert t["patch_ci_high"].iloc[k] == pytest.approx(hi, abs=tol)
+    edges = pd.read_parquet(out / "edges.parquet").set_index(["method", "source", "target", "input"])
+    for x in t.itertuples():  # the run's own exact scores of the same edge; the circuit rows' eap scores
+        assert edges.loc[("exact", x.sender, x.receiver, x.input), "score"] == pytest.approx(x.patch_effect, abs=tol)
+        if x.source_method == "circuit:eap":
+            assert edges.loc[("eap", x.sender, x.receiver, x.input), "score"] == pytest.approx(x.matrix_score)
+    ar = pd.read_csv(out / "areas.csv").set_index("method").loc["eap"]
+    gap = ar["m_full"] - ar["m_empty"]
+    excl = (t["patch_ci_low"] > 0) | (t["patch_ci_high"] < 0)
+    matters = (t["patch_effect"].abs() >= 0.01 * abs(gap)) & excl
+    assert list(t["matters"]) == list(matters)
+    signs = np.sign(t["patch_effect"]) == np.sign(t["matrix_score"])
+    want = matters & (~t["source_method"].str.startswith("circuit:") | signs)
+    assert list(t["agree"]) == list(want) and 0 < want.sum() < len(t)
+    assert list(t["agree"]) == sorted(t["agree"])  # disagreements first
+    lines = [x for x in printed.splitlines() if x.startswith(("  DISAGREE", "  agree "))]
+    assert len(lines) == len(t) and [x.startswith("  agree") for x in lines] == list(t["agree"])
+    assert f"{(~t['agree']).sum()} of {len(t)} disagree" in printed
+    m = json.loads((out / "manifest.json").read_text())
+    assert "paths.csv" in m["files"] and m["parameters"]["paths"] == 10
+
+
 def test_mean_ablation_runs_without_corrupted_prompts(setup: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "m"
     args = ["circuit", "--model", str(setup["llama"]), "--task", str(setup["dir"] / "nocorrupt.csv")]

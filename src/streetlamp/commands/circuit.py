@@ -49,6 +49,17 @@ def parse_sizes(spec: str | list | tuple) -> list[float]:
     return sorted(set(out))
 
 
+def parse_path_methods(spec: str | list[str]) -> list[str]:
+    """``--path-methods rollout,alti``: the attribution matrices whose top paths are patched."""
+    from ..runners.circuit_paths import MATRIX_METHODS
+
+    names = split_list(spec) if isinstance(spec, str) else list(spec)
+    bad = [m for m in names if m not in MATRIX_METHODS]
+    if bad:
+        raise StreetlampError(f"unknown path method(s) {bad}; choose from {', '.join(MATRIX_METHODS)}")
+    return list(dict.fromkeys(names))
+
+
 def check_size(v: float) -> None:
     if not (0 < v <= 1):  # NaN fails too
         raise StreetlampError(f"circuit size {v:g} is outside (0, 1]: sizes are fractions of the graph's edges")
@@ -98,6 +109,17 @@ class CircuitSettings(Settings):
     random: int = option(3, help="random circuits per size for the baseline")
     top: int = option(10, help="edges printed")
     exact_max: int = option(200_000, help="refuse exact patching above this many (prompt, edge) forwards")
+    paths: int = option(
+        10, help="top paths of each attribution matrix and of the circuit checked by exact edge patching (0: none)"
+    )
+    path_methods: list[str] = option(
+        default_factory=lambda: ["rollout", "attention_attribution", "alti"],
+        parse=parse_path_methods,
+        help="attribution matrices whose top paths are patched: rollout, attention_attribution, alti",
+    )
+    path_threshold: float = option(
+        0.01, type=float, help="a path matters when patching it moves the metric by this share of m(model) - m(empty)"
+    )
 
     def check(self) -> None:
         super().check()
@@ -106,6 +128,9 @@ class CircuitSettings(Settings):
         at_least(self.steps, 1, "--steps")
         at_least(self.random, 0, "--random")
         at_least(self.top, 1, "--top")
+        at_least(self.paths, 0, "--paths")
+        if not 0 <= self.path_threshold < 1:  # NaN fails too
+            raise StreetlampError(f"--path-threshold {self.path_threshold:g} is outside [0, 1)")
         if self.size is not None:
             check_size(self.size)
         from ..runners.circuit import task_pairs

@@ -43,6 +43,7 @@ from ..models.adapter import ModelAdapter
 from ..report import circuit as fig
 from ..stats import resample_indices
 from ..store.run_folder import RunFolder
+from . import circuit_paths as P
 
 if TYPE_CHECKING:
     from ..commands.circuit import CircuitSettings
@@ -209,6 +210,8 @@ class CircuitResult:
     areas: Any  # areas.csv
     top: int = 10
     nodes: list[str] = field(default_factory=list)
+    paths: Any = None  # paths.csv (pandas DataFrame), or None when not asked for
+    path_lines: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         first = next(iter(self.methods))
@@ -247,7 +250,7 @@ class CircuitResult:
             out.append(
                 f"stability: {stable} of {inc.size} circuit edges are in >= 90% of the bootstrap circuits ({verdict})"
             )
-        return out + [f"output: {self.out}/"]
+        return out + self.path_lines + [f"output: {self.out}/"]
 
 
 def joined_nodes(graph: Graph, mask: torch.Tensor) -> list[str]:
@@ -319,11 +322,21 @@ def run_circuit(adapter: ModelAdapter, out: RunFolder | Path, s: CircuitSettings
         rf.out, adapter.name, s.task, len(pairs), s.ablation, s.metric, chosen, methods, et, ft, at, s.top,
         joined_nodes(g, methods[first].mask),
     )  # fmt: skip
+    if s.paths:
+        sm = methods[first].sweep.summary
+        pr = P.compare_paths(
+            adapter, blocks, pairs, (first, methods[first].scores.mean, methods[first].mask), s.path_methods,
+            s.paths, s.ablation, s.metric, s.steps, s.path_threshold, sm["m_full"] - sm["m_empty"], s.bootstrap,
+            s.seed, rows_of(s.batch_size, pairs, 32), edge_intervals,
+        )  # fmt: skip
+        res.paths, res.path_lines = pr.table, pr.lines
     with rf.staging() as w:
         et.to_parquet(w.path / "edges.parquet", index=False)
         ft.to_csv(w.path / "faithfulness.csv", index=False)
         at.to_csv(w.path / "areas.csv", index=False)
         pd.DataFrame([vars(p) for p in raw]).to_csv(w.path / "pairs.csv", index=False)
+        if res.paths is not None:
+            res.paths.to_csv(w.path / "paths.csv", index=False)
         files = {
             "edges.parquet": "every edge of every method: score (mean over prompts of m(edge ablated) - m(model)), "
             "its 95% bootstrap interval, inclusion frequency and membership at the chosen size",
@@ -332,6 +345,12 @@ def run_circuit(adapter: ModelAdapter, out: RunFolder | Path, s: CircuitSettings
             "areas.csv": "CPR (area under f) and CMD (area between f and 1) per method, with intervals",
             "pairs.csv": "the clean / corrupted prompts, answers and templates used",
         }
+        if res.paths is not None:
+            files["paths.csv"] = (
+                "the top paths each attribution matrix and the circuit name, each patched exactly: matrix_score "
+                "(the matrix's path flow, or the circuit method's edge score), patch_effect (m(edge patched) - "
+                "m(model), mean over prompts) with its 95% bootstrap interval, matters, agree"
+            )
         for name, r in methods.items():
             (w.path / f"circuit.{name}.json").write_text(
                 json.dumps(mib_json(g, r.scores.mean, r.mask, adapter.d_model))
@@ -358,6 +377,9 @@ def run_circuit(adapter: ModelAdapter, out: RunFolder | Path, s: CircuitSettings
                     "limit": s.limit,
                     "random": s.random,
                     "batch_size": s.batch_size,
+                    "paths": s.paths,
+                    "path_methods": list(s.path_methods),
+                    "path_threshold": s.path_threshold,
                     "graph": {"writers": g.n_writers, "readers": g.n_readers, "edges": g.n_edges},
                 },
                 "summary": {n: {**r.sweep.summary, "chosen": _plain(r.row)} for n, r in methods.items()},
