@@ -189,3 +189,66 @@ def encode_pairs(adapter: ModelAdapter, pairs: list[TaskPair]) -> PairSet:
         if a == w:
             raise StreetlampError(f"pair {i}: the answer and the wrong answer are the same token")
     return PairSet(clean, corrupt, torch.tensor(ans), torch.tensor(wrong), [p.template for p in pairs])
+
+
+# -- resampled corrupted inputs ------------------------------------------------------------------------
+def _swap_word(clean: str, corrupt: str, pool: list[str], rng: random.Random) -> str | None:
+    """``corrupt`` with its one word that differs from ``clean`` redrawn from ``pool`` (words of ``clean``
+    excluded, punctuation kept); None when the prompts differ in other than one word."""
+    wc, wk = clean.split(" "), corrupt.split(" ")
+    diff = [i for i, (x, y) in enumerate(zip(wc, wk)) if x != y]
+    if len(wc) != len(wk) or len(diff) != 1:
+        return None
+    i = diff[0]
+    word = wk[i]
+    core = word.rstrip(",.;:")
+    used = {w.rstrip(",.;:") for w in wc}
+    choices = [n for n in pool if n not in used and n != core] or [core]
+    wk[i] = rng.choice(choices) + word[len(core) :]
+    return " ".join(wk)
+
+
+def resample_corrupt(task: str, pairs: list[TaskPair], seed: int) -> list[TaskPair]:
+    """The same clean prompts, answers and wrong answers (so the metric and m(model) stay fixed) with their
+    corruption drawn afresh from the task's corrupted distribution:
+    ``ioi``: the subject's second mention replaced by another name absent from the clean prompt;
+    ``induction``: the first copy replaced by other words absent from the repeated sequence;
+    ``greater-than``: the start year ``{C}0y`` with ``y`` uniform in
+    ``0 .. min(9, wrong - 1)`` (both answers stay later than it). Any other task (a CSV): each pair's
+    corrupted prompt drawn from the corrupted prompts of the pairs with its template (a permutation
+    within each template; the token lengths are checked when the pairs are encoded)."""
+    rng = random.Random(seed)
+    out: list[TaskPair] = []
+    if task == "ioi":
+        for p in pairs:
+            c = _swap_word(p.clean, p.corrupt, NAMES, rng)
+            out.append(TaskPair(p.clean, c if c is not None else p.corrupt, p.answer, p.wrong, p.template))
+        return out
+    if task == "induction":
+        for p in pairs:
+            tpl = INDUCTION_TEMPLATES[p.template % len(INDUCTION_TEMPLATES)]
+            wc, wk = p.clean.split(), p.corrupt.split()
+            n = sum(x != y for x, y in zip(wc, wk))  # the first copy's length
+            seq = wc[len(wc) - (n - 1) :] + [p.answer.strip()] if n > 1 else [p.answer.strip()]
+            other = rng.sample([w for w in INDUCTION_WORDS if w not in seq], n)
+            corrupt = tpl.format(X=" ".join(other), Y=" ".join(seq[:-1]))
+            out.append(TaskPair(p.clean, corrupt, p.answer, p.wrong, p.template))
+        return out
+    if task == "greater-than":
+        for p in pairs:
+            old = p.corrupt.split()
+            i = next(j for j, (u, v) in enumerate(zip(p.clean.split(), old)) if u != v)
+            hi = min(9, int(p.wrong) - 1) if p.wrong.strip().isdigit() else 1
+            old[i] = old[i][:-2] + f"0{rng.randint(0, max(0, hi))}"
+            out.append(TaskPair(p.clean, " ".join(old), p.answer, p.wrong, p.template))
+        return out
+    groups: dict[int, list[int]] = {}
+    for i, p in enumerate(pairs):
+        groups.setdefault(p.template, []).append(i)
+    take = list(range(len(pairs)))
+    for rows in groups.values():
+        perm = rows[:]
+        rng.shuffle(perm)
+        for i, j in zip(rows, perm):
+            take[i] = j
+    return [TaskPair(p.clean, pairs[take[i]].corrupt, p.answer, p.wrong, p.template) for i, p in enumerate(pairs)]

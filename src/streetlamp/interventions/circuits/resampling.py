@@ -1,0 +1,217 @@
+"""Error bars for a circuit along three resampling axes (issue 24 item 4; METHODS.md §9).
+
+Each resample **re-discovers** the circuit (scores on the resample, top-k, pruned) and measures its
+faithfulness on the resample, so the intervals hold the whole pipeline's variance, not only the metric's:
+
+* ``prompts``: a bootstrap over the prompts (:func:`streetlamp.stats.resample_indices` over the n pairs);
+  a prompt's scores do not depend on the other prompts, so the resample's scores are the mean of its
+  prompts' per-prompt scores.
+* ``templates``: a cluster bootstrap over the templates: the templates are resampled with replacement
+  (``resample_indices`` over the t templates) and a resample holds every prompt of each drawn template
+  (a template drawn twice, twice).
+* ``corrupt``: the clean prompts, answers and metric fixed, the corrupted inputs drawn afresh
+  (:func:`.tasks.resample_corrupt`): scores, the circuits and ``m(∅)`` are recomputed for each draw.
+  Only for ``patch`` ablation (mean and zero never read the corrupted prompts).
+
+Per axis and size: f of each resample's circuit, its percentile interval
+(:func:`streetlamp.stats.percentile_interval`), CPR and CMD per resample and their intervals; at the
+chosen size, each edge's **inclusion frequency** (the share of resamples whose circuit holds it) and the
+**Jaccard index** ``|A ∩ B| / |A ∪ B|`` of each resampled circuit with the all-data circuit.
+
+**Stability verdict** (one rule, :data:`STABLE_JACCARD`, :data:`STABLE_F_WIDTH`): a circuit is *stable*
+along an axis when its resampled circuits share on average at least half of their edges with the
+all-data one (mean Jaccard >= 0.5) **and** its faithfulness interval at that size is at most 0.25 wide;
+otherwise *not stable*, with the failed part named (and never stable when the all-data circuit at that
+size is empty after pruning).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ...errors import StreetlampError
+from ...models.adapter import ModelAdapter
+from ...stats import percentile_interval, resample_indices
+from .blocks import Blocks
+from .faithfulness import areas, check_fractions, circuit, circuit_metrics, faithfulness
+from .scores import EdgeScores
+from .tasks import PairSet, TaskPair, encode_pairs, resample_corrupt
+
+AXES = ("prompts", "templates", "corrupt")
+STABLE_JACCARD = 0.5
+STABLE_F_WIDTH = 0.25
+
+
+def jaccard(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``|a ∩ b| / |a ∪ b|`` of two edge sets (``[R, U]`` bool); 1 when both are empty."""
+    u = int((a | b).sum())
+    return float((a & b).sum()) / u if u else 1.0
+
+
+def template_resamples(templates: list[int], n: int, seed: int) -> list[np.ndarray]:
+    """Cluster bootstrap: ``n`` resamples of the distinct templates (with replacement), each the prompt
+    indices of every drawn template, in draw order."""
+    ts = sorted(set(templates))
+    rows = {t: [i for i, x in enumerate(templates) if x == t] for t in ts}
+    return [np.array([i for j in draw for i in rows[ts[j]]]) for draw in resample_indices(len(ts), n, seed)]
+
+
+def corrupt_resamples(adapter: ModelAdapter, task: str, raw: list[TaskPair], n: int, seed: int) -> list[PairSet]:
+    """``n`` encoded pair sets with resampled corrupted inputs (:func:`.tasks.resample_corrupt`, seeds
+    ``seed + 1 .. seed + n``). A redrawn corruption whose token length differs from its clean prompt's is
+    put back to the pair's own corrupted prompt."""
+    out = []
+    clean_len = adapter.encode([p.clean for p in raw]).lengths
+    for r in range(n):
+        new = resample_corrupt(task, raw, seed + 1 + r)
+        lens = adapter.encode([p.corrupt for p in new]).lengths
+        fixed = [q if m == c else p for p, q, m, c in zip(raw, new, lens, clean_len)]
+        out.append(encode_pairs(adapter, fixed))
+    return out
+
+
+def verdict(jaccard_mean: float, f_width: float) -> tuple[bool, str]:
+    """The stability rule of the module docstring: (stable, a plain sentence)."""
+    why = []
+    if not jaccard_mean >= STABLE_JACCARD:
+        why.append(
+            f"its resampled circuits share on average {jaccard_mean:.2f} of their edges with it "
+            f"(Jaccard; rule >= {STABLE_JACCARD})"
+        )
+    if not f_width <= STABLE_F_WIDTH:
+        why.append(f"its faithfulness interval is {f_width:.2f} wide (rule <= {STABLE_F_WIDTH})")
+    if why:
+        return False, "NOT stable: " + "; ".join(why)
+    return True, (
+        f"stable: mean Jaccard {jaccard_mean:.2f} >= {STABLE_JACCARD}, faithfulness interval {f_width:.2f} wide "
+        f"<= {STABLE_F_WIDTH}"
+    )
+
+
+@dataclass
+class Resampled:
+    """One axis's resamples: ``f`` ``[n, sizes]``, ``cpr``/``cmd`` ``[n]``, ``jaccard`` ``[n, sizes]``,
+    ``inclusion`` ``[R, U]`` at the chosen size, ``table`` (one row per size), ``summary``."""
+
+    axis: str
+    fractions: np.ndarray
+    f: np.ndarray
+    cpr: np.ndarray
+    cmd: np.ndarray
+    jaccard: np.ndarray
+    inclusion: torch.Tensor
+    table: object  # pandas DataFrame
+    summary: dict
+
+
+def resample(
+    blocks: Blocks,
+    pairs: PairSet,
+    scores: EdgeScores,
+    fractions: list[float] | np.ndarray,
+    axis: str,
+    n: int = 20,
+    seed: int = 0,
+    at: float | None = None,
+    level: float = 0.95,
+    batch_size: int = 32,
+    corrupt_sets: list[PairSet] | None = None,
+    score_fn: Callable[[PairSet], EdgeScores] | None = None,
+) -> Resampled:
+    """Resample along ``axis`` (``prompts``, ``templates``, ``corrupt``) ``n`` times; ``scores`` are the
+    all-data scores (per prompt). ``at``: the size (one of ``fractions``; default the largest) of the
+    inclusion frequency and the verdict. ``corrupt``: give ``corrupt_sets`` (the pairs with resampled
+    corrupted inputs, the clean prompts unchanged) and ``score_fn`` (the method on a pair set)."""
+    import pandas as pd
+
+    if axis not in AXES:
+        raise StreetlampError(f"unknown resampling axis {axis!r}; choose from {', '.join(AXES)}")
+    if n < 2:
+        raise StreetlampError(f"resampling needs at least 2 resamples, got {n}")
+    x = check_fractions(fractions)
+    at = float(x[-1]) if at is None else float(at)
+    if not np.isclose(x, at).any():
+        raise StreetlampError(f"the chosen size {at:g} is not one of the swept sizes")
+    ja = int(np.flatnonzero(np.isclose(x, at))[0])
+    g, ab, metric = blocks.graph, scores.ablation, scores.metric
+    ks = [max(1, int(round(fr * g.n_edges))) for fr in x]
+    per = scores.per_prompt.sum(1) if scores.per_prompt.dim() == 4 else scores.per_prompt
+    base = [circuit(g, scores.mean, k) for k in ks]
+    full, empty = g.valid(), torch.zeros_like(g.valid())
+    f = np.zeros((n, len(ks)))
+    jac = np.zeros((n, len(ks)))
+    inc = torch.zeros(g.n_readers, g.n_writers, dtype=torch.float64)
+    if axis == "corrupt":
+        if ab != "patch":
+            raise StreetlampError(f"resampling the corrupted inputs needs patch ablation (the scores use {ab})")
+        if corrupt_sets is None or score_fn is None or len(corrupt_sets) < n:
+            raise StreetlampError(f"the corrupt axis needs {n} resampled pair sets and a score function")
+        m_full = circuit_metrics(blocks, pairs, [full], ab, metric, batch_size)[0]
+        for r in range(n):
+            p = corrupt_sets[r]
+            masks = [circuit(g, score_fn(p).mean, k) for k in ks]
+            mv = circuit_metrics(blocks, p, [empty] + masks, ab, metric, batch_size)
+            f[r] = faithfulness(mv[1:], mv[0], m_full)
+            jac[r] = [jaccard(m, b) for m, b in zip(masks, base)]
+            inc += masks[ja].double()
+    else:
+        draws = (
+            list(resample_indices(len(pairs), n, seed))
+            if axis == "prompts"
+            else template_resamples(pairs.templates, n, seed)
+        )
+        mv0 = circuit_metrics(blocks, pairs, [full, empty], ab, metric, batch_size)
+        for r, idx in enumerate(draws):
+            uniq, inv = np.unique(idx, return_inverse=True)
+            masks = [circuit(g, per[torch.as_tensor(idx)].mean(0), k) for k in ks]
+            mv = circuit_metrics(blocks, pairs.select(uniq.tolist()), masks, ab, metric, batch_size)[:, inv]
+            f[r] = faithfulness(mv, mv0[1][idx], mv0[0][idx])
+            jac[r] = [jaccard(m, b) for m, b in zip(masks, base)]
+            inc += masks[ja].double()
+    inc /= n
+    ab_areas = np.array([areas(x, fr) for fr in f])
+    ci = np.array([percentile_interval(f[:, j], level) for j in range(len(ks))])
+    jci = np.array([percentile_interval(jac[:, j], level) for j in range(len(ks))])
+    table = pd.DataFrame(
+        {
+            "axis": axis,
+            "method": scores.method,
+            "ablation": ab,
+            "size_fraction": x,
+            "n_edges_requested": ks,
+            "faithfulness_mean": f.mean(0),
+            "ci_low": ci[:, 0],
+            "ci_high": ci[:, 1],
+            "jaccard_mean": jac.mean(0),
+            "jaccard_ci_low": jci[:, 0],
+            "jaccard_ci_high": jci[:, 1],
+            "n_resamples": n,
+        }
+    )
+    in_base = base[ja]
+    stable, why = verdict(float(jac[:, ja].mean()), float(ci[ja, 1] - ci[ja, 0]))
+    if not bool(in_base.any()):
+        stable, why = (
+            False,
+            "NOT stable: no circuit at this size (its top edges join nothing from the input to the logits)",
+        )
+    summary = {
+        "axis": axis,
+        "method": scores.method,
+        "size": at,
+        "n_resamples": n,
+        "level": level,
+        "cpr_mean": float(ab_areas[:, 0].mean()),
+        "cpr_ci": percentile_interval(ab_areas[:, 0], level),
+        "cmd_mean": float(ab_areas[:, 1].mean()),
+        "cmd_ci": percentile_interval(ab_areas[:, 1], level),
+        "jaccard_mean": float(jac[:, ja].mean()),
+        "inclusion_of_circuit": float(inc[in_base].mean()) if bool(in_base.any()) else float("nan"),
+        "stable": stable,
+        "verdict": why,
+    }
+    return Resampled(axis, x, f, ab_areas[:, 0], ab_areas[:, 1], jac, inc, table, summary)

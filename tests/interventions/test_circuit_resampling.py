@@ -1,0 +1,215 @@
+"""Error bars along three resampling axes (prompts, templates, corrupted inputs), checked against a hand
+recomputation of every resample: its prompts drawn with stats.resample_indices by hand (a cluster bootstrap
+over templates written out), its scores averaged with numpy, its top-k circuit ranked by a numpy argsort
+and pruned, its metrics from circuit_metrics on the duplicated prompt list (no de-duplication), f, CPR,
+CMD, the Jaccard index from Python sets and the inclusion frequency from a count; a planted circuit is
+stable on every axis (f exactly 1, Jaccard 1, inclusion 1), noise scores are not."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from streetlamp.errors import StreetlampError
+from streetlamp.interventions.circuits import faithfulness as F
+from streetlamp.interventions.circuits import resampling as RS
+from streetlamp.interventions.circuits import scores as S
+from streetlamp.interventions.circuits import tasks as T
+from streetlamp.interventions.circuits.tasks import TaskPair, encode_pairs
+from streetlamp.stats import resample_indices
+from tests.conftest import F64_TOL
+from tests.interventions.test_circuit_faithfulness import _planted
+from tests.interventions.test_circuit_scores import make
+
+# three templates; within each the prompts have one token length and end on the same word (so a corrupted
+# prompt moved to another pair of its template is a valid corruption of it)
+RAW = [
+    TaskPair("the movie was good and the plot", "the movie was bad and the plot", " good", " bad", 0),
+    TaskPair("the film was great and the plot", "the film was terrible and the plot", " great", " terrible", 0),
+    TaskPair("i loved the story and the film", "i hated the story and the film", " loved", " hated", 1),
+    TaskPair("i loved it and the story film", "i hated it and the story film", " fun", " boring", 1),
+    TaskPair(
+        "when mary and john went to the store , john gave a drink to",
+        "when mary and john went to the store , mary gave a drink to",
+        " mary",
+        " john",
+        2,
+    ),
+    TaskPair(
+        "when john and mary went to the store , mary gave a drink to",
+        "when john and mary went to the store , john gave a drink to",
+        " john",
+        " mary",
+        2,
+    ),
+]
+SIZES = [0.05, 0.2, 0.6]
+
+
+def _hand_circuit(g, mean: np.ndarray, k: int) -> torch.Tensor:
+    r, w = g.edge_index()
+    order = np.argsort(-np.abs(mean[r, w]), kind="stable")[:k]
+    m = torch.zeros(g.n_readers, g.n_writers, dtype=torch.bool)
+    m[r[order], w[order]] = True
+    return F.prune(g, m)
+
+
+def _edge_set(m: torch.Tensor) -> set[tuple[int, int]]:
+    return {(int(i), int(j)) for i, j in zip(*np.nonzero(m.numpy()))}
+
+
+def _hand_axis(b, pairs_of, per_of, m_full_of, ks, n):
+    """f [n, sizes], Jaccard [n, sizes], circuits at the last size, for resample r's pairs / per-prompt scores."""
+    g = b.graph
+    f, jac, last = np.zeros((n, len(ks))), np.zeros((n, len(ks))), []
+    for r in range(n):
+        p, per, m_full = pairs_of(r), per_of(r), m_full_of(r)
+        masks = [_hand_circuit(g, np.nan_to_num(per.mean(0), nan=0.0), k) for k in ks]
+        mv = F.circuit_metrics(b, p, [torch.zeros_like(g.valid())] + masks)
+        lo = mv[0].mean()
+        f[r] = [(mv[1 + j].mean() - lo) / (m_full - lo) for j in range(len(ks))]
+        jac[r] = [len(_edge_set(m) & A) / len(_edge_set(m) | A) for m, A in zip(masks, BASE)]
+        last.append(masks[-1])
+    return f, jac, last
+
+
+BASE: list[set] = []
+
+
+@pytest.mark.parametrize("axis", ["prompts", "templates"])
+def test_prompt_and_template_axes_match_a_hand_recomputation(axis: str) -> None:
+    a, b = make("gpt2")
+    pairs = encode_pairs(a, RAW)
+    g = b.graph
+    e = S.eap(b, pairs)
+    n = 6
+    res = RS.resample(b, pairs, e, SIZES, axis, n=n, seed=3)
+    ks = [max(1, round(fr * g.n_edges)) for fr in SIZES]
+    per = e.per_prompt.double().numpy()
+    if axis == "prompts":
+        draws = list(resample_indices(len(pairs), n, 3))
+    else:  # templates 0, 1, 2 drawn with replacement; each brings its two prompts, in order
+        groups = {0: [0, 1], 1: [2, 3], 2: [4, 5]}
+        draws = [np.array(sum((groups[t] for t in d), [])) for d in resample_indices(3, n, 3)]
+        assert all(len(d) == 6 for d in draws) and any(len(set(d)) < 6 for d in draws)
+    BASE[:] = [_edge_set(_hand_circuit(g, np.nan_to_num(per.mean(0)), k)) for k in ks]
+    full = F.circuit_metrics(b, pairs, [g.valid()])[0]
+    f, jac, last = _hand_axis(
+        b, lambda r: pairs.select(draws[r].tolist()), lambda r: per[draws[r]], lambda r: full[draws[r]].mean(), ks, n
+    )
+    np.testing.assert_allclose(res.f, f, rtol=0, atol=F64_TOL)
+    np.testing.assert_allclose(res.jaccard, jac, rtol=0, atol=0)
+    assert np.ptp(f[:, 0]) > 1e-3  # the resamples differ: the comparison is not of constants
+    inc = sum(m.double() for m in last) / n
+    torch.testing.assert_close(res.inclusion, inc, rtol=0, atol=0)
+    x = np.array(SIZES)
+    cpr = [np.trapezoid(fr, x) / (x[-1] - x[0]) for fr in f]
+    cmd = [np.trapezoid(np.abs(1 - fr), x) / (x[-1] - x[0]) for fr in f]
+    np.testing.assert_allclose(res.cpr, cpr, atol=1e-12)
+    np.testing.assert_allclose(res.cmd, cmd, atol=1e-12)
+    lo, hi = np.quantile(f[:, 1], [0.025, 0.975])
+    t = res.table
+    assert t["ci_low"].iloc[1] == pytest.approx(lo, abs=1e-12) and t["ci_high"].iloc[1] == pytest.approx(hi, abs=1e-12)
+    assert res.summary["cpr_ci"] == pytest.approx(tuple(np.quantile(cpr, [0.025, 0.975])), abs=1e-12)
+    assert res.summary["jaccard_mean"] == pytest.approx(jac[:, -1].mean(), abs=1e-12)
+
+
+def test_corrupt_axis_rescores_each_draw_and_keeps_the_clean_run() -> None:
+    a, b = make("gpt2")
+    pairs = encode_pairs(a, RAW)
+    g = b.graph
+    n = 4
+    sets = RS.corrupt_resamples(a, "pairs.csv", RAW, n, seed=0)
+    for p in sets:  # the clean prompts and answers are the same; the corrupted ones were moved within templates
+        assert torch.equal(p.clean.input_ids, pairs.clean.input_ids) and torch.equal(p.answer, pairs.answer)
+    assert any(not torch.equal(p.corrupt.input_ids, pairs.corrupt.input_ids) for p in sets)
+    e = S.eap(b, pairs)
+    res = RS.resample(b, pairs, e, SIZES, "corrupt", n=n, corrupt_sets=sets, score_fn=lambda p: S.eap(b, p))
+    ks = [max(1, round(fr * g.n_edges)) for fr in SIZES]
+    BASE[:] = [_edge_set(_hand_circuit(g, np.nan_to_num(e.mean.double().numpy()), k)) for k in ks]
+    full = F.circuit_metrics(b, pairs, [g.valid()])[0].mean()
+    f, jac, last = _hand_axis(
+        b, lambda r: sets[r], lambda r: S.eap(b, sets[r]).per_prompt.double().numpy(), lambda r: full, ks, n
+    )
+    np.testing.assert_allclose(res.f, f, rtol=0, atol=F64_TOL)
+    np.testing.assert_allclose(res.jaccard, jac, rtol=0, atol=0)
+    torch.testing.assert_close(res.inclusion, sum(m.double() for m in last) / n, rtol=0, atol=0)
+    with pytest.raises(StreetlampError, match="patch ablation"):
+        RS.resample(b, pairs, S.eap(b, pairs, ablation="zero"), SIZES, "corrupt", n=2, corrupt_sets=sets)
+
+
+def test_planted_circuit_is_stable_on_every_axis() -> None:
+    a, b, truth = _planted()
+    raw = [dataclasses.replace(p, template=i // 2) for i, p in enumerate(RAW)]
+    pairs = encode_pairs(a, raw)
+    g = b.graph
+    size = int(truth.sum()) / g.n_edges
+    ex = S.exact(b, pairs)
+    sets = RS.corrupt_resamples(a, "pairs.csv", raw, 3, seed=0)
+    for axis in RS.AXES:
+        res = RS.resample(b, pairs, ex, [size], axis, n=3, corrupt_sets=sets, score_fn=lambda p: S.exact(b, p), at=size)
+        # the planted circuit is the model: every resample finds it and it is faithful exactly
+        assert np.abs(res.f - 1).max() <= F64_TOL and (res.jaccard == 1).all(), axis
+        assert bool((res.inclusion[truth] == 1).all()) and bool((res.inclusion[~truth] == 0).all())
+        assert res.summary["stable"] and res.summary["verdict"].startswith("stable")
+
+
+def test_noise_scores_are_not_stable() -> None:
+    a, b = make("gpt2")
+    pairs = encode_pairs(a, RAW)
+    e = S.eap(b, pairs)
+    noise = torch.randn(e.per_prompt.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    fake = S.EdgeScores("noise", noise.masked_fill(~b.graph.valid(), float("nan")), "patch", "logit_diff")
+    res = RS.resample(b, pairs, fake, [0.2, 0.3], "prompts", n=8, at=0.3)
+    assert res.summary["jaccard_mean"] < RS.STABLE_JACCARD
+    assert not res.summary["stable"] and "NOT stable" in res.summary["verdict"] and "Jaccard" in res.summary["verdict"]
+
+
+def test_verdict_rule_and_bad_input() -> None:
+    assert RS.verdict(0.6, 0.1)[0] and RS.verdict(0.5, 0.25)[0]
+    ok, why = RS.verdict(0.4, 0.1)
+    assert not ok and "0.40" in why and "interval" not in why
+    ok, why = RS.verdict(0.9, 0.3)
+    assert not ok and "0.30 wide" in why and "Jaccard" not in why
+    assert RS.jaccard(torch.tensor([True, True, False]), torch.tensor([True, False, True])) == pytest.approx(1 / 3)
+    a, b = make("gpt2")
+    pairs = encode_pairs(a, RAW)
+    e = S.eap(b, pairs)
+    for kw, msg in (
+        (dict(axis="bootstrap"), "unknown resampling axis"),
+        (dict(axis="prompts", n=1), "at least 2"),
+        (dict(axis="prompts", at=0.3), "not one of the swept"),
+        (dict(axis="corrupt"), "resampled pair sets"),
+    ):
+        with pytest.raises(StreetlampError, match=msg):
+            RS.resample(b, pairs, e, SIZES, **kw)  # type: ignore[arg-type]
+
+
+def test_resampled_corruptions_keep_the_task_structure() -> None:
+    ioi = T.ioi(20, seed=0)
+    new = T.resample_corrupt("ioi", ioi, seed=5)
+    assert sum(p.corrupt != q.corrupt for p, q in zip(ioi, new)) >= 10
+    for p, q in zip(ioi, new):
+        assert (q.clean, q.answer, q.wrong, q.template) == (p.clean, p.answer, p.wrong, p.template)
+        wc, wk = p.clean.split(), q.corrupt.split()
+        (i,) = [j for j, (x, y) in enumerate(zip(wc, wk)) if x != y]
+        assert wc[i].rstrip(",.") == p.wrong.strip() and wk[i].rstrip(",.") not in wc and wk[i].rstrip(",.") in T.NAMES
+    ind = T.induction(12, seed=1, length=4)
+    for p, q in zip(ind, T.resample_corrupt("induction", ind, seed=2)):
+        assert (q.clean, q.answer, q.wrong) == (p.clean, p.answer, p.wrong)
+        seq = p.clean.split()[-3:] + [p.answer.strip()]
+        changed = [y for x, y in zip(p.clean.split(), q.corrupt.split()) if x != y]
+        assert len(changed) == 4 and not set(changed) & set(seq)
+        assert q.corrupt.split()[-3:] == seq[:-1] and len(q.corrupt.split()) == len(p.clean.split())
+    gt = T.greater_than(30, seed=0)
+    for p, q in zip(gt, T.resample_corrupt("greater-than", gt, seed=0)):
+        ((_, new_y),) = [(x, y) for x, y in zip(p.clean.split(), q.corrupt.split()) if x != y]
+        assert new_y.startswith("170") and int(new_y[2:]) < int(p.wrong) < int(p.answer)
+    # any other task: the corrupted prompts are permuted within each template
+    perm = T.resample_corrupt("pairs.csv", RAW, seed=1)
+    for t in (0, 1, 2):
+        assert sorted(p.corrupt for p in perm if p.template == t) == sorted(p.corrupt for p in RAW if p.template == t)
+    assert [p.clean for p in perm] == [p.clean for p in RAW]
