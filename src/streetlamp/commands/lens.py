@@ -73,7 +73,7 @@ def run_lens(adapter: ModelAdapter, s: LensSettings, out: Any, opts: Any) -> Len
         query=s.query,
         types_length=s.types_length,
         types_seqs=s.types_seqs,
-        lens=s.lens,
+        lens_choice=s.lens,
         check=s.intervention_check,
         neutral=s.neutral,
         seed=s.seed,

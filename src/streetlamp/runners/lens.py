@@ -54,7 +54,7 @@ def run_lens(
     query: int | None = None,
     types_length: int = 20,
     types_seqs: int = 4,
-    lens: tuple[str, str | None] = ("logit", None),
+    lens_choice: tuple[str, str | None] = ("logit", None),
     check: bool = False,
     neutral: str | None = None,
     seed: int = 0,
@@ -63,7 +63,7 @@ def run_lens(
 ) -> dict:
     rf = RunFolder.of(out, "lens", overwrite)
     check_lens(adapter)
-    kind, folder = lens
+    kind, folder = lens_choice
     the_lens = Lens.logit(adapter) if folder is None else load_lens(folder, adapter, kind)
     neutral_tokens = neutral_ids(adapter, neutral) if check else None
     inputs = adapter.encode(text)
