@@ -163,3 +163,24 @@ def test_bad_soft_settings_exit_2_and_write_nothing(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--soft-" in err[0]
     assert not out.exists()
+
+
+def test_no_soft_leaves_the_metrics_and_the_stored_settings_out(tmp_path: Path) -> None:
+    """``--no-soft``: no soft rows, and the stored settings are those of a store made before the option
+    (so such a store resumes with it)."""
+    import json
+
+    from streetlamp.evaluation.pipeline import EvalSettings
+
+    assert not {"soft", "soft_samples", "soft_pi"} & set(EvalSettings(methods=["attention"], soft=False).to_dict())
+    ckpt = save_tiny("bert", tmp_path / "bert", seed=1)
+    data = tmp_path / "d.csv"
+    data.write_text("text,label\nthe movie was good,pos\n")
+    out = tmp_path / "run"
+    argv = ["evaluate", "--model", str(ckpt), "--data", str(data), "--out", str(out), "--methods", "attention"]
+    assert main([*argv, "--no-soft", "--adv-steps", "1", "--permutations", "1"]) == 0
+    stored = json.loads((out / "manifest.json").read_text())["settings"]["settings"]
+    assert "soft" not in stored and "soft_samples" not in stored
+    import pandas as pd
+
+    assert not pd.read_parquet(out / "metrics").metric.isin(VARIANTS).any()

@@ -48,9 +48,7 @@ class EvaluateSettings(Settings):
     answer_tokens: int = option(
         0, help="causal LM: also score every token of the greedy N-token answer (forced decoding; docs/decoder.md)"
     )
-    soft: bool = option(
-        True, help="soft erasure: Soft-NC/NS and pi-Soft-NC/NS beside the hard metrics (--no-soft: off)"
-    )
+    soft: bool = option(True, flag="--no-soft", help="skip soft erasure (Soft-NC/NS, pi-Soft-NC/NS: on by default)")
     soft_samples: int = option(10, help="soft erasure: Bernoulli masks per example, method and variant")
     soft_pi: float = option(0.5, help="pi-Soft-NC/NS: expected retained fraction of the tokens, in (0, 1]")
     ffidelity_train: str = option(

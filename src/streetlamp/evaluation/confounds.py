@@ -9,10 +9,17 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 
 from ..stats import bootstrap_ci
+
+if TYPE_CHECKING:
+    from ..methods.removal import Removal
+    from ..models.adapter import Inputs, ModelAdapter
+    from .common import ChunkTables
 
 HARD = ("aopc_comprehensiveness", "aopc_sufficiency")
 SOFT = ("soft_nc", "soft_ns", "pi_soft_nc", "pi_soft_ns")
@@ -65,3 +72,55 @@ def write_interval_table(folder: Path, metrics: pd.DataFrame) -> list[str]:
         by = {r.metric: _cell(r) for _, r in g.iterrows()}
         lines.append(f"| {method} | " + " | ".join(by.get(c, "") for c in cols) + " |")
     return lines
+
+
+def add_confound_metrics(
+    tables: ChunkTables,
+    examples: list[Any],
+    s: Any,
+    tuned: ModelAdapter | None,
+    adapter: ModelAdapter,
+    inputs: Inputs,
+    scores: dict[str, list[np.ndarray]],
+    specials: list[np.ndarray],
+    removal: Removal,
+    probs: np.ndarray,
+    seeds: list[int],
+) -> None:
+    """The chunk's soft erasure, randomisation and F-Fidelity rows (``s``: the run's EvalSettings)."""
+    add, arrays = tables.add, tables.arrays
+    ids = [e.ids for e in examples]
+    pred = probs.argmax(-1)
+    budget = s.batch_size
+    if s.soft:  # soft and pi-controlled erasure (evaluation/soft.py)
+        from .soft import soft_erasure
+
+        f_full = probs[np.arange(len(examples)), pred]
+        soft = soft_erasure(
+            adapter, ids, scores, specials, removal, f_full, pred, s.soft_pi, s.soft_samples, seeds, budget
+        )
+        for (name, b), (met, arr) in soft.items():
+            for k, v in met.items():
+                add(examples[b].id, name, k, v)
+            for key, arr_v in arr.items():
+                arrays[examples[b].id][f"{name}.{key}"] = arr_v
+    if s.randomisation:  # model-randomisation sanity checks, on randomised copies (evaluation/randomisation.py)
+        from .randomisation import randomisation_rows
+
+        params = {n: s.method_params.get(n, {}) for n in s.methods}
+        for b, name, k, v in randomisation_rows(
+            adapter, inputs, scores, specials, params, s.randomisation, s.seed, budget
+        ):
+            add(examples[b].id, name, k, v)
+    if tuned is not None:  # F-Fidelity on the fine-tuned copy (evaluation/ffidelity.py)
+        from .common import output_probs
+        from .ffidelity import FFidelity, ffidelity_metrics
+
+        ff, f_tuned = ffidelity_metrics(tuned, ids, scores, specials, pred, FFidelity(**s.ffidelity), seeds, budget)
+        p_tuned = output_probs(tuned, ids, budget)
+        for b, e in enumerate(examples):
+            add(e.id, "ffidelity_model", "prob", f_tuned[b])
+            add(e.id, "ffidelity_model", "correct", p_tuned[b].argmax() == e.gold)
+        for (name, b), met in ff.items():
+            for k, v in met.items():
+                add(examples[b].id, name, k, v)

@@ -138,39 +138,10 @@ def evaluate_chunk(
         arrays[e.id][f"{name}.tokens"] = scores[name][b].astype(np.float32)
         for key, arr_v in arr.items():
             arrays[e.id][f"{name}.{key}"] = arr_v
-    if s.soft:  # soft and pi-controlled erasure (evaluation/soft.py)
-        from .soft import soft_erasure
+    if s.soft or s.randomisation or tuned is not None:  # soft erasure, randomisation, F-Fidelity (issue 27)
+        from .confounds import add_confound_metrics
 
-        f_full = probs[np.arange(len(examples)), pred]
-        soft = soft_erasure(
-            adapter, ids, scores, specials, removal, f_full, pred, s.soft_pi, s.soft_samples, seeds, budget
-        )
-        for (name, b), (met, arr) in soft.items():
-            for k, v in met.items():
-                add(examples[b].id, name, k, v)
-            for key, arr_v in arr.items():
-                arrays[examples[b].id][f"{name}.{key}"] = arr_v
-
-    if s.randomisation:  # model-randomisation sanity checks, on randomised copies (evaluation/randomisation.py)
-        from .randomisation import randomisation_rows
-
-        params = {n: s.method_params.get(n, {}) for n in s.methods}
-        for b, name, k, v in randomisation_rows(
-            adapter, inputs, scores, specials, params, s.randomisation, s.seed, budget
-        ):
-            add(examples[b].id, name, k, v)
-
-    if tuned is not None:  # F-Fidelity on the fine-tuned copy (evaluation/ffidelity.py)
-        from .ffidelity import FFidelity, ffidelity_metrics
-
-        ff, f_tuned = ffidelity_metrics(tuned, ids, scores, specials, pred, FFidelity(**s.ffidelity), seeds, budget)
-        p_tuned = output_probs(tuned, ids, budget)
-        for b, e in enumerate(examples):
-            add(e.id, "ffidelity_model", "prob", f_tuned[b])
-            add(e.id, "ffidelity_model", "correct", p_tuned[b].argmax() == e.gold)
-        for (name, b), met in ff.items():
-            for k, v in met.items():
-                add(examples[b].id, name, k, v)
+        add_confound_metrics(tables, examples, s, tuned, adapter, inputs, scores, specials, removal, probs, seeds)
 
     # -- agreement and plausibility --------------------------------------------------------------
     for b, e in enumerate(examples):
