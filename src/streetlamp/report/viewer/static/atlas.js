@@ -104,12 +104,11 @@
         const m = pat.subarray(j * Wd * Wd, (j + 1) * Wd * Wd), cell = Math.max(4, Math.min(12, Math.floor(480 / Math.max(n, 1))));
         const c = el("canvas", { width: n * cell, height: n * cell, cls: "atlas-pattern" });
         L.paint(c, n, n, (a, b) => m[a * Wd + b], (x) => L.seq(x), null, cell, cell);
-        const last = n - 1; // the explained row: the last token of a decoder, [CLS] (row 0) of an encoder
-        const row = (MAN.model_info || {}).kind === "causal_lm" ? last : 0;
+        const ex = (A.explained || {})[String(s)], row = Math.min(n - 1, Number.isInteger(ex) ? ex : n - 1); // the explained position's row
         const line = el("div", { cls: "tokens" });
         for (let k = 0; k < n; k++) { const w = m[row * Wd + k], cc = L.seq(w);
           line.appendChild(el("span", { cls: "tok", text: toks[k], title: `weight ${fmt(w)}`, style: `background:${L.css(cc)};color:${L.ink(cc)}` })); line.appendChild(document.createTextNode(" ")); }
-        box.appendChild(el("div", { cls: "note", text: `attention of the explained position (row ${row}) over the tokens; the full pattern (rows: queries, columns: keys) below` }));
+        box.appendChild(el("div", { cls: "note", text: `attention of the explained position (row ${row}) over the tokens${toks.length > Wd ? ` (the first ${Wd} of ${toks.length})` : ""}; the full pattern (rows: queries, columns: keys) below` }));
         box.appendChild(line); box.appendChild(c);
         panel.appendChild(box);
       }
