@@ -152,6 +152,7 @@ def write_outputs(
                 "effect_ranking": by,
                 "tokens": labels,
                 "example_ids": {str(s): seq_ids[s] for s in seqs},
+                "explained": {str(s): adapter.explained_position(len(ids[s])) for s in seqs},
                 "n_exact_pairs": int(table.exact.sum()),
                 "n_pairs": int(len(table)),
                 "rules": {

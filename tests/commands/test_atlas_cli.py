@@ -1,0 +1,128 @@
+"""``streetlamp atlas`` end to end on a tiny model: outputs, resumption (a killed run recomputes nothing),
+bad input (one line, exit 2, no folder)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from streetlamp.cli import main
+from streetlamp.models.tiny import WORDS, save_tiny
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    t = tmp_path_factory.mktemp("atlas")
+    rng = np.random.default_rng(0)
+    lines = [" ".join(rng.choice(WORDS, int(rng.integers(3, 9)))) for _ in range(10)]
+    (t / "d.txt").write_text("\n".join(lines) + "\n")
+    (t / "one.txt").write_text("the movie was good\n")
+    (t / "empty.csv").write_text("text,label\n")
+    (t / "long.txt").write_text(" ".join(["the movie"] * 400) + "\n")
+    (t / "bad.csv").write_bytes(b"\xff\xfe\x00garbage\x00\n")
+    return {"llama": save_tiny("llama", t / "llama", seed=1), "bert": save_tiny("bert", t / "bert", seed=1), "t": t}
+
+
+def run(argv: list[str]) -> int:
+    return main(["atlas", *argv])
+
+
+def test_outputs(setup: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "run"
+    d = setup["t"] / "d.txt"
+    assert run(["--model", str(setup["llama"]), "--data", f"{d},{d}", "--out", str(out), "--chunk-size", "6"]) == 0
+    printed = capsys.readouterr().out
+    assert "most prominent, least used heads" in printed and "unremarkable but used heads" in printed
+    t = pd.read_parquet(out / "atlas.parquet")
+    assert len(t) == 20 * 2 * 4 and t.exact.all() and set(t.audit) == {"all"}  # two copies of the file: 20 sequences
+    assert {"entropy", "sink", "induction", "concentration", "kl_explained", "kl_mean", "dloss", "dla"} <= set(t)
+    a = t[t.sequence < 10].sort_values(["layer", "head", "sequence"]).kl_explained.to_numpy()
+    b = t[t.sequence >= 10].sort_values(["layer", "head", "sequence"]).kl_explained.to_numpy()
+    # the same text gives the same effect wherever it sits in the corpus, up to float32 rounding of the
+    # log-probs that batches of other widths change (eps32 x |log p| <= 2^-23 x 8 per term, KL a p-weighted sum)
+    tol = 2.0**-23 * 8
+    np.testing.assert_allclose(a, b, rtol=0, atol=tol)
+    assert np.median(a) > 10 * tol
+    s = pd.read_csv(out / "heads.csv")
+    assert len(s) == 8 and {"layer", "head", "rho", "rho_low", "rho_high", "streetlight", "unremarkable_used"} <= set(s)
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["streetlamp"] == "atlas" and "every real token of the 20 sequences" in m["ablation"]["reference"]
+    assert (out / "report.html").is_file()
+
+
+def test_classifier_and_estimate(setup: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    argv = ["--model", str(setup["bert"]), "--data", str(setup["t"] / "d.txt"), "--out", str(out)]
+    assert run(argv + ["--exact-share", "0.25", "--exact-top", "1", "--ablation", "zero"]) == 0
+    t = pd.read_parquet(out / "atlas.parquet")
+    n = len(t)
+    assert (t.audit == "random").sum() == round(0.25 * n)
+    assert (t.groupby(["layer", "head"]).apply(lambda g: (g.audit != "").sum()) >= 1).all()
+    assert t.kl_mean.isna().all() and t.dla.isna().all()  # a classifier: no next-token loss, no readout
+    assert t[~t.exact].kl_explained.isna().all() and t[t.exact].kl_explained.notna().all()
+
+
+def test_killed_run_recomputes_nothing(setup: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import streetlamp.runners.atlas as R
+    from streetlamp.models.loading import load
+
+    adapter = load(setup["llama"])
+    kw = dict(data=str(setup["t"] / "d.txt"), exact_share=0.3, exact_top=1, chunk_size=3, seed=1)
+    ref = R.run_atlas(adapter, tmp_path / "ref", **kw)
+    assert ref.computed == {"stats": 4, "estimate": 4, "exact": 4}
+    real, calls = R.work, []
+
+    def dying(adapter, job, ctx):
+        if job[0] == "estimate" and len([c for c in calls if c == "estimate"]) == 2:
+            raise KeyboardInterrupt  # killed in the middle of the second pass
+        calls.append(job[0])
+        return real(adapter, job, ctx)
+
+    monkeypatch.setattr(R, "work", dying)
+    with pytest.raises(KeyboardInterrupt):
+        R.run_atlas(adapter, tmp_path / "run", **kw)
+    monkeypatch.setattr(R, "work", real)
+    again = R.run_atlas(adapter, tmp_path / "run", **kw)
+    assert again.computed == {"stats": 0, "estimate": 2, "exact": 4}
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(tmp_path / "run" / "atlas.parquet"), pd.read_parquet(tmp_path / "ref" / "atlas.parquet")
+    )
+    done = R.run_atlas(adapter, tmp_path / "run", **kw)
+    assert done.computed == {"stats": 0, "estimate": 0, "exact": 0}
+    with pytest.raises(Exception, match="other settings"):
+        R.run_atlas(adapter, tmp_path / "run", **{**kw, "ablation": "zero"})
+
+
+@pytest.mark.parametrize(
+    "extra, why",
+    [
+        (["--data", "{t}/empty.csv"], "no"),
+        (["--data", "{t}/missing.csv"], "no dataset"),
+        (["--data", "{t}/bad.csv"], ""),
+        (["--data", "{t}/long.txt"], "--truncate"),
+        (["--data", "{t}/one.txt", "--ablation", "resample"], "at least 2"),
+        (["--data", "{t}/d.txt", "--ablation", "resample", "--limit", "1"], "at least 2"),
+        (["--data", "{t}/d.txt", "--exact-share", "1.5"], "[0, 1]"),
+        (["--data", "{t}/d.txt", "--exact-share", "-0.1"], "[0, 1]"),
+    ],
+)
+def test_bad_input(
+    setup: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture, extra: list[str], why: str
+) -> None:
+    out = tmp_path / "run"
+    argv = ["--model", str(setup["llama"]), "--out", str(out)] + [x.format(t=setup["t"]) for x in extra]
+    assert run(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and why in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_truncate_cuts_long_sequences(setup: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    argv = ["--model", str(setup["llama"]), "--data", str(setup["t"] / "long.txt"), "--out", str(out), "--truncate"]
+    assert run(argv + ["--ablation", "zero"]) == 0
+    assert json.loads((out / "manifest.json").read_text())["n_cut_to_max_tokens"] == 1
