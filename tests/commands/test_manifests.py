@@ -60,7 +60,9 @@ KEYS = {
     "evaluate": HEADER | {"model_info", "removal_rule", "replacement_token", "settings", "skipped_too_long"},
     "benchmark": HEADER | {"files", "method_params", "methods", "n_examples", "quantity", "seed", "tasks"},
     "lens": HEADER | {"arrays", "figures", "model", "parameters", "seed", "summary", "tables"},
-    "circuit": HEADER | {"figures", "files", "methods", "model", "parameters", "seed", "summary", "tables", "task"},
+    "circuit": HEADER
+    | {"arrays", "circuit_view", "figures", "files", "methods", "model", "parameters", "seed", "summary", "tables"}
+    | {"task"},
 }
 
 

@@ -23,7 +23,13 @@ from .palettes import palettes
 
 __all__ = ["FORMAT_VERSION", "build_html", "iframe_html", "read_manifest", "write_report"]
 
-SCRIPTS = ("viewer.js", "explain.js", "views.js", "long.js")  # the core first: the views register themselves in it
+SCRIPTS = (
+    "viewer.js",
+    "explain.js",
+    "views.js",
+    "long.js",
+    "circuit.js",
+)  # the core first: the views register themselves in it
 CSP = (
     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
     "base-uri 'none'; form-action 'none'"
