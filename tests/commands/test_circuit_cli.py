@@ -227,6 +227,86 @@ def test_paths_table_is_exact_patching_of_the_named_paths(run: tuple[Path, str],
     assert "paths.csv" in m["files"] and m["parameters"]["paths"] == 10
 
 
+class Interrupted(Exception):
+    """Raised mid-run by the test (as a kill would stop it)."""
+
+
+def test_interrupted_run_resumes_without_recomputing(
+    setup: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run stopped in the second method's sweep leaves no run folder and a checkpoint of its finished
+    stages; the rerun recomputes only what was not finished (the second method's scores are reloaded,
+    not recomputed) and writes the same tables as an uninterrupted run; the checkpoint is then gone."""
+    import streetlamp.runners.circuit as RC
+    from streetlamp.runners.circuit_resume import resume_folder
+
+    args = ["circuit", "--model", str(setup["llama"]), "--task", str(setup["dir"] / "pairs.csv")]
+    args += ["--methods", "eap,exact", "--sizes", "0.1,1", "--bootstrap", "10", "--paths", "2", "--random", "1"]
+    scores, sweeps = [], []
+    real_scores, real_sweep = RC.edge_scores, RC.F.sweep
+
+    def count_scores(*a, **k):
+        scores.append(a[2])
+        return real_scores(*a, **k)
+
+    def sweep(blocks, pairs, sc, *a, **k):
+        sweeps.append(sc.method)
+        if stop and sc.method == "exact":
+            raise Interrupted
+        return real_sweep(blocks, pairs, sc, *a, **k)
+
+    monkeypatch.setattr(RC, "edge_scores", count_scores)
+    monkeypatch.setattr(RC.F, "sweep", sweep)
+    out = tmp_path / "r"
+    stop = True
+    with pytest.raises(Interrupted):
+        main(args + ["--out", str(out)])
+    assert not out.exists() and scores == ["eap", "exact"] and sweeps == ["eap", "exact"]
+    ck = resume_folder(out)
+    # done: eap's scores and sweep, exact's scores (each stage's Parquet part is written last)
+    parts = sorted(p.name for p in (ck / "metrics").iterdir())
+    assert parts == [f"part-00000{i}.parquet" for i in range(3)] and (ck / "arrays" / "stage2.safetensors").is_file()
+    # the rerun computes only the exact method's sweep and what follows it
+    scores.clear(), sweeps.clear()
+    stop = False
+    assert main(args + ["--out", str(out)]) == 0
+    assert scores == [] and sweeps == ["exact"] and not ck.exists()
+    # a fresh run gives the same tables
+    scores.clear()
+    fresh = tmp_path / "fresh"
+    assert main(args + ["--out", str(fresh)]) == 0 and scores == ["eap", "exact"]
+    for name in ("faithfulness.csv", "areas.csv", "paths.csv"):
+        pd.testing.assert_frame_equal(pd.read_csv(out / name), pd.read_csv(fresh / name))
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "edges.parquet"), pd.read_parquet(fresh / "edges.parquet"))
+
+
+def test_a_checkpoint_of_other_settings_is_discarded(
+    setup: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import streetlamp.runners.circuit as RC
+    from streetlamp.runners.circuit_resume import resume_folder
+
+    args = ["circuit", "--model", str(setup["llama"]), "--task", str(setup["dir"] / "pairs.csv"), "--paths", "0"]
+    args += ["--methods", "eap", "--sizes", "0.1,1", "--bootstrap", "10", "--random", "1"]
+    real_sweep = RC.F.sweep
+
+    def sweep(*a, **k):
+        raise Interrupted
+
+    monkeypatch.setattr(RC.F, "sweep", sweep)
+    out = tmp_path / "r"
+    with pytest.raises(Interrupted):
+        main(args + ["--out", str(out)])
+    assert (resume_folder(out) / "metrics" / "part-000000.parquet").is_file()
+    monkeypatch.setattr(RC.F, "sweep", real_sweep)
+    calls = []
+    real_scores = RC.edge_scores
+    monkeypatch.setattr(RC, "edge_scores", lambda *a, **k: calls.append(a[4]) or real_scores(*a, **k))
+    assert main([*args, "--ablation", "zero", "--out", str(out)]) == 0  # other settings: computed afresh
+    assert calls == ["zero"] and not resume_folder(out).exists()
+    assert set(pd.read_csv(out / "faithfulness.csv")["ablation"]) == {"zero"}
+
+
 def test_mean_ablation_runs_without_corrupted_prompts(setup: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "m"
     args = ["circuit", "--model", str(setup["llama"]), "--task", str(setup["dir"] / "nocorrupt.csv")]
@@ -254,6 +334,19 @@ def test_mean_ablation_runs_without_corrupted_prompts(setup: dict[str, Path], tm
         ("nocorrupt", [], "--ablation patch needs corrupted prompts"),
         ("missing.csv", [], "does not exist"),
         (None, ["--model", "bert"], "is not supported: its residual stream is normalised after each block"),
+        ("wrong", [], "the wrong ' mary john' is 2 tokens"),
+        ("same", [], "the answer and the wrong answer are the same token"),
+        ("empty", [], "need a header with columns clean,corrupt,answer,wrong and at least one row"),
+        (None, ["--sizes", "abc"], "bad circuit size 'abc'"),
+        (None, ["--sizes", "nan"], "circuit size nan is outside (0, 1]"),
+        (None, ["--size", "1.5"], "circuit size 1.5 is outside (0, 1]"),
+        (None, ["--path-methods", "rollout,lime"], "unknown path method(s) ['lime']"),
+        (None, ["--path-threshold", "1.5"], "--path-threshold 1.5 is outside [0, 1)"),
+        (None, ["--paths", "-1"], "--paths"),
+        (None, ["--limit", "0"], "--limit"),
+        (None, ["--methods", "exact", "--exact-max", "10"], "above --exact-max 10"),
+        (None, ["--ablation", "resample"], "resample"),
+        (None, ["--metric", "kl"], "kl"),
     ],
 )
 def test_bad_input(
@@ -269,6 +362,9 @@ def test_bad_input(
     files = {
         "lengths": rows[0] + "\nthe movie was good,the movie was very good, good, bad\n",
         "answer": rows[0] + "\nthe movie was good,the movie was bad, mary john, bad\n",
+        "wrong": rows[0] + "\nthe movie was good,the movie was bad, good, mary john\n",
+        "same": rows[0] + "\nthe movie was good,the movie was bad, good, good\n",
+        "empty": rows[0] + "\n",
     }
     if task in files:
         (tmp_path / f"{task}.csv").write_text(files[task])

@@ -61,7 +61,9 @@ KEYS = {
     "benchmark": HEADER | {"files", "method_params", "methods", "n_examples", "quantity", "seed", "tasks"},
     "lens": HEADER | {"arrays", "figures", "model", "parameters", "seed", "summary", "tables"},
     "lens-fit": HEADER | {"arrays", "files", "model", "parameters", "seed", "summary", "tables"},
-    "circuit": HEADER | {"figures", "files", "methods", "model", "parameters", "seed", "summary", "tables", "task"},
+    "circuit": HEADER
+    | {"arrays", "circuit_view", "figures", "files", "methods", "model", "parameters", "seed", "summary", "tables"}
+    | {"task"},
     "atlas": HEADER | {"ablation", "arrays", "atlas", "files", "model_info", "n_cut_to_max_tokens", "settings"},
 }
 

@@ -163,5 +163,5 @@ CIRCUIT = Command(
     CircuitSettings,
     run_circuit,
     shared=Shared(model="smollm2-135m", out="output folder (default runs/circuit-<time>)"),
-    views=("generic",),
+    views=("circuit",),
 )

@@ -44,6 +44,8 @@ from ..report import circuit as fig
 from ..stats import resample_indices
 from ..store.run_folder import RunFolder
 from . import circuit_paths as P
+from . import circuit_resume as R
+from . import circuit_view as V
 
 if TYPE_CHECKING:
     from ..commands.circuit import CircuitSettings
@@ -193,6 +195,8 @@ class MethodResult:
     mask: torch.Tensor  # the chosen circuit
     inclusion: torch.Tensor  # [R, U]
     row: dict  # the faithfulness row at the chosen size
+    lo: np.ndarray | None = None  # [R, U] the per-edge 95% bootstrap interval
+    hi: np.ndarray | None = None
 
 
 @dataclass
@@ -263,6 +267,18 @@ def joined_nodes(graph: Graph, mask: torch.Tensor) -> list[str]:
     return [w for w in graph.writers if w in names and w != "embed"]
 
 
+PATHS_STAGE = 1000  # the checkpoint chunk of paths.csv (methods use 2i and 2i + 1)
+
+
+def resume_settings(adapter: ModelAdapter, s: CircuitSettings, raw: list[T.TaskPair]) -> dict:
+    """What a resumed run must share with the interrupted one: the model, every setting that changes a
+    number (not ``--top``, which only prints) and the pairs themselves (a CSV may have changed)."""
+    import dataclasses
+
+    d = {k: v for k, v in dataclasses.asdict(s).items() if k != "top"}
+    return {"model": adapter.describe(), "settings": d, "pairs": [vars(p) for p in raw]}
+
+
 def run_circuit(adapter: ModelAdapter, out: RunFolder | Path, s: CircuitSettings) -> CircuitResult:
     import pandas as pd
 
@@ -275,13 +291,29 @@ def run_circuit(adapter: ModelAdapter, out: RunFolder | Path, s: CircuitSettings
     methods: dict[str, MethodResult] = {}
     tables, areas, edges = [], [], []
     chosen: float | None = s.size
+    ck = R.Checkpoint(rf.out, resume_settings(adapter, s, raw))
     with progress.bar(2 * len(s.methods), "circuit (edge scores, faithfulness sweep per method)") as stages:
-        for name in s.methods:
-            sc = edge_scores(blocks, pairs, name, s.ablation, s.metric, s.steps, rows_of(s.batch_size, pairs, 16))
+        for i, name in enumerate(s.methods):
+            sc = R.cached(
+                ck, 2 * i,
+                lambda: edge_scores(blocks, pairs, name, s.ablation, s.metric, s.steps, rows_of(s.batch_size, pairs, 16)),
+                lambda v: ({"stage": f"scores {v.method}"}, {"per_prompt": v.per_prompt.cpu().numpy()}),
+                lambda rec, arr: S.EdgeScores(name, torch.tensor(arr["per_prompt"]), s.ablation, s.metric),
+            )  # fmt: skip
             stages.update()
-            sw = F.sweep(
-                blocks, pairs, sc, sizes, s.random, s.bootstrap, LEVEL, s.seed, rows_of(s.batch_size, pairs, 32)
-            )
+            sw = R.cached(
+                ck, 2 * i + 1,
+                lambda: F.sweep(
+                    blocks, pairs, sc, sizes, s.random, s.bootstrap, LEVEL, s.seed, rows_of(s.batch_size, pairs, 32)
+                ),
+                lambda v: (
+                    {"stage": f"sweep {name}", "table": v.table.to_dict("list"), "summary": v.summary},
+                    {"masks": np.stack([m.numpy() for m in v.masks]).astype(np.uint8)},
+                ),
+                lambda rec, arr: F.Sweep(
+                    pd.DataFrame(rec["table"]), rec["summary"], [torch.tensor(m).bool() for m in arr["masks"]]
+                ),
+            )  # fmt: skip
             stages.update()
             table: Any = sw.table  # a pandas DataFrame
             if chosen is None:
@@ -291,7 +323,7 @@ def run_circuit(adapter: ModelAdapter, out: RunFolder | Path, s: CircuitSettings
             inc = F.inclusion_frequency(g, sc, k, s.bootstrap, s.seed)
             lo, hi = edge_intervals(g, sc.per_prompt, s.bootstrap, s.seed)
             mask = sw.masks[j]
-            methods[name] = MethodResult(sc, sw, mask, inc, table.iloc[j].to_dict())
+            methods[name] = MethodResult(sc, sw, mask, inc, table.iloc[j].to_dict(), lo, hi)
             tables.append(table)
             sm = sw.summary
             areas.append(
@@ -324,10 +356,15 @@ def run_circuit(adapter: ModelAdapter, out: RunFolder | Path, s: CircuitSettings
     )  # fmt: skip
     if s.paths:
         sm = methods[first].sweep.summary
-        pr = P.compare_paths(
-            adapter, blocks, pairs, (first, methods[first].scores.mean, methods[first].mask), s.path_methods,
-            s.paths, s.ablation, s.metric, s.steps, s.path_threshold, sm["m_full"] - sm["m_empty"], s.bootstrap,
-            s.seed, rows_of(s.batch_size, pairs, 32), edge_intervals,
+        pr = R.cached(
+            ck, PATHS_STAGE,
+            lambda: P.compare_paths(
+                adapter, blocks, pairs, (first, methods[first].scores.mean, methods[first].mask), s.path_methods,
+                s.paths, s.ablation, s.metric, s.steps, s.path_threshold, sm["m_full"] - sm["m_empty"], s.bootstrap,
+                s.seed, rows_of(s.batch_size, pairs, 32), edge_intervals,
+            ),
+            lambda v: ({"stage": "paths", "table": v.table.to_dict("list"), "lines": v.lines}, {}),
+            lambda rec, arr: P.PathsResult(pd.DataFrame(rec["table"]), rec["lines"]),
         )  # fmt: skip
         res.paths, res.path_lines = pr.table, pr.lines
     with rf.staging() as w:
@@ -356,6 +393,7 @@ def run_circuit(adapter: ModelAdapter, out: RunFolder | Path, s: CircuitSettings
                 json.dumps(mib_json(g, r.scores.mean, r.mask, adapter.d_model))
             )
             files[f"circuit.{name}.json"] = f"the {name} circuit at size {chosen:g} in MIB's edge-dict format"
+        view = V.add_view(w, adapter, g, pairs, methods, sizes, res.paths)
         fig.faithfulness_curves(ft, f"{adapter.name}: {s.task}, {s.ablation} ablation", w.path / "faithfulness.png")
         w.add_figure(
             file="faithfulness.png", shows="faithfulness over circuit sizes, 95% bootstrap bands, random baseline"
@@ -384,9 +422,11 @@ def run_circuit(adapter: ModelAdapter, out: RunFolder | Path, s: CircuitSettings
                 },
                 "summary": {n: {**r.sweep.summary, "chosen": _plain(r.row)} for n, r in methods.items()},
                 "files": files,
+                "circuit_view": view,
                 "seed": s.seed,
             }
         )
+    ck.remove()  # the run folder is in place: nothing left to resume
     return res
 
 

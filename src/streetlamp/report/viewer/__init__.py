@@ -29,6 +29,7 @@ SCRIPTS = (
     "views.js",
     "long.js",
     "atlas.js",
+    "circuit.js",
 )  # the core first: the views register themselves in it
 CSP = (
     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
