@@ -83,7 +83,7 @@ def test_methods_lists_every_method_with_its_parameters(capsys: pytest.CaptureFi
     assert rc == 0
     for name in REGISTRY:
         assert name in out
-    assert "rule='clenshaw_curtis'" in out and "replacement='mask'" in out and "--method-params" in out
+    assert "rule='auto'" in out and "replacement='mask'" in out and "--method-params" in out
 
 
 BAD = [

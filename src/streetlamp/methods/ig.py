@@ -46,12 +46,19 @@ ZERO_TOKEN_EMBEDDING = (
 )
 
 
+def rule_of(rule: str, rec: dict) -> str:
+    """The rule in words: ``auto`` names the rule the coarse pass chose (or, at fixed steps, Clenshaw–Curtis)."""
+    if rule != "auto":
+        return rule
+    return f"auto -> {rec.get('rule_used', 'clenshaw_curtis')}"
+
+
 @dataclass
 class IntegratedGradients(Method):
     """Integrated gradients over the token embedding (site ``embed``); see the module docstring."""
 
     baseline: str = "pad"
-    rule: str = "clenshaw_curtis"
+    rule: str = "auto"
     steps: int = 16
     adaptive: bool = True
     tolerance: float = 1e-3
@@ -90,6 +97,8 @@ class IntegratedGradients(Method):
             )
         if not self.tolerance > 0:
             raise StreetlampError(f"IG tolerance must be > 0 (got {self.tolerance})")
+        if self.rule == "romberg" and self.steps & (self.steps - 1):
+            raise StreetlampError(f"rule 'romberg' needs steps a power of 2 (got {self.steps})")
         if self.rule == "panels" and self.steps % 4:
             raise StreetlampError(f"rule 'panels' needs steps divisible by 4 (got {self.steps}): 5-point Boole panels")
 
@@ -209,7 +218,7 @@ class IntegratedGradients(Method):
             arrays={"tokens": ig.cpu().numpy().astype(np.float32), "completeness": comp},
             axes={"tokens": ["token"], "completeness": ["quantity"]},
             meaning={
-                "tokens": f"integrated gradients over the token embedding (site embed), {self.rule}, "
+                "tokens": f"integrated gradients over the token embedding (site embed), {rule_of(self.rule, rec)}, "
                 f"baseline {used}; sums to F(e) - F(baseline) up to the completeness error",
                 "completeness": "[delta = |sum IG - (F(e) - F(e'))|, delta / |F(e) - F(e')|, F(e), F(e'), sum IG]",
             },

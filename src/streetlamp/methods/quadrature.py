@@ -43,6 +43,7 @@ from ..batching import chunks
 from ..errors import StreetlampError
 
 RULES = (
+    "auto",
     "riemann_left",
     "riemann_right",
     "riemann_middle",
@@ -50,6 +51,7 @@ RULES = (
     "gauss_legendre",
     "clenshaw_curtis",
     "panels",
+    "romberg",
 )
 BOOLE = np.array([7.0, 32.0, 12.0, 32.0, 7.0]) / 90.0  # 5-point closed Newton–Cotes on a panel of width 1
 
@@ -76,6 +78,25 @@ def clenshaw_curtis(n: int) -> tuple[np.ndarray, np.ndarray]:
     return nodes, w / 2.0
 
 
+def romberg(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Romberg's rule on the ``n + 1`` uniform points (``n`` a power of two): the trapezoid sums of
+    1, 2, 4, ..., n intervals combined by Richardson extrapolation, ``R_k,j = R_k,j-1 + (R_k,j-1 -
+    R_k-1,j-1) / (4^j - 1)``, ``R_m,m`` returned (exact for polynomials of degree 2m + 1, m = log2 n;
+    positive weights). Nested under doubling: the points of n are those of 2n."""
+    if n < 1 or n & (n - 1):
+        raise StreetlampError(f"rule 'romberg' needs steps a power of 2 (got {n})")
+    prev: list[np.ndarray] = []
+    for k in range(n.bit_length()):
+        t = np.zeros(n + 1)
+        t[:: n >> k] = 1.0 / (1 << k)
+        t[0] = t[-1] = 0.5 / (1 << k)
+        row = [t]
+        for j in range(1, k + 1):
+            row.append(row[j - 1] + (row[j - 1] - prev[j - 1]) / (4**j - 1))
+        prev = row
+    return np.arange(n + 1, dtype=np.float64) / n, prev[-1]
+
+
 NOISE_FLOOR = 1e-6
 # emb [rows, pos, d] -> grads [targets, rows, pos, d], or (F [targets, rows], grads): with F the
 # "panels" rule knows each panel's exact share F(b) - F(a) of the completeness sum
@@ -98,8 +119,10 @@ def quadrature(rule: str, n: int) -> tuple[np.ndarray, np.ndarray]:
     if rule == "gauss_legendre":
         x, w = np.polynomial.legendre.leggauss(n)
         return (x + 1) / 2, w / 2
-    if rule == "clenshaw_curtis":
+    if rule in ("clenshaw_curtis", "auto"):  # auto at fixed steps: nothing to choose from (integrate_auto)
         return clenshaw_curtis(n)
+    if rule == "romberg":
+        return romberg(n)
     if rule == "panels":
         if n % 4:
             raise StreetlampError(f"rule 'panels' needs steps divisible by 4 (got {n}): 5-point Boole panels")
@@ -175,6 +198,8 @@ def integrate_adaptive(
     """
     if rule == "panels":
         return integrate_panels(path, fdiff, fscale, steps, adaptive, tolerance, max_steps, lengths)
+    if rule == "auto" and adaptive:
+        return integrate_auto(path, fdiff, fscale, steps, tolerance, max_steps, lengths)
     n, history = steps, []
     # float32 forward passes cannot resolve F better than ~1e-6 of its size: a smaller delta is noise
     noise = NOISE_FLOOR * fscale.double().abs().clamp_min(1e-30)
@@ -203,11 +228,7 @@ def integrate_adaptive(
         # are not nested, so it grows by 1.5x to overshoot less
         nxt = -(-3 * n // 2) if rule == "gauss_legendre" else 2 * n
         if nxt > max_steps:
-            hint = (
-                ""
-                if rule == "panels"
-                else "; a narrow spike in the integrand (pre-norm decoders) is what rule='panels' is for"
-            )
+            hint = "; a narrow spike in the integrand (pre-norm decoders) is what rule='panels' is for"
             warnings.warn(
                 f"integrated_gradients: relative completeness error {float(rel.max()):.3g} > tolerance "
                 f"{tolerance:g} after {n} steps ({rule}); max_steps={max_steps} reached{hint}",
@@ -228,6 +249,63 @@ def integrate_adaptive(
         "sum_attributions": total.tolist(),
     }
     return ig, info
+
+
+SMOOTH_RATIO = 1 / 16  # the coarse pass calls the integrand smooth when Romberg's error falls this fast per doubling
+
+
+def relative_errors(
+    path: PathCache, rule: str, n: int, fdiff: torch.Tensor, fscale: torch.Tensor, lengths: Sequence[int]
+) -> float | None:
+    """Largest relative completeness error over the targets of ``rule`` at ``n`` steps from cached gradients
+    (None if a node is not cached); an error under the float32 noise floor counts as 0."""
+    ig = path.integrate_cached(rule, n)
+    if ig is None:
+        return None
+    total = torch.stack([ig[j, :L].sum() for j, L in enumerate(lengths)])
+    delta = (total - fdiff.double()).abs()
+    delta = torch.where(delta <= NOISE_FLOOR * fscale.double().abs().clamp_min(1e-30), 0.0, delta)
+    return float((delta / fdiff.double().abs().clamp_min(1e-12)).max())
+
+
+def integrate_auto(
+    path: PathCache,
+    fdiff: torch.Tensor,
+    fscale: torch.Tensor,
+    steps: int,
+    tolerance: float,
+    max_steps: int,
+    lengths: Sequence[int],
+) -> tuple[torch.Tensor, dict]:
+    """The rule chosen from the integrand (the default ``rule="auto"``).
+
+    A coarse pass evaluates the ``steps + 1`` uniform points that both candidates start from. Romberg's
+    rules on 1/4, 1/2 and all of them are nested in it, and their exact completeness errors ``e(n)``
+    (``F`` is known at both ends) say how the integrand behaves: a smooth one is in Richardson's
+    asymptotic regime, ``e(steps) <= e(steps/2) / 16`` (each doubling gains at least a factor 16),
+    and Romberg doubling continues globally; anything else (a narrow spike, as a pre-norm decoder's
+    path has near its input end, or kinks the coarse grid does not resolve) goes to the locally
+    adaptive Boole ``panels``, which bisect where each panel's exact share of ``F`` is missed. Both reuse
+    every gradient of the coarse pass. Recorded: ``rule_used`` and ``rule_choice`` (the three errors).
+    """
+    n = steps if steps >= 4 and not steps & (steps - 1) else 1 << max(2, (steps - 1).bit_length())
+    path.evaluate(quadrature("romberg", n)[0])
+    errs = {k: relative_errors(path, "romberg", k, fdiff, fscale, lengths) for k in (n // 4, n // 2, n)}
+    e4, e2, e1 = (float(errs[k] or 0.0) for k in (n // 4, n // 2, n))
+    if e1 <= tolerance:
+        rule, why = "romberg", "the coarse pass met the tolerance"
+    elif e1 <= SMOOTH_RATIO * e2 and e2 <= e4:
+        rule, why = "romberg", f"smooth: Romberg's error fell {e2 / max(e1, 1e-300):.3g}x on the last doubling"
+    else:
+        rule, why = (
+            "panels",
+            "not smooth at the coarse scale (a spike or kinks): Romberg's error fell "
+            + (f"{e2 / e1:.3g}x on the last doubling" if e1 > 0 else "to 0"),
+        )
+    ig, rec = integrate_adaptive(path, fdiff, fscale, rule, n, True, tolerance, max(max_steps, n), lengths)
+    rec["rule_used"] = rule
+    rec["rule_choice"] = {"coarse_steps": n, "romberg_relative_errors": [e4, e2, e1], "reason": why}
+    return ig, rec
 
 
 def integrate_panels(
