@@ -28,7 +28,7 @@ from ...methods.gradient import ids_inputs
 from ...models.adapter import Inputs
 from ..engine import Intervention
 from ..engine import run as run_edited
-from .base import Lens, readout, row_label, row_sites
+from .base import Lens, read_final, row_label, row_sites
 
 if TYPE_CHECKING:
     from ...models.adapter import ModelAdapter
@@ -72,7 +72,8 @@ def check_against_intervention(
     with torch.no_grad():
         fwd = adapter.forward(ids_inputs(adapter, ids), record=sites)
         h = [fwd.cache[s][0, -1] for s in sites]
-        lens_logits = torch.stack([readout(adapter, lens, r, h[r]) for r in range(L + 1)])  # [row, vocab] float64
+        mapped = torch.stack([lens.transform(r, h[r]) for r in range(L + 1)])  # [row, d] float64
+        lens_logits = read_final(adapter, mapped)  # [row, vocab] float64: row r's readout of h_r
         rows = Inputs.from_ids(adapter, [neutral] * (L + 1), strings=False)
         ivs = [
             Intervention(
