@@ -31,6 +31,7 @@ from streetlamp.interventions.lenses.base import Lens, row_label  # noqa: E402
 from streetlamp.interventions.lenses.check import check_against_intervention  # noqa: E402
 from streetlamp.interventions.lenses.store import load_lens  # noqa: E402
 from streetlamp.models.loading import load  # noqa: E402
+from streetlamp.progress import iterate  # noqa: E402
 
 
 def main() -> None:
@@ -58,7 +59,7 @@ def main() -> None:
     match = {k: np.zeros(L + 1) for k in lenses}
     kls = {k: np.zeros(L + 1) for k in lenses}
     t0 = time.perf_counter()
-    for text in prompts:
+    for text in iterate(prompts, "prompts checked"):
         ids = a.encode(text).input_ids[0]
         with torch.no_grad():
             index = int(a.forward(a.encode(text)).logits[0].argmax())

@@ -88,7 +88,12 @@ def capped(adapter: ModelAdapter, logits: torch.Tensor) -> torch.Tensor:
 def readout(adapter: ModelAdapter, lens: Lens, row: int, h: torch.Tensor) -> torch.Tensor:
     """Logits ``[..., vocab]`` (float64) that ``lens`` reads from row ``row``'s residual ``h`` ``[..., d]``:
     the final norm and unembedding of ``A h + b``, then the model's final soft-cap where it has one."""
-    return capped(adapter, unembed(adapter, final_norm(adapter)(lens.transform(row, h))))
+    return read_final(adapter, lens.transform(row, h))
+
+
+def read_final(adapter: ModelAdapter, h: torch.Tensor) -> torch.Tensor:
+    """The model's readout of final-residual vectors ``h`` ``[..., d]``: final norm, unembedding, soft-cap (float64)."""
+    return capped(adapter, unembed(adapter, final_norm(adapter)(h)))
 
 
 def unembed_hash(adapter: ModelAdapter) -> str:

@@ -18,6 +18,7 @@ every lens agrees there exactly (KL 0, a test). Each patched run is one row of o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,7 +29,7 @@ from ...methods.gradient import ids_inputs
 from ...models.adapter import Inputs
 from ..engine import Intervention
 from ..engine import run as run_edited
-from .base import Lens, readout, row_label, row_sites
+from .base import Lens, read_final, row_label, row_sites
 
 if TYPE_CHECKING:
     from ...models.adapter import ModelAdapter
@@ -59,6 +60,15 @@ def _rank(logits: torch.Tensor, index: int) -> np.ndarray:
     return (logits > logits[..., index : index + 1]).sum(-1).cpu().numpy()
 
 
+def _put(v: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The strategy that writes the vector ``v`` ``[d]`` (broadcast; the engine's mask picks row and position)."""
+
+    def fn(a: torch.Tensor) -> torch.Tensor:
+        return v.to(a.device, a.dtype).view(1, 1, -1)
+
+    return fn
+
+
 def check_against_intervention(
     adapter: ModelAdapter, ids: torch.Tensor, lens: Lens, index: int, neutral: list[int] | None = None
 ) -> dict[str, Any]:
@@ -72,14 +82,10 @@ def check_against_intervention(
     with torch.no_grad():
         fwd = adapter.forward(ids_inputs(adapter, ids), record=sites)
         h = [fwd.cache[s][0, -1] for s in sites]
-        lens_logits = torch.stack([readout(adapter, lens, r, h[r]) for r in range(L + 1)])  # [row, vocab] float64
+        mapped = torch.stack([lens.transform(r, h[r]) for r in range(L + 1)])  # [row, d] float64
+        lens_logits = read_final(adapter, mapped)  # [row, vocab] float64: row r's readout of h_r
         rows = Inputs.from_ids(adapter, [neutral] * (L + 1), strings=False)
-        ivs = [
-            Intervention(
-                sites[r], (lambda a, v=h[r]: v.to(a.device, a.dtype).view(1, 1, -1)), pos=len(neutral) - 1, rows=[r]
-            )
-            for r in range(L + 1)
-        ]
+        ivs = [Intervention(sites[r], _put(h[r]), pos=len(neutral) - 1, rows=[r]) for r in range(L + 1)]
         patched = run_edited(adapter, rows, ivs).logits.double()  # [row, vocab]: the output at the patched position
     lp_lens = torch.log_softmax(lens_logits, -1)
     lp_patch = torch.log_softmax(patched, -1)
