@@ -301,7 +301,7 @@ def test_a_checkpoint_of_other_settings_is_discarded(
     monkeypatch.setattr(RC.F, "sweep", real_sweep)
     calls = []
     real_scores = RC.edge_scores
-    monkeypatch.setattr(RC, "edge_scores", lambda *a, **k: calls.append(a[4]) or real_scores(*a, **k))
+    monkeypatch.setattr(RC, "edge_scores", lambda *a, **k: calls.append(a[3]) or real_scores(*a, **k))
     assert main([*args, "--ablation", "zero", "--out", str(out)]) == 0  # other settings: computed afresh
     assert calls == ["zero"] and not resume_folder(out).exists()
     assert set(pd.read_csv(out / "faithfulness.csv")["ablation"]) == {"zero"}
@@ -334,7 +334,7 @@ def test_mean_ablation_runs_without_corrupted_prompts(setup: dict[str, Path], tm
         ("nocorrupt", [], "--ablation patch needs corrupted prompts"),
         ("missing.csv", [], "does not exist"),
         (None, ["--model", "bert"], "is not supported: its residual stream is normalised after each block"),
-        ("wrong", [], "the wrong ' mary john' is 2 tokens"),
+        ("wrong", [], "the wrong answer ' mary john' is 2 tokens"),
         ("same", [], "the answer and the wrong answer are the same token"),
         ("empty", [], "need a header with columns clean,corrupt,answer,wrong and at least one row"),
         (None, ["--sizes", "abc"], "bad circuit size 'abc'"),
@@ -345,8 +345,6 @@ def test_mean_ablation_runs_without_corrupted_prompts(setup: dict[str, Path], tm
         (None, ["--paths", "-1"], "--paths"),
         (None, ["--limit", "0"], "--limit"),
         (None, ["--methods", "exact", "--exact-max", "10"], "above --exact-max 10"),
-        (None, ["--ablation", "resample"], "resample"),
-        (None, ["--metric", "kl"], "kl"),
     ],
 )
 def test_bad_input(
@@ -382,6 +380,33 @@ def test_bad_input(
     err = capsys.readouterr().err
     assert message in err and err.strip().count("\n") == 0, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [(["--ablation", "resample"], "invalid choice: 'resample'"), (["--metric", "kl"], "invalid choice: 'kl'")],
+)
+def test_bad_choices_exit_2_from_the_parser(
+    setup: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture, extra: list[str], message: str
+) -> None:
+    """A value outside an option's choices is refused by the command-line parser (as for every command:
+    its usage line, then the error line), exit 2, nothing written."""
+    out = tmp_path / "bad"
+    with pytest.raises(SystemExit) as e:
+        main(
+            [
+                "circuit",
+                "--model",
+                str(setup["llama"]),
+                "--task",
+                str(setup["dir"] / "pairs.csv"),
+                "--out",
+                str(out),
+                *extra,
+            ]
+        )
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err.strip().splitlines()[-1] and not out.exists()
 
 
 @pytest.mark.slow

@@ -98,7 +98,7 @@ def test_drawn_circuit_and_faithfulness_are_the_stored_arrays(run: Path, browser
             assert sk["size"] == k
             check_drawn(sk, a, "eap", k)
             assert p.get_attribute("#circuit-graph", "data-edges") == str(len(sk["edges"]))
-            assert p.get_attribute("#circuit-f", "data-f") == pytest.approx(a["faithfulness.eap"][k, 0], rel=F32)
+            assert float(p.get_attribute("#circuit-f", "data-f")) == pytest.approx(a["faithfulness.eap"][k, 0], rel=F32)
             counts[k] = (len(sk["edges"]), sk["f"])
         assert counts[0][0] < counts[1][0] < counts[3][0] and counts[0][1] != counts[3][1]
         assert counts[3][1] == pytest.approx(1.0, abs=1e-3)  # the whole graph is the model

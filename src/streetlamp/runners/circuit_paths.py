@@ -201,7 +201,7 @@ def compare_paths(
         mean = np.mean(per_prompt, 0)
         total = np.nansum(np.abs(mean))
         flat = np.where(np.isnan(mean), -np.inf, mean)
-        order = np.argsort(-flat, axis=None)[:top]
+        order = [f for f in np.argsort(-flat, axis=None)[:top] if np.isfinite(flat.flat[f])]
         r0, p0, src0, labels = pos_of[0]
         for rank, f in enumerate(order, 1):
             i, j = np.unravel_index(int(f), mean.shape)

@@ -2,7 +2,7 @@
 never recomputes. Per method ``m``: ``scores.m`` ``[reader, writer]`` (NaN where no edge),
 ``interval.m`` ``[2, reader, writer]``, ``inclusion.m``, ``masks.m`` ``[size, reader, writer]`` (the pruned
 circuit at each swept size), ``faithfulness.m`` / ``random.m`` ``[size, 3]`` (f, ci_low, ci_high);
-``sizes``; ``exact`` / ``exact_interval`` (exact edge patching where computed: the ``exact`` method, the
+``sizes``; the per-edge arrays in float32 (what the page decodes); ``exact`` / ``exact_interval`` (exact edge patching where computed: the ``exact`` method, the
 edges of ``paths.csv``); ``attention`` ``[layer, head, query, key]`` of the first clean prompt. The graph's
 node names and the prompt's tokens go in the manifest's ``circuit_view``."""
 
@@ -56,11 +56,11 @@ def add_view(
     w.add_array("sizes", np.asarray(sizes, np.float64), axes=["size"], meaning="the swept circuit sizes (fractions)")
     for name, r in methods.items():
         t = r.sweep.table
-        w.add_array(f"scores.{name}", r.scores.mean.double().cpu().numpy(), axes=E,
+        w.add_array(f"scores.{name}", r.scores.mean.float().cpu().numpy(), axes=E,
                     meaning=f"{name} edge score: mean over prompts of m(edge ablated) - m(model); NaN: no edge")  # fmt: skip
-        w.add_array(f"interval.{name}", np.stack([r.lo, r.hi]), axes=["bound", *E],
+        w.add_array(f"interval.{name}", np.stack([r.lo, r.hi]).astype(np.float32), axes=["bound", *E],
                     meaning="95% percentile bootstrap interval of the score over prompts (low, high)")  # fmt: skip
-        w.add_array(f"inclusion.{name}", r.inclusion.double().numpy(), axes=E,
+        w.add_array(f"inclusion.{name}", r.inclusion.float().numpy(), axes=E,
                     meaning="share of bootstrap resamples whose circuit at the chosen size holds the edge")  # fmt: skip
         w.add_array(f"masks.{name}", np.stack([m.numpy() for m in r.sweep.masks]).astype(np.uint8),
                     axes=["size", *E], meaning="1 = the edge is in the (pruned) circuit at that swept size")  # fmt: skip
@@ -73,7 +73,12 @@ def add_view(
     w.add_array(
         "exact", eff, axes=E, meaning=f"exact patching m(edge patched) - m(model), mean over prompts; for {what}"
     )
-    w.add_array("exact_interval", iv, axes=["bound", *E], meaning="95% bootstrap interval of the exact effect")
+    w.add_array(
+        "exact_interval",
+        iv.astype(np.float32),
+        axes=["bound", *E],
+        meaning="95% bootstrap interval of the exact effect",
+    )
     att, labels, p = first_prompt_attention(adapter, pairs.clean)
     w.add_array("attention", att, axes=["layer", "head", "query", "key"],
                 meaning="attention of the first clean prompt (real tokens)")  # fmt: skip

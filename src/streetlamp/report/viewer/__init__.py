@@ -23,14 +23,8 @@ from .palettes import palettes
 
 __all__ = ["FORMAT_VERSION", "build_html", "iframe_html", "read_manifest", "write_report"]
 
-SCRIPTS = (
-    "viewer.js",
-    "explain.js",
-    "views.js",
-    "long.js",
-    "atlas.js",
-    "circuit.js",
-)  # the core first: the views register themselves in it
+# the core first: the views register themselves in it
+SCRIPTS = ("viewer.js", "explain.js", "views.js", "long.js", "atlas.js", "circuit.js")
 CSP = (
     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
     "base-uri 'none'; form-action 'none'"

@@ -141,7 +141,7 @@
       if (best) showEdge(best.reader, best.writer);
     });
     function curves() {
-      const W = 620, Hh = 340, Pd = 50, c = el("canvas", { id: "circuit-curves", width: W, height: Hh }), g = c.getContext("2d");
+      const W = 680, Hh = 340, Pd = 60, c = el("canvas", { id: "circuit-curves", width: W, height: Hh }), g = c.getContext("2d");
       const lg = sizes[sizes.length - 1] / sizes[0] > 20, tx = (x) => (lg ? Math.log10(x) : x);
       const x0 = tx(sizes[0]), x1 = tx(sizes[sizes.length - 1]);
       let y0 = 0, y1 = 1;
@@ -153,6 +153,7 @@
       g.fillText(`circuit size (fraction of the edges${lg ? ", log scale" : ""})`, W / 2 - 110, Hh - 10);
       g.save(); g.translate(14, Hh / 2 + 70); g.rotate(-Math.PI / 2); g.fillText("faithfulness f(C), 95% band", 0, 0); g.restore();
       g.fillText(fmt(y0, 2), 18, sy(y0) + 4); g.fillText(fmt(y1, 2), 18, sy(y1) + 4);
+      g.fillText("0 (empty)", W - Pd + 4, sy(0) + 4); g.fillText("1 (model)", W - Pd + 4, sy(1) + 4);
       sizes.forEach((s) => g.fillText(String(s), sx(s) - 10, Hh - Pd + 14));
       const series = methods.map((m, i) => ({ name: m, a: data[m].faithfulness, col: COLS[i % COLS.length], dash: [] }))
         .concat([{ name: `random circuits (${methods[0]})`, a: data[methods[0]].random, col: "#888", dash: [5, 4] }]);
