@@ -27,6 +27,9 @@ METHODS = {
     "eap-ig-inputs": "eap-ig-inputs",
     "eap-ig-activations": "eap-ig-activations",
     "exact": "exact",
+    "flow-routes": "flow-routes",
+    "eap-qk": "eap-qk",
+    "graddrop": "graddrop",
 }
 TASKS = ("ioi", "greater-than", "induction")
 DEFAULT_SIZES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)  # MIB's sweep, 0.1% .. 50%
@@ -72,7 +75,8 @@ class CircuitSettings(Settings):
     methods: list[str] = option(
         default_factory=lambda: ["eap", "eap-ig-inputs"],
         parse=parse_circuit_methods,
-        help="comma-separated: eap, eap-ig (= eap-ig-inputs), eap-ig-activations, exact (default eap,eap-ig)",
+        help="comma-separated: eap, eap-ig (= eap-ig-inputs), eap-ig-activations, exact, flow-routes, eap-qk "
+        "(AtP*'s QK fix), graddrop (default eap,eap-ig)",
     )
     sizes: list[float] = option(
         default_factory=lambda: list(DEFAULT_SIZES),

@@ -124,6 +124,17 @@ def edge_scores(
         return S.eap_ig(blocks, pairs, steps, method.removeprefix("eap-ig-"), metric, ablation, batch_size=rows)
     if method == "exact":
         return S.exact(blocks, pairs, metric, ablation, batch_size=rows)
+    if method == "flow-routes":  # contribution-based, one clean forward (no corrupted input)
+        from ..interventions.circuits.flow import flow_routes
+
+        return flow_routes(blocks, pairs, ablation, metric)
+    if method in ("eap-qk", "graddrop"):  # AtP*'s corrections
+        from ..interventions.circuits import corrections as X
+
+        fn = X.eap_qk if method == "eap-qk" else X.graddrop
+        out = fn(blocks, pairs, metric, ablation, batch_size=rows)
+        assert isinstance(out, S.EdgeScores)
+        return out
     raise StreetlampError(f"unknown circuit method {method!r}")
 
 
