@@ -69,6 +69,16 @@ def parse_circuit_methods(spec: str | list[str]) -> list[str]:
     return out
 
 
+def parse_axes(spec: str | list[str]) -> list[str]:
+    from ..interventions.circuits.resampling import AXES
+
+    names = split_list(spec)
+    bad = [a for a in names if a not in AXES]
+    if bad:
+        raise StreetlampError(f"unknown resampling axis(es) {bad}; choose from {', '.join(AXES)}")
+    return list(dict.fromkeys(names))
+
+
 @dataclass
 class CircuitSettings(Settings):
     task: str = option("ioi", help="ioi, greater-than, induction, or a CSV of pairs (clean,corrupt,answer,wrong)")
@@ -102,6 +112,13 @@ class CircuitSettings(Settings):
     random: int = option(3, help="random circuits per size for the baseline")
     top: int = option(10, help="edges printed")
     exact_max: int = option(200_000, help="refuse exact patching above this many (prompt, edge) forwards")
+    resample: list[str] = option(
+        default_factory=list,
+        parse=parse_axes,
+        help="comma-separated resampling axes for error bars that re-discover the circuit: prompts, templates, "
+        "corrupt (stability.csv; default none)",
+    )
+    resamples: int = option(20, help="resamples per --resample axis")
 
     def check(self) -> None:
         super().check()
@@ -110,6 +127,7 @@ class CircuitSettings(Settings):
         at_least(self.steps, 1, "--steps")
         at_least(self.random, 0, "--random")
         at_least(self.top, 1, "--top")
+        at_least(self.resamples, 2, "--resamples")
         if self.size is not None:
             check_size(self.size)
         from ..runners.circuit import task_pairs

@@ -220,6 +220,7 @@ class CircuitResult:
     areas: Any  # areas.csv
     top: int = 10
     nodes: list[str] = field(default_factory=list)
+    stability: list[str] = field(default_factory=list)  # one line per method and --resample axis
 
     def lines(self) -> list[str]:
         first = next(iter(self.methods))
@@ -258,7 +259,7 @@ class CircuitResult:
             out.append(
                 f"stability: {stable} of {inc.size} circuit edges are in >= 90% of the bootstrap circuits ({verdict})"
             )
-        return out + [f"output: {self.out}/"]
+        return out + self.stability + [f"output: {self.out}/"]
 
 
 def joined_nodes(graph: Graph, mask: torch.Tensor) -> list[str]:
@@ -324,13 +325,29 @@ def run_circuit(adapter: ModelAdapter, out: RunFolder | Path, s: CircuitSettings
                 g.edges_table(sc.mean, name, ci_low=lo, ci_high=hi, inclusion=inc.numpy(), in_circuit=mask.numpy())
             )
     assert chosen is not None
+    stab_rows: list[dict] = []
+    stab_lines: list[str] = []
+    if s.resample:  # error bars that re-discover the circuit on every resample (interventions/circuits/resampling.py)
+        from ..interventions.circuits.resampling import stability
+
+        for name, r in methods.items():
+            rows_, lines_ = stability(
+                blocks, s.task, raw, pairs, r.scores, sizes, s.resample, s.resamples, s.seed, chosen,
+                lambda p, name=name: edge_scores(blocks, p, name, s.ablation, s.metric, s.steps, rows_of(s.batch_size, p, 16)),
+                rows_of(s.batch_size, pairs, 32),
+            )  # fmt: skip
+            stab_rows += rows_
+            stab_lines += lines_
     et, ft, at = pd.concat(edges, ignore_index=True), pd.concat(tables, ignore_index=True), pd.DataFrame(areas)
     first = s.methods[0]
     res = CircuitResult(
         rf.out, adapter.name, s.task, len(pairs), s.ablation, s.metric, chosen, methods, et, ft, at, s.top,
         joined_nodes(g, methods[first].mask),
     )  # fmt: skip
+    res.stability = stab_lines
     with rf.staging() as w:
+        if s.resample:
+            pd.DataFrame(stab_rows).to_csv(w.path / "stability.csv", index=False)
         et.to_parquet(w.path / "edges.parquet", index=False)
         ft.to_csv(w.path / "faithfulness.csv", index=False)
         at.to_csv(w.path / "areas.csv", index=False)
@@ -343,6 +360,12 @@ def run_circuit(adapter: ModelAdapter, out: RunFolder | Path, s: CircuitSettings
             "areas.csv": "CPR (area under f) and CMD (area between f and 1) per method, with intervals",
             "pairs.csv": "the clean / corrupted prompts, answers and templates used",
         }
+        if s.resample:
+            files["stability.csv"] = (
+                "per method, resampling axis (prompts, templates, corrupt) and size: f of the circuit re-discovered "
+                "on each resample (mean, 95% percentile interval), Jaccard with the all-data circuit, CPR/CMD "
+                "intervals, the stability verdict (mean Jaccard >= 0.5 and f interval <= 0.25 wide)"
+            )
         for name, r in methods.items():
             (w.path / f"circuit.{name}.json").write_text(
                 json.dumps(mib_json(g, r.scores.mean, r.mask, adapter.d_model))
