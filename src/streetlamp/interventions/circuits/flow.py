@@ -37,6 +37,7 @@ def _shares(t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return c / c.sum(-1, keepdim=True).clamp_min(1e-300)
 
 
+@torch.no_grad()
 def _one(blocks: Blocks, ids: torch.Tensor, am: torch.Tensor) -> torch.Tensor:
     """Per-edge importance ``[R, U]`` of one unpadded prompt (``ids`` ``[1, s]``)."""
     g = blocks.graph

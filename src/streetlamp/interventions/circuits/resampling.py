@@ -169,7 +169,8 @@ def resample(
         for r, idx in enumerate(draws):
             uniq, inv = np.unique(idx, return_inverse=True)
             masks = [circuit(g, per[torch.as_tensor(idx)].mean(0), k) for k in ks]
-            mv = circuit_metrics(blocks, pairs.select(uniq.tolist()), masks, ab, metric, batch_size)[:, inv]
+            sub = pairs.select(uniq.tolist())  # mean ablation keeps the all-data reference, as m(∅) does
+            mv = circuit_metrics(blocks, sub, masks, ab, metric, batch_size, reference=pairs)[:, inv]
             f[r] = faithfulness(mv, mv0[1][idx], mv0[0][idx])
             jac[r] = [jaccard(m, b) for m, b in zip(masks, base)]
             inc += masks[ja].double()
