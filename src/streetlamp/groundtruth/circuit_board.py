@@ -47,6 +47,12 @@ SIZES = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 METHODS = ("eap", "eap-ig-inputs", "eap-ig-activations", "exact", "flow-routes", "eap-qk", "graddrop")
 
 
+def _graddrop(b: Blocks, p: PairSet) -> S.EdgeScores:
+    out = X.graddrop(b, p)
+    assert isinstance(out, S.EdgeScores)  # per_layer=False: one score set
+    return out
+
+
 def method_scores(name: str) -> Callable[[Blocks, PairSet], S.EdgeScores]:
     """The edge-score function of a method name (the engine's; patching ablation, logit difference)."""
     table: dict[str, Callable[[Blocks, PairSet], S.EdgeScores]] = {
@@ -56,7 +62,7 @@ def method_scores(name: str) -> Callable[[Blocks, PairSet], S.EdgeScores]:
         "exact": lambda b, p: S.exact(b, p),
         "flow-routes": lambda b, p: FL.flow_routes(b, p),
         "eap-qk": lambda b, p: X.eap_qk(b, p),
-        "graddrop": lambda b, p: X.graddrop(b, p),  # type: ignore[return-value,arg-type]
+        "graddrop": _graddrop,
     }
     if name not in table:
         raise ValueError(f"no circuit method {name!r} on the leaderboard; have {sorted(table)}")

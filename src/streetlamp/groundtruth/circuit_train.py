@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
@@ -76,7 +77,7 @@ def train(
     tok = tokenizer()
     cfg = gpt2_config(d_model, heads, 2, len(tok))
     model = GPT2LMHeadModel(cfg)
-    for block in model.transformer.h:
+    for block in cast(Any, model.transformer).h:
         for p in block.mlp.parameters():
             p.data.zero_()
             p.requires_grad_(False)

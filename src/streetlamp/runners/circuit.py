@@ -331,9 +331,12 @@ def run_circuit(adapter: ModelAdapter, out: RunFolder | Path, s: CircuitSettings
         from ..interventions.circuits.resampling import stability
 
         for name, r in methods.items():
+
+            def rescore(p: T.PairSet, name: str = name) -> S.EdgeScores:
+                return edge_scores(blocks, p, name, s.ablation, s.metric, s.steps, rows_of(s.batch_size, p, 16))
+
             rows_, lines_ = stability(
-                blocks, s.task, raw, pairs, r.scores, sizes, s.resample, s.resamples, s.seed, chosen,
-                lambda p, name=name: edge_scores(blocks, p, name, s.ablation, s.metric, s.steps, rows_of(s.batch_size, p, 16)),
+                blocks, s.task, raw, pairs, r.scores, sizes, s.resample, s.resamples, s.seed, chosen, rescore,
                 rows_of(s.batch_size, pairs, 32),
             )  # fmt: skip
             stab_rows += rows_
