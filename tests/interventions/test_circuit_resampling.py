@@ -213,3 +213,44 @@ def test_resampled_corruptions_keep_the_task_structure() -> None:
     for t in (0, 1, 2):
         assert sorted(p.corrupt for p in perm if p.template == t) == sorted(p.corrupt for p in RAW if p.template == t)
     assert [p.clean for p in perm] == [p.clean for p in RAW]
+
+
+def test_circuit_command_writes_stability_that_matches_the_engine(tmp_path) -> None:
+    import contextlib
+    import csv
+    import io
+
+    import pandas as pd
+
+    from streetlamp.cli import main
+    from streetlamp.models.loading import load
+    from streetlamp.models.tiny import save_tiny
+
+    model = save_tiny("gpt2", tmp_path / "gpt2", seed=1)
+    with (tmp_path / "pairs.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["clean", "corrupt", "answer", "wrong", "template"])
+        w.writerows([[p.clean, p.corrupt, p.answer, p.wrong, p.template] for p in RAW])
+    out = tmp_path / "run"
+    args = ["circuit", "--model", str(model), "--task", str(tmp_path / "pairs.csv"), "--out", str(out), "--limit", "6"]
+    args += ["--methods", "eap,flow-routes,eap-qk", "--sizes", "0.2,0.6", "--size", "0.6", "--bootstrap", "10"]
+    args += ["--resample", "prompts,templates,corrupt", "--resamples", "3", "--seed", "2"]
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(args) == 0
+    st = pd.read_csv(out / "stability.csv")
+    assert len(st) == 3 * 3 * 2 and set(st["axis"]) == set(RS.AXES)
+    assert {"faithfulness_mean", "ci_low", "ci_high", "jaccard_mean", "cpr_ci_low", "stable"} <= set(st.columns)
+    printed = buf.getvalue()
+    assert printed.count("resampled prompts") == 3 and "stable" in printed
+    # the run's prompt-axis numbers are the engine's on the same model and pairs
+    a = load(model)
+    b = RS.Blocks(a)
+    pairs = encode_pairs(a, RAW)
+    direct = RS.resample(b, pairs, S.eap(b, pairs), [0.2, 0.6], "prompts", n=3, seed=2, at=0.6)
+    got = st[(st["axis"] == "prompts") & (st["method"] == "eap")]
+    np.testing.assert_allclose(got["faithfulness_mean"], direct.f.mean(0), rtol=1e-5, atol=1e-6)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        bad = [x.replace("prompts,templates,corrupt", "bootstrap") for x in args]
+        assert main([x if x != str(out) else str(tmp_path / "bad") for x in bad]) == 2
+    assert not (tmp_path / "bad").exists()

@@ -27,6 +27,9 @@ METHODS = {
     "eap-ig-inputs": "eap-ig-inputs",
     "eap-ig-activations": "eap-ig-activations",
     "exact": "exact",
+    "flow-routes": "flow-routes",
+    "eap-qk": "eap-qk",
+    "graddrop": "graddrop",
 }
 TASKS = ("ioi", "greater-than", "induction")
 DEFAULT_SIZES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)  # MIB's sweep, 0.1% .. 50%
@@ -77,13 +80,24 @@ def parse_circuit_methods(spec: str | list[str]) -> list[str]:
     return out
 
 
+def parse_axes(spec: str | list[str]) -> list[str]:
+    from ..interventions.circuits.resampling import AXES
+
+    names = split_list(spec)
+    bad = [a for a in names if a not in AXES]
+    if bad:
+        raise StreetlampError(f"unknown resampling axis(es) {bad}; choose from {', '.join(AXES)}")
+    return list(dict.fromkeys(names))
+
+
 @dataclass
 class CircuitSettings(Settings):
     task: str = option("ioi", help="ioi, greater-than, induction, or a CSV of pairs (clean,corrupt,answer,wrong)")
     methods: list[str] = option(
         default_factory=lambda: ["eap", "eap-ig-inputs"],
         parse=parse_circuit_methods,
-        help="comma-separated: eap, eap-ig (= eap-ig-inputs), eap-ig-activations, exact (default eap,eap-ig)",
+        help="comma-separated: eap, eap-ig (= eap-ig-inputs), eap-ig-activations, exact, flow-routes, eap-qk "
+        "(AtP*'s QK fix), graddrop (default eap,eap-ig)",
     )
     sizes: list[float] = option(
         default_factory=lambda: list(DEFAULT_SIZES),
@@ -120,6 +134,13 @@ class CircuitSettings(Settings):
     path_threshold: float = option(
         0.01, type=float, help="a path matters when patching it moves the metric by this share of m(model) - m(empty)"
     )
+    resample: list[str] = option(
+        default_factory=list,
+        parse=parse_axes,
+        help="comma-separated resampling axes for error bars that re-discover the circuit: prompts, templates, "
+        "corrupt (stability.csv; default none)",
+    )
+    resamples: int = option(20, help="resamples per --resample axis")
 
     def check(self) -> None:
         super().check()
@@ -131,6 +152,7 @@ class CircuitSettings(Settings):
         at_least(self.paths, 0, "--paths")
         if not 0 <= self.path_threshold < 1:  # NaN fails too
             raise StreetlampError(f"--path-threshold {self.path_threshold:g} is outside [0, 1)")
+        at_least(self.resamples, 2, "--resamples")
         if self.size is not None:
             check_size(self.size)
         from ..runners.circuit import task_pairs

@@ -5,7 +5,8 @@ For every task and variant (normal / deceptive ground-truth model) and every met
 token scores against the planted tokens (AUPRC, precision@k) and by erasure (comprehensiveness,
 sufficiency). A ``random`` baseline row is added. Methods explain the predicted class's *logit*
 by default: these models are confident (p = 1.0 in float32 on most texts), and a saturated
-probability hides what the model reads from perturbation and gradient methods alike. Writes ``leaderboard.csv``, ``models.csv``
+probability hides what the model reads from perturbation and gradient methods alike. Writes ``leaderboard.csv``, ``circuits.csv`` (circuit methods' edge precision/recall against circuits
+known by construction or training: :mod:`streetlamp.groundtruth.circuit_board`), ``models.csv``
 (accuracy and attention mass on the planted tokens), ``leaderboard.png`` and ``manifest.json``.
 """
 
@@ -61,6 +62,7 @@ class BenchmarkResult:
     out: Path
     rows: list[dict[str, Any]] = field(default_factory=list)
     models: list[dict[str, Any]] = field(default_factory=list)
+    circuits: list[dict[str, Any]] = field(default_factory=list)  # circuit methods vs known circuits
 
     def _repr_html_(self) -> str:  # a notebook shows the run's report inline
         from ..report.viewer import iframe_html
@@ -184,8 +186,13 @@ def benchmark(
                 except Exception as e:  # a method that crashes is reported, not fatal to the leaderboard
                     row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
                 res.rows.append(row)
+    from ..groundtruth import circuit_board
+
+    print("benchmark: circuits with known edges (planted and trained)", file=sys.stderr)
+    res.circuits = circuit_board.circuit_leaderboard(seed=seed)
     with rf.staging() as w:
         write_csv(w.path / "leaderboard.csv", res.rows, COLUMNS)
+        write_csv(w.path / "circuits.csv", res.circuits, circuit_board.COLUMNS)
         write_csv(w.path / "models.csv", res.models, ["task", "variant", "accuracy", "mass_cls_last", "mass_all"])
         from ..groundtruth.figure import plot_leaderboard
 
@@ -205,6 +212,8 @@ def benchmark(
                     "models.csv": "held-out accuracy and attention mass on the planted tokens ([CLS] row of "
                     "the last layer, head mean; and mean over all layers, heads and queries)",
                     "leaderboard.png": "AUPRC per method, normal vs deceptive, one panel per task",
+                    "circuits.csv": "one row per known circuit x circuit method x size: edge precision and recall "
+                    "of the method's top-k circuit against the known edges (docs/circuits.md, Ground truth)",
                 },
             }
         )

@@ -127,6 +127,17 @@ def edge_scores(
         return S.eap_ig(blocks, pairs, steps, method.removeprefix("eap-ig-"), metric, ablation, batch_size=rows)
     if method == "exact":
         return S.exact(blocks, pairs, metric, ablation, batch_size=rows)
+    if method == "flow-routes":  # contribution-based, one clean forward (no corrupted input)
+        from ..interventions.circuits.flow import flow_routes
+
+        return flow_routes(blocks, pairs, ablation, metric)
+    if method in ("eap-qk", "graddrop"):  # AtP*'s corrections
+        from ..interventions.circuits import corrections as X
+
+        fn = X.eap_qk if method == "eap-qk" else X.graddrop
+        out = fn(blocks, pairs, metric, ablation, batch_size=rows)
+        assert isinstance(out, S.EdgeScores)
+        return out
     raise StreetlampError(f"unknown circuit method {method!r}")
 
 
@@ -216,6 +227,7 @@ class CircuitResult:
     nodes: list[str] = field(default_factory=list)
     paths: Any = None  # paths.csv (pandas DataFrame), or None when not asked for
     path_lines: list[str] = field(default_factory=list)
+    stability: list[str] = field(default_factory=list)  # one line per method and --resample axis
 
     def lines(self) -> list[str]:
         first = next(iter(self.methods))
@@ -254,7 +266,7 @@ class CircuitResult:
             out.append(
                 f"stability: {stable} of {inc.size} circuit edges are in >= 90% of the bootstrap circuits ({verdict})"
             )
-        return out + self.path_lines + [f"output: {self.out}/"]
+        return out + self.stability + self.path_lines + [f"output: {self.out}/"]
 
 
 def joined_nodes(graph: Graph, mask: torch.Tensor) -> list[str]:
@@ -348,6 +360,22 @@ def run_circuit(adapter: ModelAdapter, out: RunFolder | Path, s: CircuitSettings
                 g.edges_table(sc.mean, name, ci_low=lo, ci_high=hi, inclusion=inc.numpy(), in_circuit=mask.numpy())
             )
     assert chosen is not None
+    stab_rows: list[dict] = []
+    stab_lines: list[str] = []
+    if s.resample:  # error bars that re-discover the circuit on every resample (interventions/circuits/resampling.py)
+        from ..interventions.circuits.resampling import stability
+
+        for name, r in methods.items():
+
+            def rescore(p: T.PairSet, name: str = name) -> S.EdgeScores:
+                return edge_scores(blocks, p, name, s.ablation, s.metric, s.steps, rows_of(s.batch_size, p, 16))
+
+            rows_, lines_ = stability(
+                blocks, s.task, raw, pairs, r.scores, sizes, s.resample, s.resamples, s.seed, chosen, rescore,
+                rows_of(s.batch_size, pairs, 32),
+            )  # fmt: skip
+            stab_rows += rows_
+            stab_lines += lines_
     et, ft, at = pd.concat(edges, ignore_index=True), pd.concat(tables, ignore_index=True), pd.DataFrame(areas)
     first = s.methods[0]
     res = CircuitResult(
@@ -367,7 +395,10 @@ def run_circuit(adapter: ModelAdapter, out: RunFolder | Path, s: CircuitSettings
             lambda rec, arr: P.PathsResult(pd.DataFrame(rec["table"]), rec["lines"]),
         )  # fmt: skip
         res.paths, res.path_lines = pr.table, pr.lines
+    res.stability = stab_lines
     with rf.staging() as w:
+        if s.resample:
+            pd.DataFrame(stab_rows).to_csv(w.path / "stability.csv", index=False)
         et.to_parquet(w.path / "edges.parquet", index=False)
         ft.to_csv(w.path / "faithfulness.csv", index=False)
         at.to_csv(w.path / "areas.csv", index=False)
@@ -387,6 +418,12 @@ def run_circuit(adapter: ModelAdapter, out: RunFolder | Path, s: CircuitSettings
                 "the top paths each attribution matrix and the circuit name, each patched exactly: matrix_score "
                 "(the matrix's path flow, or the circuit method's edge score), patch_effect (m(edge patched) - "
                 "m(model), mean over prompts) with its 95% bootstrap interval, matters, agree"
+            )
+        if s.resample:
+            files["stability.csv"] = (
+                "per method, resampling axis (prompts, templates, corrupt) and size: f of the circuit re-discovered "
+                "on each resample (mean, 95% percentile interval), Jaccard with the all-data circuit, CPR/CMD "
+                "intervals, the stability verdict (mean Jaccard >= 0.5 and f interval <= 0.25 wide)"
             )
         for name, r in methods.items():
             (w.path / f"circuit.{name}.json").write_text(

@@ -171,29 +171,68 @@ class Blocks:
         """Layer ``l``'s head outputs ``z_h W_O,h`` ``[b, s, H, d]`` from its readers' inputs: ``xq``
         ``[b, s, H, d]`` (one per head), ``xk``, ``xv`` ``[b, s, KV, d]`` (one per group). Grouped
         attention runs on ``[b, KV, heads per group, ...]``: keys and values are never repeated."""
+        q, k = self.queries_keys(l, xq, xk, cs)
+        probs = self.pattern(l, q, k, allowed)
+        v = self._value(l, xv)
+        b, s = q.shape[:2]
+        z = torch.einsum("bkgqs,bskd->bqkgd", probs, v).reshape(b, s, self.H, self.dh)
+        wo = output_matrix(self.adapter.o_proj_modules[l], self.H)  # [H, dh, d]
+        return torch.einsum("bshe,hed->bshd", z, wo.to(z.dtype))
+
+    def _value(self, l: int, xv: torch.Tensor) -> torch.Tensor:
+        ln1, _ = self._norms(l)
+        _, _, (wv, bv) = self._qkv_weights(l)
+        return self._proj(ln1, xv, wv, bv)  # [b, s, KV, dh]
+
+    def queries_keys(
+        self, l: int, xq: torch.Tensor, xk: torch.Tensor, cs: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``l``'s queries ``[b, s, H, dh]`` and keys ``[b, s, KV, dh]`` (norm, projection, Qwen3's
+        per-head norm, RoPE) from the q and k readers' inputs."""
         ln1, _ = self._norms(l)
         attn: Any = self.adapter.attn_modules[l]
-        (wq, bq), (wk, bk), (wv, bv) = self._qkv_weights(l)
-
-        def proj(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-            y = torch.einsum("bsnd,nde->bsne", ln1(x), w.to(x.dtype))
-            return y + b.to(x.dtype) if b is not None else y
-
-        q, k, v = proj(xq, wq, bq), proj(xk, wk, bk), proj(xv, wv, bv)
+        (wq, bq), (wk, bk), _ = self._qkv_weights(l)
+        q, k = self._proj(ln1, xq, wq, bq), self._proj(ln1, xk, wk, bk)
         if getattr(attn, "q_norm", None) is not None:  # Qwen3: RMSNorm over each head's d_head
             q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = self._rope(q, cs), self._rope(k, cs)
+        return self._rope(q, cs), self._rope(k, cs)
+
+    @staticmethod
+    def _proj(ln: nn.Module, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        y = torch.einsum("bsnd,nde->bsne", ln(x), w.to(x.dtype))
+        return y + b.to(x.dtype) if b is not None else y
+
+    def pattern(self, l: int, q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        """Attention probabilities ``[b, KV, G, query, key]`` from queries and keys."""
+        attn: Any = self.adapter.attn_modules[l]
         b, s = q.shape[:2]
-        G = self.H // self.KV
-        qg = q.reshape(b, s, self.KV, G, self.dh)
+        qg = q.reshape(b, s, self.KV, self.H // self.KV, self.dh)
         scale = getattr(attn, "scaling", None)
         scale = float(scale) if scale is not None else self.dh**-0.5
         scores = torch.einsum("bqkgd,bskd->bkgqs", qg, k) * scale
         scores = scores.masked_fill(~allowed[:, None, None], torch.finfo(scores.dtype).min)
-        probs = torch.softmax(scores, -1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
-        z = torch.einsum("bkgqs,bskd->bqkgd", probs, v).reshape(b, s, self.H, self.dh)
-        wo = output_matrix(self.adapter.o_proj_modules[l], self.H)  # [H, dh, d]
-        return torch.einsum("bshe,hed->bshd", z, wo.to(z.dtype))
+        return torch.softmax(scores, -1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
+
+    def transformed_values(self, l: int, xv: torch.Tensor) -> torch.Tensor:
+        """``f_h(x_j) = v_j W_O,h`` ``[b, s, KV, G, d]``: each key's value vector (with b_V) through each
+        head's output projection (a group's value shared by its heads)."""
+        v = self._value(l, xv)
+        wo = output_matrix(self.adapter.o_proj_modules[l], self.H).to(v.dtype)  # [H, dh, d]
+        return torch.einsum("bskd,kgde->bskge", v, wo.reshape(self.KV, self.H // self.KV, self.dh, -1))
+
+    def attention_parts(
+        self,
+        l: int,
+        xq: torch.Tensor,
+        xk: torch.Tensor,
+        xv: torch.Tensor,
+        allowed: torch.Tensor,
+        cs: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(probs [b, KV, G, query, key], f [b, s, KV, G, d])``: a head's output at query i is
+        ``Σ_j probs[i, j] f[j]``."""
+        q, k = self.queries_keys(l, xq, xk, cs)
+        return self.pattern(l, q, k, allowed), self.transformed_values(l, xv)
 
     def out_bias(self, l: int) -> torch.Tensor | None:
         """``b_O`` of layer ``l`` (a constant in every reader after it), or None."""

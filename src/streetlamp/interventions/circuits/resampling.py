@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -168,7 +169,8 @@ def resample(
         for r, idx in enumerate(draws):
             uniq, inv = np.unique(idx, return_inverse=True)
             masks = [circuit(g, per[torch.as_tensor(idx)].mean(0), k) for k in ks]
-            mv = circuit_metrics(blocks, pairs.select(uniq.tolist()), masks, ab, metric, batch_size)[:, inv]
+            sub = pairs.select(uniq.tolist())  # mean ablation keeps the all-data reference, as m(∅) does
+            mv = circuit_metrics(blocks, sub, masks, ab, metric, batch_size, reference=pairs)[:, inv]
             f[r] = faithfulness(mv, mv0[1][idx], mv0[0][idx])
             jac[r] = [jaccard(m, b) for m, b in zip(masks, base)]
             inc += masks[ja].double()
@@ -215,3 +217,55 @@ def resample(
         "verdict": why,
     }
     return Resampled(axis, x, f, ab_areas[:, 0], ab_areas[:, 1], jac, inc, table, summary)
+
+
+def stability(
+    blocks: Blocks,
+    task: str,
+    raw: list[TaskPair],
+    pairs: PairSet,
+    scores: EdgeScores,
+    fractions: list[float] | np.ndarray,
+    axes: list[str],
+    n: int,
+    seed: int,
+    at: float,
+    score_fn: Callable[[PairSet], EdgeScores],
+    batch_size: int = 32,
+) -> tuple[list[dict], list[str]]:
+    """Every requested axis for one method: the rows of ``stability.csv`` (one per axis and size, with the
+    axis's CPR/CMD intervals and verdict) and one plain line per axis. An axis the task cannot supply is
+    skipped with a line saying why (one template; corrupted inputs under mean or zero ablation)."""
+    rows: list[dict] = []
+    lines: list[str] = []
+    for axis in axes:
+        if axis == "templates" and len(set(pairs.templates)) < 2:
+            lines.append(f"{scores.method}: templates not resampled (the pairs have one template)")
+            continue
+        if axis == "corrupt" and scores.ablation != "patch":
+            lines.append(f"{scores.method}: corrupted inputs not resampled ({scores.ablation} ablation reads none)")
+            continue
+        sets = corrupt_resamples(blocks.adapter, task, raw, n, seed) if axis == "corrupt" else None
+        res = resample(
+            blocks, pairs, scores, fractions, axis, n, seed, at, batch_size=batch_size, corrupt_sets=sets,
+            score_fn=score_fn,
+        )  # fmt: skip
+        sm = res.summary
+        t: Any = res.table
+        extra = {
+            "cpr_mean": sm["cpr_mean"],
+            "cpr_ci_low": sm["cpr_ci"][0],
+            "cpr_ci_high": sm["cpr_ci"][1],
+            "cmd_mean": sm["cmd_mean"],
+            "cmd_ci_low": sm["cmd_ci"][0],
+            "cmd_ci_high": sm["cmd_ci"][1],
+            "stable": sm["stable"],
+        }
+        rows += [{**r, **extra} for r in t.to_dict("records")]
+        j = int(np.flatnonzero(np.isclose(res.fractions, at))[0])
+        lines.append(
+            f"{scores.method} over {n} resampled {axis}: f at {at:g} {t['faithfulness_mean'].iloc[j]:.3f} "
+            f"[{t['ci_low'].iloc[j]:.3f}, {t['ci_high'].iloc[j]:.3f}], CPR {sm['cpr_mean']:.3f} "
+            f"[{sm['cpr_ci'][0]:.3f}, {sm['cpr_ci'][1]:.3f}]; circuit {sm['verdict']}"
+        )
+    return rows, lines
