@@ -18,6 +18,7 @@ Which pairs are exact: all when ``exact_share >= 1``; else ``round(share · pair
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,7 @@ from ..interventions.atlas_chunks import Chunk, Context, work
 from ..interventions.atlas_stats import STATS
 from ..models.adapter import ModelAdapter
 from ..progress import bar as progress_bar
-from ..store.files import load_arrays, save_arrays, to_jsonable
+from ..store.files import load_arrays, save_arrays
 from ..store.run_store import RunStore, _atomic_write
 from . import atlas_outputs as outputs
 
@@ -172,7 +173,7 @@ def run_atlas(
         require("ray")
         if model is None:
             raise StreetlampError("--engine ray loads the model by name on each actor: give --model NAME")
-    h = __import__("hashlib").sha256(json.dumps(ids).encode()).hexdigest()
+    h = hashlib.sha256(json.dumps(ids).encode()).hexdigest()
     settings = {
         "model": {"name": adapter.name, "source": adapter.source},
         "data": {"spec": data, "n_sequences": N, "tokens_sha256": h},
@@ -302,4 +303,4 @@ def choose_pairs(est: pd.DataFrame, N: int, L: int, H: int, share: float, top: i
     return both.sort_values(["sequence", "layer", "head"]).reset_index(drop=True)
 
 
-__all__ = ["AtlasResult", "choose_pairs", "read_corpus", "run_atlas", "to_jsonable", "tokenize"]
+__all__ = ["AtlasResult", "choose_pairs", "read_corpus", "run_atlas", "tokenize"]
