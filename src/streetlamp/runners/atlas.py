@@ -22,7 +22,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -226,8 +226,18 @@ def run_atlas(
             if engine == "ray" and todo:
                 from .ray_engine import run_on_ray
 
+                shipped: Any = jobs  # a job is (pass, chunk, pairs); run_on_ray hands it to ``work`` as it is
                 run_on_ray(
-                    str(model), device, ctx, jobs, store, _Chunks(b), ray_address, workers, work=work, write=write
+                    str(model),
+                    device,
+                    ctx,
+                    shipped,
+                    store,
+                    _Chunks(b),
+                    ray_address,
+                    workers,
+                    work=cast(Any, work),
+                    write=write,
                 )
                 return
             for c, job in jobs.items():
@@ -243,7 +253,8 @@ def run_atlas(
     run_pass("stats", write_stats)
     if ablation == "mean":
         zs = [load_arrays(_part(store, "zsum", c, "safetensors")) for c in range(len(chunks))]
-        ctx.mean = (sum(z["zsum"] for z in zs) / sum(int(z["n_tokens"][0]) for z in zs)).astype(np.float32)
+        total = np.sum([z["zsum"] for z in zs], axis=0)
+        ctx.mean = (total / sum(int(z["n_tokens"][0]) for z in zs)).astype(np.float32)
 
     def write_estimate(c: int, res: dict) -> None:
         cols = _long(chunks[c], res, ("dlogp_est", "dla"))
