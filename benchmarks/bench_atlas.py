@@ -42,7 +42,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--model", default="smollm2-135m")
     args = ap.parse_args()
-    threads()
+    threads(1)  # one thread: the machine is shared (OMP_NUM_THREADS=1 under /work/bin/cpu)
     import streetlamp
     from streetlamp.runners.atlas import read_corpus, tokenize
 

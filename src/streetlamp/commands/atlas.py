@@ -93,7 +93,7 @@ def run_atlas(adapter: ModelAdapter, s: AtlasSettings, out: Path, opts: Any) -> 
         seed=s.seed,
         batch_size=s.batch_size,
         engine=s.engine,
-        model=opts.model if isinstance(opts.model, (str, Path)) else None,
+        model=str(opts.model) if isinstance(opts.model, (str, Path)) else None,
         device=opts.device,
         ray_address=s.ray_address,
         workers=s.workers,

@@ -202,10 +202,11 @@ def exact(
             sub = inputs.select(rows)
             w = int(sub.input_ids.shape[1])
             r = repl[l][rows, :w]
-            ivs = [
-                Intervention(f"layers.{l}.attn.z", lambda a, r=r: r, head=pairs[i][2], rows=[k])
-                for k, i in enumerate(part)
-            ]
+
+            def same(a: torch.Tensor, r: torch.Tensor = r) -> torch.Tensor:  # every row's replacement, one tensor
+                return r
+
+            ivs = [Intervention(f"layers.{l}.attn.z", same, head=pairs[i][2], rows=[k]) for k, i in enumerate(part)]
             with torch.no_grad(), start_at(adapter, l, clean.resid[l][rows, :w], arity):
                 lp, lpp, _ = _logp(adapter, sub, engine.compile_edits(ivs))
             for k, v in _metrics(adapter, clean, rows, sub, lp, lpp).items():

@@ -18,10 +18,11 @@ Which pairs are exact: all when ``exact_share >= 1``; else ``round(share · pair
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -33,7 +34,7 @@ from ..interventions.atlas_chunks import Chunk, Context, work
 from ..interventions.atlas_stats import STATS
 from ..models.adapter import ModelAdapter
 from ..progress import bar as progress_bar
-from ..store.files import load_arrays, save_arrays, to_jsonable
+from ..store.files import load_arrays, save_arrays
 from ..store.run_store import RunStore, _atomic_write
 from . import atlas_outputs as outputs
 
@@ -172,7 +173,7 @@ def run_atlas(
         require("ray")
         if model is None:
             raise StreetlampError("--engine ray loads the model by name on each actor: give --model NAME")
-    h = __import__("hashlib").sha256(json.dumps(ids).encode()).hexdigest()
+    h = hashlib.sha256(json.dumps(ids).encode()).hexdigest()
     settings = {
         "model": {"name": adapter.name, "source": adapter.source},
         "data": {"spec": data, "n_sequences": N, "tokens_sha256": h},
@@ -225,8 +226,18 @@ def run_atlas(
             if engine == "ray" and todo:
                 from .ray_engine import run_on_ray
 
+                shipped: Any = jobs  # a job is (pass, chunk, pairs); run_on_ray hands it to ``work`` as it is
                 run_on_ray(
-                    str(model), device, ctx, jobs, store, _Chunks(b), ray_address, workers, work=work, write=write
+                    str(model),
+                    device,
+                    ctx,
+                    shipped,
+                    store,
+                    _Chunks(b),
+                    ray_address,
+                    workers,
+                    work=cast(Any, work),
+                    write=write,
                 )
                 return
             for c, job in jobs.items():
@@ -242,7 +253,8 @@ def run_atlas(
     run_pass("stats", write_stats)
     if ablation == "mean":
         zs = [load_arrays(_part(store, "zsum", c, "safetensors")) for c in range(len(chunks))]
-        ctx.mean = (sum(z["zsum"] for z in zs) / sum(int(z["n_tokens"][0]) for z in zs)).astype(np.float32)
+        total = np.sum([z["zsum"] for z in zs], axis=0)
+        ctx.mean = (total / sum(int(z["n_tokens"][0]) for z in zs)).astype(np.float32)
 
     def write_estimate(c: int, res: dict) -> None:
         cols = _long(chunks[c], res, ("dlogp_est", "dla"))
@@ -302,4 +314,4 @@ def choose_pairs(est: pd.DataFrame, N: int, L: int, H: int, share: float, top: i
     return both.sort_values(["sequence", "layer", "head"]).reset_index(drop=True)
 
 
-__all__ = ["AtlasResult", "choose_pairs", "read_corpus", "run_atlas", "to_jsonable", "tokenize"]
+__all__ = ["AtlasResult", "choose_pairs", "read_corpus", "run_atlas", "tokenize"]

@@ -23,12 +23,13 @@
     // ---------- controls ----------
     const pick = (id, dflt) => { const s = el("select", { id }); for (const n of names) s.appendChild(el("option", { value: n, text: n })); s.value = state[id] && names.includes(state[id]) ? state[id] : dflt; return s; };
     const xs = pick("atlas-x", "prominence"), ys = pick("atlas-y", "effect");
+    const logY = el("input", { type: "checkbox", id: "atlas-logy" }); logY.checked = state["atlas-logy"] !== "0";
     const filt = el("select", { id: "atlas-filter" });
     for (const [v, t] of [["", "all heads"], ["streetlight", "streetlight heads"], ["unremarkable_used", "unremarkable but used"], ["estimate_poor", "attribution estimate poor"],
       ...[...new Set(types.filter(Boolean))].map((t) => ["type:" + t, "head type " + t])]) filt.appendChild(el("option", { value: v, text: t }));
     filt.value = state["atlas-filter"] || "";
     const shown = (i) => { const f = filt.value; if (!f) return true; if (f.startsWith("type:")) return types[i] === f.slice(5); return val(i, f) > 0.5; };
-    root.appendChild(el("div", { cls: "panel controls" }, "x: ", xs, " y: ", ys, " show: ", filt,
+    root.appendChild(el("div", { cls: "panel controls" }, "x: ", xs, " y: ", ys, " ", logY, " log y ", " show: ", filt,
       el("div", { cls: "note", text: `streetlight: ${rules.streetlight || ""} (floor ${rules.floor}, striking ${rules.striking}); unremarkable but used: ${rules.unremarkable_used || ""}; effect: ${rules.effect || ""}` })));
 
     // ---------- scatter: every head over two metrics, click a head ----------
@@ -38,18 +39,22 @@
     function drawScatter() {
       const g = cv.getContext("2d"), xn = xs.value, yn = ys.value;
       const idx = []; for (let i = 0; i < N; i++) if (shown(i) && Number.isFinite(val(i, xn)) && Number.isFinite(val(i, yn))) idx.push(i);
-      const X = idx.map((i) => val(i, xn)), Y = idx.map((i) => val(i, yn));
+      const Yraw = idx.map((i) => val(i, yn)), pos = Yraw.length > 0 && Yraw.every((v) => v > 0);
+      const ly = logY.checked && pos; logY.disabled = !pos;
+      const X = idx.map((i) => val(i, xn)), Y = Yraw.map((v) => (ly ? Math.log10(v) : v));
       const x0 = Math.min(...X), x1 = Math.max(...X), y0 = Math.min(...Y), y1 = Math.max(...Y);
       const sx = (x) => P + (x - x0) / ((x1 - x0) || 1) * (W - 2 * P), sy = (y) => Hh - P - (y - y0) / ((y1 - y0) || 1) * (Hh - 2 * P);
       g.fillStyle = "#fff"; g.fillRect(0, 0, W, Hh); g.strokeStyle = "#999"; g.strokeRect(P, P, W - 2 * P, Hh - 2 * P);
       g.fillStyle = "#222"; g.font = "12px sans-serif"; g.fillText(xn, W / 2 - 30, Hh - 10);
-      g.save(); g.translate(14, Hh / 2 + 30); g.rotate(-Math.PI / 2); g.fillText(yn, 0, 0); g.restore();
-      if (idx.length) { g.fillText(fmt(x0, 3), P, Hh - P + 14); g.fillText(fmt(x1, 3), W - P - 40, Hh - P + 14); g.fillText(fmt(y0, 3), 2, Hh - P); g.fillText(fmt(y1, 3), 2, P + 4); }
+      g.save(); g.translate(14, Hh / 2 + 30); g.rotate(-Math.PI / 2); g.fillText(yn + (ly ? " (log scale)" : ""), 0, 0); g.restore();
+      const yl = (v) => fmt(ly ? 10 ** v : v, 3);
+      if (idx.length) { g.fillText(fmt(x0, 3), P, Hh - P + 14); g.fillText(fmt(x1, 3), W - P - 40, Hh - P + 14); g.fillText(yl(y0), 2, Hh - P + 14); g.fillText(yl(y1), 2, P - 6); }
+      const byY = [...idx].sort((a, b) => val(b, yn) - val(a, yn)).slice(0, 6), named = new Set(byY);
       pts = idx.map((i, k) => [i, sx(X[k]), sy(Y[k])]);
       for (const [i, px, py] of pts) { // Okabe-Ito: vermillion streetlight, blue unremarkable-but-used, grey the rest
         const f = flag(i); g.fillStyle = f === "streetlight" ? "#d55e00" : f ? "#0072b2" : "#888";
         g.beginPath(); g.arc(px, py, f ? 4.5 : 3, 0, 7); g.fill();
-        if (f || String(i) === state.head) { g.fillStyle = "#222"; g.font = "10px sans-serif"; g.fillText(label(i), px + 5, py - 4); }
+        if (named.has(i) || String(i) === state.head) { g.fillStyle = "#222"; g.font = "10px sans-serif"; g.fillText(label(i), px + 5, py - 4); }
       }
       cv.setAttribute("data-points", String(pts.length));
     }
@@ -60,7 +65,7 @@
     cv.addEventListener("mouseleave", L.hideTip);
     cv.addEventListener("click", (ev) => { const i = nearest(ev); if (i >= 0) openHead(i); });
     root.appendChild(el("div", { cls: "panel" }, el("h2", { text: "Every head: where it looks against what removing it changes" }), cv, readout,
-      el("div", { cls: "note", text: "each point a head (layer.head); vermillion: streetlight (striking pattern, effect within noise of zero); blue: unremarkable but used; colours Okabe-Ito" }),
+      el("div", { cls: "note", text: "each point a head; the six highest on y are labelled (layer.head), hover for any; vermillion: streetlight (striking pattern, effect within noise of zero); blue: unremarkable but used; colours Okabe-Ito" }),
       L.exportButtons(() => cv, "atlas-scatter", () => `${ys.value} against ${xs.value}`)));
 
     // ---------- head finder ----------
@@ -117,6 +122,7 @@
       panel.setAttribute("data-ms", String(S.atlasPanelMs));
     }
     for (const s of [xs, ys, filt]) s.addEventListener("change", () => { state[s.id] = s.value; L.writeHash(); drawScatter(); drawFinder(); });
+    logY.addEventListener("change", () => { state["atlas-logy"] = logY.checked ? "1" : "0"; L.writeHash(); drawScatter(); });
     drawScatter(); drawFinder();
     S.atlasOpen = openHead;
     const h0 = parseInt(state.head, 10);
