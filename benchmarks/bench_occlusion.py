@@ -109,34 +109,6 @@ def bench_budgets(a: ModelAdapter, n: int, repeat: int) -> None:
     )
 
 
-# the blocking before the cost model (kept here as the previous path, timed beside the current one)
-def previous_blocks(self, rows) -> list[tuple[int, list[int]]]:
-    """Rows sorted by their first changed position, grouped so rows x suffix length fits the budget."""
-    assert self.budget is not None  # set in __post_init__
-    n = len(self.ids)
-    first = []
-    for r in rows:
-        m = min(len(r), n)
-        diff = torch.nonzero(r[:m] != self.ids[:m])
-        p = int(diff[0]) if len(diff) else m
-        first.append(min(p, len(r) - 1))  # at least the last token is computed
-    order = sorted(range(len(rows)), key=lambda i: first[i])
-    blocks: list[tuple[int, list[int]]] = []
-    cur: list[int] = []
-    for i in order:
-        if cur:
-            s = first[cur[0]]
-            width = max(len(rows[j]) for j in cur + [i]) - s
-            # split on the budget, and when recomputing [s, first[i]) would waste over ~1/8 of the row
-            if (len(cur) + 1) * width > self.budget or first[i] - s > max(2, width // 8):
-                blocks.append((s, cur))
-                cur = []
-        cur.append(i)
-    if cur:
-        blocks.append((first[cur[0]], cur))
-    return blocks
-
-
 def lm_model(name: str) -> ModelAdapter:
     """smollm2-135m, or a random Llama of its width with ``name``'s layer count (``smollm2-shape-2``)
     for lengths where 30 layers of full recompute do not fit the time of a run here."""
@@ -158,8 +130,6 @@ def lm_model(name: str) -> ModelAdapter:
 
 
 def bench_lm(n: int, repeat: int, model: str = "smollm2-135m") -> None:
-    from streetlamp.methods import scorer
-
     a = lm_model(model)
     if model == "smollm2-135m":
         inputs = a.encode(text_of_length(a, n))
@@ -170,22 +140,14 @@ def bench_lm(n: int, repeat: int, model: str = "smollm2-135m") -> None:
         inputs = Inputs.from_ids(a, [ids])
     kv, plain = Occlusion(replacement="delete"), Occlusion(replacement="delete", kv_cache=False)
     t_kv, ts_kv, e_kv = timeit(lambda: kv.attribute(a, inputs, target=Target())[0], repeat=repeat)
-    current = scorer.Scorer._cache_blocks
-    scorer.Scorer._cache_blocks = previous_blocks  # type: ignore[method-assign]
-    try:
-        t_old, ts_old, e_old = timeit(lambda: kv.attribute(a, inputs, target=Target())[0], repeat=repeat)
-    finally:
-        scorer.Scorer._cache_blocks = current  # type: ignore[method-assign]
     t_pl, ts_pl, e_pl = timeit(lambda: plain.attribute(a, inputs, target=Target())[0], repeat=repeat, warmup=0)
     pos = e_kv.info["positions_computed"] / e_pl.info["positions_computed"]
-    pos_old = e_old.info["positions_computed"] / e_pl.info["positions_computed"]
     print(f"{a.name} {n} tokens, replacement {e_kv.info['replacement_used']}:")
     print(f"  KV-cache occlusion {t_kv:.2f} s {fmt(ts_kv)}, positions computed {e_kv.info['positions_computed']}")
-    print(f"  previous blocking  {t_old:.2f} s {fmt(ts_old)}, positions computed {e_old.info['positions_computed']}")
     print(f"  plain recompute    {t_pl:.2f} s {fmt(ts_pl)}, positions computed {e_pl.info['positions_computed']}")
     print(
-        f"  RATIO KV / plain = {t_kv / t_pl:.2f} the time for {pos:.2f} the positions (previous blocking "
-        f"{t_old / t_pl:.2f} for {pos_old:.2f}); max |diff| {np.abs(e_kv.scores - e_pl.scores).max():.1e}  [{load()}]"
+        f"  RATIO KV / plain = {t_kv / t_pl:.2f} the time for {pos:.2f} the positions; "
+        f"max |diff| {np.abs(e_kv.scores - e_pl.scores).max():.1e}  [{load()}]"
     )
 
 

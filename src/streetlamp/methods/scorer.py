@@ -37,8 +37,6 @@ from ..models.adapter import KL, Inputs, ModelAdapter, Target
 from .features import GROUPS
 
 Replacement = Literal["mask", "unk", "pad", "delete"]
-# a forward call's fixed cost in token positions (CPU; x4 on CUDA): see Scorer._cache_blocks
-CALL_POSITIONS = 16
 REPLACEMENTS = ("mask", "unk", "pad", "delete")
 
 
@@ -131,14 +129,7 @@ class Scorer:
         return self.adapter.score(logits, index, self.target).double().cpu().numpy()
 
     def _cache_blocks(self, rows: Sequence[torch.Tensor]) -> list[tuple[int, list[int]]]:
-        """Rows sorted by their first changed position, cut into blocks of consecutive rows that minimise
-        the cost ``sum over blocks of (CALL_POSITIONS + rows x suffix width)`` within the token budget.
-
-        A block recomputes every row from the block's smallest start (the waste), and every call reads
-        all the weights once (the overhead): one call is worth about :data:`CALL_POSITIONS` positions
-        (a pass streams the weights at memory bandwidth, then computes per position at the matmul rate:
-        their ratio ``2 x flops / bandwidth`` does not depend on the model). Exact by dynamic programming
-        over the sorted rows (a block is consecutive in that order)."""
+        """Rows sorted by their first changed position, grouped so rows x suffix length fits the budget."""
         assert self.budget is not None  # set in __post_init__
         n = len(self.ids)
         first = []
@@ -148,27 +139,20 @@ class Scorer:
             p = int(diff[0]) if len(diff) else m
             first.append(min(p, len(r) - 1))  # at least the last token is computed
         order = sorted(range(len(rows)), key=lambda i: first[i])
-        call = CALL_POSITIONS * (4 if torch.device(self.adapter.device).type == "cuda" else 1)
-        R = len(order)
-        best = [0.0] + [float("inf")] * R  # best[j]: cheapest cut of the first j sorted rows
-        cut = [0] * (R + 1)
-        for j in range(1, R + 1):
-            width = 0
-            for i in range(j - 1, -1, -1):  # block order[i:j], start first[order[i]]
-                width = max(width, len(rows[order[i]]))
-                w = width - first[order[i]]
-                if (j - i) * w > self.budget and i < j - 1:
-                    break
-                c = best[i] + call + (j - i) * w
-                if c < best[j]:
-                    best[j], cut[j] = c, i
         blocks: list[tuple[int, list[int]]] = []
-        j = R
-        while j > 0:
-            i = cut[j]
-            blocks.append((first[order[i]], order[i:j]))
-            j = i
-        return blocks[::-1]
+        cur: list[int] = []
+        for i in order:
+            if cur:
+                s = first[cur[0]]
+                width = max(len(rows[j]) for j in cur + [i]) - s
+                # split on the budget, and when recomputing [s, first[i]) would waste over ~1/8 of the row
+                if (len(cur) + 1) * width > self.budget or first[i] - s > max(2, width // 8):
+                    blocks.append((s, cur))
+                    cur = []
+            cur.append(i)
+        if cur:
+            blocks.append((first[cur[0]], cur))
+        return blocks
 
 
 def explanation_common(method_name: str, used: str, token: str | None, requested: str) -> dict:
