@@ -106,16 +106,16 @@ class Counterfactual:
         if prefix is None:  # each text's rows: its layers below ``layer`` run once (frozen.py)
             d = np.zeros(len(plan))
             for b in range(len(rows)):
-                mine = np.flatnonzero(np.array(where) == b)
+                own = np.flatnonzero(np.array(where) == b)
+
+                def tvd_b(g: list[int], p: torch.Tensor, own: np.ndarray = own) -> torch.Tensor:
+                    return tvd(own[g].tolist(), p)
+
+                def build_b(g: list[int], w: int, own: np.ndarray = own) -> dict:
+                    return build(own[g].tolist(), w)
+
                 with frozen_below(adapter, Inputs.from_ids(adapter, [rows[b]], strings=False), layer):
-                    d[mine] = output_map(
-                        adapter,
-                        [plan[i] for i in mine],
-                        budget,
-                        lambda g, p, mine=mine: tvd(mine[g].tolist(), p),
-                        1,
-                        lambda g, w, mine=mine: build(mine[g].tolist(), w),
-                    )[:, 0]
+                    d[own] = output_map(adapter, [plan[i] for i in own], budget, tvd_b, 1, build_b)[:, 0]
         else:  # the edited row is the last query: positions before it are the cached text's
             d = np.zeros(len(plan))
             for b, n in enumerate(inp.lengths):

@@ -142,14 +142,13 @@ def decision_flip(
         mine = np.flatnonzero(owner == b)
         if not len(mine):
             continue
+
+        def reduce_b(group: list[int], p: torch.Tensor, mine: np.ndarray = mine) -> torch.Tensor:
+            return reduce(mine[group].tolist(), p)
+
         with frozen_below(adapter, Inputs.from_ids(adapter, [rows[b]], strings=False), min(layers)):
             res[mine] = output_map(
-                adapter,
-                [plan_rows[i] for i in mine],
-                budget,
-                lambda group, p, mine=mine: reduce(mine[group].tolist(), p),
-                2,
-                _zero_edit([keeps[i] for i in mine], layers),
+                adapter, [plan_rows[i] for i in mine], budget, reduce_b, 2, _zero_edit([keeps[i] for i in mine], layers)
             )
     for r, (b, name, k) in enumerate(where):
         if name in ("js_top", "js_random"):
