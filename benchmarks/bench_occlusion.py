@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import fmt, text_of_length, threads, timeit  # noqa: E402
+from common import fmt, load, text_of_length, threads, timeit  # noqa: E402
 
 import streetlamp  # noqa: E402
 from streetlamp.methods.occlusion import Occlusion  # noqa: E402
@@ -58,7 +58,7 @@ def bench_classifier(a: ModelAdapter, n: int, repeat: int, ppes: list[int]) -> N
         err = float(np.abs(ref - e.scores).max())
         print(f"  captum FeatureAblation perturbations_per_eval={ppe}: {t:.2f} s {fmt(ts)} (max |diff| {err:.1e})")
         best = t if best is None else min(best, t)
-    print(f"  => streetlamp / best captum = {t_ours / best:.2f}x the time ({best / t_ours:.2f}x faster)")
+    print(f"  RATIO streetlamp / best captum = {t_ours / best:.2f}x the time ({best / t_ours:.2f}x faster)  [{load()}]")
 
 
 def bench_budgets(a: ModelAdapter, n: int, repeat: int) -> None:
@@ -109,18 +109,45 @@ def bench_budgets(a: ModelAdapter, n: int, repeat: int) -> None:
     )
 
 
-def bench_lm(n: int, repeat: int) -> None:
-    a = streetlamp.load("smollm2-135m")
-    inputs = a.encode(text_of_length(a, n))
-    kv, plain = Occlusion(), Occlusion(kv_cache=False)
+def lm_model(name: str) -> ModelAdapter:
+    """smollm2-135m, or a random Llama of its width with ``name``'s layer count (``smollm2-shape-2``)
+    for lengths where 30 layers of full recompute do not fit the time of a run here."""
+    if name == "smollm2-135m":
+        return streetlamp.load(name)
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from streetlamp.models.tiny import tiny_tokenizer
+
+    tok = tiny_tokenizer(encoder=False)
+    layers = int(name.rsplit("-", 1)[1])
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        hidden_size=576, num_hidden_layers=layers, num_attention_heads=9, num_key_value_heads=3,
+        intermediate_size=1536, vocab_size=len(tok), max_position_embeddings=4096, pad_token_id=0,
+        bos_token_id=2, eos_token_id=3,
+    )  # fmt: skip
+    return ModelAdapter(LlamaForCausalLM(cfg).eval(), tok, name)
+
+
+def bench_lm(n: int, repeat: int, model: str = "smollm2-135m") -> None:
+    a = lm_model(model)
+    if model == "smollm2-135m":
+        inputs = a.encode(text_of_length(a, n))
+    else:
+        from streetlamp.models.adapter import Inputs
+
+        ids = torch.randint(5, len(a.tokenizer), (n,), generator=torch.Generator().manual_seed(1)).tolist()
+        inputs = Inputs.from_ids(a, [ids])
+    kv, plain = Occlusion(replacement="delete"), Occlusion(replacement="delete", kv_cache=False)
     t_kv, ts_kv, e_kv = timeit(lambda: kv.attribute(a, inputs, target=Target())[0], repeat=repeat)
-    t_pl, ts_pl, e_pl = timeit(lambda: plain.attribute(a, inputs, target=Target())[0], repeat=repeat)
-    print(f"smollm2-135m {n} tokens, replacement {e_kv.info['replacement_used']} ({e_kv.info['replacement_token']!r}):")
+    t_pl, ts_pl, e_pl = timeit(lambda: plain.attribute(a, inputs, target=Target())[0], repeat=repeat, warmup=0)
+    pos = e_kv.info["positions_computed"] / e_pl.info["positions_computed"]
+    print(f"{a.name} {n} tokens, replacement {e_kv.info['replacement_used']}:")
     print(f"  KV-cache occlusion {t_kv:.2f} s {fmt(ts_kv)}, positions computed {e_kv.info['positions_computed']}")
     print(f"  plain recompute    {t_pl:.2f} s {fmt(ts_pl)}, positions computed {e_pl.info['positions_computed']}")
     print(
-        f"  => KV / plain = {t_kv / t_pl:.2f}x the time ({t_pl / t_kv:.2f}x faster); "
-        f"max |diff| {np.abs(e_kv.scores - e_pl.scores).max():.1e}"
+        f"  RATIO KV / plain = {t_kv / t_pl:.2f} the time for {pos:.2f} the positions; "
+        f"max |diff| {np.abs(e_kv.scores - e_pl.scores).max():.1e}  [{load()}]"
     )
 
 
@@ -129,18 +156,20 @@ def main() -> None:
     p.add_argument("--lengths", type=int, nargs="*", default=[32, 128])
     p.add_argument("--ppe", type=int, nargs="*", default=[8, 32, 128])
     p.add_argument("--lm-length", type=int, default=64, help="0 skips the causal-LM part")
+    p.add_argument("--lm-model", default="smollm2-135m", help="smollm2-135m, or smollm2-shape-L (random, L layers)")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--budgets", action="store_true", help="instead: token budgets vs Captum, interleaved")
     args = p.parse_args()
-    print(f"torch threads: {threads()}")
-    a = classifier()
+    print(f"torch threads: {threads()}  [{load()}]")
+    a = classifier() if args.lengths else None
     for n in args.lengths:
+        assert a is not None
         if args.budgets:
             bench_budgets(a, n, args.repeat)
         else:
             bench_classifier(a, n, args.repeat, args.ppe)
     if args.lm_length:
-        bench_lm(args.lm_length, args.repeat)
+        bench_lm(args.lm_length, args.repeat, args.lm_model)
 
 
 if __name__ == "__main__":

@@ -70,7 +70,18 @@ def output_prob_of(
     index: Sequence[int],
     edit: EditBuilder | None = None,
 ) -> np.ndarray:
-    """Probability of output ``index[r]`` for every row ``r``, ``[rows]``."""
+    """Probability of output ``index[r]`` for every row ``r``, ``[rows]``.
+
+    Without an edit, a row is a pure function of its ids: repeated (ids, index) pairs (the erasure plans'
+    full and empty inputs, a comprehensiveness row equal to a deletion-curve row, two rankings removing the
+    same tokens) run once and are copied."""
+    if edit is None and len(rows):
+        first: dict[tuple, int] = {}
+        where = np.array([first.setdefault((int(i), *map(int, r)), len(first)) for r, i in zip(rows, index)])
+        if len(first) < len(rows):
+            keys = list(first)
+            uniq = output_prob_of(adapter, [list(k[1:]) for k in keys], budget, [k[0] for k in keys], None)
+            return uniq[where]
     idx = torch.as_tensor(np.asarray(index, np.int64))
 
     def fn(group: list[int], p: torch.Tensor) -> torch.Tensor:

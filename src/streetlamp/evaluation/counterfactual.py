@@ -30,6 +30,7 @@ import torch
 from ..models.adapter import Inputs, ModelAdapter, at_least_float32
 from ..stats import js_divergence_t, total_variation_t
 from .common import output_map, output_probs
+from .frozen import frozen_below
 from .prefix import PrefixRunner
 
 # maps output distributions [rows, n_outputs] to the distributions compared (e.g. renormalised over a
@@ -102,8 +103,19 @@ class Counterfactual:
 
         ref = torch.as_tensor(np.asarray(probs, np.float64)[np.array(where)])
         tvd = lambda group, p: total_variation_t(proj(p), ref[group].to(p.device))  # noqa: E731
-        if prefix is None:
-            d = output_map(adapter, plan, budget, tvd, 1, build)[:, 0]
+        if prefix is None:  # each text's rows: its layers below ``layer`` run once (frozen.py)
+            d = np.zeros(len(plan))
+            for b in range(len(rows)):
+                own = np.flatnonzero(np.array(where) == b)
+
+                def tvd_b(g: list[int], p: torch.Tensor, own: np.ndarray = own) -> torch.Tensor:
+                    return tvd(own[g].tolist(), p)
+
+                def build_b(g: list[int], w: int, own: np.ndarray = own) -> dict:
+                    return build(own[g].tolist(), w)
+
+                with frozen_below(adapter, Inputs.from_ids(adapter, [rows[b]], strings=False), layer):
+                    d[own] = output_map(adapter, [plan[i] for i in own], budget, tvd_b, 1, build_b)[:, 0]
         else:  # the edited row is the last query: positions before it are the cached text's
             d = np.zeros(len(plan))
             for b, n in enumerate(inp.lengths):
@@ -174,9 +186,10 @@ class Counterfactual:
                 js_l.append(float(js_b[0]))
                 tvd_l.append(float(tvd_b[0]))
             return js_l, tvd_l
-        js, tvd = self._search(
-            z0, orig, y0, lambda e: adapter.forward(inp, edit=e, grad=True).logits, site, pos, proj, real
-        )
+        with frozen_below(adapter, inp, layer):  # the edit is at ``layer``: the layers below run once
+            js, tvd = self._search(
+                z0, orig, y0, lambda e: adapter.forward(inp, edit=e, grad=True).logits, site, pos, proj, real
+            )
         return js.tolist(), tvd.tolist()
 
     def _search(

@@ -30,6 +30,7 @@ from ..models.adapter import Inputs, ModelAdapter, at_least_float32
 from ..settings import layers_of
 from ..stats import js_divergence_t
 from .common import output_map
+from .frozen import frozen_below
 
 INTERNAL_RANKINGS = ("attention", "gradient", "attention_x_gradient", "random")
 
@@ -135,7 +136,20 @@ def decision_flip(
         # vocabulary makes keeping every row's distribution too large)
         return torch.stack([p.argmax(-1).double(), js_divergence_t(p, ref[owner[group]].to(p.device))], 1)
 
-    res = output_map(adapter, plan_rows, budget, reduce, 2, _zero_edit(keeps, layers))
+    # every row of text b is b's ids with keys zeroed at ``layers``: the layers below run once (frozen.py)
+    res = np.zeros((len(plan_rows), 2))
+    for b in range(len(rows)):
+        mine = np.flatnonzero(owner == b)
+        if not len(mine):
+            continue
+
+        def reduce_b(group: list[int], p: torch.Tensor, mine: np.ndarray = mine) -> torch.Tensor:
+            return reduce(mine[group].tolist(), p)
+
+        with frozen_below(adapter, Inputs.from_ids(adapter, [rows[b]], strings=False), min(layers)):
+            res[mine] = output_map(
+                adapter, [plan_rows[i] for i in mine], budget, reduce_b, 2, _zero_edit([keeps[i] for i in mine], layers)
+            )
     for r, (b, name, k) in enumerate(where):
         if name in ("js_top", "js_random"):
             out[b]["attention"][name] = float(res[r, 1])

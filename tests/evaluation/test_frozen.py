@@ -1,0 +1,101 @@
+"""evaluate without repeated work (evaluation/frozen.py, the deduplicated erasure rows): the same rows as the
+plain path, every layer recomputed and every row run, on tiny float64 models (an encoder and a decoder)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+import torch
+
+import streetlamp.evaluation.counterfactual as cf_mod
+import streetlamp.evaluation.flip as flip_mod
+import streetlamp.evaluation.pipeline as pipe_mod
+from streetlamp.evaluation.common import output_map, output_prob_of
+from streetlamp.evaluation.frozen import frozen_below
+from streetlamp.evaluation.pipeline import ChunkExample, EvalSettings, evaluate_chunk
+from streetlamp.models.adapter import Inputs, ModelAdapter
+from streetlamp.models.tiny import tiny_model
+from tests.conftest import F64_TOL
+
+TEXTS = ["the movie was not good , but the acting was great .", "i loved it a lot", "the plot was boring and bad"]
+
+
+def adapter_of(family: str) -> ModelAdapter:
+    m, t = tiny_model(family, seed=3, layers=3)
+    return ModelAdapter(m.double(), t, f"tiny-{family}")
+
+
+def plain_prob_of(adapter, rows, budget, index, edit=None):  # noqa: ANN001, ANN201
+    """The former output_prob_of: every row run, duplicates included."""
+    idx = torch.as_tensor(np.asarray(index, np.int64))
+    return output_map(adapter, rows, budget, lambda g, p: p.gather(1, idx[g].view(-1, 1).to(p.device)), 1, edit)[:, 0]
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_frozen_layers_replay_their_outputs_and_are_not_run(family: str) -> None:
+    a = adapter_of(family)
+    ids = a.encode(TEXTS[0]).input_ids[0].tolist()
+    rows = [ids] * 3
+    site = f"layers.{a.n_layers - 1}.attn.pattern"
+    edit = {site: lambda p: p * torch.linspace(0.5, 1.5, p.shape[-1], dtype=p.dtype)}
+    batch = Inputs.from_ids(a, rows, strings=False)
+    want = a.forward(batch, edit=edit).logits
+    calls = []
+    h = a.attn_modules[0].register_forward_pre_hook(lambda *_: calls.append(1))
+    with frozen_below(a, Inputs.from_ids(a, [ids], strings=False), a.n_layers - 1):
+        n0 = len(calls)  # the one recording pass
+        got = a.forward(batch, edit=edit).logits
+        assert len(calls) == n0  # layer 0 did not run again
+    h.remove()
+    assert not hasattr(a.layer_modules[0], "forward") or "forward" not in vars(a.layer_modules[0])  # restored
+    assert float((want - a.forward(batch).logits).abs().max()) > 1e-3 * float(want.abs().max())  # the edit matters
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=0, atol=F64_TOL * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_evaluate_chunk_equals_the_plain_path(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    a = adapter_of(family)
+    enc = a.encode(TEXTS)
+    examples = [
+        ChunkExample(index=i, id=f"ex{i}", ids=enc.input_ids[i, : enc.lengths[i]].tolist(), text=s, gold=0)
+        for i, s in enumerate(TEXTS)
+    ]
+    s = EvalSettings(
+        methods=["attention", "gradient_x_input", "occlusion"], counterfactual={"steps": 3, "n_permutations": 3}
+    )
+    rows, arrays = evaluate_chunk(a, examples, s)
+    with monkeypatch.context() as mp:
+        mp.setattr(flip_mod, "frozen_below", lambda *_: contextlib.nullcontext())
+        mp.setattr(cf_mod, "frozen_below", lambda *_: contextlib.nullcontext())
+        mp.setattr(pipe_mod, "output_prob_of", plain_prob_of)
+        ref_rows, ref_arrays = evaluate_chunk(a, examples, s)
+    assert [r[:3] for r in rows] == [r[:3] for r in ref_rows]
+    got, want = np.array([r[3] for r in rows]), np.array([r[3] for r in ref_rows])
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    np.testing.assert_allclose(got[ok], want[ok], rtol=0, atol=F64_TOL * max(1.0, float(np.abs(want[ok]).max())))
+    assert np.abs(want[ok]).max() > 1e-2
+    metrics = {r[2] for r in rows}
+    assert {"comprehensiveness@20", "flip_fraction", "adv_js@" + str(a.n_layers - 1)} <= metrics
+    for e in examples:
+        assert arrays[e.id].keys() == ref_arrays[e.id].keys()
+        for k, v in arrays[e.id].items():
+            np.testing.assert_allclose(v, ref_arrays[e.id][k], rtol=1e-6, atol=1e-6)
+
+
+def test_duplicate_rows_run_once() -> None:
+    a = adapter_of("bert")
+    ids = [a.encode(t).input_ids[0].tolist() for t in TEXTS]
+    rows = [ids[0], ids[1], ids[0], ids[0], ids[2]]
+    index = [0, 1, 0, 1, 0]
+    seen = []
+    h = a.attn_modules[0].register_forward_pre_hook(
+        lambda m, args, kw: seen.append((args[0] if args else kw["hidden_states"]).shape[0]), with_kwargs=True
+    )
+    got = output_prob_of(a, rows, None, index)
+    h.remove()
+    assert sum(seen) == 4  # (ids0, 0) twice: one row less
+    np.testing.assert_allclose(got, plain_prob_of(a, rows, None, index), rtol=0, atol=F64_TOL)
+    assert got[0] == got[2] and got[0] != got[3]
