@@ -158,13 +158,11 @@ def top_block(stages: list[str]) -> str | None:
     return max(layers, key=lambda s: int(s.split(".")[1])) if layers else None
 
 
-def write_verdicts(folder: Path, metrics: pd.DataFrame) -> list[str]:
+def write_verdicts(folder: Path, metrics: pd.DataFrame, intervals: pd.DataFrame) -> list[str]:
     """``randomisation.csv`` (every mode x stage x method: mean rho, interval, n) and
-    ``randomisation_verdict.csv``; the markdown lines for ``summary.md``."""
-    from .confounds import interval_table
-
-    t = interval_table(metrics)
-    t = t[t.metric.str.startswith("mprt_")].copy()
+    ``randomisation_verdict.csv``; the markdown lines for ``summary.md``. ``intervals``: the run's
+    :func:`~streetlamp.evaluation.confounds.interval_table`."""
+    t = intervals[intervals.metric.str.startswith("mprt_")].copy()
     parts = t.metric.str.extract(r"^mprt_(?P<mode>\w+?)_(?P<statistic>spearman(?:_abs)?)@(?P<stage>.+)$")
     t = pd.concat([t[["method"]], parts, t[["mean", "ci_low", "ci_high", "n"]]], axis=1)
     t.to_csv(folder / "randomisation.csv", index=False)
