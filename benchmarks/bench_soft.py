@@ -59,7 +59,9 @@ def main() -> None:
             start += len(p.rows)
 
     def soft() -> None:
-        soft_erasure(a, ids, scores, specials, removal, f_full, pred, DEFAULT_PI, args.samples, list(range(len(ids))), None)
+        soft_erasure(
+            a, ids, scores, specials, removal, f_full, pred, DEFAULT_PI, args.samples, list(range(len(ids))), None
+        )
 
     th, th_all, _ = timeit(hard, repeat=args.repeat)
     ts, ts_all, _ = timeit(soft, repeat=args.repeat)

@@ -19,6 +19,7 @@ from streetlamp.evaluation.randomisation import (
     _generator,
     randomised_copies,
     stage_parameters,
+    top_block,
     verdicts,
 )
 from streetlamp.methods.attention import Attention
@@ -109,6 +110,7 @@ def test_verdict_rule() -> None:
             v = centre + 0.02 * rng.standard_normal() if method != "mid" else (0.0 if i % 2 else 1.0)
             rows.append((f"e{i}", method, "mprt_cascading_spearman@embed", v))
     v = verdicts(pd.DataFrame(rows, columns=["example_id", "method", "metric", "value"])).set_index("method")
+    assert set(v.stage) == {"embed"}
     assert v.loc["low", "verdict"] == "pass"
     assert v.loc["high", "verdict"] == "fail"
     assert v.loc["mid", "verdict"] == "inconclusive"
@@ -141,6 +143,10 @@ def test_evaluate_with_randomisation_leaves_the_model_untouched(tmp_path: Path) 
     v = pd.read_csv(tmp_path / "run" / "randomisation_verdict.csv")
     assert set(v.method) == {"attention", "gradient_x_input"}
     assert set(v.verdict) <= {"pass", "fail", "inconclusive"}
+    assert set(v.stage) == {"head", "layer.1", "layer.0", "embed"}
+    assert top_block(["embed", "head", "layer.0", "layer.1"]) == "layer.1"
+    md = (tmp_path / "run" / "summary.md").read_text()
+    assert "rho@layer.1 [95% interval] | verdict | rho@embed" in md
     again = evaluate(str(ckpt), str(data), tmp_path / "run", s, chunk_size=2, adapter=adapter)
     assert again.n_computed_chunks == 0
 

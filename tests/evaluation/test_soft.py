@@ -128,6 +128,9 @@ def test_monte_carlo_converges_to_the_enumerated_expectation(sharp: ModelAdapter
         assert se > 0
         assert mc[v] == pytest.approx(exact[v], abs=4.5 * se)
         assert abs(exact[v]) > 10 * se or v.endswith("_ns")  # the comparison is not of two zeros
+    # an empty input within DENOM_FLOOR of the full one leaves the normalised metrics undefined
+    assert np.isnan(soft_from_terms(0.8, np.array([0.5]), np.array([1.0]), 0.8 - 5e-4, "soft_nc")["soft_nc"])
+    assert soft_from_terms(0.8, np.array([0.5]), np.array([1.0]), 0.6, "soft_nc")["soft_nc"] == pytest.approx(1.5)
     # the metrics separate the variants far above the Monte Carlo error
     assert abs(mc["soft_nc"] - mc["pi_soft_nc"]) > 0.01
 

@@ -193,7 +193,7 @@ class FFidPlan:
         order = rank_desc(np.asarray(scores, np.float64), ~special)
         m = len(order)
         rows: list[list[int]] = []
-        has_minus = []
+        has_minus: list[bool] = []
         if m == 0:
             return FFidPlan(rows, has_minus, 0)
         for xi in RATIOS:
@@ -234,7 +234,7 @@ def ffidelity_metrics(
 ) -> tuple[dict[tuple[str, int], dict[str, float]], np.ndarray]:
     """F-Fidelity of every (method, example) on the fine-tuned copy, and its probabilities of the full inputs."""
     rep = int(tuned.replacement_token("mask")[1])  # type: ignore[arg-type]
-    full = output_prob_of(tuned, ids, budget, pred)
+    full = output_prob_of(tuned, ids, budget, pred.tolist())
     plans: list[tuple[str, int, FFidPlan, int]] = []
     rows: list[list[int]] = []
     owner: list[int] = []
@@ -247,7 +247,7 @@ def ffidelity_metrics(
             rows += p.rows
             owner += [b] * len(p.rows)
     out: dict[tuple[str, int], dict[str, float]] = {}
-    f = output_prob_of(tuned, rows, budget, pred[np.asarray(owner, int)]) if rows else np.zeros(0)
+    f = output_prob_of(tuned, rows, budget, pred[np.asarray(owner, int)].tolist()) if rows else np.zeros(0)
     for name, b, p, start in plans:
         out[(name, b)] = p.metrics(float(full[b]), f[start : start + len(p.rows)], cfg.samples)
     return out, full

@@ -19,10 +19,11 @@ the explanation on the trained model and on the randomised one over the non-spec
 (:func:`streetlamp.stats.spearman_rho`), and ``mprt_{mode}_spearman_abs@{stage}`` of the absolute
 scores (a sign flip alone is not a change of what the explanation points at).
 
-**Verdict** (per method, on the cascading check with every stage randomised, ``@embed``): the mean rho
-over the examples with its 95% bootstrap interval; ``pass`` when the interval lies below
-:data:`THRESHOLD` (the explanation changed), ``fail`` when it lies at or above it (it barely changes
-when the model is destroyed), ``inconclusive`` otherwise.
+**Verdict** (per method and cascading stage, ``randomisation_verdict.csv``): the mean rho over the
+examples with its 95% bootstrap interval; ``pass`` when the interval lies below :data:`THRESHOLD` (the
+explanation changed), ``fail`` when it lies at or above it (it barely changes although the model down
+to that stage is destroyed), ``inconclusive`` otherwise. ``summary.md`` shows it at the top block
+(head and last layer randomised) and with everything randomised (``@embed``).
 """
 
 from __future__ import annotations
@@ -139,24 +140,29 @@ def randomisation_rows(
 
 
 def verdicts(metrics: pd.DataFrame) -> pd.DataFrame:
-    """Per method: the fully randomised cascading rho (mean, interval, n) and the verdict."""
-    cols = ["method", "metric", "mean", "ci_low", "ci_high", "n", "threshold", "verdict"]
-    df = metrics[metrics.metric == "mprt_cascading_spearman@embed"]
+    """Per method and cascading stage: the mean rho (interval, n) and the verdict at that stage."""
+    cols = ["method", "stage", "mean", "ci_low", "ci_high", "n", "threshold", "verdict"]
+    pre = "mprt_cascading_spearman@"
+    df = metrics[metrics.metric.str.startswith(pre)]
     out = []
-    for method, g in df.groupby("method", sort=True):
+    for (method, metric), g in df.groupby(["method", "metric"], sort=True):
         mean, lo, hi, n = bootstrap_ci(g["value"].to_numpy())
         v = "pass" if hi < THRESHOLD else "fail" if lo >= THRESHOLD else "inconclusive"
-        out.append((method, "mprt_cascading_spearman@embed", mean, lo, hi, n, THRESHOLD, v))
+        out.append((method, metric[len(pre) :], mean, lo, hi, n, THRESHOLD, v))
     return pd.DataFrame(out, columns=cols)
 
 
-def write_verdicts(folder: Path, metrics: pd.DataFrame) -> list[str]:
-    """``randomisation.csv`` (every mode x stage x method: mean rho, interval, n) and
-    ``randomisation_verdict.csv``; the markdown lines for ``summary.md``."""
-    from .confounds import interval_table
+def top_block(stages: list[str]) -> str | None:
+    """The first cascading stage that reaches into the blocks (head and the last layer randomised)."""
+    layers = [s for s in stages if s.startswith("layer.")]
+    return max(layers, key=lambda s: int(s.split(".")[1])) if layers else None
 
-    t = interval_table(metrics)
-    t = t[t.metric.str.startswith("mprt_")].copy()
+
+def write_verdicts(folder: Path, metrics: pd.DataFrame, intervals: pd.DataFrame) -> list[str]:
+    """``randomisation.csv`` (every mode x stage x method: mean rho, interval, n) and
+    ``randomisation_verdict.csv``; the markdown lines for ``summary.md``. ``intervals``: the run's
+    :func:`~streetlamp.evaluation.confounds.interval_table`."""
+    t = intervals[intervals.metric.str.startswith("mprt_")].copy()
     parts = t.metric.str.extract(r"^mprt_(?P<mode>\w+?)_(?P<statistic>spearman(?:_abs)?)@(?P<stage>.+)$")
     t = pd.concat([t[["method"]], parts, t[["mean", "ci_low", "ci_high", "n"]]], axis=1)
     t.to_csv(folder / "randomisation.csv", index=False)
@@ -164,13 +170,21 @@ def write_verdicts(folder: Path, metrics: pd.DataFrame) -> list[str]:
     v.to_csv(folder / "randomisation_verdict.csv", index=False)
     if v.empty:
         return []
+    top = top_block(sorted(set(v.stage)))
+    shown = [st for st in (top, "embed") if st is not None and st in set(v.stage)]
     lines = [
-        f"## Model randomisation (cascading, every stage randomised): Spearman rho trained vs randomised; "
-        f"pass = interval below {THRESHOLD}",
+        f"## Model randomisation (cascading): Spearman rho trained vs randomised; pass = interval below "
+        f"{THRESHOLD}, fail = at or above it ({' and '.join(f'@{st}' for st in shown)}: head down to that stage "
+        "randomised)",
         "",
-        "| method | rho [95% interval] | n | verdict |",
-        "|---|---|---|---|",
+        "| method | " + " | ".join(f"rho@{st} [95% interval] | verdict" for st in shown) + " | n |",
+        "|---|" + "---|---|" * len(shown) + "---|",
     ]
-    for r in v.itertuples(index=False):
-        lines.append(f"| {r.method} | {r.mean:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] | {r.n} | {r.verdict} |")
+    for method, g in v.groupby("method", sort=True):
+        by = g.set_index("stage")
+        cells = [
+            f"{by.loc[st, 'mean']:.3f} [{by.loc[st, 'ci_low']:.3f}, {by.loc[st, 'ci_high']:.3f}] | {by.loc[st, 'verdict']}"
+            for st in shown
+        ]
+        lines.append(f"| {method} | " + " | ".join(cells) + f" | {int(by['n'].max())} |")
     return lines

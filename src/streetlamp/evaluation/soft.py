@@ -15,7 +15,8 @@ position, are always kept):
   ``Soft-C = max(0, F(x) - F(x'))`` with ``k = 1 - q`` (the important tokens tend to go);
 * normalised by the input with every rankable embedding zeroed, ``S0 = 1 - max(0, F(x) - F(x_0))``:
   ``soft_ns = max(0, E[Soft-S] - S0) / (1 - S0)``, ``soft_nc = E[Soft-C] / (1 - S0)`` (NaN when
-  ``S0 = 1``: the empty input is no less confident);
+  ``1 - S0 < DENOM_FLOOR = 0.001``: the empty input is (almost) as confident, and the ratio would be
+  float noise divided by a near-zero denominator);
 * **pi-Soft** fixes the expected retained fraction ``mean_i k_i = pi`` so that a method with larger
   scores does not keep more tokens: ``pi_soft_ns`` keeps with ``k = w(q, pi)``, ``pi_soft_nc`` drops with
   ``1 - k = w(q, 1 - pi)``, where ``w(q, t)`` is ``min(1, c q_i)`` with the one ``c >= 0`` that makes the
@@ -45,6 +46,8 @@ from .common import output_prob_of
 VARIANTS = ("soft_nc", "soft_ns", "pi_soft_nc", "pi_soft_ns")  # *_nc: keep 1 - importance; *_ns: keep importance
 DEFAULT_SAMPLES = 10
 DEFAULT_PI = 0.5
+# below this F(x) - F(x_0) the normalised metrics are NaN: the ratio would be float noise times 1/denominator
+DENOM_FLOOR = 1e-3
 
 
 def check_soft(samples: int, pi: float) -> None:
@@ -122,9 +125,9 @@ def soft_from_terms(f_full: float, f: np.ndarray, w: np.ndarray, f_empty: float,
     pre = "pi_" if variant.startswith("pi_") else ""
     if variant.endswith("_nc"):
         c = float(np.dot(w, drop))
-        return {f"{pre}soft_comprehensiveness": c, variant: c / denom if denom > 0 else float("nan")}
+        return {f"{pre}soft_comprehensiveness": c, variant: c / denom if denom >= DENOM_FLOOR else float("nan")}
     s = float(np.dot(w, 1.0 - drop))
-    return {f"{pre}soft_sufficiency": s, variant: max(0.0, s - s0) / denom if denom > 0 else float("nan")}
+    return {f"{pre}soft_sufficiency": s, variant: max(0.0, s - s0) / denom if denom >= DENOM_FLOOR else float("nan")}
 
 
 @dataclass
@@ -182,7 +185,7 @@ def masked_prob_of(
 
         return {"embed": fn}
 
-    return output_prob_of(adapter, ids, budget, index, edit=edit)
+    return output_prob_of(adapter, ids, budget, np.asarray(index).tolist(), edit=edit)
 
 
 def soft_erasure(

@@ -14,7 +14,7 @@ import pandas as pd
 
 from ..data import Dataset, load_dataset, sample_indices
 from ..errors import StreetlampError
-from ..evaluation.confounds import write_interval_table
+from ..evaluation.confounds import interval_table, write_interval_table
 from ..evaluation.pipeline import ChunkExample, EvalSettings, evaluate_chunk
 from ..extras import require
 from ..methods.registry import get_method
@@ -257,7 +257,7 @@ def evaluate(
     if settings.randomisation:
         from ..evaluation.randomisation import write_verdicts
 
-        lines += append_summary(store.folder, write_verdicts(store.folder, metrics))
+        lines += append_summary(store.folder, write_verdicts(store.folder, metrics, interval_table(metrics)))
     try:
         from ..report.evaluation import figures
 
