@@ -109,8 +109,9 @@ MUTANTS = [
         "lens_final_norm_last_row_only",
         "the final norm applied only to the last lens row",
         "interventions/lens.py",
-        "lg = capped(adapter, unembed(adapter, norm(fwd.cache[s][0])))",
-        "lg = capped(adapter, unembed(adapter, norm(fwd.cache[s][0]) if r == L else fwd.cache[s][0]))",
+        "lg = readout(adapter, lens, r, fwd.cache[s][0])  # [pos, vocab]",
+        "lg = readout(adapter, lens, r, fwd.cache[s][0]) if r == L else "
+        "capped(adapter, fwd.cache[s][0].double() @ unembedding(adapter)[0].double().t())",
         ("tests/interventions/test_lens_rows.py",),
     ),
     Mutant(

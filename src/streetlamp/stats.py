@@ -32,8 +32,9 @@ import torch
 from scipy.stats import kendalltau
 
 
-def kendall_tau(a: np.ndarray, b: np.ndarray, exclude: np.ndarray | None = None) -> float:
-    """Kendall's tau-b of ``a`` and ``b`` over the positions not in ``exclude`` (bool mask)."""
+def _paired(a: np.ndarray, b: np.ndarray, exclude: np.ndarray | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """``a`` and ``b`` as float64 vectors over the positions not in ``exclude`` (bool mask); None when a rank
+    correlation is undefined (fewer than 2 items, or either side constant)."""
     a, b = np.asarray(a, np.float64).reshape(-1), np.asarray(b, np.float64).reshape(-1)
     if a.shape != b.shape:
         raise ValueError(f"score arrays differ in shape: {a.shape} vs {b.shape}")
@@ -43,10 +44,18 @@ def kendall_tau(a: np.ndarray, b: np.ndarray, exclude: np.ndarray | None = None)
             raise ValueError(f"exclude mask has shape {keep.shape}, scores {a.shape}")
         a, b = a[keep], b[keep]
     if a.size < 2 or np.all(a == a[0]) or np.all(b == b[0]):
+        return None
+    return a, b
+
+
+def kendall_tau(a: np.ndarray, b: np.ndarray, exclude: np.ndarray | None = None) -> float:
+    """Kendall's tau-b of ``a`` and ``b`` over the positions not in ``exclude`` (bool mask)."""
+    ab = _paired(a, b, exclude)
+    if ab is None:
         return float("nan")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return float(kendalltau(a, b).statistic)
+        return float(kendalltau(*ab).statistic)
 
 
 def _avg_ranks(x: np.ndarray) -> np.ndarray:
@@ -61,15 +70,10 @@ def _avg_ranks(x: np.ndarray) -> np.ndarray:
 
 def spearman_rho(a: np.ndarray, b: np.ndarray, exclude: np.ndarray | None = None) -> float:
     """Spearman's rho of ``a`` and ``b`` over the positions not in ``exclude`` (bool mask)."""
-    a, b = np.asarray(a, np.float64).reshape(-1), np.asarray(b, np.float64).reshape(-1)
-    if a.shape != b.shape:
-        raise ValueError(f"score arrays differ in shape: {a.shape} vs {b.shape}")
-    if exclude is not None:
-        keep = ~np.asarray(exclude, bool).reshape(-1)
-        a, b = a[keep], b[keep]
-    if a.size < 2 or np.all(a == a[0]) or np.all(b == b[0]):
+    ab = _paired(a, b, exclude)
+    if ab is None:
         return float("nan")
-    ra, rb = _avg_ranks(a), _avg_ranks(b)
+    ra, rb = _avg_ranks(ab[0]), _avg_ranks(ab[1])
     ra, rb = ra - ra.mean(), rb - rb.mean()
     return float(np.dot(ra, rb) / np.sqrt(np.dot(ra, ra) * np.dot(rb, rb)))
 
