@@ -40,7 +40,7 @@ per prompt; the effect is the mean over prompts with a percentile bootstrap inte
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -184,7 +184,7 @@ def compare_paths(
     import pandas as pd
 
     g = blocks.graph
-    quantity = "logit" if metric == "logit_diff" else "prob"
+    quantity: Literal["logit", "prob"] = "logit" if metric == "logit_diff" else "prob"
     named: list[dict] = []
     for name in methods:
         per_prompt, pos_of = [], []
