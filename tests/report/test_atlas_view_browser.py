@@ -4,34 +4,19 @@ with their tokens as text (a token that looks like HTML stays text) and its stor
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from tests.helpers.browser import Page, browser_fixture, require_browser
+from tests.helpers.browser import Page, require_browser
 
 require_browser()
 
 from streetlamp.cli import main  # noqa: E402
 from streetlamp.models.tiny import WORDS, save_tiny  # noqa: E402
 from streetlamp.store.files import load_arrays  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    yield from browser_fixture()
-
-
-@pytest.fixture()
-def page(browser: Any) -> Iterator[Page]:
-    ctx = browser.new_context(viewport={"width": 1300, "height": 900})
-    pg = Page(ctx.new_page())
-    yield pg
-    ctx.close()
 
 
 @pytest.fixture(scope="module")

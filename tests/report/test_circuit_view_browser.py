@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.helpers.browser import Page, browser_fixture, require_browser
+from tests.helpers.browser import Page, require_browser
 
 require_browser()
 
@@ -28,11 +27,6 @@ from tests.commands.test_circuit_cli import PAIRS  # noqa: E402
 
 SIZES = [0.02, 0.1, 0.5, 1.0]
 F32 = 1e-6  # scores and f are stored as float64 and travel as float32: relative rounding 2^-24
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    yield from browser_fixture()
 
 
 @pytest.fixture(scope="module")

@@ -4,32 +4,17 @@ view and in the long view, with the stored share; a run without one shows no not
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.helpers.browser import Page, browser_fixture, require_browser
+from tests.helpers.browser import Page, require_browser
 
 require_browser()
 
 from streetlamp.cli import main  # noqa: E402
 from streetlamp.models.tiny import save_tiny  # noqa: E402
 from tests.test_readings import TEXT, sink_gpt2  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    yield from browser_fixture()
-
-
-@pytest.fixture()
-def page(browser: Any) -> Iterator[Page]:
-    ctx = browser.new_context(viewport={"width": 1300, "height": 900})
-    pg = Page(ctx.new_page())
-    yield pg
-    ctx.close()
 
 
 @pytest.fixture(scope="module")

@@ -5,14 +5,13 @@ table shows (special tokens hidden, as by default), attention by value and each 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from tests.helpers.browser import Page, browser_fixture, require_browser
+from tests.helpers.browser import Page, require_browser
 
 require_browser()
 
@@ -26,11 +25,6 @@ from streetlamp.store.files import load_arrays  # noqa: E402
 TEXT = "the movie was not good , but the acting was great ."
 METHODS = ["attention", "occlusion", "gradient_x_input"]
 PACK = 0.5 / 65535 + 1e-6  # the full tensor may travel as 16-bit fixed point (pack.py)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    yield from browser_fixture()
 
 
 @pytest.fixture(scope="module")

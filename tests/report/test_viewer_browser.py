@@ -7,14 +7,12 @@ import itertools
 import json
 import re
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
-from tests.helpers.browser import Page, browser_fixture, require_browser
+from tests.helpers.browser import Page, require_browser
 
 require_browser()
 
@@ -29,19 +27,6 @@ from streetlamp.store.files import load_arrays  # noqa: E402
 
 HOSTILE = "</script><img src=x onerror=alert(1)>"
 TEXT = "the movie was not good , but the acting was great ."
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    yield from browser_fixture()
-
-
-@pytest.fixture()
-def page(browser: Any) -> Iterator[Page]:
-    ctx = browser.new_context(viewport={"width": 1300, "height": 900}, accept_downloads=True)
-    pg = Page(ctx.new_page())
-    yield pg
-    ctx.close()
 
 
 @pytest.fixture(scope="module")

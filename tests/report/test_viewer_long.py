@@ -4,7 +4,6 @@ reads are the stored rows, masked keys are marked, at most MAX_LONG_ROWS rows pe
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from tests.helpers.browser import Page, browser_fixture, require_browser
+from tests.helpers.browser import Page, require_browser
 
 require_browser()
 
@@ -23,19 +22,6 @@ from streetlamp.report.viewer import write_report  # noqa: E402
 from streetlamp.store.files import load_arrays  # noqa: E402
 
 TEXT = "the movie was not good but the acting was great and i loved it"
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    yield from browser_fixture()
-
-
-@pytest.fixture()
-def page(browser: Any) -> Iterator[Page]:
-    ctx = browser.new_context(viewport={"width": 1300, "height": 900})
-    pg = Page(ctx.new_page())
-    yield pg
-    ctx.close()
 
 
 @pytest.fixture(scope="module")

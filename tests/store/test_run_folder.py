@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from streetlamp.errors import StreetlampError
-from streetlamp.store.files import load_arrays
+from streetlamp.store.files import load_arrays, save_arrays
 from streetlamp.store.run_folder import FORMAT_VERSION, RunFolder, manifest_header, utc_now
 
 HEADER = {"streetlamp", "format_version", "created", "command", "versions"}
@@ -139,3 +139,18 @@ def test_after_write_sees_the_complete_folder(tmp_path: Path) -> None:
     _write(Hooked(tmp_path / "run", "explain"))
     assert seen == [{"manifest.json", "arrays.safetensors", "f.png"}]
     assert (tmp_path / "run" / "report.html").exists()
+
+
+def test_folder_and_arrays_get_the_modes_open_and_mkdir_give(tmp_path: Path) -> None:
+    # safetensors creates its file 0600 and mkdtemp its folder 0700: a finished run must be as readable as a
+    # file open() writes and a folder mkdir makes under the same umask (whatever this machine's umask is)
+    (tmp_path / "plain.txt").write_text("x")
+    (tmp_path / "plain").mkdir()
+    _write(RunFolder(tmp_path / "run", "explain"))
+    file_mode = (tmp_path / "plain.txt").stat().st_mode & 0o777
+    dir_mode = (tmp_path / "plain").stat().st_mode & 0o777
+    assert (tmp_path / "run").stat().st_mode & 0o777 == dir_mode
+    for f in ("arrays.safetensors", "manifest.json"):
+        assert (tmp_path / "run" / f).stat().st_mode & 0o777 == file_mode, f
+    save_arrays(tmp_path / "a.safetensors", {"a": np.zeros(2)})
+    assert (tmp_path / "a.safetensors").stat().st_mode & 0o777 == file_mode

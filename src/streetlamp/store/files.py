@@ -42,8 +42,28 @@ def to_jsonable(x: Any) -> Any:
     return x
 
 
+def umask_mode(path: Path | str) -> None:
+    """Give a file written by safetensors (which creates it 0600), or a folder made by ``mkdtemp`` (0700),
+    the mode ``open()`` / ``mkdir`` would: 0666 / 0777 less the umask, so a run folder and its arrays are as
+    readable as its CSVs and manifest."""
+    os.chmod(path, (0o777 if Path(path).is_dir() else 0o666) & ~_umask())
+
+
+def _umask() -> int:
+    try:  # Linux states it; setting and restoring it would race with other threads creating files
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
     save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(path))
+    umask_mode(path)
 
 
 def load_arrays(path: Path) -> dict[str, np.ndarray]:

@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 
 from ..errors import StreetlampError
 from ..models.pattern import LayerRule, Scratch, chunk_rows, pattern_rows, repeat_heads
-from .files import folder_file
+from .files import folder_file, umask_mode
 
 QK_DIR, SHARD_DIR = "qk", "attention"
 
@@ -39,12 +39,14 @@ def make_dirs(folder: Path) -> None:
 def write_qk(folder: Path, layer: int, query: torch.Tensor, key: torch.Tensor) -> None:
     """Layer ``layer``'s queries ``[head, pos, d]`` and keys ``[kv_head, pos, d]`` (moved to the CPU)."""
     save_file({"query": query.contiguous().cpu(), "key": key.contiguous().cpu()}, str(folder / qk_file(layer)))
+    umask_mode(folder / qk_file(layer))
 
 
 def write_shard(folder: Path, layer: int, pattern: torch.Tensor, first: int, last: int) -> str:
     """One shard of kept rows ``first..last`` of ``layer`` (``pattern`` ``[head, row, key]``); its file name."""
     name = f"{SHARD_DIR}/L{layer}_{first}-{last}.safetensors"
     save_file({"pattern": pattern}, str(folder / name))
+    umask_mode(folder / name)
     return name
 
 

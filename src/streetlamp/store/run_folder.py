@@ -34,7 +34,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from ..errors import StreetlampError
-from .files import command_line, versions, write_json
+from .files import command_line, umask_mode, versions, write_json
 
 FORMAT_VERSION = 1
 ARRAYS_FILE = "arrays.safetensors"
@@ -137,6 +137,7 @@ class RunWriter:
         manifest = {**header, **body}
         if self.arrays:
             save_file(self.arrays, str(self.path / ARRAYS_FILE))  # C-ordered in add_array; 0-d stays 0-d
+            umask_mode(self.path / ARRAYS_FILE)
             manifest["arrays"] = self.described
         if self.figures:
             manifest["figures"] = self.figures
@@ -172,6 +173,7 @@ class RunFolder:
             if w.manifest is None:
                 raise RuntimeError(f"{self.command}: the run folder was staged without write_manifest")
             self.after_write(tmp)
+            umask_mode(tmp)  # private (0700) while partial; as mkdir would make it once in place
             self._move_into_place(tmp)
         finally:
             if tmp.exists():
