@@ -251,11 +251,6 @@ def integrate_adaptive(
     return ig, info
 
 
-# panels: a panel's per-token error is estimated by |Boole - Simpson| / 15, Richardson's estimate of the error
-# of the 5-point composite Simpson rule (Boole's rule is its extrapolation, so at least that accurate in the
-# asymptotic regime), and panels whose error is at least SPLIT_FRACTION of the worst are bisected
-TOKEN_SHARE = 1 / 15
-SPLIT_FRACTION = 0.35
 SMOOTH_RATIO = 1 / 16  # the coarse pass calls the integrand smooth when Romberg's error falls this fast per doubling
 
 
@@ -327,13 +322,10 @@ def integrate_panels(
 
     Start from ``steps / 4`` equal panels. Each panel [a, b] knows two errors: its exact share of the
     completeness error, ``|Σ_i Q_i − (F(b) − F(a))|`` (every gradient evaluation's forward pass gives
-    F(α)), and a per-token estimate, ``max_i |Boole_i − Simpson_i| / 15`` (Simpson uses every other node
-    of the same panel; the difference over 15 is Richardson's estimate of the 5-point composite Simpson
-    error, which Boole's rule, its extrapolation, improves on). While the relative completeness error
-    exceeds ``tolerance``, the panels whose larger error is at least ``SPLIT_FRACTION`` (0.35) of the worst
-    are bisected; a child reuses 3 of its 5 nodes, so a split costs 4 new gradients. The recorded
-    ``token_change_vs_half_steps`` stays the unscaled ``max_i |Σ_panels (Boole_i − Simpson_i)|`` (a bound, not an
-    estimate). Suited to integrands with narrow spikes (pre-norm decoders,
+    F(α)), and a per-token estimate, ``max_i |Boole_i − Simpson_i|`` (Simpson uses every other node of
+    the same panel). While the relative completeness error exceeds ``tolerance``, the panels whose
+    larger error is at least a quarter of the worst are bisected; a child reuses 3 of its 5 nodes,
+    so a split costs 4 new gradients. Suited to integrands with narrow spikes (pre-norm decoders,
     where global rules need hundreds of points); on smooth ones Clenshaw–Curtis needs fewer.
     """
     if steps % 4:
@@ -369,7 +361,7 @@ def integrate_panels(
                 err = torch.stack([(qb[j, :L].sum() - share[j]).abs() for j, L in enumerate(lengths)])
             else:  # no F from grad_fn: the panel's sum difference between the two rules
                 err = torch.stack([(qb[j, :L] - qs[j, :L]).sum().abs() for j, L in enumerate(lengths)])
-            ind.append(float((torch.maximum(err, TOKEN_SHARE * tok) / scale).max()))
+            ind.append(float((torch.maximum(err, tok) / scale).max()))
         assert ig is not None and half is not None
         total = torch.stack([ig[j, :L].sum() for j, L in enumerate(lengths)])
         delta = (total - fd).abs()
@@ -387,7 +379,7 @@ def integrate_panels(
         if ok or not adaptive:
             break
         worst = max(ind)
-        split = [i for i, v in enumerate(ind) if v >= SPLIT_FRACTION * worst]
+        split = [i for i, v in enumerate(ind) if v >= 0.25 * worst]
         room = (max_steps + 1 - len(path.cache)) // 4
         if room < 1:
             warnings.warn(
