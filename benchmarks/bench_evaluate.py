@@ -1,6 +1,8 @@
 """``evaluate`` per example: the shared-work path (layers below an attention edit run once,
-evaluation/frozen.py; duplicate erasure rows run once) against the plain path (every layer of every
-edited row, every planned row), in one process, alternating, on the same examples; the rows must agree.
+evaluation/frozen.py; duplicate erasure and decision-flip rows run once) against the plain path (every
+layer of every edited row, every planned row), in one process, alternating, on the same examples; the
+rows must agree. Also against the path before issue 28: the plain path with IG's former default rule
+(``clenshaw_curtis``, doubling from 16 steps) where the default ``auto`` now runs.
 
     .venv/bin/python benchmarks/bench_evaluate.py [--model minilm-sentiment] [--examples 3] [--repeat 3] [--profile]
 
@@ -44,13 +46,21 @@ def plain_path():  # noqa: ANN201
         fn = lambda g, p: p.gather(1, idx[g].view(-1, 1).to(p.device))  # noqa: E731
         return output_map(adapter, rows, budget, fn, 1, edit)[:, 0]
 
-    saved = (flip_mod.frozen_below, cf_mod.frozen_below, pipe_mod.output_prob_of)
+    def every_row(keys):  # noqa: ANN001, ANN202
+        return list(range(len(keys))), np.arange(len(keys))
+
+    saved = (flip_mod.frozen_below, cf_mod.frozen_below, pipe_mod.output_prob_of, flip_mod.unique_rows)
     null = lambda *_: contextlib.nullcontext()  # noqa: E731
-    flip_mod.frozen_below, cf_mod.frozen_below, pipe_mod.output_prob_of = null, null, prob_of
+    flip_mod.frozen_below, cf_mod.frozen_below, pipe_mod.output_prob_of, flip_mod.unique_rows = (
+        null,
+        null,
+        prob_of,
+        every_row,
+    )
     try:
         yield
     finally:
-        flip_mod.frozen_below, cf_mod.frozen_below, pipe_mod.output_prob_of = saved
+        flip_mod.frozen_below, cf_mod.frozen_below, pipe_mod.output_prob_of, flip_mod.unique_rows = saved
 
 
 def main() -> None:
@@ -68,26 +78,36 @@ def main() -> None:
         ChunkExample(index=i, id=f"ex{i}", ids=a.tokenizer(t)["input_ids"], text=t, gold=0) for i, t in enumerate(texts)
     ]
     s = EvalSettings(methods=args.methods.split(","))
-    times: dict[str, list[float]] = {"plain": [], "shared": []}
+    # before issue 28: the plain path with IG's former default rule (Clenshaw–Curtis doubling from 16 steps)
+    before = EvalSettings(methods=s.methods, method_params={"integrated_gradients": {"rule": "clenshaw_curtis"}})
+    runs = {"before": (before, plain_path), "plain": (s, plain_path), "shared": (s, contextlib.nullcontext)}
+    times: dict[str, list[float]] = {k: [] for k in runs}
     out = {}
-    for r in range(args.repeat + 1):  # the first round warms up; alternating so drift hits both alike
-        for name in ("plain", "shared"):
-            ctx = plain_path() if name == "plain" else contextlib.nullcontext()
-            with ctx:
+    for r in range(args.repeat + 1):  # the first round warms up; alternating so drift hits all alike
+        for name, (settings, ctx) in runs.items():
+            with ctx():
                 t0 = time.perf_counter()
-                out[name] = [evaluate_chunk(a, [e], s)[0] for e in examples]
+                out[name] = [evaluate_chunk(a, [e], settings)[0] for e in examples]
                 if r:
                     times[name].append((time.perf_counter() - t0) / len(examples))
-    diff = max(
-        abs(x[3] - y[3])
-        for p, q in zip(out["plain"], out["shared"])
-        for x, y in zip(p, q)
-        if not (np.isnan(x[3]) and np.isnan(y[3]))
-    )
-    tp, ts = statistics.median(times["plain"]), statistics.median(times["shared"])
+
+    def largest(x: str, y: str, skip: str | None = None) -> float:
+        return max(
+            abs(u[3] - v[3])
+            for p, q in zip(out[x], out[y])
+            for u, v in zip(p, q)
+            if (skip is None or skip not in u[1]) and not (np.isnan(u[3]) and np.isnan(v[3]))
+        )
+
+    tb, tp, ts = (statistics.median(times[k]) for k in runs)
     print(f"{a.name}, {args.examples} examples, methods {args.methods}, every metric; seconds per example, medians:")
-    print(f"  plain path {tp:.2f} s, shared work {ts:.2f} s; largest difference of a metric {diff:.1e}")
-    print(f"  RATIO shared / plain = {ts / tp:.2f} (target <= 0.5)  [{load()}]")
+    print(
+        f"  before (plain path, IG rule clenshaw_curtis) {tb:.2f} s, plain path {tp:.2f} s, shared work {ts:.2f} s; "
+        f"largest difference of a metric shared vs plain {largest('shared', 'plain'):.1e}, vs before "
+        f"{largest('shared', 'before', 'integrated_gradients'):.1e} outside IG's rows (IG's differ within its tolerance)"
+    )
+    print(f"  RATIO shared / plain = {ts / tp:.2f} (same IG on both sides; target <= 0.5)  [{load()}]")
+    print(f"  RATIO shared / before = {ts / tb:.2f} (the whole of issue 28's change)  [{load()}]")
     if args.profile:
         pr = cProfile.Profile()
         pr.enable()

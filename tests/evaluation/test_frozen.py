@@ -12,7 +12,7 @@ import torch
 import streetlamp.evaluation.counterfactual as cf_mod
 import streetlamp.evaluation.flip as flip_mod
 import streetlamp.evaluation.pipeline as pipe_mod
-from streetlamp.evaluation.common import output_map, output_prob_of
+from streetlamp.evaluation.common import output_map, output_prob_of, output_probs
 from streetlamp.evaluation.frozen import frozen_below
 from streetlamp.evaluation.pipeline import ChunkExample, EvalSettings, evaluate_chunk
 from streetlamp.models.adapter import Inputs, ModelAdapter
@@ -70,6 +70,7 @@ def test_evaluate_chunk_equals_the_plain_path(family: str, monkeypatch: pytest.M
         mp.setattr(flip_mod, "frozen_below", lambda *_: contextlib.nullcontext())
         mp.setattr(cf_mod, "frozen_below", lambda *_: contextlib.nullcontext())
         mp.setattr(pipe_mod, "output_prob_of", plain_prob_of)
+        mp.setattr(flip_mod, "unique_rows", lambda keys: (list(range(len(keys))), np.arange(len(keys))))
         ref_rows, ref_arrays = evaluate_chunk(a, examples, s)
     assert [r[:3] for r in rows] == [r[:3] for r in ref_rows]
     got, want = np.array([r[3] for r in rows]), np.array([r[3] for r in ref_rows])
@@ -99,3 +100,33 @@ def test_duplicate_rows_run_once() -> None:
     assert sum(seen) == 4  # (ids0, 0) twice: one row less
     np.testing.assert_allclose(got, plain_prob_of(a, rows, None, index), rtol=0, atol=F64_TOL)
     assert got[0] == got[2] and got[0] != got[3]
+
+
+def test_decision_flip_rows_shared_by_rankings_run_once() -> None:
+    """Two rankings with the same order zero the same items at every step: their rows run once, and each
+    ranking's flip equals that of the ranking alone; js_top is the attention ranking's first row."""
+    a = adapter_of("bert")
+    inp = a.encode([TEXTS[0]])
+    probs = output_probs(a, inp.rows(), None)
+    layers = [a.n_layers - 1]
+    n = inp.lengths[0]
+    s = np.random.default_rng(0).standard_normal(n)
+    att = np.random.default_rng(1).standard_normal(n)
+
+    def run(rankings: dict) -> tuple[list, int]:
+        seen = []
+        h = a.attn_modules[-1].register_forward_pre_hook(
+            lambda m, args, kw: seen.append((args[0] if args else kw["hidden_states"]).shape[0]), with_kwargs=True
+        )
+        out = flip_mod.decision_flip(a, inp, probs, [dict(rankings)], layers, [0], None)
+        h.remove()
+        return out, sum(seen) - 1  # minus the recording pass of frozen_below
+
+    one, rows_one = run({"attention": att, "m": s})
+    two, rows_two = run({"attention": att, "m": s, "m2": s.copy()})
+    assert rows_two == rows_one  # m2's rows are m's: nothing more runs
+    # attention, m and random: (n - 1) rows each, js_top shares attention's first, js_random may share one
+    assert rows_one <= 3 * (n - 1) + 1
+    np.testing.assert_equal(two[0]["m2"], two[0]["m"])  # (NaN where a ranking never flips)
+    np.testing.assert_equal(two[0]["m"], one[0]["m"])
+    np.testing.assert_equal(two[0]["attention"], one[0]["attention"])

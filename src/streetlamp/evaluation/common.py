@@ -76,11 +76,9 @@ def output_prob_of(
     full and empty inputs, a comprehensiveness row equal to a deletion-curve row, two rankings removing the
     same tokens) run once and are copied."""
     if edit is None and len(rows):
-        first: dict[tuple, int] = {}
-        where = np.array([first.setdefault((int(i), *map(int, r)), len(first)) for r, i in zip(rows, index)])
-        if len(first) < len(rows):
-            keys = list(first)
-            uniq = output_prob_of(adapter, [list(k[1:]) for k in keys], budget, [k[0] for k in keys], None)
+        firsts, where = unique_rows([(int(i), *map(int, r)) for r, i in zip(rows, index)])
+        if len(firsts) < len(rows):
+            uniq = output_prob_of(adapter, [rows[r] for r in firsts], budget, [index[r] for r in firsts], None)
             return uniq[where]
     idx = torch.as_tensor(np.asarray(index, np.int64))
 
@@ -88,6 +86,20 @@ def output_prob_of(
         return p.gather(1, idx[group].view(-1, 1).to(p.device))
 
     return output_map(adapter, rows, budget, fn, 1, edit)[:, 0]
+
+
+def unique_rows(keys: Sequence[object]) -> tuple[list[int], np.ndarray]:
+    """The first index of each distinct key and, per key, the position of its first in that list: rows with
+    equal keys (the same ids under the same edit) run once and are copied."""
+    first: dict[object, int] = {}
+    firsts: list[int] = []
+    where = np.zeros(len(keys), dtype=np.int64)
+    for r, k in enumerate(keys):
+        u = first.setdefault(k, len(first))
+        if u == len(firsts):
+            firsts.append(r)
+        where[r] = u
+    return firsts, where
 
 
 def rank_desc(scores: np.ndarray, candidates: np.ndarray) -> np.ndarray:

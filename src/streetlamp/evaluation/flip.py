@@ -29,7 +29,7 @@ import torch
 from ..models.adapter import Inputs, ModelAdapter, at_least_float32
 from ..settings import layers_of
 from ..stats import js_divergence_t
-from .common import output_map
+from .common import output_map, unique_rows
 from .frozen import frozen_below
 
 INTERNAL_RANKINGS = ("attention", "gradient", "attention_x_gradient", "random")
@@ -136,20 +136,23 @@ def decision_flip(
         # vocabulary makes keeping every row's distribution too large)
         return torch.stack([p.argmax(-1).double(), js_divergence_t(p, ref[owner[group]].to(p.device))], 1)
 
-    # every row of text b is b's ids with keys zeroed at ``layers``: the layers below run once (frozen.py)
+    # every row of text b is b's ids with keys zeroed at ``layers``: the layers below run once (frozen.py), and
+    # rankings that zero the same items at step k (a shared top item, js_top = attention's first row) share a row
     res = np.zeros((len(plan_rows), 2))
     for b in range(len(rows)):
         mine = np.flatnonzero(owner == b)
         if not len(mine):
             continue
+        firsts, where_u = unique_rows([keeps[i].tobytes() for i in mine])
+        every, mine = mine, mine[firsts]
 
         def reduce_b(group: list[int], p: torch.Tensor, mine: np.ndarray = mine) -> torch.Tensor:
             return reduce(mine[group].tolist(), p)
 
         with frozen_below(adapter, Inputs.from_ids(adapter, [rows[b]], strings=False), min(layers)):
-            res[mine] = output_map(
+            res[every] = output_map(
                 adapter, [plan_rows[i] for i in mine], budget, reduce_b, 2, _zero_edit([keeps[i] for i in mine], layers)
-            )
+            )[where_u]
     for r, (b, name, k) in enumerate(where):
         if name in ("js_top", "js_random"):
             out[b]["attention"][name] = float(res[r, 1])
