@@ -33,13 +33,39 @@ class LensSettings(Settings):
         help="check the lens against intervention at the last position: each layer's residual patched into a "
         "neutral context (table, lens_check.csv, check.* arrays)",
     )
+    check_variant: str | None = option(
+        None,
+        choices=("patch", "baseline", "both"),
+        help="the check's intervention (implies --check): patch = into the neutral context (lens_check.csv), "
+        "baseline = the residual replaced by --baseline in the same prompt (lens_check_baseline.csv), both",
+    )
+    baseline: str = option(
+        "neutral",
+        choices=("neutral", "mean"),
+        help="--check-variant baseline: the neutral context's residual at that layer, or the mean residual of the "
+        "lens's fit corpus (a lens-fit folder)",
+    )
     neutral: str | None = option(None, help="--check: the neutral context (default: the document separator twice)")
+
+    def check(self) -> None:
+        super().check()
+        from ..errors import StreetlampError
+
+        if self.baseline == "mean" and self.check_variant in ("baseline", "both") and self.lens[1] is None:
+            raise StreetlampError("--baseline mean needs --lens tuned:DIR or jacobian:DIR (the logit lens has no fit corpus)")
 
     def validate(self, adapter: ModelAdapter) -> None:
         if self.lens[1] is not None:
             from ..interventions.lenses.store import load_lens
 
-            load_lens(self.lens[1], adapter, self.lens[0])  # refused before anything is written
+            lens = load_lens(self.lens[1], adapter, self.lens[0])  # refused before anything is written
+            if self.baseline == "mean" and self.check_variant in ("baseline", "both") and lens.mean is None:
+                from ..errors import StreetlampError
+
+                raise StreetlampError(
+                    f"--baseline mean: the lens folder {self.lens[1]} stores no mean residuals (a converted or older "
+                    "folder); refit it with lens-fit, or use --baseline neutral"
+                )
 
 
 @dataclass
@@ -75,6 +101,8 @@ def run_lens(adapter: ModelAdapter, s: LensSettings, out: Any, opts: Any) -> Len
         types_seqs=s.types_seqs,
         lens_choice=s.lens,
         check=s.intervention_check,
+        check_variant=s.check_variant,
+        baseline=s.baseline,
         neutral=s.neutral,
         seed=s.seed,
         overwrite=opts.overwrite,
@@ -89,5 +117,5 @@ LENS = Command(
     LensSettings,
     run_lens,
     shared=Shared(model="smollm2-135m", out="output folder (default runs/lens-<time>)"),
-    views=("generic",),
+    views=("lens",),
 )

@@ -17,7 +17,7 @@ import pandas as pd
 from ..data.loaders import load_dataset
 from ..errors import StreetlampError
 from ..interventions.lenses.base import Lens, row_label
-from ..interventions.lenses.fit import corpus_sequences, fit_dtype, fit_jacobian, fit_tuned, heldout_kl
+from ..interventions.lenses.fit import corpus_sequences, fit_dtype, fit_jacobian, fit_tuned, heldout_kl, row_means
 from ..interventions.lenses.store import LENS_FILE, LENS_JSON, save_lens
 from ..models.adapter import ModelAdapter
 from ..models.readout import check_lens
@@ -88,6 +88,7 @@ def run_lens_fit(adapter: ModelAdapter, out: RunFolder | Path, s: Any, overwrite
         }
         presented = used * s.seq_len
     seconds = time.perf_counter() - t0
+    lens.mean = row_means(adapter, train)  # the baseline of `lens --check-variant baseline --baseline mean`
     kl = heldout_kl(adapter, {"logit": Lens.logit(adapter), s.lens: lens}, held)
     L = adapter.n_layers
     rows = [
@@ -113,6 +114,7 @@ def run_lens_fit(adapter: ModelAdapter, out: RunFolder | Path, s: Any, overwrite
         "accumulation": "float64",
         "seed": s.seed,
         "seconds": seconds,
+        "mean": "mean residual per row over the training tokens at positions >= 1 (float64), stored as `mean`",
         **params,
     }
     with rf.staging() as w:
@@ -148,7 +150,8 @@ def run_lens_fit(adapter: ModelAdapter, out: RunFolder | Path, s: Any, overwrite
                 ],
                 "files": {
                     LENS_JSON: "the lens: kind, model record, training record, sha256 of lens.safetensors",
-                    LENS_FILE: "the lens maps A.{row} [d, d] and b.{row} [d] (float64; a missing one is I / 0)",
+                    LENS_FILE: "the lens maps A.{row} [d, d] and b.{row} [d] (float64; a missing one is I / 0) and mean [row, d], "
+                    "each row's mean residual over the training tokens",
                     "heldout_kl.csv": "per row: mean KL(final || logit lens) and KL(final || fitted lens) on held-out tokens",
                 },
             }

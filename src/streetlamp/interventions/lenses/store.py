@@ -5,7 +5,9 @@
 * ``lens.safetensors``: ``A.{r}`` ``[d_model, d_model]`` and ``b.{r}`` ``[d_model]`` (float64) for the rows
   ``r = 0 .. n_layers - 1`` that are not the identity (row 0: the residual entering layer 0; row ``r``:
   ``resid_post`` of layer ``r - 1``); the readout is ``W_U · norm_f(A_r h + b_r)``; a Jacobian lens stores
-  ``A.{r} = J_r`` and no ``b``;
+  ``A.{r} = J_r`` and no ``b``; ``mean`` ``[n_layers + 1, d_model]`` (float64, optional): each row's mean
+  residual over the fit corpus's training tokens (positions from 1: the document separator at 0 is left
+  out), the baseline of ``lens --check-variant baseline --baseline mean``;
 * ``lens.json``: ``format`` (``"streetlamp-lens"``), ``format_version`` (1), ``kind`` (tuned / jacobian),
   ``model`` (``name``, ``family``, ``n_layers``, ``d_model``, ``vocab``, ``unembed_sha256``: sha256 of the
   unembedding as float32 bytes), ``rows`` (what a row is), ``training`` (how it was fitted) and
@@ -170,19 +172,20 @@ def _load_ours(folder: Path, adapter: ModelAdapter) -> Lens:
     except Exception as e:  # safetensors raises its own SafetensorError (a subclass of Exception) on a bad header
         raise _refuse(folder, f"{LENS_FILE} is not readable ({type(e).__name__})") from None
     L, d = adapter.n_layers, adapter.d_model
-    known = {f"A.{r}" for r in range(L)} | {f"b.{r}" for r in range(L)}
+    known = {f"A.{r}" for r in range(L)} | {f"b.{r}" for r in range(L)} | {"mean"}
     extra = sorted(set(arrays) - known)
     if extra:
         raise _refuse(folder, f"{LENS_FILE} holds unknown tensors {extra[:3]}")
     A = [_tensor(folder, f"A.{r}", arrays[f"A.{r}"], (d, d)) if f"A.{r}" in arrays else None for r in range(L)]
     b = [_tensor(folder, f"b.{r}", arrays[f"b.{r}"], (d,)) if f"b.{r}" in arrays else None for r in range(L)]
+    mean = _tensor(folder, "mean", arrays["mean"], (L + 1, d)) if "mean" in arrays else None
     info = {"folder": str(folder), "format": FORMAT, "model": m, "training": rec.get("training", {})}
     if m.get("unembed_sha256") != unembed_hash(adapter):
         info["warning"] = (
             f"the lens was fitted on {m.get('name')!r}, whose unembedding differs from {adapter.name}'s "
             "(another model of the same shape, or another dtype of this one)"
         )
-    return Lens(kind, L, d, A, b, info)
+    return Lens(kind, L, d, A, b, info, mean)
 
 
 def _load_tuned_lens_package(folder: Path, adapter: ModelAdapter) -> Lens:
