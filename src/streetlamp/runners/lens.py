@@ -23,7 +23,7 @@ from ..models.adapter import ModelAdapter
 from ..models.readout import check_lens
 from ..report import heads as fig
 from ..store.run_folder import RunFolder
-from .lens_check import run_checks, variants_of, view_section
+from .lens_check import run_checks, run_coords, variants_of, view_section
 
 
 def parse_head(adapter: ModelAdapter, spec: str) -> tuple[int, int]:
@@ -54,9 +54,12 @@ def run_lens(
     types_length: int = 20,
     types_seqs: int = 4,
     lens_choice: tuple[str, str | None] = ("logit", None),
+    allow_pt: bool = False,
     check: bool = False,
     check_variant: str | None = None,
     baseline: str = "neutral",
+    coords: tuple[str, list[int]] | None = None,
+    alpha: float = 1.0,
     neutral: str | None = None,
     seed: int = 0,
     top: int = 10,
@@ -65,7 +68,7 @@ def run_lens(
     rf = RunFolder.of(out, "lens", overwrite)
     check_lens(adapter)
     kind, folder = lens_choice
-    the_lens = Lens.logit(adapter) if folder is None else load_lens(folder, adapter, kind)
+    the_lens = Lens.logit(adapter) if folder is None else load_lens(folder, adapter, kind, allow_pt)
     neutral_tokens = neutral_ids(adapter, neutral) if check or check_variant else None
     inputs = adapter.encode(text)
     ids = inputs.input_ids[0]
@@ -204,6 +207,8 @@ def run_lens(
     checks = run_checks(
         adapter, ids, the_lens, index, name=name, variants=variants, baseline=baseline, neutral=neutral_tokens or []
     )
+    if coords is not None:
+        run_coords(adapter, ids, the_lens, coords[0], coords[1], alpha, name, checks)
     tables += checks.tables
     summary.update(checks.summary)
     arrays.update(checks.arrays)
@@ -281,10 +286,11 @@ def run_lens(
                     "qk_parts": qk.parts if qk is not None else None,
                     "types_length": types_length,
                     "types_seqs": types_seqs,
-                    "lens": {"kind": kind, "folder": str(folder) if folder is not None else None},
+                    "lens": {"kind": kind, "folder": str(folder) if folder is not None else None, "allow_pt": allow_pt},
                     "check": check,
                     "check_variant": check_variant,
                     "baseline": baseline if "baseline" in variants else None,
+                    "coords": {"kind": coords[0], "tokens": coords[1], "alpha": alpha} if coords else None,
                     "neutral": neutral,
                 },
                 "seed": seed,

@@ -18,8 +18,13 @@ import torch
 
 from ..errors import StreetlampError
 from ..interventions.lenses.base import Lens, row_label
-from ..interventions.lenses.check import BASELINE_COLUMNS, COLUMNS, check_against_intervention, check_baseline
-from ..interventions.lenses.check import neutral_rows
+from ..interventions.lenses.check import (
+    BASELINE_COLUMNS,
+    COLUMNS,
+    check_against_intervention,
+    check_baseline,
+    neutral_rows,
+)
 from ..stats import spearman_rho
 
 if TYPE_CHECKING:
@@ -210,6 +215,59 @@ def run_checks(
         }
         c.frames[FILES["baseline"]] = pd.DataFrame(res["rows"], columns=BASELINE_COLUMNS)
     return c
+
+
+def run_coords(
+    adapter: ModelAdapter,
+    ids: torch.Tensor,
+    lens: Lens,
+    kind: str,
+    tokens: list[int],
+    alpha: float,
+    name: str,
+    c: Checks,
+) -> None:
+    """``--ablate`` / ``--swap``: the coordinate intervention at every layer (its table, arrays and
+    ``lens_coords.csv``), added to ``c``."""
+    from ..interventions.lenses.coords import coordinate_effects, effect_arrays, effect_rows
+
+    res = coordinate_effects(adapter, ids, lens, kind, tokens, alpha)
+    rows = effect_rows(adapter, res)
+    labels = [adapter.output_label(t) for t in tokens]
+    what = (
+        f"the lens direction of {labels[0]!r} projected out"
+        if kind == "ablate"
+        else f"the lens coordinates of {labels[0]!r} and {labels[1]!r} exchanged (alpha {alpha:g})"
+    )
+    cols = [k for k in rows[0] if k.startswith("dlogp_")]
+    c.tables.append(
+        {
+            "title": f"{name}: {kind} at each layer's residual at the last position ({what}), in the same prompt",
+            "columns": [
+                "layer",
+                *[k.replace("dlogp_", "Δlog p ").replace("_", " (") + ")" for k in cols],
+                "KL(prompt || edited)",
+                "top after",
+            ],
+            "rows": [[r["layer"], *[r[k] for k in cols], r["kl_model"], repr(r["top_after"])] for r in rows],
+            "note": "model: the output of the edited run against the prompt's; lens: the lens's readout of the "
+            "edited residual against its readout of the original (what the lens predicts the edit does)",
+        }
+    )
+    names = ["source", "target"] if kind == "swap" else ["token0"]
+    for k, v in effect_arrays(res).items():
+        c.arrays[f"coords.{k}"] = np.asarray(v, np.float64)
+        c.described[f"coords.{k}"] = {
+            "axes": AXIS + ([] if k == "kl" else [f"token({','.join(names)})"]),
+            "meaning": f"{name} {kind} ({what}): "
+            + {
+                "dlogp_model": "change of each token's log-probability in the model's output",
+                "dlogp_lens": "change of each token's log-probability in the lens's readout of the residual",
+                "kl": "KL(prompt's output || edited output), nats",
+            }[k],
+        }
+    c.frames["lens_coords.csv"] = pd.DataFrame(rows)
+    c.summary["coords"] = {"file": "lens_coords.csv", "kind": kind, "tokens": labels, "alpha": alpha}
 
 
 def view_section(

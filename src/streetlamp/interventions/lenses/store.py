@@ -18,9 +18,11 @@
 ``"linear_tuned_lens"``) and ``params.pt``, a ``torch.save`` of the translators' state dict:
 ``{i}.weight`` ``[d, d]`` and ``{i}.bias`` ``[d]`` for ``i = 0 .. num_hidden_layers - 1``, translator ``i``
 acting on ``hidden_states[i]`` (our row ``i``) **residually**: ``h + W_i h + b_i``, so ``A_i = I + W_i``.
-``params.pt`` is a pickle: it is read with ``torch.load(weights_only=True)``, whose unpickler builds
-tensors and plain containers only and refuses anything else (no code from the file runs). Its
-``unembed_hash`` is the package's own hash, not comparable with ours: it is recorded, not checked.
+``params.pt`` is a pickle, and streetlamp reads weights from safetensors (or GGUF) only: such a folder is
+refused in one line unless the user opts in (``lens --allow-pt``, or once, ``lens-fit --convert DIR``, which
+writes it as streetlamp's lens folder). Opted in, it is read with ``torch.load(weights_only=True)``, whose
+unpickler builds tensors and plain containers only and refuses anything else (no code from the file runs).
+Its ``unembed_hash`` is the package's own hash, not comparable with ours: it is recorded, not checked.
 
 **Refused, one line each:** a missing folder or file, unreadable JSON or tensors, a changed
 ``lens.safetensors`` (sha256), a lens of another shape (layers or ``d_model``), a tensor of the wrong
@@ -125,9 +127,10 @@ def _tensor(folder: Path, key: str, t: Any, shape: tuple[int, ...]) -> torch.Ten
     return t
 
 
-def load_lens(folder: Path | str, adapter: ModelAdapter, kind: str | None = None) -> Lens:
+def load_lens(folder: Path | str, adapter: ModelAdapter, kind: str | None = None, allow_pt: bool = False) -> Lens:
     """The lens in ``folder`` (streetlamp's, or the tuned-lens package's) for ``adapter``; ``kind``: the kind
-    the user asked for (tuned / jacobian), refused when the folder holds another."""
+    the user asked for (tuned / jacobian), refused when the folder holds another; ``allow_pt``: the user
+    opted in to reading the tuned-lens package's pickled ``params.pt``."""
     check_lens(adapter)
     folder = Path(folder)
     if not folder.is_dir():
@@ -135,7 +138,7 @@ def load_lens(folder: Path | str, adapter: ModelAdapter, kind: str | None = None
     if folder_file(folder, LENS_JSON, missing_ok=True) is not None:
         lens = _load_ours(folder, adapter)
     elif folder_file(folder, "config.json", missing_ok=True) is not None:
-        lens = _load_tuned_lens_package(folder, adapter)
+        lens = _load_tuned_lens_package(folder, adapter, allow_pt)
     else:
         raise _refuse(
             folder,
@@ -188,7 +191,14 @@ def _load_ours(folder: Path, adapter: ModelAdapter) -> Lens:
     return Lens(kind, L, d, A, b, info, mean)
 
 
-def _load_tuned_lens_package(folder: Path, adapter: ModelAdapter) -> Lens:
+PT_REFUSED = (
+    "params.pt is a pickle (the tuned-lens package's torch.save) and streetlamp reads lens weights from "
+    "safetensors only: convert it once with `streetlamp lens-fit --lens tuned --convert {folder} --data D --out NEWDIR`, "
+    "or pass --allow-pt to read it here (torch.load with weights_only=True)"
+)
+
+
+def _load_tuned_lens_package(folder: Path, adapter: ModelAdapter, allow_pt: bool = False) -> Lens:
     cfg = _read_json(folder, "config.json")
     if cfg.get("lens_type", "linear_tuned_lens") != "linear_tuned_lens":
         raise _refuse(folder, f"config.json has lens_type {cfg.get('lens_type')!r}; only linear_tuned_lens is read")
@@ -197,6 +207,8 @@ def _load_tuned_lens_package(folder: Path, adapter: ModelAdapter) -> Lens:
     path = folder_file(folder, "params.pt", missing_ok=True)
     if path is None:
         raise _refuse(folder, "params.pt is missing (the tuned-lens package saves config.json and params.pt)")
+    if not allow_pt:
+        raise _refuse(folder, PT_REFUSED.format(folder=folder))
     try:
         state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:  # the restricted unpickler raises UnpicklingError, a truncated zip RuntimeError, ...
