@@ -207,6 +207,7 @@ def test_check_variants_and_coordinate_interventions_through_the_cli(
         ("fit", ["--lens", "tuned", "--convert", "{root}/nothing"], "does not exist"),
         ("lens", ["--check-variant", "baseline", "--baseline", "mean"], "--baseline mean needs --lens"),
         ("lens", ["--swap", "mary"], "--swap takes SOURCE,TARGET"),
+        ("lens", ["--baseline", "mean", "--check"], "applies to --check-variant baseline or both"),
         ("lens", ["--swap", "mary,mary"], "source and target are the same token"),
         ("lens", ["--swap", "mary,john", "--ablate", "mary"], "one coordinate intervention per run"),
         ("lens", ["--ablate", "mary john"], "is 2 tokens"),

@@ -141,3 +141,35 @@ def test_coordinate_effects_match_a_hand_made_edit(llama: ModelAdapter, kind: st
     np.testing.assert_allclose(res["lens_before"][-1], q[tokens].numpy(), atol=1e3 * F64_TOL)
     if kind == "ablate":  # removing a token's direction at the last row lowers its log-probability there
         assert res["model_after"][-1, 0] < res["model_before"][0]
+
+
+def test_jacobian_lens_reference_artifact(llama: ModelAdapter, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A lens saved in the reference layout ({"J": {l: [d, d]}, ...}, J[l] on block l's output = our row l + 1)
+    reads as the same lens on rows 1..L-1, row 0 as the logit lens (warned); only with allow_pt; refused
+    for another model's d_model or layers."""
+    from streetlamp.errors import StreetlampError
+    from streetlamp.interventions.lenses.base import readout
+    from streetlamp.interventions.lenses.store import load_lens
+
+    lens = random_lens(llama, kind="jacobian", seed=8)
+    J = {l: lens.A[l + 1].float() for l in range(2)}  # type: ignore[union-attr]
+    (tmp_path / "j").mkdir()
+    torch.save(
+        {"J": J, "n_prompts": 3, "source_layers": [0, 1], "d_model": 32}, tmp_path / "j" / "tiny_jacobian_lens.pt"
+    )
+    with pytest.raises(StreetlampError, match="tiny_jacobian_lens.pt is a pickle.*--allow-pt"):
+        load_lens(tmp_path / "j", llama, "jacobian")
+    back = load_lens(tmp_path / "j", llama, "jacobian", allow_pt=True)
+    assert back.A[0] is None and "rows [0]" in back.info["warning"]
+    hidden, _ = hf_hidden(llama, llama.encode(TEXT).input_ids[0])
+    for r in (1, 2):
+        want = readout(llama, lens, r, hidden[r])
+        np.testing.assert_allclose(readout(llama, back, r, hidden[r]), want, atol=1e-4 * float(want.abs().max()))
+    torch.save(
+        {"J": J, "n_prompts": 3, "source_layers": [0, 1], "d_model": 16}, tmp_path / "j" / "tiny_jacobian_lens.pt"
+    )
+    with pytest.raises(StreetlampError, match="d_model 16.*reads only the model"):
+        load_lens(tmp_path / "j", llama, allow_pt=True)
+    torch.save({"J": {**J, 2: J[0]}, "d_model": 32}, tmp_path / "j" / "tiny_jacobian_lens.pt")
+    with pytest.raises(StreetlampError, match="matrix for layer 2.*reads only the model"):
+        load_lens(tmp_path / "j", llama, allow_pt=True)

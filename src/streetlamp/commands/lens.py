@@ -74,6 +74,8 @@ class LensSettings(Settings):
         if not (abs(self.alpha) < float("inf")) or self.alpha == 0:
             raise StreetlampError(f"--alpha must be finite and not 0 (got {self.alpha})")
 
+        if self.baseline != "neutral" and self.check_variant not in ("baseline", "both"):
+            raise StreetlampError(f"--baseline {self.baseline} applies to --check-variant baseline or both")
         if self.baseline == "mean" and self.check_variant in ("baseline", "both") and self.lens[1] is None:
             raise StreetlampError(
                 "--baseline mean needs --lens tuned:DIR or jacobian:DIR (the logit lens has no fit corpus)"

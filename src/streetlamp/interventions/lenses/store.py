@@ -24,6 +24,13 @@ writes it as streetlamp's lens folder). Opted in, it is read with ``torch.load(w
 unpickler builds tensors and plain containers only and refuses anything else (no code from the file runs).
 Its ``unembed_hash`` is the package's own hash, not comparable with ours: it is recorded, not checked.
 
+**The Jacobian lens's reference artifact** (anthropics/jacobian-lens, the files on the Hub; its layout as
+TransformerLens's ``JacobianLens.load`` documents it): a folder holding one ``.pt`` file, a ``torch.save``
+of ``{"J": {layer: [d, d]}, "n_prompts", "source_layers", "d_model", "metadata"?}``, ``J[l]`` acting on the
+output of block ``l`` (our row ``l + 1``) as ``J[l] @ h``, target the final block's output before the final
+norm; read, like ``params.pt``, only with ``allow_pt``. Row 0 (the embedding) has no matrix there and reads
+as the logit lens, with a warning.
+
 **Refused, one line each:** a missing folder or file, unreadable JSON or tensors, a changed
 ``lens.safetensors`` (sha256), a lens of another shape (layers or ``d_model``), a tensor of the wrong
 shape or not finite, a lens of another kind than the one asked for, a model without a readout (a
@@ -139,11 +146,13 @@ def load_lens(folder: Path | str, adapter: ModelAdapter, kind: str | None = None
         lens = _load_ours(folder, adapter)
     elif folder_file(folder, "config.json", missing_ok=True) is not None:
         lens = _load_tuned_lens_package(folder, adapter, allow_pt)
+    elif len(pts := sorted(p.name for p in folder.glob("*.pt") if p.is_file())) == 1:
+        lens = _load_jlens_reference(folder, pts[0], adapter, allow_pt)
     else:
         raise _refuse(
             folder,
             f"no lens here: expected {LENS_JSON} and {LENS_FILE} (streetlamp lens-fit) or "
-            "config.json and params.pt (the tuned-lens package)",
+            "config.json and params.pt (the tuned-lens package), or one .pt file (the Jacobian lens's reference format)",
         )
     if kind is not None and lens.kind != kind:
         raise _refuse(folder, f"it holds a {lens.kind} lens, not a {kind} lens")
@@ -233,6 +242,48 @@ def _load_tuned_lens_package(folder: Path, adapter: ModelAdapter, allow_pt: bool
         "model": {"name": cfg.get("base_model_name_or_path"), "unembed_hash": cfg.get("unembed_hash")},
     }
     return Lens("tuned", L, d, A, b, info)
+
+
+def _load_jlens_reference(folder: Path, name: str, adapter: ModelAdapter, allow_pt: bool) -> Lens:
+    """The Jacobian lens's reference artifact (anthropics/jacobian-lens ``JacobianLens.save``, as
+    TransformerLens documents it): one ``.pt`` with ``J`` ``{layer: [d, d]}`` (``J[l]`` carries the output of
+    block ``l``, our row ``l + 1``, to the final block's output before the final norm, read as ``J[l] @ h``),
+    ``n_prompts``, ``source_layers``, ``d_model`` and optionally ``metadata``. Rows it has no matrix for
+    (always row 0, the embedding) read as the logit lens, with a warning."""
+    if not allow_pt:
+        raise _refuse(folder, PT_REFUSED.replace("params.pt", name).format(folder=folder))
+    path = folder_file(folder, name)
+    assert path is not None
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as e:  # the restricted unpickler raises UnpicklingError, a truncated zip RuntimeError, ...
+        raise _refuse(folder, f"{name} is not a readable tensor file ({type(e).__name__})") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("J"), dict):
+        raise _refuse(folder, f"{name} is not a Jacobian lens artifact (no 'J' dict of per-layer matrices)")
+    L, d = adapter.n_layers, adapter.d_model
+    if obj.get("d_model") != d:
+        raise _refuse(
+            folder,
+            f"{name} is a lens for d_model {obj.get('d_model')!r}; {adapter.name} has d_model {d}: "
+            "a lens reads only the model it was fitted on",
+        )
+    A: list[torch.Tensor | None] = [None] * L
+    for layer, m in obj["J"].items():
+        if not isinstance(layer, int) or not 0 <= layer < L - 1:
+            raise _refuse(
+                folder,
+                f"{name} has a matrix for layer {layer!r}; {adapter.name}'s source layers are 0..{L - 2}: "
+                "a lens reads only the model it was fitted on",
+            )
+        A[layer + 1] = _tensor(folder, f"J[{layer}]", m, (d, d))
+    missing = [r for r in range(L) if A[r] is None]
+    info: dict[str, Any] = {
+        "folder": str(folder),
+        "format": f"Jacobian lens reference artifact ({name})",
+        "model": {"n_prompts": obj.get("n_prompts"), "metadata": obj.get("metadata")},
+        "warning": f"rows {missing} (0: the embedding) have no matrix in {name}: they read as the logit lens",
+    }
+    return Lens("jacobian", L, d, A, [None] * L, info)
 
 
 def save_tuned_lens_package(folder: Path | str, lens: Lens, model_name: str) -> None:
