@@ -203,7 +203,7 @@ def test_check_variants_and_coordinate_interventions_through_the_cli(
         ("fit", ["--lens", "tuned", "--lr", "0"], "--lr must be positive"),
         ("fitbert", ["--lens", "tuned"], "pre-norm causal LM"),
         ("fit", ["--lens", "tuned", "--dtype", "bfloat16"], "a lens is fitted in float32 or float64"),
-        ("fit", ["--lens", "jacobian", "--convert", "{tuned}"], "--convert reads the tuned-lens package"),
+        ("fit", ["--lens", "jacobian", "--convert", "{tuned}"], "holds a tuned lens, not a jacobian lens"),
         ("fit", ["--lens", "tuned", "--convert", "{root}/nothing"], "does not exist"),
         ("lens", ["--check-variant", "baseline", "--baseline", "mean"], "--baseline mean needs --lens"),
         ("lens", ["--swap", "mary"], "--swap takes SOURCE,TARGET"),

@@ -84,7 +84,7 @@ def test_neutral_baseline_is_the_neutral_contexts_residual(llama: ModelAdapter) 
 def test_lens_vectors_are_the_gradient_of_the_lens_logit(llama: ModelAdapter) -> None:
     """v_t = A_r^T W_U[t] = the gradient of W_U[t] · (A_r h + b_r) with respect to h (autograd)."""
     lens = random_lens(llama, seed=2)
-    w = llama.hf_model.lm_head.weight.double()
+    w = llama.hf_model.lm_head.weight.detach().double()
     for r in (0, 2, 3):
         h = torch.randn(32, dtype=torch.float64, requires_grad=True)
         (w[5] @ lens.transform(r, h)).backward()
@@ -115,7 +115,7 @@ def test_coordinate_effects_match_a_hand_made_edit(llama: ModelAdapter, kind: st
     res = coordinate_effects(llama, ids, lens, kind, tokens, alpha=2.0)
     hidden, logits = hf_hidden(llama, ids)
     lp0 = torch.log_softmax(logits[-1].double(), -1)
-    w = llama.hf_model.lm_head.weight.double()
+    w = llama.hf_model.lm_head.weight.detach().double()
     with torch.no_grad():
         fwd = llama.forward(llama.encode(TEXT), record=["layers.2.resid_post"])
     last = fwd.cache["layers.2.resid_post"][0, -1].double()  # hidden_states[3] is normed in Hugging Face
@@ -157,7 +157,9 @@ def test_jacobian_lens_reference_artifact(llama: ModelAdapter, tmp_path) -> None
     torch.save(
         {"J": J, "n_prompts": 3, "source_layers": [0, 1], "d_model": 32}, tmp_path / "j" / "tiny_jacobian_lens.pt"
     )
-    with pytest.raises(StreetlampError, match="tiny_jacobian_lens.pt is a pickle.*--allow-pt"):
+    with pytest.raises(
+        StreetlampError, match="tiny_jacobian_lens.pt is a pickle.*--lens jacobian --convert.*--allow-pt"
+    ):
         load_lens(tmp_path / "j", llama, "jacobian")
     back = load_lens(tmp_path / "j", llama, "jacobian", allow_pt=True)
     assert back.A[0] is None and "rows [0]" in back.info["warning"]

@@ -36,9 +36,9 @@ class LensFitSettings(Settings):
     dim_batch: int = option(32, help="jacobian: cotangents per backward pass (rows of one batch)")
     convert: str | None = option(
         None,
-        help="tuned: instead of fitting, convert the tuned-lens package's folder DIR (config.json + pickled params.pt, "
-        "read once with torch.load weights_only=True) into this lens folder (safetensors); --data gives the "
-        "held-out KL and the mean residuals",
+        help="instead of fitting, convert the lens folder DIR (the tuned-lens package's config.json + params.pt, or "
+        "the Jacobian lens's reference .pt: pickles, read once with torch.load weights_only=True) into this lens "
+        "folder (safetensors); --data gives the held-out KL and the mean residuals",
     )
 
     def check(self) -> None:
@@ -56,8 +56,6 @@ class LensFitSettings(Settings):
             at_least(v, m, f)
         if not self.lr > 0:
             raise StreetlampError(f"--lr must be positive (got {self.lr})")
-        if self.convert is not None and self.lens != "tuned":
-            raise StreetlampError("--convert reads the tuned-lens package's folder: it needs --lens tuned")
         if self.lens == "jacobian" and self.skip_first >= self.seq_len:
             raise StreetlampError(f"--skip-first {self.skip_first} leaves no position of --seq-len {self.seq_len}")
 
@@ -70,7 +68,7 @@ class LensFitSettings(Settings):
         if self.convert is not None:
             from ..interventions.lenses.store import load_lens
 
-            load_lens(self.convert, adapter, "tuned", allow_pt=True)  # refused before anything is written
+            load_lens(self.convert, adapter, self.lens, allow_pt=True)  # refused before anything is written
 
 
 def run_lens_fit(adapter: ModelAdapter, s: LensFitSettings, out: Any, opts: Any) -> Any:

@@ -25,7 +25,8 @@ from ..store.run_folder import RunFolder
 
 ESTIMATOR = {
     "tuned": "Adam on sum over rows of mean-token KL(p_final || W_U norm_f(h + W_r h + b_r)), W_r = b_r = 0 at the start",
-    "converted": "not fitted here: the tuned-lens package's translators read from its params.pt (A_r = I + W_r, b_r)",
+    "converted": "not fitted here: read from another lens folder (the tuned-lens package's params.pt: A_r = I + W_r, "
+    "b_r; the Jacobian lens's reference .pt: A_{l+1} = J[l])",
     "jacobian": "VJP per cotangent v on the final residual at every target position p' >= skip at once; "
     "J_r = mean over source positions p >= skip of sum_{p' >= p} dh_final[p'] / dh_r[p] "
     "(exact: d one-hot cotangents; probes k: k Rademacher cotangents, J ~ (1/k) sum v v^T J)",
@@ -71,7 +72,7 @@ def run_lens_fit(adapter: ModelAdapter, out: RunFolder | Path, s: Any, overwrite
     if s.convert is not None:
         from ..interventions.lenses.store import load_lens
 
-        lens = load_lens(s.convert, adapter, "tuned", allow_pt=True)
+        lens = load_lens(s.convert, adapter, s.lens, allow_pt=True)
         used, presented = 0, 0
         params = {
             "converted_from": str(s.convert),

@@ -201,9 +201,9 @@ def _load_ours(folder: Path, adapter: ModelAdapter) -> Lens:
 
 
 PT_REFUSED = (
-    "params.pt is a pickle (the tuned-lens package's torch.save) and streetlamp reads lens weights from "
-    "safetensors only: convert it once with `streetlamp lens-fit --lens tuned --convert {folder} --data D --out NEWDIR`, "
-    "or pass --allow-pt to read it here (torch.load with weights_only=True)"
+    "{name} is a pickle (torch.save) and streetlamp reads lens weights from safetensors only: convert it once "
+    "with `streetlamp lens-fit --lens {kind} --convert {folder} --data D --out NEWDIR`, or pass --allow-pt to read "
+    "it here (torch.load with weights_only=True)"
 )
 
 
@@ -217,7 +217,7 @@ def _load_tuned_lens_package(folder: Path, adapter: ModelAdapter, allow_pt: bool
     if path is None:
         raise _refuse(folder, "params.pt is missing (the tuned-lens package saves config.json and params.pt)")
     if not allow_pt:
-        raise _refuse(folder, PT_REFUSED.format(folder=folder))
+        raise _refuse(folder, PT_REFUSED.format(name="params.pt", kind="tuned", folder=folder))
     try:
         state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:  # the restricted unpickler raises UnpicklingError, a truncated zip RuntimeError, ...
@@ -251,7 +251,7 @@ def _load_jlens_reference(folder: Path, name: str, adapter: ModelAdapter, allow_
     ``n_prompts``, ``source_layers``, ``d_model`` and optionally ``metadata``. Rows it has no matrix for
     (always row 0, the embedding) read as the logit lens, with a warning."""
     if not allow_pt:
-        raise _refuse(folder, PT_REFUSED.replace("params.pt", name).format(folder=folder))
+        raise _refuse(folder, PT_REFUSED.format(name=name, kind="jacobian", folder=folder))
     path = folder_file(folder, name)
     assert path is not None
     try:
