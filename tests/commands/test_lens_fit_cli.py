@@ -132,10 +132,61 @@ def test_tuned_lens_package_folder_through_the_cli(
     save_tuned_lens_package(tmp_path / "tl", lens, "tiny-llama")
     out = tmp_path / "run"
     args = ["lens", TEXT, "--model", str(setup["llama"]), "--out", str(out), "--types-length", "4", "--types-seqs", "1"]
-    assert main(args + ["--lens", f"tuned:{tmp_path / 'tl'}"]) == 0
+    assert main(args + ["--lens", f"tuned:{tmp_path / 'tl'}"]) == 2  # a pickle: only when the user opts in
+    assert not out.exists()
+    assert main(args + ["--lens", f"tuned:{tmp_path / 'tl'}", "--allow-pt"]) == 0
     ours = logit_lens(a, a.encode(TEXT).input_ids[0], 0, lens=lens)
     got = load_arrays(out / "arrays.safetensors")
     np.testing.assert_allclose(got["lens.top_ids"], ours["top_ids"].astype(np.float32))
+    # converted once into streetlamp's folder (safetensors), it reads without --allow-pt, to the same readout
+    conv = tmp_path / "converted"
+    assert main(fit(setup, "tuned", conv, "--convert", str(tmp_path / "tl"))) == 0
+    rec = json.loads((conv / "lens.json").read_text())
+    assert rec["training"]["converted_from"] == str(tmp_path / "tl") and rec["training"]["train_tokens"] == 0
+    back = load_lens(conv, a, "tuned")
+    assert back.mean is not None and back.mean.shape == (3, 32)
+    ids = a.encode(TEXT).input_ids[0]
+    np.testing.assert_allclose(
+        logit_lens(a, ids, 0, lens=back)["logprob"], logit_lens(a, ids, 0, lens=lens)["logprob"], atol=1e-4
+    )
+
+
+def test_check_variants_and_coordinate_interventions_through_the_cli(
+    setup: dict[str, Path], fitted: dict[str, Path], tmp_path: Path
+) -> None:
+    """--check-variant both --baseline mean writes both check files (the baseline the lens folder's stored mean,
+    recomputed here from the training sequences); --swap writes lens_coords.csv equal to the library's numbers."""
+    from streetlamp.interventions.lenses.coords import coordinate_effects
+    from streetlamp.interventions.lenses.fit import row_means
+
+    a = load(setup["llama"])
+    lens = load_lens(fitted["jacobian"], a, "jacobian")
+    import streetlamp.data.loaders as loaders
+
+    texts = [e.text for e in loaders.load_dataset(str(setup["data"])).examples]
+    train = corpus_sequences(a, texts, 20, seed=0)[:-2][:3]
+    np.testing.assert_allclose(lens.mean, row_means(a, train), rtol=1e-6, atol=1e-7)  # type: ignore[arg-type]
+    out = tmp_path / "run"
+    args = ["lens", TEXT, "--model", str(setup["llama"]), "--out", str(out), "--types-length", "4", "--types-seqs", "1"]
+    args += ["--lens", f"jacobian:{fitted['jacobian']}", "--check-variant", "both", "--baseline", "mean"]
+    assert main(args + ["--swap", "mary,john", "--alpha", "2"]) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    base = pd.read_csv(out / "lens_check_baseline.csv")
+    assert len(pd.read_csv(out / "lens_check.csv")) == 3 and len(base) == 3 and set(base["baseline"]) == {"mean"}
+    assert bool(base["top1_match"].iloc[-1]) and m["summary"]["check_baseline"]["baseline"] == "mean"
+    got = load_arrays(out / "arrays.safetensors")
+    np.testing.assert_allclose(got["check_baseline.vectors"], lens.mean.numpy(), rtol=1e-6)  # type: ignore[union-attr]
+    np.testing.assert_allclose(got["check_baseline.kl_model"], base["kl_model"], rtol=1e-6)
+    coords = pd.read_csv(out / "lens_coords.csv")
+    want = coordinate_effects(
+        a, a.encode(TEXT).input_ids[0], lens, "swap", [a.parse_label("mary"), a.parse_label("john")], 2.0
+    )
+    np.testing.assert_allclose(
+        coords["dlogp_source_model"], want["model_after"][:, 0] - want["model_before"][0], rtol=1e-5, atol=1e-7
+    )
+    np.testing.assert_allclose(coords["kl_model"], want["kl"], rtol=1e-5, atol=1e-9)
+    assert list(coords["source"].unique()) == ["mary"] and m["parameters"]["coords"]["alpha"] == 2.0
+    assert m["lens_view"]["variants"] == ["patch", "baseline"] and len(m["lens_view"]["lens_top"]) == 3
 
 
 @pytest.mark.parametrize(
@@ -152,6 +203,15 @@ def test_tuned_lens_package_folder_through_the_cli(
         ("fit", ["--lens", "tuned", "--lr", "0"], "--lr must be positive"),
         ("fitbert", ["--lens", "tuned"], "pre-norm causal LM"),
         ("fit", ["--lens", "tuned", "--dtype", "bfloat16"], "a lens is fitted in float32 or float64"),
+        ("fit", ["--lens", "jacobian", "--convert", "{tuned}"], "holds a tuned lens, not a jacobian lens"),
+        ("fit", ["--lens", "tuned", "--convert", "{root}/nothing"], "does not exist"),
+        ("lens", ["--check-variant", "baseline", "--baseline", "mean"], "--baseline mean needs --lens"),
+        ("lens", ["--swap", "mary"], "--swap takes SOURCE,TARGET"),
+        ("lens", ["--baseline", "mean", "--check"], "applies to --check-variant baseline or both"),
+        ("lens", ["--swap", "mary,mary"], "source and target are the same token"),
+        ("lens", ["--swap", "mary,john", "--ablate", "mary"], "one coordinate intervention per run"),
+        ("lens", ["--ablate", "mary john"], "is 2 tokens"),
+        ("lens", ["--swap", "mary,john", "--alpha", "0"], "--alpha must be finite and not 0"),
     ],
 )
 def test_bad_input_is_refused(

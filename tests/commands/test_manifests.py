@@ -59,7 +59,7 @@ KEYS = {
     "mediate": HEADER | {"arrays", "figures", "model", "parameters", "seed"},
     "evaluate": HEADER | {"model_info", "removal_rule", "replacement_token", "settings", "skipped_too_long"},
     "benchmark": HEADER | {"files", "method_params", "methods", "n_examples", "quantity", "seed", "tasks"},
-    "lens": HEADER | {"arrays", "figures", "model", "parameters", "seed", "summary", "tables"},
+    "lens": HEADER | {"arrays", "figures", "lens_view", "model", "parameters", "seed", "summary", "tables"},
     "lens-fit": HEADER | {"arrays", "files", "model", "parameters", "seed", "summary", "tables"},
     "circuit": HEADER
     | {"arrays", "circuit_view", "figures", "files", "methods", "model", "parameters", "seed", "summary", "tables"}

@@ -106,14 +106,16 @@ def test_tuned_lens_package_folder(llama: ModelAdapter, tmp_path: Path) -> None:
     state = torch.load(tmp_path / "tl" / "params.pt", weights_only=True)
     assert set(state) == {f"{i}.{w}" for i in range(3) for w in ("weight", "bias")}
     np.testing.assert_allclose(state["1.weight"].double() + torch.eye(32, dtype=torch.float64), lens.A[1], atol=8 * F32)
-    back = load_lens(tmp_path / "tl", llama, "tuned")
+    with pytest.raises(StreetlampError, match="params.pt is a pickle.*--allow-pt"):
+        load_lens(tmp_path / "tl", llama, "tuned")  # safetensors only unless the user opts in
+    back = load_lens(tmp_path / "tl", llama, "tuned", allow_pt=True)
     ids = llama.encode(TEXT).input_ids[0]
     hidden, _ = hf_hidden(llama, ids)
     for r in range(3):
         want = readout(llama, lens, r, hidden[r])
         np.testing.assert_allclose(readout(llama, back, r, hidden[r]), want, atol=1e-4 * float(want.abs().max()))
     with pytest.raises(StreetlampError, match="holds a tuned lens, not a jacobian lens"):
-        load_lens(tmp_path / "tl", llama, "jacobian")
+        load_lens(tmp_path / "tl", llama, "jacobian", allow_pt=True)
 
 
 def _saved(a: ModelAdapter, folder: Path, kind: str = "tuned") -> Path:
@@ -149,7 +151,7 @@ def test_bad_lens_folders_are_refused(llama: ModelAdapter, tmp_path: Path) -> No
     save_tuned_lens_package(f, random_lens(llama), "x")
     (f / "params.pt").write_bytes(b"\x80\x04garbage")
     with pytest.raises(StreetlampError, match="params.pt is not a readable tensor file"):
-        load_lens(f, llama)
+        load_lens(f, llama, allow_pt=True)
     bert_model, bert_tok = tiny_model("bert", seed=1)
     with pytest.raises(StreetlampError, match="pre-norm causal LM"):
         load_lens(_saved(llama, tmp_path / "g"), ModelAdapter(bert_model, bert_tok, "tiny-bert"))

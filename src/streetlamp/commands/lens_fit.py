@@ -34,6 +34,12 @@ class LensFitSettings(Settings):
         16, help="jacobian: source and target positions before this are left out (attention sinks)"
     )
     dim_batch: int = option(32, help="jacobian: cotangents per backward pass (rows of one batch)")
+    convert: str | None = option(
+        None,
+        help="instead of fitting, convert the lens folder DIR (the tuned-lens package's config.json + params.pt, or "
+        "the Jacobian lens's reference .pt: pickles, read once with torch.load weights_only=True) into this lens "
+        "folder (safetensors); --data gives the held-out KL and the mean residuals",
+    )
 
     def check(self) -> None:
         super().check()
@@ -59,6 +65,10 @@ class LensFitSettings(Settings):
 
         check_lens(adapter)
         fit_dtype(adapter)
+        if self.convert is not None:
+            from ..interventions.lenses.store import load_lens
+
+            load_lens(self.convert, adapter, self.lens, allow_pt=True)  # refused before anything is written
 
 
 def run_lens_fit(adapter: ModelAdapter, s: LensFitSettings, out: Any, opts: Any) -> Any:

@@ -10,21 +10,20 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 
 from ..errors import StreetlampError
 from ..interventions.head_types import TYPES, detect_head_types
 from ..interventions.lens import direct_logit_attribution, logit_lens
 from ..interventions.lenses.base import Lens
-from ..interventions.lenses.check import COLUMNS as CHECK_COLUMNS
-from ..interventions.lenses.check import check_against_intervention, neutral_ids
+from ..interventions.lenses.check import neutral_ids
 from ..interventions.lenses.store import load_lens
 from ..interventions.qk import head_table
 from ..models.adapter import ModelAdapter
 from ..models.readout import check_lens
 from ..report import heads as fig
 from ..store.run_folder import RunFolder
+from .lens_check import run_checks, run_coords, variants_of, view_section
 
 
 def parse_head(adapter: ModelAdapter, spec: str) -> tuple[int, int]:
@@ -55,7 +54,12 @@ def run_lens(
     types_length: int = 20,
     types_seqs: int = 4,
     lens_choice: tuple[str, str | None] = ("logit", None),
+    allow_pt: bool = False,
     check: bool = False,
+    check_variant: str | None = None,
+    baseline: str = "neutral",
+    coords: tuple[str, list[int]] | None = None,
+    alpha: float = 1.0,
     neutral: str | None = None,
     seed: int = 0,
     top: int = 10,
@@ -64,8 +68,8 @@ def run_lens(
     rf = RunFolder.of(out, "lens", overwrite)
     check_lens(adapter)
     kind, folder = lens_choice
-    the_lens = Lens.logit(adapter) if folder is None else load_lens(folder, adapter, kind)
-    neutral_tokens = neutral_ids(adapter, neutral) if check else None
+    the_lens = Lens.logit(adapter) if folder is None else load_lens(folder, adapter, kind, allow_pt)
+    neutral_tokens = neutral_ids(adapter, neutral) if check or check_variant else None
     inputs = adapter.encode(text)
     ids = inputs.input_ids[0]
     n = ids.shape[0]
@@ -199,58 +203,17 @@ def run_lens(
         summary["lens"] = {"kind": kind, "folder": str(folder), **the_lens.info}
         if "warning" in the_lens.info:
             print(f"warning: {the_lens.info['warning']}", file=sys.stderr)
-    checked = None
-    if check:
-        checked = check_against_intervention(adapter, ids, the_lens, index, neutral_tokens)
-        flagged = [r["layer"] for r in checked["rows"] if r["disagrees"]]
-        tables.append(
-            {
-                "title": f"{name} checked against intervention: each layer's residual at the last position patched "
-                f"into the neutral context {[adapter.output_label(t) for t in checked['neutral']]!r}",
-                "columns": [
-                    "layer",
-                    "lens top",
-                    "patched top",
-                    "top-1 match",
-                    "KL(patched || lens)",
-                    f"rank of {target!r} (lens)",
-                    f"rank of {target!r} (patched)",
-                    "disagrees",
-                ],
-                "rows": [
-                    [
-                        "embed" if r["row"] == 0 else r["row"] - 1,
-                        repr(r["lens_top"]),
-                        repr(r["patched_top"]),
-                        r["top1_match"],
-                        r["kl_patched_lens"],
-                        r["rank_lens"],
-                        r["rank_patched"],
-                        "DISAGREES" if r["disagrees"] else "",
-                    ]
-                    for r in checked["rows"]
-                ],
-                "note": f"{len(flagged)} of {L + 1} layers disagree (the lens's top token is not the patched run's): "
-                + (", ".join(flagged) or "none"),
-            }
-        )
-        summary["check"] = {
-            "file": "lens_check.csv",
-            "neutral": checked["neutral"],
-            "agreement": float(np.mean(checked["top1_match"])),
-            "disagreeing_layers": flagged,
-        }
-        for k, meaning in (
-            ("kl", "KL(patched outcome || lens readout) at the last position, nats"),
-            ("top1_match", "1 where the lens's top token is the patched run's top token"),
-            ("rank_lens", f"rank of {target!r} under the lens readout (0 = top)"),
-            ("rank_patched", f"rank of {target!r} in the patched run's output (0 = top)"),
-        ):
-            arrays[f"check.{k}"] = np.asarray(checked[k], np.float64)
-            described[f"check.{k}"] = {
-                "axes": ["layer(0=embedding, l+1=after layer l)"],
-                "meaning": f"{name} check: {meaning}",
-            }
+    variants = variants_of(check_variant, check)
+    checks = run_checks(
+        adapter, ids, the_lens, index, name=name, variants=variants, baseline=baseline, neutral=neutral_tokens or []
+    )
+    if coords is not None:
+        run_coords(adapter, ids, the_lens, coords[0], coords[1], alpha, name, checks)
+    tables += checks.tables
+    summary.update(checks.summary)
+    arrays.update(checks.arrays)
+    described.update(checks.described)
+    checked = checks.results.get("patch")
     qk = None
     if lh is not None:
         ht = head_table(adapter, ids, lh[0], lh[1], q, index)
@@ -278,8 +241,8 @@ def run_lens(
             "dla": ht["dla"],
         }
     with rf.staging() as w:
-        if checked is not None:
-            pd.DataFrame(checked["rows"], columns=CHECK_COLUMNS).to_csv(w.path / "lens_check.csv", index=False)
+        for file, frame in checks.frames.items():
+            frame.to_csv(w.path / file, index=False)
         w.add_arrays({k: np.asarray(v, np.float32) for k, v in arrays.items()}, described)
         fig.layer_pos(
             {f"p({target!r})": lens["prob"]},
@@ -313,6 +276,7 @@ def run_lens(
                 "model": adapter.describe(),
                 "tables": tables,
                 "summary": summary,
+                "lens_view": view_section(adapter, lens, labels, index, kind, checks),
                 "parameters": {
                     "text": text,
                     "tokens": labels,
@@ -322,11 +286,22 @@ def run_lens(
                     "qk_parts": qk.parts if qk is not None else None,
                     "types_length": types_length,
                     "types_seqs": types_seqs,
-                    "lens": {"kind": kind, "folder": str(folder) if folder is not None else None},
+                    "lens": {"kind": kind, "folder": str(folder) if folder is not None else None, "allow_pt": allow_pt},
                     "check": check,
+                    "check_variant": check_variant,
+                    "baseline": baseline if "baseline" in variants else None,
+                    "coords": {"kind": coords[0], "tokens": coords[1], "alpha": alpha} if coords else None,
                     "neutral": neutral,
                 },
                 "seed": seed,
             }
         )
-    return {"lens": lens, "dla": dla, "types": types, "tables": tables, "summary": summary, "check": checked}
+    return {
+        "lens": lens,
+        "dla": dla,
+        "types": types,
+        "tables": tables,
+        "summary": summary,
+        "check": checked,
+        "check_baseline": checks.results.get("baseline"),
+    }

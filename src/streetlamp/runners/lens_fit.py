@@ -17,7 +17,7 @@ import pandas as pd
 from ..data.loaders import load_dataset
 from ..errors import StreetlampError
 from ..interventions.lenses.base import Lens, row_label
-from ..interventions.lenses.fit import corpus_sequences, fit_dtype, fit_jacobian, fit_tuned, heldout_kl
+from ..interventions.lenses.fit import corpus_sequences, fit_dtype, fit_jacobian, fit_tuned, heldout_kl, row_means
 from ..interventions.lenses.store import LENS_FILE, LENS_JSON, save_lens
 from ..models.adapter import ModelAdapter
 from ..models.readout import check_lens
@@ -25,6 +25,8 @@ from ..store.run_folder import RunFolder
 
 ESTIMATOR = {
     "tuned": "Adam on sum over rows of mean-token KL(p_final || W_U norm_f(h + W_r h + b_r)), W_r = b_r = 0 at the start",
+    "converted": "not fitted here: read from another lens folder (the tuned-lens package's params.pt: A_r = I + W_r, "
+    "b_r; the Jacobian lens's reference .pt: A_{l+1} = J[l])",
     "jacobian": "VJP per cotangent v on the final residual at every target position p' >= skip at once; "
     "J_r = mean over source positions p >= skip of sum_{p' >= p} dh_final[p'] / dh_r[p] "
     "(exact: d one-hot cotangents; probes k: k Rademacher cotangents, J ~ (1/k) sum v v^T J)",
@@ -67,7 +69,17 @@ def run_lens_fit(adapter: ModelAdapter, out: RunFolder | Path, s: Any, overwrite
         train = train[: s.max_seqs]
     t0 = time.perf_counter()
     losses: list[float] = []
-    if s.lens == "tuned":
+    if s.convert is not None:
+        from ..interventions.lenses.store import load_lens
+
+        lens = load_lens(s.convert, adapter, s.lens, allow_pt=True)
+        used, presented = 0, 0
+        params = {
+            "converted_from": str(s.convert),
+            "source_format": lens.info["format"],
+            "source_model": lens.info["model"],
+        }
+    elif s.lens == "tuned":
         lens, losses = fit_tuned(adapter, train, steps=s.steps, lr=s.lr, batch_seqs=s.batch_seqs, seed=s.seed)
         used = min(train.shape[0], s.steps * s.batch_seqs)
         params = {"steps": s.steps, "lr": s.lr, "batch_seqs": s.batch_seqs, "optimizer": "Adam"}
@@ -88,6 +100,8 @@ def run_lens_fit(adapter: ModelAdapter, out: RunFolder | Path, s: Any, overwrite
         }
         presented = used * s.seq_len
     seconds = time.perf_counter() - t0
+    lens.mean = row_means(adapter, train)  # the baseline of `lens --check-variant baseline --baseline mean`
+
     kl = heldout_kl(adapter, {"logit": Lens.logit(adapter), s.lens: lens}, held)
     L = adapter.n_layers
     rows = [
@@ -102,7 +116,7 @@ def run_lens_fit(adapter: ModelAdapter, out: RunFolder | Path, s: Any, overwrite
     ]
     training = {
         "kind": s.lens,
-        "estimator": ESTIMATOR[s.lens],
+        "estimator": ESTIMATOR["converted" if s.convert else s.lens],
         "data": {"name": ds.name, "source": ds.source, "sha256": ds.hash(), "examples": len(ds.examples)},
         "seq_len": s.seq_len,
         "train_sequences": used,
@@ -113,6 +127,8 @@ def run_lens_fit(adapter: ModelAdapter, out: RunFolder | Path, s: Any, overwrite
         "accumulation": "float64",
         "seed": s.seed,
         "seconds": seconds,
+        "mean": f"mean residual per row over the {train.shape[0]} training sequences' tokens at positions >= 1 "
+        "(float64), stored as `mean`",
         **params,
     }
     with rf.staging() as w:
@@ -148,7 +164,8 @@ def run_lens_fit(adapter: ModelAdapter, out: RunFolder | Path, s: Any, overwrite
                 ],
                 "files": {
                     LENS_JSON: "the lens: kind, model record, training record, sha256 of lens.safetensors",
-                    LENS_FILE: "the lens maps A.{row} [d, d] and b.{row} [d] (float64; a missing one is I / 0)",
+                    LENS_FILE: "the lens maps A.{row} [d, d] and b.{row} [d] (float64; a missing one is I / 0) and mean [row, d], "
+                    "each row's mean residual over the training tokens",
                     "heldout_kl.csv": "per row: mean KL(final || logit lens) and KL(final || fitted lens) on held-out tokens",
                 },
             }

@@ -38,7 +38,9 @@ def row_label(r: int) -> str:
 @dataclass
 class Lens:
     """One affine map per row ``0 .. L-1`` (``A`` ``[d, d]``, ``b`` ``[d]``, float64 on the CPU; None: the
-    identity / zero); row ``L`` is always the identity. ``info``: how it was made (the lens folder's record)."""
+    identity / zero); row ``L`` is always the identity. ``info``: how it was made (the lens folder's record).
+    ``mean``: ``[L + 1, d]`` float64, each row's mean residual over the fit corpus (``lens --check`` with
+    ``--baseline mean``), or None where the lens has none (the logit lens, an older or converted folder)."""
 
     kind: str
     n_layers: int
@@ -46,6 +48,7 @@ class Lens:
     A: list[torch.Tensor | None]
     b: list[torch.Tensor | None]
     info: dict[str, Any] = field(default_factory=dict)
+    mean: torch.Tensor | None = None
 
     @classmethod
     def identity(cls, kind: str, n_layers: int, d_model: int, info: dict[str, Any] | None = None) -> Lens:
@@ -69,13 +72,15 @@ class Lens:
         return h
 
     def to_arrays(self) -> dict[str, torch.Tensor]:
-        """The stored tensors (``A.{r}``, ``b.{r}``) of the rows that are not the identity."""
+        """The stored tensors (``A.{r}``, ``b.{r}``) of the rows that are not the identity, and ``mean``."""
         out: dict[str, torch.Tensor] = {}
         for r in range(self.n_layers):
             if self.A[r] is not None:
                 out[f"A.{r}"] = self.A[r].double().contiguous()  # type: ignore[union-attr]
             if self.b[r] is not None:
                 out[f"b.{r}"] = self.b[r].double().contiguous()  # type: ignore[union-attr]
+        if self.mean is not None:
+            out["mean"] = self.mean.double().contiguous()
         return out
 
 

@@ -14,6 +14,23 @@ document) at the same row, run the rest of the model, and read the real output t
 At the last row (the final residual) the patched run reads ``h_L`` through the final norm and unembedding:
 every lens agrees there exactly (KL 0, a test). Each patched run is one row of one batch (an
 :class:`~streetlamp.interventions.engine.Intervention` per row, at that row's site and the last position).
+
+**The baseline variant** (:func:`check_baseline`): in the **same prompt**, row ``r``'s residual at the
+explained position is replaced by a baseline vector ``μ_r`` (the neutral context's residual at that row and
+its last position, or the mean residual of the lens's fit corpus: ``BASELINES``) and the rest of the model
+runs. What ``h_r`` does to the output is then ``Δ_model = log p(prompt) - log p(h_r → μ_r)`` over the
+vocabulary; what the lens says it does is ``Δ_lens = log q(h_r) - log q(μ_r)``, with ``q`` the lens's readout.
+Per row:
+
+* ``top1_match``: the token ``h_r`` promotes most is the same under both (argmax ``Δ_lens`` = argmax
+  ``Δ_model``; the log-softmax shift is a constant, so this is the argmax of the logit differences);
+* ``kl_model`` = KL(p(prompt) ‖ p(h_r → μ_r)): how much the replacement changes the output; ``kl_lens`` =
+  KL(q(h_r) ‖ q(μ_r)): how much the lens says it does (Belrose et al.'s causal-fidelity comparison);
+* ``rank_lens`` / ``rank_model``: rank (0 = most promoted) of the target token under ``Δ_lens`` / ``Δ_model``;
+* ``disagrees``: not ``top1_match``.
+
+At the last row the replaced run reads ``μ_L`` through the model's readout, which is the lens's readout
+there: ``Δ_lens = Δ_model`` and every lens agrees (a test).
 """
 
 from __future__ import annotations
@@ -34,6 +51,20 @@ from .base import Lens, read_final, row_label, row_sites
 if TYPE_CHECKING:
     from ...models.adapter import ModelAdapter
 
+BASELINES = ("neutral", "mean")
+BASELINE_COLUMNS = [
+    "row",
+    "layer",
+    "baseline",
+    "lens_top",
+    "model_top",
+    "top1_match",
+    "kl_model",
+    "kl_lens",
+    "rank_lens",
+    "rank_model",
+    "disagrees",
+]
 COLUMNS = [
     "row",
     "layer",
@@ -114,6 +145,80 @@ def check_against_intervention(
             "kl_patched_lens": float(kl[r]),
             "rank_lens": int(out["rank_lens"][r]),
             "rank_patched": int(out["rank_patched"][r]),
+            "disagrees": not bool(match[r]),
+        }
+        for r in range(L + 1)
+    ]
+    return out
+
+
+def _kl(lp: torch.Tensor, lq: torch.Tensor) -> np.ndarray:
+    """KL(p ‖ q) per row from log-probabilities (float64), clamped at 0 (rounding)."""
+    return (lp.exp() * (lp - lq)).sum(-1).clamp_min(0).cpu().numpy()
+
+
+def neutral_rows(adapter: ModelAdapter, neutral: list[int]) -> torch.Tensor:
+    """``[L + 1, d]``: every row's residual at the last position of the neutral context (the baseline
+    ``neutral``)."""
+    sites = row_sites(adapter.n_layers)
+    with torch.no_grad():
+        fwd = adapter.forward(Inputs.from_ids(adapter, [neutral], strings=False), record=sites)
+    return torch.stack([fwd.cache[s][0, -1].double().cpu() for s in sites])
+
+
+def check_baseline(
+    adapter: ModelAdapter, ids: torch.Tensor, lens: Lens, index: int, baseline: torch.Tensor, name: str
+) -> dict[str, Any]:
+    """The baseline variant at the last position of ``ids`` (module docstring): ``baseline`` ``[L + 1, d]``
+    holds ``μ_r`` per row, ``name`` says which it is (one of ``BASELINES``)."""
+    L = adapter.n_layers
+    sites = row_sites(L)
+    ids = ids.view(-1).cpu()
+    if tuple(baseline.shape) != (L + 1, adapter.d_model):
+        raise StreetlampError(f"the baseline has shape {tuple(baseline.shape)}, expected {(L + 1, adapter.d_model)}")
+    with torch.no_grad():
+        inputs = ids_inputs(adapter, ids)
+        fwd = adapter.forward(inputs, record=sites)
+        h = [fwd.cache[s][0, -1] for s in sites]
+        lp_orig = torch.log_softmax(fwd.logits[0].double(), -1)  # [vocab]: the prompt's own output
+        q = read_final(adapter, torch.stack([lens.transform(r, h[r]) for r in range(L + 1)]))
+        qb = read_final(adapter, torch.stack([lens.transform(r, baseline[r]) for r in range(L + 1)]))
+        rows = Inputs.from_ids(adapter, [ids.tolist()] * (L + 1), strings=False)
+        ivs = [Intervention(sites[r], _put(baseline[r]), pos=len(ids) - 1, rows=[r]) for r in range(L + 1)]
+        replaced = run_edited(adapter, rows, ivs).logits.double()  # [row, vocab]
+    lp_rep = torch.log_softmax(replaced, -1)
+    lq, lqb = torch.log_softmax(q, -1), torch.log_softmax(qb, -1)
+    d_model = lp_orig[None] - lp_rep  # [row, vocab]: what h_r does to the output, by intervention
+    d_lens = lq - lqb  # what the lens says h_r does
+    lens_top = d_lens.argmax(-1).cpu().numpy()
+    model_top = d_model.argmax(-1).cpu().numpy()
+    match = lens_top == model_top
+    out: dict[str, Any] = {
+        "baseline": name,
+        "lens_top": lens_top,
+        "model_top": model_top,
+        "top1_match": match,
+        "kl_model": _kl(lp_orig[None].expand_as(lp_rep), lp_rep),
+        "kl_lens": _kl(lq, lqb),
+        "rank_lens": _rank(d_lens, index),
+        "rank_model": _rank(d_model, index),
+        "replaced_logits": replaced.cpu().numpy(),
+        "effect_model": d_model.cpu().numpy(),
+        "effect_lens": d_lens.cpu().numpy(),
+        "baseline_vectors": baseline.double().cpu().numpy(),
+    }
+    out["rows"] = [
+        {
+            "row": r,
+            "layer": row_label(r),
+            "baseline": name,
+            "lens_top": adapter.output_label(int(lens_top[r])),
+            "model_top": adapter.output_label(int(model_top[r])),
+            "top1_match": bool(match[r]),
+            "kl_model": float(out["kl_model"][r]),
+            "kl_lens": float(out["kl_lens"][r]),
+            "rank_lens": int(out["rank_lens"][r]),
+            "rank_model": int(out["rank_model"][r]),
             "disagrees": not bool(match[r]),
         }
         for r in range(L + 1)

@@ -67,6 +67,19 @@ def hidden_rows(adapter: ModelAdapter, seqs: torch.Tensor) -> list[torch.Tensor]
     return [fwd.cache[s] for s in sites]
 
 
+def row_means(adapter: ModelAdapter, seqs: torch.Tensor, first: int = 1) -> torch.Tensor:
+    """``[L + 1, d]`` float64: each row's mean residual over the tokens of ``seqs`` at positions ``>= first``
+    (position 0 is the document separator, an attention sink with atypical residuals)."""
+    L, d = adapter.n_layers, adapter.d_model
+    if seqs.shape[1] <= first:
+        raise StreetlampError(f"sequences of {seqs.shape[1]} tokens have no position from {first}")
+    total = torch.zeros(L + 1, d, dtype=torch.float64)
+    for i in range(seqs.shape[0]):
+        rows = hidden_rows(adapter, seqs[i : i + 1])
+        total += torch.stack([h[0, first:].double().sum(0).cpu() for h in rows])
+    return total / (seqs.shape[0] * (seqs.shape[1] - first))
+
+
 def model_readout(adapter: ModelAdapter) -> Callable[[torch.Tensor], torch.Tensor]:
     """``h ↦ logits`` through the model's own final-norm module and LM head (its dtype, differentiable),
     then the final soft-cap where it has one: what the model applies to its final residual."""
