@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import torch
 
-from tests.helpers.browser import Page, browser_fixture, require_browser
+from tests.helpers.browser import Page, require_browser
 
 require_browser()
 
@@ -33,11 +33,6 @@ from streetlamp.store.files import load_arrays  # noqa: E402
 TEXT = "when mary and john went to the store , john gave a drink to"
 EVIL = "<img src=x onerror=alert(1)><b>"
 F32 = 2e-6  # stored float64 values travel as float32 (relative 2^-24), shown with data-value at full float32
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    yield from browser_fixture()
 
 
 @pytest.fixture()

@@ -49,7 +49,7 @@ import torch
 
 from ...errors import StreetlampError
 from ...models.readout import check_lens
-from ...store.files import folder_file, write_json
+from ...store.files import folder_file, umask_mode, write_json
 from .base import Lens, unembed_hash
 
 if TYPE_CHECKING:
@@ -86,6 +86,7 @@ def save_lens(folder: Path, lens: Lens, adapter: ModelAdapter, training: dict[st
 
     folder = Path(folder)
     save_file({k: v.cpu() for k, v in lens.to_arrays().items()}, str(folder / LENS_FILE))
+    umask_mode(folder / LENS_FILE)
     record = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
