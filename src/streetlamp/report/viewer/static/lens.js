@@ -53,13 +53,16 @@
   function strip(canvas, rows, variant, target) {
     const checked = rows.length && rows[0].kl !== undefined, w = words(variant);
     const rowH = 20, top = 40, cols = checked ? [8, 66, 420, 600, 790, 960] : [8, 66, 420];
-    const W = checked ? 1080 : 620, H = top + Math.max(0, rows.length - 1) * rowH + 12;
+    const heads = checked ? ["layer", "lens readout: top tokens (p)", w.both || w.outcome, w.kl, `rank of ${q(target)}: lens / ${w.ro.slice(6, -1)}`, "vs intervention"]
+      : ["layer", "lens readout: top tokens (p)", `p(${q(target)}), rank`];
+    // a long target token widens its header: push the columns after it right so no header overlaps the next
+    const m = document.createElement("canvas").getContext("2d"); m.font = "bold 12px sans-serif";
+    for (let i = 1; i < cols.length; i++) cols[i] = Math.max(cols[i], cols[i - 1] + m.measureText(heads[i - 1]).width + 14);
+    const W = cols[cols.length - 1] + (checked ? 120 : 200), H = top + Math.max(0, rows.length - 1) * rowH + 12;
     canvas.width = W; canvas.height = H;
     const g = canvas.getContext("2d");
     g.fillStyle = "#fff"; g.fillRect(0, 0, W, H);
     g.font = "bold 12px sans-serif"; g.fillStyle = "#222";
-    const heads = checked ? ["layer", "lens readout: top tokens (p)", w.both || w.outcome, w.kl, `rank of ${q(target)}: lens / ${w.ro.slice(6, -1)}`, "vs intervention"]
-      : ["layer", "lens readout: top tokens (p)", `p(${q(target)}), rank`];
     heads.forEach((h, i) => g.fillText(h, cols[i], 16));
     let klMax = 1e-12; for (const r of rows) if (Number.isFinite(r.kl)) klMax = Math.max(klMax, r.kl);
     g.font = "12px ui-monospace, Menlo, Consolas, monospace";
