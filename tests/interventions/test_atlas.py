@@ -224,3 +224,42 @@ def test_light_against_use_flags_and_correlation() -> None:
 
 def test_spearman_needs_three_pairs() -> None:
     assert all(np.isnan(spearman_ci(np.array([1.0, 2.0]), np.array([2.0, 1.0]), 10, 0)))
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gemma2"])
+def test_batched_dla_and_estimate_equal_their_references(family: str) -> None:
+    """estimate_and_dla's one forward + backward gives the per-sequence DLA of lens'
+    direct_logit_attribution (sandwich norms included: Gemma 2), the estimate of ``estimate`` and the clean
+    prediction, rows of different lengths batched (right padding), float64."""
+    a = adapter64(family)
+    inp = a.encode(TEXTS)
+    clean = E.clean_run(a, inp)
+    mean = {l: z[inp.attention_mask.bool()].mean(0) for l, z in clean.z.items()}
+
+    def repl(z: dict) -> dict:
+        return {l: E.replacement("mean", zl, mean[l]) for l, zl in z.items()}
+
+    est, dla, pred = E.estimate_and_dla(a, inp, repl)
+    assert pred.tolist() == clean.pred.tolist()
+    ref = E.dla(a, inp, clean.pred)
+    np.testing.assert_allclose(dla, ref, rtol=0, atol=F64_TOL)
+    assert np.abs(ref).max() > 1e3 * F64_TOL
+    np.testing.assert_allclose(est, E.estimate(a, inp, repl(clean.z), clean.pred), rtol=0, atol=F64_TOL)
+    assert np.abs(est).max() > 1e3 * F64_TOL
+
+
+def test_atlas_modules_import_no_private_name() -> None:
+    """No atlas module imports another module's private (underscored) name (issue 25 item: the store's
+    atomic writer is public)."""
+    import ast
+    from pathlib import Path
+
+    import streetlamp
+
+    root = Path(streetlamp.__file__).parent
+    files = [*root.glob("runners/atlas*.py"), *root.glob("interventions/atlas_*.py"), root / "commands/atlas.py"]
+    assert len(files) >= 8
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                assert not [n.name for n in node.names if n.name.startswith("_")], (f, node.module)

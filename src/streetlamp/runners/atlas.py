@@ -35,7 +35,7 @@ from ..interventions.atlas_stats import STATS
 from ..models.adapter import ModelAdapter
 from ..progress import bar as progress_bar
 from ..store.files import load_arrays, save_arrays
-from ..store.run_store import RunStore, _atomic_write
+from ..store.run_store import RunStore, atomic_write
 from . import atlas_outputs as outputs
 
 
@@ -124,7 +124,7 @@ def _done(store: RunStore, kind: str, n_chunks: int) -> set[int]:
 
 def _write_table(path: Path, cols: dict[str, np.ndarray]) -> None:
     table = pa.table({k: pa.array(v) for k, v in cols.items()})
-    _atomic_write(path, lambda p: pq.write_table(table, p))
+    atomic_write(path, lambda p: pq.write_table(table, p))
 
 
 def _long(chunk: Chunk, arrays: dict[str, np.ndarray], names: tuple[str, ...] | list[str]) -> dict[str, np.ndarray]:
@@ -185,6 +185,7 @@ def run_atlas(
         "truncate": truncate,
         "max_tokens": max_tokens,
         "chunk_size": chunk_size,
+        "chunk_order": "by_length",  # chunk c holds the sequences ranked c·size.. by token count
         "floor": floor,
         "striking": striking,
         "top_k": top_k,
@@ -210,9 +211,11 @@ def run_atlas(
         t.unlink(missing_ok=True)
     rng = np.random.default_rng([seed, 1])
     source = (np.arange(N) + rng.integers(1, max(2, N), N)) % max(1, N)  # never the sequence itself (N >= 2)
+    # chunks of sequences of like length (stable by corpus order): a batch pads to its longest row
+    order = sorted(range(N), key=lambda i: len(ids[i]))
     chunks = []
     for s in range(0, N, chunk_size):
-        idx = list(range(s, min(N, s + chunk_size)))
+        idx = order[s : s + chunk_size]
         src = [ids[int(source[i])] for i in idx] if ablation == "resample" else []
         chunks.append(Chunk(idx, [ids[i] for i in idx], src))
     ctx = Context(ablation=ablation, seed=seed, batch_size=batch_size)
@@ -245,7 +248,7 @@ def run_atlas(
                 b.update(1)
 
     def write_stats(c: int, res: dict) -> None:
-        _atomic_write(
+        atomic_write(
             _part(store, "zsum", c, "safetensors"), lambda p: save_arrays(p, {k: res[k] for k in ("zsum", "n_tokens")})
         )
         _write_table(_part(store, "stats", c), _long(chunks[c], res, STATS))
@@ -263,11 +266,13 @@ def run_atlas(
 
     run_pass("estimate", write_estimate)
     est = pd.concat([pd.read_parquet(_part(store, "estimate", c)) for c in range(len(chunks))], ignore_index=True)
+    est = est.sort_values(["sequence", "layer", "head"]).reset_index(drop=True)
     chosen = choose_pairs(est, N, L, H, exact_share, exact_top, seed)
+    where = {seq: (c, b) for c, ch in enumerate(chunks) for b, seq in enumerate(ch.index)}
     pairs: dict[int, list] = {}
     for seq, l, hd in chosen[["sequence", "layer", "head"]].itertuples(index=False):
-        c = int(seq) // chunk_size
-        pairs.setdefault(c, []).append((int(seq) - c * chunk_size, int(l), int(hd)))
+        c, b = where[int(seq)]
+        pairs.setdefault(c, []).append((b, int(l), int(hd)))
 
     def write_exact(c: int, res: dict) -> None:
         p = pairs.get(c, [])
