@@ -194,7 +194,7 @@ def _metrics(adapter: ModelAdapter, clean: Clean, rows: list[int], inputs: Input
 _ARITY: dict[int, int] = {}
 
 
-def _head_edit(r: torch.Tensor, heads: Sequence[int]) -> Callable[[torch.Tensor], torch.Tensor]:
+def head_edit(r: torch.Tensor, heads: Sequence[int]) -> Callable[[torch.Tensor], torch.Tensor]:
     """The edit of ``attn.z`` ``[R, n, H, dh]`` that puts row k's head ``heads[k]`` to ``r[k]`` at every
     position and leaves the rest: one mask, one ``where`` (``engine.selection_mask``'s meaning per row)."""
 
@@ -235,7 +235,7 @@ def exact(
             rows = [pairs[i][0] for i in part]
             sub = inputs.select(rows)
             w = int(sub.input_ids.shape[1])
-            edit = _head_edit(repl[l][rows, :w], [pairs[i][2] for i in part])
+            edit = head_edit(repl[l][rows, :w], [pairs[i][2] for i in part])
             with torch.no_grad(), start_at(adapter, l, clean.resid[l][rows, :w], arity):
                 lp, lpp, _ = _logp(adapter, sub, {f"layers.{l}.attn.z": edit})
             for k, v in _metrics(adapter, clean, rows, sub, lp, lpp).items():

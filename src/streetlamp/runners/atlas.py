@@ -37,6 +37,9 @@ from ..progress import bar as progress_bar
 from ..store.files import load_arrays, save_arrays
 from ..store.run_store import RunStore, atomic_write
 from . import atlas_outputs as outputs
+from .atlas_task import compare_task as compare
+from .atlas_task import lines as task_lines
+from .atlas_task import task_pairs_of
 
 
 @dataclass
@@ -44,6 +47,7 @@ class AtlasResult:
     out: Path
     summary: pd.DataFrame
     computed: dict[str, int] = field(default_factory=dict)  # pass -> chunks computed now
+    task: dict[str, Any] | None = None  # --compare-task: manifest["task_compare"]
 
     def lines(self) -> list[str]:
         s = self.summary
@@ -64,6 +68,7 @@ class AtlasResult:
             f"unremarkable but used heads{'' if s.unremarkable_used.any() else ' (none flagged; closest)'}: {fmt(used)}",
             f"{int(s.streetlight.sum())} streetlight heads, {int(s.unremarkable_used.sum())} unremarkable-but-used, "
             f"{int(s.estimate_poor.sum())} with a poor attribution estimate, of {len(s)}",
+            *(task_lines(self.task) if self.task else []),
             "chunks computed now: " + ", ".join(f"{k} {v}" for k, v in self.computed.items()),
             f"output: {self.out}/ (atlas.parquet, heads.csv, manifest.json, report.html)",
         ]
@@ -159,6 +164,8 @@ def run_atlas(
     device: str = "cpu",
     ray_address: str | None = None,
     workers: int | None = None,
+    compare_task: str | None = None,
+    compare_prompts: int = 16,
 ) -> AtlasResult:
     if adapter.modality == "image":
         raise StreetlampError("atlas reads text corpora; an image model is not supported")
@@ -173,6 +180,7 @@ def run_atlas(
         require("ray")
         if model is None:
             raise StreetlampError("--engine ray loads the model by name on each actor: give --model NAME")
+    task_pairs = task_pairs_of(adapter, compare_task, compare_prompts, seed) if compare_task else None
     h = hashlib.sha256(json.dumps(ids).encode()).hexdigest()
     settings = {
         "model": {"name": adapter.name, "source": adapter.source},
@@ -288,10 +296,14 @@ def run_atlas(
     run_pass("exact", write_exact, pairs)
     finished = [store.folder / f for f in ("atlas.parquet", "heads.csv", "arrays.safetensors")]
     if not any(computed.values()) and all(f.exists() for f in finished):  # a finished run: nothing to redo
-        return AtlasResult(store.folder, pd.read_csv(finished[1]), computed)
-    table = outputs.merge(store.folder, len(chunks), est, chosen, seq_ids, exact_share >= 1)
-    summary = outputs.write_outputs(adapter, store, table, ids, seq_ids, ctx, settings)
-    return AtlasResult(store.folder, summary, computed)
+        summary = pd.read_csv(finished[1])
+    else:
+        table = outputs.merge(store.folder, len(chunks), est, chosen, seq_ids, exact_share >= 1)
+        summary = outputs.write_outputs(adapter, store, table, ids, seq_ids, ctx, settings)
+    task = None
+    if compare_task and task_pairs is not None:
+        _, task = compare(adapter, store, summary, compare_task, task_pairs, ctx, seed)
+    return AtlasResult(store.folder, summary, computed, task)
 
 
 class _Chunks:
