@@ -33,7 +33,7 @@ def test_ray_atlas_matches_local(tmp_path: Path) -> None:
     assert len(a) == 8 * 2 * 4 and a.exact.sum() >= round(0.3 * len(a))
     # the actor runs the same code on the same chunks; only the float32 rounding of its thread count may differ
     pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-5, atol=1e-7)
-    assert a.kl_explained.abs().max() > 1e-3
+    assert a.kl_explained.max() > 1e3 * 1e-7 and a.dlogp.abs().max() > 1e3 * 1e-7  # far above the tolerance
     pd.testing.assert_frame_equal(
         pd.read_csv(local.out / "heads.csv"), pd.read_csv(remote.out / "heads.csv"), rtol=1e-5
     )
