@@ -11,6 +11,9 @@ killed run recomputes no finished chunk)::
     RUN/atlas.parquet              one row per (layer, head, sequence): every statistic and effect
     RUN/heads.csv                  one row per head: means, light-against-use correlation, flags
     RUN/arrays.safetensors         the view's arrays (per-head summary, each head's top sequences' patterns)
+    RUN/task_compare.csv           --compare-task: per head, its narrow-task effect beside its corpus effect
+
+Chunk ``c`` holds the sequences ranked ``c·chunk_size ..`` by token count (a batch pads to its longest row).
 
 Which pairs are exact: all when ``exact_share >= 1``; else ``round(share · pairs)`` drawn at random
 (seeded) plus each head's ``exact_top`` pairs with the largest ``|dlogp_est|``.
