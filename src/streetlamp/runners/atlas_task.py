@@ -48,7 +48,7 @@ def task_pairs_of(adapter: ModelAdapter, task: str, n: int, seed: int) -> PairSe
 def compare_task(
     adapter: ModelAdapter, store: RunStore, summary: pd.DataFrame, task: str, pairs: PairSet, ctx: Context, seed: int
 ) -> tuple[pd.DataFrame, dict[str, Any]]:
-    ways = ("patch",) if ctx.ablation == "resample" else ("ablate", "patch")
+    ways: tuple[str, ...] = ("patch",) if ctx.ablation == "resample" else ("ablate", "patch")
     if bool((pairs.clean.input_ids == pairs.corrupt.input_ids).all()):
         ways = tuple(w for w in ways if w != "patch")  # no corrupted prompts: nothing to patch from
     eff = task_effects(adapter, pairs, ctx.ablation, ctx.mean, ways, ctx.batch_size)
