@@ -126,3 +126,42 @@ def test_truncate_cuts_long_sequences(setup: dict[str, Path], tmp_path: Path) ->
     argv = ["--model", str(setup["llama"]), "--data", str(setup["t"] / "long.txt"), "--out", str(out), "--truncate"]
     assert run(argv + ["--ablation", "zero"]) == 0
     assert json.loads((out / "manifest.json").read_text())["n_cut_to_max_tokens"] == 1
+
+
+def test_compare_task_writes_the_comparison(
+    setup: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """--compare-task on a finished run computes only the comparison: task_compare.csv per head and its ρ
+    (equal to scipy's) in the manifest; a bad task is refused before anything is written."""
+    from scipy.stats import spearmanr
+
+    t = setup["t"]
+    (t / "pairs.csv").write_text(
+        "clean,corrupt,answer,wrong\n"
+        "when mary and john went to the store john gave a drink to,when mary and john went to the store he gave a drink to, mary, john\n"
+        "the movie was good but the plot was,the film was bad but the plot was, fun, boring\n"
+        "the acting was great and the story was,the acting was terrible and the story was, fun, boring\n"
+    )
+    out = tmp_path / "run"
+    argv = ["--model", str(setup["llama"]), "--data", str(t / "d.txt"), "--out", str(out), "--ablation", "zero"]
+    assert run(argv) == 0
+    capsys.readouterr()
+    assert run(argv + ["--compare-task", str(t / "pairs.csv")]) == 0
+    printed = capsys.readouterr().out
+    assert "chunks computed now: stats 0, estimate 0, exact 0" in printed and "Spearman rho" in printed
+    c = pd.read_csv(out / "task_compare.csv")
+    assert len(c) == 8 and {"layer", "head", "task_ablate", "task_patch", "corpus_effect", "task_rank"} <= set(c)
+    info = json.loads((out / "manifest.json").read_text())["task_compare"]
+    rho = spearmanr(c.task_ablate_abs, c.corpus_effect).statistic
+    assert info["n_prompts"] == 3 and abs(info["ablate"]["spearman_rho"] - rho) < 1e-12
+    assert info["ablate"]["rho_low"] <= rho <= info["ablate"]["rho_high"] and c.task_ablate_abs.max() > 1e-3
+    bad = tmp_path / "bad"
+    assert (
+        run(["--model", str(setup["llama"]), "--data", str(t / "d.txt"), "--out", str(bad), "--compare-task", "nope"])
+        == 2
+    )
+    assert (
+        run(["--model", str(setup["llama"]), "--data", str(t / "d.txt"), "--out", str(bad), "--compare-task", "ioi"])
+        == 2
+    )
+    assert not bad.exists() and "Traceback" not in capsys.readouterr().err

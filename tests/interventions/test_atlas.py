@@ -224,3 +224,82 @@ def test_light_against_use_flags_and_correlation() -> None:
 
 def test_spearman_needs_three_pairs() -> None:
     assert all(np.isnan(spearman_ci(np.array([1.0, 2.0]), np.array([2.0, 1.0]), 10, 0)))
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gemma2"])
+def test_batched_dla_and_estimate_equal_their_references(family: str) -> None:
+    """estimate_and_dla's one forward + backward gives the per-sequence DLA of lens'
+    direct_logit_attribution (sandwich norms included: Gemma 2), the estimate of ``estimate`` and the clean
+    prediction, rows of different lengths batched (right padding), float64."""
+    a = adapter64(family)
+    inp = a.encode(TEXTS)
+    clean = E.clean_run(a, inp)
+    mean = {l: z[inp.attention_mask.bool()].mean(0) for l, z in clean.z.items()}
+
+    def repl(z: dict) -> dict:
+        return {l: E.replacement("mean", zl, mean[l]) for l, zl in z.items()}
+
+    est, dla, pred = E.estimate_and_dla(a, inp, repl)
+    assert pred.tolist() == clean.pred.tolist()
+    ref = E.dla(a, inp, clean.pred)
+    np.testing.assert_allclose(dla, ref, rtol=0, atol=F64_TOL)
+    assert np.abs(ref).max() > 1e3 * F64_TOL
+    np.testing.assert_allclose(est, E.estimate(a, inp, repl(clean.z), clean.pred), rtol=0, atol=F64_TOL)
+    assert np.abs(est).max() > 1e3 * F64_TOL
+
+
+def test_atlas_modules_import_no_private_name() -> None:
+    """No atlas module imports another module's private (underscored) name (issue 25 item: the store's
+    atomic writer is public)."""
+    import ast
+    from pathlib import Path
+
+    import streetlamp
+
+    root = Path(streetlamp.__file__).parent
+    files = [*root.glob("runners/atlas*.py"), *root.glob("interventions/atlas_*.py"), root / "commands/atlas.py"]
+    assert len(files) >= 8
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                assert not [n.name for n in node.names if n.name.startswith("_")], (f, node.module)
+
+
+def test_task_effects_equal_a_full_pass_with_the_engine() -> None:
+    """atlas_task's per-head change in the logit difference (passes started at layer l, heads of a layer
+    batched) equals a full forward with the engine's own Intervention, one (prompt, head) at a time, for
+    the mean ablation and for patching from the corrupted prompt; float64."""
+    from streetlamp.interventions.atlas_task import task_effects
+    from streetlamp.interventions.circuits.tasks import TaskPair, encode_pairs
+
+    a = adapter64("llama")
+    tp = [
+        TaskPair(
+            "when mary and john went to the store john gave a drink to",
+            "when mary and john went to the store she gave a drink to",
+            " mary",
+            " john",
+        ),
+        TaskPair("the movie was good but the plot was", "the film was bad but the plot was", " fun", " boring"),
+    ]
+    pairs = encode_pairs(a, tp)
+    mean = np.random.default_rng(0).normal(size=(a.n_layers, a.n_heads, a.hf_model.config.head_dim))
+    eff = task_effects(a, pairs, "mean", mean)
+    corrupt = E.clean_run(a, pairs.corrupt)
+
+    def ld(inp, ivs) -> float:
+        logits = engine.run(a, inp, ivs).logits.double()
+        return float(logits[0, pairs.answer[b]] - logits[0, pairs.wrong[b]])
+
+    for b, l, h in [(0, 0, 1), (1, 2, 3), (0, 1, 0), (1, 2, 0)]:
+        sub = pairs.clean.select([b])
+        n = sub.lengths[0]
+        base = ld(sub, [])
+        assert abs(eff["ld_clean"][b] - base) < F64_TOL
+        m = torch.from_numpy(mean[l])
+        ab = ld(sub, [engine.Intervention(f"layers.{l}.attn.z", lambda z, m=m: m.expand_as(z).to(z.dtype), head=h)])
+        src = corrupt.z[l][b : b + 1, :n]
+        pa = ld(sub, [engine.Intervention(f"layers.{l}.attn.z", lambda z, s=src: s, head=h)])
+        assert abs(eff["ablate"][b, l, h] - (ab - base)) < F64_TOL * max(1.0, abs(base))
+        assert abs(eff["patch"][b, l, h] - (pa - base)) < F64_TOL * max(1.0, abs(base))
+    assert np.abs(eff["ablate"]).max() > 1e-3 and np.abs(eff["patch"]).max() > 1e-3

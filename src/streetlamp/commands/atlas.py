@@ -39,6 +39,12 @@ class AtlasSettings(Settings):
     floor: float = option(1e-3, help="KL (nats) below which an effect is within noise of zero")
     striking: float = option(0.5, help="prominence at or above which a pattern counts as striking")
     top_k: int = option(4, help="sequences per head shown by prominence and by effect")
+    compare_task: str | None = option(
+        None,
+        help="also ablate every head on a narrow task (ioi, greater-than, induction or a CSV of pairs) and "
+        "correlate its task effect with its corpus effect: task_compare.csv",
+    )
+    compare_prompts: int = option(16, help="--compare-task: its first N prompts")
     engine: str = option("local", choices=("local", "ray"))
     ray_address: str | None = option(None, help="existing Ray cluster (e.g. auto)")
     workers: int | None = option(None, help="Ray actors (one model each)")
@@ -58,6 +64,13 @@ class AtlasSettings(Settings):
         at_least(self.chunk_size, 1, "--chunk-size")
         at_least(self.top_k, 1, "--top-k")
         at_least(self.workers, 1, "--workers")
+        at_least(self.compare_prompts, 1, "--compare-prompts")
+        t = self.compare_task
+        if t is not None and t not in ("ioi", "greater-than", "induction"):
+            if not t.lower().endswith(".csv") or not Path(t).is_file():
+                raise StreetlampError(
+                    f"--compare-task {t!r}: give ioi, greater-than, induction or an existing .csv file of pairs"
+                )
         if self.ablation == "resample" and (self.limit == 1 or self.sample == 1):
             raise StreetlampError(
                 "--ablation resample takes a head's activation from another sequence: give at least 2"
@@ -97,6 +110,8 @@ def run_atlas(adapter: ModelAdapter, s: AtlasSettings, out: Path, opts: Any) -> 
         device=opts.device,
         ray_address=s.ray_address,
         workers=s.workers,
+        compare_task=s.compare_task,
+        compare_prompts=s.compare_prompts,
     )
 
 

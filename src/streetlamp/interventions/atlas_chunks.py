@@ -83,40 +83,45 @@ def stats_chunk(adapter: ModelAdapter, chunk: Chunk, ctx: Context) -> dict[str, 
 
 
 def replacements(
-    adapter: ModelAdapter, chunk: Chunk, inp: Inputs, clean: E.Clean, ctx: Context
+    adapter: ModelAdapter, chunk: Chunk, z: dict[int, torch.Tensor], ctx: Context
 ) -> dict[int, torch.Tensor]:
-    """Per layer, what each row's ablated head becomes ``[B, n, H, dh]`` (:func:`.atlas_effects.replacement`)."""
+    """Per layer, what each row's ablated head becomes ``[B, n, H, dh]`` (:func:`.atlas_effects.replacement`),
+    from the chunk's clean ``attn.z`` ``{layer: [B, n, H, dh]}``."""
     if ctx.ablation != "resample":
         mean = torch.from_numpy(ctx.mean) if ctx.mean is not None else None
-        return {l: E.replacement(ctx.ablation, z, None if mean is None else mean[l]) for l, z in clean.z.items()}
+        return {l: E.replacement(ctx.ablation, zl, None if mean is None else mean[l]) for l, zl in z.items()}
     src = E.clean_run(adapter, inputs_of(adapter, chunk.source_ids))
     pos = [
         E.resample_positions(len(chunk.ids[b]), len(chunk.source_ids[b]), np.random.default_rng([ctx.seed, 2, s]))
         for b, s in enumerate(chunk.index)
     ]
-    return {l: E.replacement("resample", z, source=src.z[l], source_pos=pos) for l, z in clean.z.items()}
+    return {l: E.replacement("resample", zl, source=src.z[l], source_pos=pos) for l, zl in z.items()}
 
 
 def estimate_chunk(adapter: ModelAdapter, chunk: Chunk, ctx: Context) -> dict[str, np.ndarray]:
-    """``{"dlogp_est", "dla", "pred"}``: ``[B, L, H]`` and ``[B]`` for the chunk's sequences."""
+    """``{"dlogp_est", "dla", "pred"}``: ``[B, L, H]`` and ``[B]`` for the chunk's sequences, from one
+    forward + backward of the chunk (:func:`.atlas_effects.estimate_and_dla`)."""
     inp = inputs_of(adapter, chunk.ids)
-    clean = E.clean_run(adapter, inp)
-    repl = replacements(adapter, chunk, inp, clean, ctx)
-    return {
-        "dlogp_est": E.estimate(adapter, inp, repl, clean.pred),
-        "dla": E.dla(adapter, inp, clean.pred),
-        "pred": clean.pred.cpu().numpy(),
-    }
+    est, dla, pred = E.estimate_and_dla(adapter, inp, lambda z: replacements(adapter, chunk, z, ctx))
+    return {"dlogp_est": est, "dla": dla, "pred": pred.cpu().numpy()}
 
 
 def exact_chunk(adapter: ModelAdapter, chunk: Chunk, ctx: Context, pairs: list[tuple[int, int, int]]) -> dict[str, Any]:
-    """Exact effects of ``pairs`` (row in the chunk, layer, head): ``{metric: [pair]}``."""
+    """Exact effects of ``pairs`` (row in the chunk, layer, head): ``{metric: [pair]}``. The clean run
+    covers only the rows that have a pair."""
     if not pairs:
         return {}
-    inp = inputs_of(adapter, chunk.ids)
+    rows = sorted({b for b, _, _ in pairs})
+    at = {b: k for k, b in enumerate(rows)}
+    sub = Chunk(
+        [chunk.index[b] for b in rows],
+        [chunk.ids[b] for b in rows],
+        [chunk.source_ids[b] for b in rows] if chunk.source_ids else [],
+    )
+    inp = inputs_of(adapter, sub.ids)
     clean = E.clean_run(adapter, inp)
-    repl = replacements(adapter, chunk, inp, clean, ctx)
-    return E.exact(adapter, inp, clean, repl, pairs, ctx.batch_size)
+    repl = replacements(adapter, sub, clean.z, ctx)
+    return E.exact(adapter, inp, clean, repl, [(at[b], l, h) for b, l, h in pairs], ctx.batch_size)
 
 
 def work(adapter: ModelAdapter, job: tuple[str, Chunk, list[tuple[int, int, int]]], ctx: Context) -> dict[str, Any]:

@@ -28,7 +28,7 @@ has no first-order estimate; METHODS §10.) ``dla``: direct logit attribution of
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,9 +37,7 @@ import torch
 from ..batching import rows_per_batch
 from ..errors import StreetlampError
 from ..models.adapter import Inputs, ModelAdapter, at_least_float32
-from . import engine
 from .atlas_midstack import layer_output_arity, start_at
-from .engine import Intervention
 
 ABLATIONS = ("mean", "zero", "resample")
 EXACT = ("kl_explained", "dlogp", "dprob", "kl_mean", "dloss")
@@ -126,20 +124,42 @@ def _real(inputs: Inputs, like: torch.Tensor) -> torch.Tensor:
 
 def estimate(adapter: ModelAdapter, inputs: Inputs, repl: dict[int, torch.Tensor], pred: torch.Tensor) -> np.ndarray:
     """``dlogp_est`` ``[B, L, H]``: ``(z_abl - z) · ∂ log p(y) / ∂z`` at the clean run (module docstring)."""
-    sites = z_sites(adapter)
-    fwd = adapter.forward(inputs, record=sites, keep_grad=True, grad=True)
+    fwd = adapter.forward(inputs, record=z_sites(adapter), keep_grad=True, grad=True)
     logp = torch.log_softmax(at_least_float32(fwd.logits), -1)
+    return _attribution(adapter, inputs, fwd.cache, logp, pred, repl)
+
+
+def _attribution(
+    adapter: ModelAdapter, inputs: Inputs, cache: dict, logp: torch.Tensor, pred: torch.Tensor, repl: dict
+) -> np.ndarray:
+    sites = z_sites(adapter)
     metric = logp.gather(1, pred.view(-1, 1).to(logp.device)).sum()
-    grads = torch.autograd.grad(metric, [fwd.cache[s] for s in sites], allow_unused=True)
+    grads = torch.autograd.grad(metric, [cache[s] for s in sites], allow_unused=True)
     out = np.zeros((len(inputs), adapter.n_layers, adapter.n_heads))
     for l, (s, g) in enumerate(zip(sites, grads)):
         if g is None:
             continue
-        z = fwd.cache[s].detach()
+        z = cache[s].detach()
         real = _real(inputs, z).view(z.shape[0], z.shape[1], 1, 1)
         prod = (repl[l].to(z.device, z.dtype) - z) * g * real
         out[:, l] = at_least_float32(prod).double().sum((1, 3)).cpu().numpy()
     return out
+
+
+def estimate_and_dla(
+    adapter: ModelAdapter, inputs: Inputs, replace: Callable[[dict[int, torch.Tensor]], dict[int, torch.Tensor]]
+) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
+    """``(dlogp_est, dla, pred)`` of a batch from ONE forward + backward: the clean prediction ``y`` is
+    the forward's own argmax, ``replace(z)`` (``{layer: attn.z}`` of that forward) gives each layer's
+    replacement, and the DLA reads the same forward's ``attn.z`` and final residual (:func:`dla_from`)."""
+    sites = z_sites(adapter)
+    fwd = adapter.forward(inputs, record=sites + dla_sites(adapter), keep_grad=True, grad=True)
+    logp = torch.log_softmax(at_least_float32(fwd.logits), -1)
+    pred = logp.detach().argmax(-1)
+    z = {l: fwd.cache[s].detach() for l, s in enumerate(sites)}
+    est = _attribution(adapter, inputs, fwd.cache, logp, pred, replace(z))
+    cache = {k: v.detach() for k, v in fwd.cache.items() if isinstance(v, torch.Tensor)}
+    return est, dla_from(adapter, inputs, cache, pred), pred
 
 
 def _metrics(adapter: ModelAdapter, clean: Clean, rows: list[int], inputs: Inputs, lp: torch.Tensor, lpp) -> dict:
@@ -174,6 +194,18 @@ def _metrics(adapter: ModelAdapter, clean: Clean, rows: list[int], inputs: Input
 _ARITY: dict[int, int] = {}
 
 
+def head_edit(r: torch.Tensor, heads: Sequence[int]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The edit of ``attn.z`` ``[R, n, H, dh]`` that puts row k's head ``heads[k]`` to ``r[k]`` at every
+    position and leaves the rest: one mask, one ``where`` (``engine.selection_mask``'s meaning per row)."""
+
+    def edit(a: torch.Tensor) -> torch.Tensor:
+        mask = torch.zeros(a.shape[0], 1, a.shape[2], 1, dtype=torch.bool, device=a.device)
+        mask[torch.arange(a.shape[0], device=a.device), 0, torch.as_tensor(list(heads), device=a.device), 0] = True
+        return torch.where(mask, r.to(a.device, a.dtype), a)
+
+    return edit
+
+
 def exact(
     adapter: ModelAdapter,
     inputs: Inputs,
@@ -194,36 +226,85 @@ def exact(
     by_layer: dict[int, list[int]] = {}
     for i, (_, l, _) in enumerate(pairs):
         by_layer.setdefault(l, []).append(i)
+    lengths = inputs.lengths
     for l, idx in sorted(by_layer.items()):
+        idx.sort(key=lambda i: lengths[pairs[i][0]])  # rows of like length share a pass: little padding
         step = rows_per_batch(int(inputs.input_ids.shape[1]), batch_size, adapter.device)
         for s in range(0, len(idx), step):
             part = idx[s : s + step]
             rows = [pairs[i][0] for i in part]
             sub = inputs.select(rows)
             w = int(sub.input_ids.shape[1])
-            r = repl[l][rows, :w]
-
-            def same(a: torch.Tensor, r: torch.Tensor = r) -> torch.Tensor:  # every row's replacement, one tensor
-                return r
-
-            ivs = [Intervention(f"layers.{l}.attn.z", same, head=pairs[i][2], rows=[k]) for k, i in enumerate(part)]
+            edit = head_edit(repl[l][rows, :w], [pairs[i][2] for i in part])
             with torch.no_grad(), start_at(adapter, l, clean.resid[l][rows, :w], arity):
-                lp, lpp, _ = _logp(adapter, sub, engine.compile_edits(ivs))
+                lp, lpp, _ = _logp(adapter, sub, {f"layers.{l}.attn.z": edit})
             for k, v in _metrics(adapter, clean, rows, sub, lp, lpp).items():
                 out[k][part] = v
     return out
 
 
-def dla(adapter: ModelAdapter, inputs: Inputs, pred: torch.Tensor) -> np.ndarray:
-    """Direct logit attribution ``[B, L, H]`` of each head to the clean prediction's logit (NaN without
-    a readout)."""
+def _has_readout(adapter: ModelAdapter) -> bool:
     from ..models.readout import check_lens
-    from .lens import direct_logit_attribution
 
-    out = np.full((len(inputs), adapter.n_layers, adapter.n_heads), np.nan)
     try:
         check_lens(adapter)
     except StreetlampError:
+        return False
+    return True
+
+
+def dla_sites(adapter: ModelAdapter) -> list[str]:
+    """What :func:`dla_from` reads besides ``attn.z``: the last layer's residual output (the final norm's
+    scale) and, with sandwich norms (Gemma), each layer's attention output; none without a readout."""
+    if not _has_readout(adapter):
+        return []
+    from ..models.readout import output_norms
+
+    L = adapter.n_layers
+    sandwich = output_norms(adapter, 0)[0] is not None
+    return [f"layers.{L - 1}.resid_post"] + ([f"layers.{l}.attn.out" for l in range(L)] if sandwich else [])
+
+
+def dla_from(adapter: ModelAdapter, inputs: Inputs, cache: dict[str, torch.Tensor], pred: torch.Tensor) -> np.ndarray:
+    """Direct logit attribution ``[B, L, H]`` of each head to the clean prediction's logit at each row's last
+    real token, batched from a forward's ``attn.z`` and :func:`dla_sites`: the same quantity as
+    :func:`streetlamp.interventions.lens.direct_logit_attribution`'s ``heads`` (head output ``z_h W_O,h``,
+    through the sandwich norm linearised at the whole attention output, through the final norm linearised
+    at the final residual, onto ``W_U[y]``; float64). NaN without a readout."""
+    out = np.full((len(inputs), adapter.n_layers, adapter.n_heads), np.nan)
+    if not _has_readout(adapter):
+        return out
+    from ..models.attention_block import output_weights
+    from ..models.readout import final_norm, unembedding
+    from .lens import attn_writes
+
+    L = adapter.n_layers
+    sites = dla_sites(adapter)
+    first = cache[sites[0]]
+    rows = torch.arange(len(inputs), device=first.device)
+    last = torch.tensor(inputs.lengths, device=first.device) - 1
+    norm = final_norm(adapter)
+    scale = norm.scale(first[rows, last])[:, None]  # [B, 1, 1]
+    w_u, _ = unembedding(adapter)
+    u = w_u[pred.to(w_u.device)].double()  # [B, d]
+    for l in range(L):
+        w_o, _ = output_weights(adapter, l)
+        z = cache[f"layers.{l}.attn.z"][rows, last].double()  # [B, H, d_head]
+        heads = torch.einsum("bhd,hdm->bhm", z, w_o.double().to(z.device))
+        attn_out = cache[f"layers.{l}.attn.out"][rows, last][:, None] if len(sites) > 1 else heads.sum(1, keepdim=True)
+        written = attn_writes(adapter, l, heads, attn_out)
+        out[:, l] = torch.einsum("bhm,bm->bh", norm.linear(written, scale), u.to(written.device)).cpu().numpy()
+    return out
+
+
+def dla(adapter: ModelAdapter, inputs: Inputs, pred: torch.Tensor) -> np.ndarray:
+    """Direct logit attribution ``[B, L, H]`` of each head to the clean prediction's logit, one sequence at
+    a time through :func:`streetlamp.interventions.lens.direct_logit_attribution` (the reference the
+    batched :func:`dla_from` is tested against; NaN without a readout)."""
+    from .lens import direct_logit_attribution
+
+    out = np.full((len(inputs), adapter.n_layers, adapter.n_heads), np.nan)
+    if not _has_readout(adapter):
         return out
     for b, ids in enumerate(inputs.rows()):
         out[b] = direct_logit_attribution(adapter, torch.tensor(ids), int(pred[b])).heads

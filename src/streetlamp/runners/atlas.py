@@ -11,6 +11,9 @@ killed run recomputes no finished chunk)::
     RUN/atlas.parquet              one row per (layer, head, sequence): every statistic and effect
     RUN/heads.csv                  one row per head: means, light-against-use correlation, flags
     RUN/arrays.safetensors         the view's arrays (per-head summary, each head's top sequences' patterns)
+    RUN/task_compare.csv           --compare-task: per head, its narrow-task effect beside its corpus effect
+
+Chunk ``c`` holds the sequences ranked ``c·chunk_size ..`` by token count (a batch pads to its longest row).
 
 Which pairs are exact: all when ``exact_share >= 1``; else ``round(share · pairs)`` drawn at random
 (seeded) plus each head's ``exact_top`` pairs with the largest ``|dlogp_est|``.
@@ -35,8 +38,11 @@ from ..interventions.atlas_stats import STATS
 from ..models.adapter import ModelAdapter
 from ..progress import bar as progress_bar
 from ..store.files import load_arrays, save_arrays
-from ..store.run_store import RunStore, _atomic_write
+from ..store.run_store import RunStore, atomic_write
 from . import atlas_outputs as outputs
+from .atlas_task import compare_task as compare
+from .atlas_task import lines as task_lines
+from .atlas_task import task_pairs_of
 
 
 @dataclass
@@ -44,6 +50,7 @@ class AtlasResult:
     out: Path
     summary: pd.DataFrame
     computed: dict[str, int] = field(default_factory=dict)  # pass -> chunks computed now
+    task: dict[str, Any] | None = None  # --compare-task: manifest["task_compare"]
 
     def lines(self) -> list[str]:
         s = self.summary
@@ -64,6 +71,7 @@ class AtlasResult:
             f"unremarkable but used heads{'' if s.unremarkable_used.any() else ' (none flagged; closest)'}: {fmt(used)}",
             f"{int(s.streetlight.sum())} streetlight heads, {int(s.unremarkable_used.sum())} unremarkable-but-used, "
             f"{int(s.estimate_poor.sum())} with a poor attribution estimate, of {len(s)}",
+            *(task_lines(self.task) if self.task else []),
             "chunks computed now: " + ", ".join(f"{k} {v}" for k, v in self.computed.items()),
             f"output: {self.out}/ (atlas.parquet, heads.csv, manifest.json, report.html)",
         ]
@@ -124,7 +132,7 @@ def _done(store: RunStore, kind: str, n_chunks: int) -> set[int]:
 
 def _write_table(path: Path, cols: dict[str, np.ndarray]) -> None:
     table = pa.table({k: pa.array(v) for k, v in cols.items()})
-    _atomic_write(path, lambda p: pq.write_table(table, p))
+    atomic_write(path, lambda p: pq.write_table(table, p))
 
 
 def _long(chunk: Chunk, arrays: dict[str, np.ndarray], names: tuple[str, ...] | list[str]) -> dict[str, np.ndarray]:
@@ -159,6 +167,8 @@ def run_atlas(
     device: str = "cpu",
     ray_address: str | None = None,
     workers: int | None = None,
+    compare_task: str | None = None,
+    compare_prompts: int = 16,
 ) -> AtlasResult:
     if adapter.modality == "image":
         raise StreetlampError("atlas reads text corpora; an image model is not supported")
@@ -173,6 +183,7 @@ def run_atlas(
         require("ray")
         if model is None:
             raise StreetlampError("--engine ray loads the model by name on each actor: give --model NAME")
+    task_pairs = task_pairs_of(adapter, compare_task, compare_prompts, seed) if compare_task else None
     h = hashlib.sha256(json.dumps(ids).encode()).hexdigest()
     settings = {
         "model": {"name": adapter.name, "source": adapter.source},
@@ -185,6 +196,7 @@ def run_atlas(
         "truncate": truncate,
         "max_tokens": max_tokens,
         "chunk_size": chunk_size,
+        "chunk_order": "by_length",  # chunk c holds the sequences ranked c·size.. by token count
         "floor": floor,
         "striking": striking,
         "top_k": top_k,
@@ -210,9 +222,11 @@ def run_atlas(
         t.unlink(missing_ok=True)
     rng = np.random.default_rng([seed, 1])
     source = (np.arange(N) + rng.integers(1, max(2, N), N)) % max(1, N)  # never the sequence itself (N >= 2)
+    # chunks of sequences of like length (stable by corpus order): a batch pads to its longest row
+    order = sorted(range(N), key=lambda i: len(ids[i]))
     chunks = []
     for s in range(0, N, chunk_size):
-        idx = list(range(s, min(N, s + chunk_size)))
+        idx = order[s : s + chunk_size]
         src = [ids[int(source[i])] for i in idx] if ablation == "resample" else []
         chunks.append(Chunk(idx, [ids[i] for i in idx], src))
     ctx = Context(ablation=ablation, seed=seed, batch_size=batch_size)
@@ -245,7 +259,7 @@ def run_atlas(
                 b.update(1)
 
     def write_stats(c: int, res: dict) -> None:
-        _atomic_write(
+        atomic_write(
             _part(store, "zsum", c, "safetensors"), lambda p: save_arrays(p, {k: res[k] for k in ("zsum", "n_tokens")})
         )
         _write_table(_part(store, "stats", c), _long(chunks[c], res, STATS))
@@ -263,11 +277,13 @@ def run_atlas(
 
     run_pass("estimate", write_estimate)
     est = pd.concat([pd.read_parquet(_part(store, "estimate", c)) for c in range(len(chunks))], ignore_index=True)
+    est = est.sort_values(["sequence", "layer", "head"]).reset_index(drop=True)
     chosen = choose_pairs(est, N, L, H, exact_share, exact_top, seed)
+    where = {seq: (c, b) for c, ch in enumerate(chunks) for b, seq in enumerate(ch.index)}
     pairs: dict[int, list] = {}
     for seq, l, hd in chosen[["sequence", "layer", "head"]].itertuples(index=False):
-        c = int(seq) // chunk_size
-        pairs.setdefault(c, []).append((int(seq) - c * chunk_size, int(l), int(hd)))
+        c, b = where[int(seq)]
+        pairs.setdefault(c, []).append((b, int(l), int(hd)))
 
     def write_exact(c: int, res: dict) -> None:
         p = pairs.get(c, [])
@@ -283,10 +299,14 @@ def run_atlas(
     run_pass("exact", write_exact, pairs)
     finished = [store.folder / f for f in ("atlas.parquet", "heads.csv", "arrays.safetensors")]
     if not any(computed.values()) and all(f.exists() for f in finished):  # a finished run: nothing to redo
-        return AtlasResult(store.folder, pd.read_csv(finished[1]), computed)
-    table = outputs.merge(store.folder, len(chunks), est, chosen, seq_ids, exact_share >= 1)
-    summary = outputs.write_outputs(adapter, store, table, ids, seq_ids, ctx, settings)
-    return AtlasResult(store.folder, summary, computed)
+        summary = pd.read_csv(finished[1])
+    else:
+        table = outputs.merge(store.folder, len(chunks), est, chosen, seq_ids, exact_share >= 1)
+        summary = outputs.write_outputs(adapter, store, table, ids, seq_ids, ctx, settings)
+    task = None
+    if compare_task and task_pairs is not None:
+        _, task = compare(adapter, store, summary, compare_task, task_pairs, ctx, seed)
+    return AtlasResult(store.folder, summary, computed, task)
 
 
 class _Chunks:

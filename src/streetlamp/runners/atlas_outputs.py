@@ -28,7 +28,7 @@ from ..interventions.atlas_stats import STATS
 from ..interventions.atlas_use import deciles, summarise, top_sequences
 from ..models.adapter import ModelAdapter
 from ..store.files import save_arrays
-from ..store.run_store import RunStore, _atomic_write
+from ..store.run_store import RunStore, atomic_write
 
 PANEL_WIDTH = 64
 EFFECTS = ("kl_explained", "dlogp", "dprob", "kl_mean", "dloss")
@@ -84,9 +84,9 @@ def write_outputs(
     settings: dict[str, Any],
 ) -> pd.DataFrame:
     folder = store.folder
-    _atomic_write(folder / "atlas.parquet", lambda p: table.to_parquet(p, index=False))
+    atomic_write(folder / "atlas.parquet", lambda p: table.to_parquet(p, index=False))
     summary = summarise(table, settings["floor"], settings["striking"], seed=settings["seed"])
-    _atomic_write(folder / "heads.csv", lambda p: summary.to_csv(p, index=False))
+    atomic_write(folder / "heads.csv", lambda p: summary.to_csv(p, index=False))
     L, H, k = adapter.n_layers, adapter.n_heads, settings["top_k"]
     by = "kl_explained" if settings["exact_share"] >= 1 else "dlogp_est"
     panel = np.full((L * H, 2 * k), -1, np.int64)
@@ -117,7 +117,7 @@ def write_outputs(
         "panel_values": values,
         "panel_patterns": patterns,
     }
-    _atomic_write(folder / "arrays.safetensors", lambda p: save_arrays(p, arrays))
+    atomic_write(folder / "arrays.safetensors", lambda p: save_arrays(p, arrays))
     labels = {str(s): inputs_of(adapter, [ids[s]]).labels[0][:PANEL_WIDTH] for s in seqs}
     store.update_manifest(
         {

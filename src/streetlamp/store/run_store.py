@@ -39,7 +39,9 @@ SCHEMA = pa.schema(
 KEY = ["example_id", "method", "metric"]
 
 
-def _atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write) -> None:
+    """Write ``path`` whole or not at all: ``write(tmp)`` fills a hidden temporary file beside it, which is
+    fsynced and then renamed over ``path`` (a killed writer leaves the old file or none, never half of one)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         tmp.unlink(missing_ok=True)  # a symlink planted under this name is removed, never written through
@@ -50,6 +52,9 @@ def _atomic_write(path: Path, write) -> None:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+_atomic_write = atomic_write  # the old private name, kept for callers on other branches
 
 
 def safe_name(example_id: str) -> str:
@@ -112,7 +117,7 @@ class RunStore:
             header = manifest_header(command)
             versions = header.pop("versions")
             doc = {**header, "settings": settings, **to_jsonable(extra), "versions": versions}
-            _atomic_write(mpath, lambda p: p.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n"))
+            atomic_write(mpath, lambda p: p.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n"))
         return s
 
     def _manifest_path(self) -> Path:
@@ -136,7 +141,7 @@ class RunStore:
         """Arrays first, the Parquet part last (its presence marks the chunk done)."""
         for eid, arrs in arrays.items():
             if arrs:
-                _atomic_write(self.arrays_dir / f"{safe_name(eid)}.safetensors", lambda p, a=arrs: save_arrays(p, a))
+                atomic_write(self.arrays_dir / f"{safe_name(eid)}.safetensors", lambda p, a=arrs: save_arrays(p, a))
         cols: list[Any] = list(zip(*rows)) if rows else [[], [], [], []]
         table = pa.table(
             {
@@ -147,7 +152,7 @@ class RunStore:
             },
             schema=SCHEMA,
         )
-        _atomic_write(self.part_path(chunk), lambda p: pq.write_table(table, p))
+        atomic_write(self.part_path(chunk), lambda p: pq.write_table(table, p))
 
     def write_records(self, chunk: int, records: list[dict]) -> None:
         """Per-example JSON records (text: prompts, generations) of a chunk, ``records/part-N.jsonl``;
@@ -155,7 +160,7 @@ class RunStore:
         d = self.folder / "records"
         d.mkdir(exist_ok=True)
         text = "".join(json.dumps(to_jsonable(r), ensure_ascii=False) + "\n" for r in records)
-        _atomic_write(d / f"part-{chunk:06d}.jsonl", lambda p: p.write_text(text, encoding="utf-8"))
+        atomic_write(d / f"part-{chunk:06d}.jsonl", lambda p: p.write_text(text, encoding="utf-8"))
 
     def records(self) -> list[dict]:
         """The records of the done chunks, in chunk order."""
@@ -170,7 +175,7 @@ class RunStore:
         """Add or replace top-level manifest fields (never ``settings``), atomically."""
         doc = self.manifest()
         doc.update({k: v for k, v in to_jsonable(extra).items() if k != "settings"})
-        _atomic_write(
+        atomic_write(
             self.folder / "manifest.json", lambda p: p.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
         )
 
