@@ -165,15 +165,23 @@ class Smoother:
         out = []
         for b in range(len(self.inputs)):
             one = self.inputs.select([b])
-            total = np.asarray(clean[b], np.float64).copy()
+            noisy = []
             for z in self.z[b]:
                 with embedding_noise(adapter, self.sigma[b], z):
                     x = method.attribute(
                         adapter, one, target=Target(index=pred[b]), batch_size=self.budget, seed=self.seed
                     )[0]
-                total += np.asarray(x.scores, np.float64)
-            out.append(total / self.v.smooth)
+                noisy.append(x.scores)
+            out.append(smooth_mean(clean[b], noisy))
         return out
+
+
+def smooth_mean(clean: np.ndarray, noisy: list[np.ndarray]) -> np.ndarray:
+    """Quantus' denoised explanation: the mean of the noisy explanations and the clean one (float64)."""
+    total = np.asarray(clean, np.float64).copy()
+    for x in noisy:
+        total += np.asarray(x, np.float64)
+    return total / (len(noisy) + 1)
 
 
 def histogram_entropy(x: np.ndarray, bins: int) -> float:

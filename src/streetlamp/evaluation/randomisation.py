@@ -24,6 +24,9 @@ examples with its 95% bootstrap interval; ``pass`` when the interval lies below 
 explanation changed), ``fail`` when it lies at or above it (it barely changes although the model down
 to that stage is destroyed), ``inconclusive`` otherwise. ``summary.md`` shows it at the top block
 (head and last layer randomised) and with everything randomised (``@embed``).
+
+Smooth MPRT (``smprt_*``, denoised explanations) and Efficient MPRT (``emprt_*``, entropy rise against the
+fully randomised model) run in the same pass: :mod:`.mprt_variants`.
 """
 
 from __future__ import annotations
