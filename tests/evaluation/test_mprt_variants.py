@@ -220,7 +220,8 @@ def test_bad_variant_settings_exit_2_and_write_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture, extra: list[str], needle: str
 ) -> None:
     out = tmp_path / "run"
-    code = main(["evaluate", "--model", "tiny-bert", "--data", "movies", "--limit", "2", "--out", str(out), *extra])
+    ckpt = str(save_tiny("bert", tmp_path / "bert", seed=1))  # a real model: stages are checked against it
+    code = main(["evaluate", "--model", ckpt, "--data", "movies", "--sample", "2", "--out", str(out), *extra])
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err
