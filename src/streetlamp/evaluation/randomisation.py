@@ -192,9 +192,9 @@ def randomisation_rows(
                         b, name, f"smprt_{mode}_spearman{{}}@{stage}", smooth_trained[name][b], r, specials[b]
                     )
     if v.efficient:
-        rnd = fully_randomised(adapter, seed) if len(full) < len(methods) else None
+        whole = fully_randomised(adapter, seed) if len(full) < len(methods) else None
         for name, params in methods.items():
-            rs = full[name] if name in full else _explain(cast(ModelAdapter, rnd), inputs, name, params, seed, budget)
+            rs = full[name] if name in full else _explain(cast(ModelAdapter, whole), inputs, name, params, seed, budget)
             for b, r in enumerate(rs):
                 rows += [(b, name, k, x) for k, x in entropy_rise(scores[name][b], r, specials[b], v.bins).items()]
     return rows
