@@ -221,6 +221,7 @@ def test_bad_variant_settings_exit_2_and_write_nothing(
 ) -> None:
     out = tmp_path / "run"
     ckpt = str(save_tiny("bert", tmp_path / "bert", seed=1))  # a real model: stages are checked against it
+    capsys.readouterr()  # saving may print a progress bar
     code = main(["evaluate", "--model", ckpt, "--data", "movies", "--sample", "2", "--out", str(out), *extra])
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
