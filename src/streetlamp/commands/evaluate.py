@@ -62,6 +62,13 @@ class EvaluateSettings(Settings):
     randomisation: str = option(
         "", help="model-randomisation sanity check: cascading, independent or both (explains again per stage)"
     )
+    smooth_mprt: int = option(
+        0, help="Smooth MPRT: mean of N explanations (N-1 on noisy embeddings) before comparing; 0 = off"
+    )
+    smooth_mprt_noise: float = option(0.1, help="Smooth MPRT: noise std as a fraction of the embeddings' range")
+    smooth_mprt_stages: str = option("all", help="Smooth MPRT: all, or stages (head,top,layer.N,embed)")
+    efficient_mprt: bool = option(False, help="Efficient MPRT: entropy rise, trained vs fully randomised model")
+    efficient_mprt_bins: int = option(10, help="Efficient MPRT: histogram bins of the entropy")
 
     def check(self) -> None:
         super().check()
@@ -89,11 +96,10 @@ class EvaluateSettings(Settings):
         check_soft(self.soft_samples, self.soft_pi)
         if self.ffidelity_train:
             self._ffidelity().check()
-        if self.randomisation:
-            from ..evaluation.randomisation import check_methods, modes_of
+        if self.randomisation or self.efficient_mprt or self.smooth_mprt:
+            from ..evaluation.randomisation import check_settings
 
-            modes_of(self.randomisation)
-            check_methods(self.methods, self.method_params)
+            check_settings(self)
 
     def eval_settings(self) -> Any:
         """The stored part (:class:`~streetlamp.evaluation.pipeline.EvalSettings`)."""
@@ -116,6 +122,11 @@ class EvaluateSettings(Settings):
             soft_samples=self.soft_samples,
             soft_pi=self.soft_pi,
             randomisation=self.randomisation,
+            smooth_mprt=self.smooth_mprt,
+            smooth_mprt_noise=self.smooth_mprt_noise,
+            smooth_mprt_stages=self.smooth_mprt_stages,
+            efficient_mprt=self.efficient_mprt,
+            efficient_mprt_bins=self.efficient_mprt_bins,
             ffidelity=self._ffidelity().__dict__.copy() if self.ffidelity_train else {},
         )
 

@@ -26,7 +26,9 @@ SOFT = ("soft_nc", "soft_ns", "pi_soft_nc", "pi_soft_ns")
 FFID = ("ffid_aopc_plus", "ffid_aopc_minus")
 MAIN = HARD + SOFT + FFID
 # F-Fidelity (ffid_plus@r / ffid_minus@r) and randomisation (mprt_*) metrics are matched by pattern
-PATTERN = re.compile(r"^(ffid_(plus|minus)(@[0-9.]+)?|ffid_aopc_(plus|minus)|mprt_(cascading|independent)_\w+@.+)$")
+PATTERN = re.compile(
+    r"^(ffid_(plus|minus)(@[0-9.]+)?|ffid_aopc_(plus|minus)|s?mprt_(cascading|independent)_\w+@.+|emprt_\w+)$"
+)
 COLUMNS = ["method", "metric", "mean", "ci_low", "ci_high", "n"]
 
 
@@ -104,12 +106,13 @@ def add_confound_metrics(
                 add(examples[b].id, name, k, v)
             for key, arr_v in arr.items():
                 arrays[examples[b].id][f"{name}.{key}"] = arr_v
-    if s.randomisation:  # model-randomisation sanity checks, on randomised copies (evaluation/randomisation.py)
+    if s.randomisation or s.efficient_mprt:  # randomisation checks on randomised copies (evaluation/randomisation.py)
+        from .mprt_variants import variants_of
         from .randomisation import randomisation_rows
 
         params = {n: s.method_params.get(n, {}) for n in s.methods}
         for b, name, k, v in randomisation_rows(
-            adapter, inputs, scores, specials, params, s.randomisation, s.seed, budget
+            adapter, inputs, scores, specials, params, s.randomisation, s.seed, budget, variants_of(s), seeds
         ):
             add(examples[b].id, name, k, v)
     if tuned is not None:  # F-Fidelity on the fine-tuned copy (evaluation/ffidelity.py)

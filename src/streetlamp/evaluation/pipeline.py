@@ -48,6 +48,11 @@ class EvalSettings:
     soft_samples: int = 10
     soft_pi: float = 0.5
     randomisation: str = ""  # "", cascading, independent or both (evaluation/randomisation.py)
+    smooth_mprt: int = 0  # Smooth MPRT samples per explanation, 0 = off (evaluation/mprt_variants.py)
+    smooth_mprt_noise: float = 0.1
+    smooth_mprt_stages: str = "all"
+    efficient_mprt: bool = False  # Efficient MPRT (evaluation/mprt_variants.py)
+    efficient_mprt_bins: int = 10
     ffidelity: dict[str, Any] = field(default_factory=dict)  # evaluation/ffidelity.FFidelity fields; {} = off
 
     def to_dict(self) -> dict:
@@ -59,6 +64,12 @@ class EvalSettings:
                 del d[k]
         if not self.randomisation:
             del d["randomisation"]
+        if not self.smooth_mprt:  # Smooth / Efficient MPRT off: stores made before them resume
+            for k in ("smooth_mprt", "smooth_mprt_noise", "smooth_mprt_stages"):
+                del d[k]
+        if not self.efficient_mprt:
+            for k in ("efficient_mprt", "efficient_mprt_bins"):
+                del d[k]
         if not self.ffidelity:
             del d["ffidelity"]
         return d
@@ -138,7 +149,7 @@ def evaluate_chunk(
         arrays[e.id][f"{name}.tokens"] = scores[name][b].astype(np.float32)
         for key, arr_v in arr.items():
             arrays[e.id][f"{name}.{key}"] = arr_v
-    if s.soft or s.randomisation or tuned is not None:  # soft erasure, randomisation, F-Fidelity (issue 27)
+    if s.soft or s.randomisation or s.efficient_mprt or tuned is not None:  # soft erasure, randomisation, F-Fidelity
         from .confounds import add_confound_metrics
 
         add_confound_metrics(tables, examples, s, tuned, adapter, inputs, scores, specials, removal, probs, seeds)

@@ -24,14 +24,19 @@ examples with its 95% bootstrap interval; ``pass`` when the interval lies below 
 explanation changed), ``fail`` when it lies at or above it (it barely changes although the model down
 to that stage is destroyed), ``inconclusive`` otherwise. ``summary.md`` shows it at the top block
 (head and last layer randomised) and with everything randomised (``@embed``).
+
+Smooth MPRT (``smprt_*``, denoised explanations) and Efficient MPRT (``emprt_*``, entropy rise against the
+fully randomised model) run in the same pass: :mod:`.mprt_variants`.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -41,6 +46,7 @@ from ..errors import StreetlampError
 from ..methods.registry import get_method
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..stats import bootstrap_ci, spearman_rho
+from .mprt_variants import Smoother, Variants, check_variants, entropy_rise, smooth_stages, variants_of
 
 MODES = ("cascading", "independent")
 CHOICES = ("cascading", "independent", "both")
@@ -60,9 +66,20 @@ def check_methods(methods: list[str], params: dict) -> None:
     for n in methods:
         if not get_method(n, **params.get(n, {})).uses_weights:
             raise StreetlampError(
-                f"--randomisation: method {n!r} does not read the model's weights, so randomising them "
-                "cannot change its explanation; leave it out of --methods or drop --randomisation"
+                f"--randomisation / --efficient-mprt: method {n!r} does not read the model's weights, so "
+                "randomising them cannot change its explanation; leave it out of --methods or drop the check"
             )
+
+
+def check_settings(s: Any, adapter: ModelAdapter | None = None) -> None:
+    """Every randomisation setting of ``s`` (the command's or the run's settings), and with the model its
+    Smooth MPRT stages; one clear line before anything is written."""
+    if s.randomisation:
+        modes_of(s.randomisation)
+    check_variants(variants_of(s), s.randomisation)
+    check_methods(s.methods, s.method_params)
+    if adapter is not None and s.smooth_mprt:
+        smooth_stages(s.smooth_mprt_stages, list(stage_parameters(adapter)))
 
 
 def stage_parameters(adapter: ModelAdapter) -> dict[str, list[str]]:
@@ -104,13 +121,36 @@ def randomise(hf_model: torch.nn.Module, names: list[str], seed: int, init_std: 
 def randomised_copies(adapter: ModelAdapter, mode: str, seed: int) -> Iterator[tuple[str, ModelAdapter]]:
     """(stage, adapter of a randomised copy) for every stage of ``mode``, top down; one copy at a time."""
     stages = stage_parameters(adapter)
-    init_std = float(getattr(adapter.hf_model.config, "initializer_range", None) or 0.02)
     order = list(stages)
     for k, stage in enumerate(order):
         names = [n for s in order[: k + 1] for n in stages[s]] if mode == "cascading" else stages[stage]
-        hf = copy.deepcopy(adapter.hf_model)
-        randomise(hf, names, seed, init_std)
-        yield stage, ModelAdapter(hf, adapter.tokenizer, f"{adapter.name} ({mode} randomisation to {stage})")
+        yield stage, _copy(adapter, names, seed, f"{mode} randomisation to {stage}")
+
+
+def fully_randomised(adapter: ModelAdapter, seed: int) -> ModelAdapter:
+    """Every parameter redrawn: the same model as the last cascading stage (each tensor has its own generator)."""
+    return _copy(adapter, [n for v in stage_parameters(adapter).values() for n in v], seed, "fully randomised")
+
+
+def _copy(adapter: ModelAdapter, names: list[str], seed: int, what: str) -> ModelAdapter:
+    init_std = float(getattr(adapter.hf_model.config, "initializer_range", None) or 0.02)
+    hf = copy.deepcopy(adapter.hf_model)
+    randomise(hf, names, seed, init_std)
+    return ModelAdapter(hf, adapter.tokenizer, f"{adapter.name} ({what})")
+
+
+def _explain(adapter: ModelAdapter, inputs: Inputs, name: str, params: dict, seed: int, budget: int | None) -> list:
+    exps = get_method(name, **params).attribute(adapter, inputs, target=Target(), batch_size=budget, seed=seed)
+    return [np.asarray(x.scores, np.float64) for x in exps]
+
+
+def _rho_rows(
+    b: int, name: str, pre: str, t: np.ndarray, r: np.ndarray, special: np.ndarray
+) -> list[tuple[int, str, str, float]]:
+    return [
+        (b, name, pre.format(""), spearman_rho(t, r, special)),
+        (b, name, pre.format("_abs"), spearman_rho(abs(t), abs(r), special)),
+    ]
 
 
 def randomisation_rows(
@@ -122,33 +162,61 @@ def randomisation_rows(
     spec: str,
     seed: int,
     budget: int | None,
+    variants: Variants | None = None,
+    seeds: list[int] | None = None,
 ) -> list[tuple[int, str, str, float]]:
-    """``(example index, method, metric, value)`` of every mode, stage, method and example."""
+    """``(example index, method, metric, value)`` of every mode, stage, method and example; with
+    ``variants`` also Smooth MPRT (at its stages) and Efficient MPRT (:mod:`.mprt_variants`; ``seeds``:
+    the examples' seeds, for the noise). ``spec`` may be empty when only Efficient MPRT is asked for."""
+    v = variants or Variants()
     rows: list[tuple[int, str, str, float]] = []
-    for mode in modes_of(spec):
+    smoother = Smoother(adapter, inputs, v, seeds or [seed] * len(inputs), budget, seed) if v.smooth else None
+    smooth_at = smooth_stages(v.stages, list(stage_parameters(adapter))) if smoother is not None else set()
+    smooth_trained: dict[str, list[np.ndarray]] = {}
+    full: dict[str, list[np.ndarray]] = {}
+    last = list(stage_parameters(adapter))[-1]
+    for mode in modes_of(spec) if spec else ():
         for stage, rnd in randomised_copies(adapter, mode, seed):
             for name, params in methods.items():
-                exps = get_method(name, **params).attribute(rnd, inputs, target=Target(), batch_size=budget, seed=seed)
-                for b, x in enumerate(exps):
-                    r = np.asarray(x.scores, np.float64)
-                    t = scores[name][b]
-                    rows.append((b, name, f"mprt_{mode}_spearman@{stage}", spearman_rho(t, r, specials[b])))
-                    rows.append(
-                        (b, name, f"mprt_{mode}_spearman_abs@{stage}", spearman_rho(abs(t), abs(r), specials[b]))
+                rs = _explain(rnd, inputs, name, params, seed, budget)
+                if mode == "cascading" and stage == last:
+                    full[name] = rs
+                for b, r in enumerate(rs):
+                    rows += _rho_rows(b, name, f"mprt_{mode}_spearman{{}}@{stage}", scores[name][b], r, specials[b])
+                if smoother is None or stage not in smooth_at:
+                    continue
+                if name not in smooth_trained:
+                    smooth_trained[name] = smoother.mean(adapter, name, params, scores[name])
+                for b, r in enumerate(smoother.mean(rnd, name, params, rs)):
+                    rows += _rho_rows(
+                        b, name, f"smprt_{mode}_spearman{{}}@{stage}", smooth_trained[name][b], r, specials[b]
                     )
+    if v.efficient:
+        whole = fully_randomised(adapter, seed) if len(full) < len(methods) else None
+        for name, params in methods.items():
+            rs = full[name] if name in full else _explain(cast(ModelAdapter, whole), inputs, name, params, seed, budget)
+            for b, r in enumerate(rs):
+                rows += [(b, name, k, x) for k, x in entropy_rise(scores[name][b], r, specials[b], v.bins).items()]
     return rows
 
 
 def verdicts(metrics: pd.DataFrame) -> pd.DataFrame:
-    """Per method and cascading stage: the mean rho (interval, n) and the verdict at that stage."""
-    cols = ["method", "stage", "mean", "ci_low", "ci_high", "n", "threshold", "verdict"]
-    pre = "mprt_cascading_spearman@"
-    df = metrics[metrics.metric.str.startswith(pre)]
+    """Per test, method and cascading stage: the mean (interval, n) and the verdict at that stage.
+    ``mprt`` / ``smprt``: rho, pass below :data:`THRESHOLD`; ``emprt``: the entropy rise at ``embed``
+    (fully randomised), pass above 0 (:mod:`.mprt_variants`)."""
+    cols = ["test", "method", "stage", "mean", "ci_low", "ci_high", "n", "threshold", "verdict"]
     out = []
-    for (method, metric), g in df.groupby(["method", "metric"], sort=True):
-        mean, lo, hi, n = bootstrap_ci(g["value"].to_numpy())
-        v = "pass" if hi < THRESHOLD else "fail" if lo >= THRESHOLD else "inconclusive"
-        out.append((method, metric[len(pre) :], mean, lo, hi, n, THRESHOLD, v))
+    for test in ("mprt", "smprt", "emprt"):
+        pre = f"{test}_cascading_spearman@" if test != "emprt" else "emprt_rise"
+        df = metrics[metrics.metric.str.startswith(pre)]
+        for (method, metric), g in df.groupby(["method", "metric"], sort=True):
+            mean, lo, hi, n = bootstrap_ci(g["value"].to_numpy())
+            if test == "emprt":
+                v = "pass" if lo > 0 else "fail" if hi <= 0 else "inconclusive"
+                out.append((test, method, "embed", mean, lo, hi, n, 0.0, v))
+            else:
+                v = "pass" if hi < THRESHOLD else "fail" if lo >= THRESHOLD else "inconclusive"
+                out.append((test, method, metric[len(pre) :], mean, lo, hi, n, THRESHOLD, v))
     return pd.DataFrame(out, columns=cols)
 
 
@@ -158,22 +226,64 @@ def top_block(stages: list[str]) -> str | None:
     return max(layers, key=lambda s: int(s.split(".")[1])) if layers else None
 
 
+RHO = re.compile(r"^(?P<test>s?mprt)_(?P<mode>\w+?)_(?P<statistic>spearman(?:_abs)?)@(?P<stage>.+)$")
+EMPRT = re.compile(r"^(?P<test>emprt)_(?P<statistic>\w+)$")
+
+
 def write_verdicts(folder: Path, metrics: pd.DataFrame, intervals: pd.DataFrame) -> list[str]:
-    """``randomisation.csv`` (every mode x stage x method: mean rho, interval, n) and
+    """``randomisation.csv`` (every test x mode x stage x method: mean, interval, n; Efficient MPRT's rows
+    have mode ``cascading`` and stage ``embed``, the fully randomised model) and
     ``randomisation_verdict.csv``; the markdown lines for ``summary.md``. ``intervals``: the run's
     :func:`~streetlamp.evaluation.confounds.interval_table`."""
-    t = intervals[intervals.metric.str.startswith("mprt_")].copy()
-    parts = t.metric.str.extract(r"^mprt_(?P<mode>\w+?)_(?P<statistic>spearman(?:_abs)?)@(?P<stage>.+)$")
-    t = pd.concat([t[["method"]], parts, t[["mean", "ci_low", "ci_high", "n"]]], axis=1)
-    t.to_csv(folder / "randomisation.csv", index=False)
+    t = intervals[intervals.metric.map(lambda m: bool(RHO.match(m) or EMPRT.match(m)))].copy()
+    parts = t.metric.str.extract(RHO)
+    e = t.metric.str.extract(EMPRT)
+    is_e = e.test.notna()
+    parts.loc[is_e, "test"] = "emprt"
+    parts.loc[is_e, "statistic"] = e.statistic[is_e]
+    parts.loc[is_e, "mode"] = "cascading"
+    parts.loc[is_e, "stage"] = "embed"
+    cols = ["method", "test", "mode", "statistic", "stage", "mean", "ci_low", "ci_high", "n"]
+    pd.concat([t[["method"]], parts, t[["mean", "ci_low", "ci_high", "n"]]], axis=1)[cols].to_csv(
+        folder / "randomisation.csv", index=False
+    )
     v = verdicts(metrics)
     v.to_csv(folder / "randomisation_verdict.csv", index=False)
-    if v.empty:
-        return []
+    lines: list[str] = []
+    for test, title in (("mprt", "Model randomisation"), ("smprt", "Smooth MPRT")):
+        vt = v[v.test == test]
+        if not vt.empty:
+            lines += _rho_table(vt, title)
+    ve = v[v.test == "emprt"]
+    if not ve.empty:
+        h = intervals.set_index(["method", "metric"])["mean"]
+        lines += [
+            "",
+            "## Efficient MPRT: relative rise of the explanation's entropy, trained -> fully randomised; "
+            "pass = interval above 0, fail = at or below 0",
+            "",
+            "| method | rise [95% interval] | verdict | H trained | H random | n |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in ve.itertuples():
+            h0, h1 = (
+                h.get((r.method, "emprt_entropy_trained"), np.nan),
+                h.get((r.method, "emprt_entropy_random"), np.nan),
+            )
+            lines.append(
+                f"| {r.method} | {r.mean:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] | {r.verdict} | {h0:.3f} | {h1:.3f} | {r.n} |"
+            )
+    return lines[1:] if lines and lines[0] == "" else lines
+
+
+def _rho_table(v: pd.DataFrame, title: str) -> list[str]:
     top = top_block(sorted(set(v.stage)))
     shown = [st for st in (top, "embed") if st is not None and st in set(v.stage)]
+    if not shown:
+        return []
     lines = [
-        f"## Model randomisation (cascading): Spearman rho trained vs randomised; pass = interval below "
+        "",
+        f"## {title} (cascading): Spearman rho trained vs randomised; pass = interval below "
         f"{THRESHOLD}, fail = at or above it ({' and '.join(f'@{st}' for st in shown)}: head down to that stage "
         "randomised)",
         "",
@@ -184,6 +294,8 @@ def write_verdicts(folder: Path, metrics: pd.DataFrame, intervals: pd.DataFrame)
         by = g.set_index("stage")
         cells = [
             f"{by.loc[st, 'mean']:.3f} [{by.loc[st, 'ci_low']:.3f}, {by.loc[st, 'ci_high']:.3f}] | {by.loc[st, 'verdict']}"
+            if st in by.index
+            else " | "
             for st in shown
         ]
         lines.append(f"| {method} | " + " | ".join(cells) + f" | {int(by['n'].max())} |")

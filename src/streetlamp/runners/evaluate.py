@@ -193,11 +193,10 @@ def evaluate(
         from ..evaluation.soft import check_soft
 
         check_soft(settings.soft_samples, settings.soft_pi)
-    if settings.randomisation:
-        from ..evaluation.randomisation import check_methods, modes_of
+    if settings.randomisation or settings.efficient_mprt or settings.smooth_mprt:
+        from ..evaluation.randomisation import check_settings
 
-        modes_of(settings.randomisation)
-        check_methods(settings.methods, settings.method_params)
+        check_settings(settings, adapter)
     ff_train = _ffidelity_check(adapter, settings, engine)
     layers_of(adapter, settings.flip_layers, "--flip-layers")  # a bad layer: refused before the store exists
     layers_of(adapter, settings.cf_layers, "--cf-layers")
@@ -254,7 +253,7 @@ def evaluate(
     lines += append_summary(store.folder, write_interval_table(store.folder, metrics))
     if tuned is not None:
         lines += append_summary(store.folder, _ffidelity_lines(store.folder))
-    if settings.randomisation:
+    if settings.randomisation or settings.efficient_mprt:
         from ..evaluation.randomisation import write_verdicts
 
         lines += append_summary(store.folder, write_verdicts(store.folder, metrics, interval_table(metrics)))
