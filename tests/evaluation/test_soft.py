@@ -16,6 +16,7 @@ from streetlamp.evaluation.soft import (
     keep_probabilities,
     masked_prob_of,
     normalised_importance,
+    soft_erasure,
     soft_from_terms,
     water_fill,
 )
@@ -133,6 +134,41 @@ def test_monte_carlo_converges_to_the_enumerated_expectation(sharp: ModelAdapter
     assert soft_from_terms(0.8, np.array([0.5]), np.array([1.0]), 0.6, "soft_nc")["soft_nc"] == pytest.approx(1.5)
     # the metrics separate the variants far above the Monte Carlo error
     assert abs(mc["soft_nc"] - mc["pi_soft_nc"]) > 0.01
+
+
+def test_methods_share_the_empty_row_and_each_equals_its_own_plan(
+    sharp: ModelAdapter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import streetlamp.evaluation.soft as soft
+
+    texts = [TEXT, "a fine and moving film"]
+    ids = [sharp.encode([t]).input_ids[0].tolist() for t in texts]
+    specials = [sharp.special_mask(i) for i in ids]
+    rng = np.random.default_rng(3)
+    scores = {m: [rng.standard_normal(len(i)) for i in ids] for m in ("a", "b", "c")}
+    pred = np.zeros(2, dtype=np.int64)
+    f_full = np.array([0.7, 0.6])
+    ran: list[int] = []
+    real = soft.masked_prob_of
+
+    def counted(adapter, rows, masks, index, budget):  # the real computation, its row count recorded
+        ran.append(len(rows))
+        return real(adapter, rows, masks, index, budget)
+
+    monkeypatch.setattr(soft, "masked_prob_of", counted)
+    got = soft_erasure(sharp, ids, scores, specials, None, f_full, pred, 0.5, 4, [11, 12], None)
+    per_plan = len(VARIANTS) * 4 + 1
+    assert ran[0] <= 3 * 2 * per_plan - 2 * 2  # the empty row once per example, not once per method
+    for mi, name in enumerate(scores):
+        for b in range(2):
+            plan = SoftPlan.build(scores[name][b], specials[b], None, 0.5, 4, [11, 12][b] * 7919 + mi)
+            f = real(sharp, [ids[b]] * len(plan.rows()), plan.rows(), np.zeros(len(plan.rows()), np.int64), None)
+            want, arrays = plan.metrics(float(f_full[b]), f)
+            have, have_arrays = got[(name, b)]
+            assert have.keys() == want.keys()
+            for k in want:
+                assert have[k] == pytest.approx(want[k], abs=1e-12, nan_ok=True)
+            np.testing.assert_array_equal(have_arrays["soft_f"], arrays["soft_f"])
 
 
 def test_soft_metrics_in_a_run_and_resume_recomputes_nothing(tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ import torch
 from ..errors import StreetlampError
 from ..methods.removal import Removal
 from ..models.adapter import ModelAdapter
-from .common import output_prob_of
+from .common import output_prob_of, unique_rows
 
 VARIANTS = ("soft_nc", "soft_ns", "pi_soft_nc", "pi_soft_ns")  # *_nc: keep 1 - importance; *_ns: keep importance
 DEFAULT_SAMPLES = 10
@@ -217,7 +217,13 @@ def soft_erasure(
     out: dict[tuple[str, int], tuple[dict[str, float], dict[str, np.ndarray]]] = {}
     if not rows_ids:
         return out
-    f = masked_prob_of(adapter, rows_ids, rows_masks, pred[np.asarray(owner)], budget)
+    # the empty input is the same row for every method of an example (and a drawn mask may repeat): run once
+    firsts, where = unique_rows([(owner[r], rows_masks[r].tobytes()) for r in range(len(rows_ids))])
+    sel = np.asarray(owner)[firsts]
+    f_unique = masked_prob_of(
+        adapter, [rows_ids[r] for r in firsts], [rows_masks[r] for r in firsts], pred[sel], budget
+    )
+    f = np.asarray(f_unique)[where]
     for name, b, p, start in plans:
         out[(name, b)] = p.metrics(float(f_full[b]), f[start : start + len(p.rows())])
     return out
