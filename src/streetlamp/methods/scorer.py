@@ -128,6 +128,7 @@ class Scorer:
         if any(len(r) == 0 for r in rows):
             raise StreetlampError("a perturbation removed every token of the text; use a replacement token")
         self.n_rows += len(rows)
+        first: list[int] = []
         if not self.use_cache:
             blocks = [Block(0, g) for g in group_by_budget([len(r) for r in rows], self.budget)]
             self.n_passes += len(blocks)
@@ -142,7 +143,7 @@ class Scorer:
             self.n_passes += len(blocks)
         with _progress(len(rows), self.desc) as bar:
             for block in blocks:
-                out[block.idx] = self._run(block, rows, first if self.use_cache else [])
+                out[block.idx] = self._run(block, rows, first)
                 bar.update(len(block.idx))
         return out
 
