@@ -42,6 +42,13 @@ def direct_F(adapter: ModelAdapter, row: torch.Tensor) -> float:
         return float(adapter.hf_model(input_ids=row[None]).logits[0, -1, LOGIT.index])
 
 
+def first_change(row: torch.Tensor, ids: torch.Tensor) -> int:
+    """The first position where ``row`` differs from ``ids`` (its last position if none: F is read there)."""
+    m = min(len(row), len(ids))
+    diff = [i for i in range(m) if int(row[i]) != int(ids[i])]
+    return min(diff[0] if diff else m, len(row) - 1)
+
+
 @pytest.mark.parametrize(
     "family,window", [("gpt2", None), ("llama", None), ("qwen2", None), ("phi3", None), ("gemma2", 64)]
 )
@@ -65,8 +72,7 @@ def test_both_plans_equal_full_recompute(family: str, window: int | None, replac
             np.testing.assert_allclose(got, want, rtol=0, atol=TOL * scale, err_msg=f"{plan} {budget}")
             assert abs(s.base - base) <= TOL * scale
             if plan == "packed":  # every suffix from its own first changed position, nothing recomputed
-                first = [min(int(torch.nonzero(r[: min(len(r), n)] != ids[: len(r)])[0]), len(r) - 1) for r in rows]
-                assert s.n_positions == sum(len(r) - p for r, p in zip(rows, first))
+                assert s.n_positions == sum(len(r) - first_change(r, ids) for r in rows)
 
 
 def test_packing_needs_the_window_to_cover_the_text() -> None:
@@ -98,4 +104,7 @@ def test_auto_plan_packs_short_texts_and_keeps_occlusion_numbers() -> None:
     plain = Occlusion(replacement="delete", kv_cache=False).attribute(a, inputs, target=LOGIT, batch_size=4 * n)[0]
     np.testing.assert_allclose(kv.scores, plain.scores, rtol=2.0**-23, atol=1e-12)
     assert np.abs(plain.scores).max() > 1e-2
-    assert kv.info["positions_computed"] == n * (n - 1) // 2 + 1  # row 0 (document-start token) computes n
+    occluded = np.flatnonzero(kv.arrays["groups"] >= 0)
+    rule = Removal.of(a, None)
+    suffixes = [len(r) - first_change(r, ids) for r in (rule.row(ids, np.arange(n) == i) for i in occluded)]
+    assert len(occluded) > 10 and kv.info["positions_computed"] == sum(suffixes)  # exactly the changed positions
