@@ -130,6 +130,11 @@ def lm_model(name: str) -> ModelAdapter:
 
 
 def bench_lm(n: int, repeat: int, model: str = "smollm2-135m") -> None:
+    """KV-cache occlusion against the full recompute, alternating run by run (medians) so that this shared
+    machine's drift hits both alike; the load is printed beside the ratio."""
+    import statistics
+    import time
+
     a = lm_model(model)
     if model == "smollm2-135m":
         inputs = a.encode(text_of_length(a, n))
@@ -139,28 +144,51 @@ def bench_lm(n: int, repeat: int, model: str = "smollm2-135m") -> None:
         ids = torch.randint(5, len(a.tokenizer), (n,), generator=torch.Generator().manual_seed(1)).tolist()
         inputs = Inputs.from_ids(a, [ids])
     kv, plain = Occlusion(replacement="delete"), Occlusion(replacement="delete", kv_cache=False)
-    t_kv, ts_kv, e_kv = timeit(lambda: kv.attribute(a, inputs, target=Target())[0], repeat=repeat)
-    t_pl, ts_pl, e_pl = timeit(lambda: plain.attribute(a, inputs, target=Target())[0], repeat=repeat, warmup=0)
+    runs = {
+        "kv": lambda: kv.attribute(a, inputs, target=Target())[0],
+        "plain": lambda: plain.attribute(a, inputs, target=Target())[0],
+    }
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    out = {}
+    kv.attribute(a, short_text(a, inputs), target=Target())  # warm the code paths on a short text
+    for _ in range(repeat):
+        for k, f in runs.items():
+            t0 = time.perf_counter()
+            out[k] = f()
+            times[k].append(time.perf_counter() - t0)
+    e_kv, e_pl = out["kv"], out["plain"]
+    t_kv, t_pl = statistics.median(times["kv"]), statistics.median(times["plain"])
+    ratios = [x / y for x, y in zip(times["kv"], times["plain"])]
     pos = e_kv.info["positions_computed"] / e_pl.info["positions_computed"]
-    print(f"{a.name} {n} tokens, replacement {e_kv.info['replacement_used']}:")
-    print(f"  KV-cache occlusion {t_kv:.2f} s {fmt(ts_kv)}, positions computed {e_kv.info['positions_computed']}")
-    print(f"  plain recompute    {t_pl:.2f} s {fmt(ts_pl)}, positions computed {e_pl.info['positions_computed']}")
+    print(f"{a.name} {n} tokens, replacement {e_kv.info['replacement_used']}, alternating medians of {repeat}:")
+    print(f"  KV-cache occlusion {t_kv:.2f} s {fmt(times['kv'])}, positions computed {e_kv.info['positions_computed']}")
     print(
-        f"  RATIO KV / plain = {t_kv / t_pl:.2f} the time for {pos:.2f} the positions; "
+        f"  plain recompute    {t_pl:.2f} s {fmt(times['plain'])}, positions computed {e_pl.info['positions_computed']}"
+    )
+    print(
+        f"  RATIO KV / plain = {t_kv / t_pl:.2f} the time (per pair {fmt(ratios)}) for {pos:.2f} the positions; "
         f"max |diff| {np.abs(e_kv.scores - e_pl.scores).max():.1e}  [{load()}]"
     )
+
+
+def short_text(a: ModelAdapter, inputs):  # noqa: ANN001, ANN201
+    """The first 8 tokens of ``inputs``' text (a warm-up that touches every code path)."""
+    from streetlamp.models.adapter import Inputs
+
+    return Inputs.from_ids(a, [inputs.input_ids[0, : min(8, inputs.lengths[0])].tolist()])
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--lengths", type=int, nargs="*", default=[32, 128])
     p.add_argument("--ppe", type=int, nargs="*", default=[8, 32, 128])
-    p.add_argument("--lm-length", type=int, default=64, help="0 skips the causal-LM part")
+    p.add_argument("--lm-length", type=int, nargs="*", default=[64], help="0 skips the causal-LM part")
     p.add_argument("--lm-model", default="smollm2-135m", help="smollm2-135m, or smollm2-shape-L (random, L layers)")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores, at most 2)")
     p.add_argument("--budgets", action="store_true", help="instead: token budgets vs Captum, interleaved")
     args = p.parse_args()
-    print(f"torch threads: {threads()}  [{load()}]")
+    print(f"torch threads: {threads(args.threads)}  [{load()}]")
     a = classifier() if args.lengths else None
     for n in args.lengths:
         assert a is not None
@@ -168,8 +196,9 @@ def main() -> None:
             bench_budgets(a, n, args.repeat)
         else:
             bench_classifier(a, n, args.repeat, args.ppe)
-    if args.lm_length:
-        bench_lm(args.lm_length, args.repeat, args.lm_model)
+    for n in args.lm_length:
+        if n:
+            bench_lm(n, args.repeat, args.lm_model)
 
 
 if __name__ == "__main__":

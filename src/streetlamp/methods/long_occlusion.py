@@ -2,7 +2,8 @@
 
 Occluding the span ``[s, s + W)`` leaves positions ``< s`` unchanged, and on a causal LM their keys
 and values depend on nothing after them. So the text runs once (keeping its KV cache) and each span's
-perturbed copy runs only from ``s`` on, with the cache cropped to ``s`` — the
+perturbed copy runs only from ``s`` on, with the cache cropped to ``s`` (or, where the Scorer's cost model
+finds it cheaper, packed with other spans' suffixes: :mod:`streetlamp.models.packed`) — the
 :class:`~streetlamp.methods.scorer.Scorer`'s prefix reuse, the same code plain occlusion uses — and
 every pass goes through the fused kernel (SDPA, :func:`~streetlamp.models.chunked.fused_long`): no
 ``[head, query, key]`` tensor at all. Removal follows plain occlusion exactly

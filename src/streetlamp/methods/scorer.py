@@ -17,7 +17,12 @@ up to its first changed position ``p``, and a causal model's keys and values at 
 depend only on those positions. So we run the original text once with ``use_cache=True``, and
 for a block of rows sorted by ``p`` we feed only the suffixes from the block's smallest ``p``
 with the original's cache cropped to that length. Occluding token i then recomputes only
-positions >= i (about half the work of a full recompute for leave-one-out).
+positions >= i (about half the work of a full recompute for leave-one-out). On a short text those blocks
+are small passes (a pass of few tokens costs mostly the reading of every weight), so the suffixes can
+instead be packed end to end, each from its own first changed position
+(:mod:`streetlamp.models.packed`): a long one and the short ones fill each batch row, and the positions
+computed are exactly the changed ones. A cost model in token positions (:meth:`Scorer._cost`) picks the
+cheaper plan; both give the full recompute's numbers to float rounding.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from .. import progress
 from ..batching import default_budget, group_by_budget
 from ..errors import StreetlampError
 from ..models.adapter import KL, Inputs, ModelAdapter, Target
+from ..models.packed import packable, packed_forward
 from .features import GROUPS
 
 Replacement = Literal["mask", "unk", "pad", "delete"]
@@ -61,6 +67,21 @@ def occlusion_replacement(adapter: ModelAdapter, replacement: str) -> tuple[str,
     return adapter.replacement_token(replacement)
 
 
+# one forward pass costs about this many token positions besides its tokens (each weight is read once per
+# pass: on SmolLM2 with one CPU thread ~45 ms, a position ~3 ms); used only to choose between two plans
+PASS_COST = 16
+
+
+@dataclass
+class Block:
+    """One forward pass of the cache path: rows ``idx`` computed from position ``start``, or with ``packs``
+    their suffixes packed end to end (one list of row indices per batch row)."""
+
+    start: int
+    idx: list[int]
+    packs: list[list[int]] | None = None
+
+
 def _progress(total: int, desc: str) -> progress.Bar:
     return progress.bar(total, desc, file=sys.stderr, leave=False, disable=total < 16, delay=2.0)
 
@@ -75,12 +96,16 @@ class Scorer:
     budget: int | None
     use_cache: bool = False
     desc: str = "perturbations"
+    # the cache path's plan: ``auto`` (the cheaper by :meth:`_cost`), ``shared`` (blocks from one start) or
+    # ``packed`` (suffixes end to end, where exact); the numbers are the same up to float rounding
+    plan: Literal["auto", "shared", "packed"] = "auto"
 
     def __post_init__(self) -> None:
         self.use_cache = self.use_cache and self.adapter.kind == "causal_lm"
         self.budget = self.budget if self.budget is not None else default_budget(self.adapter.device)
         self.n_rows = 0  # perturbed rows evaluated (for the record)
         self.n_positions = 0  # token positions computed (for the record)
+        self.n_passes = 0  # forward passes over perturbed rows
         one = Inputs.from_ids(self.adapter, [self.ids], strings=False)
         if self.use_cache:
             logits, self.cache = self.adapter.prefix_forward(one, keep_cache=True)
@@ -103,43 +128,63 @@ class Scorer:
         if any(len(r) == 0 for r in rows):
             raise StreetlampError("a perturbation removed every token of the text; use a replacement token")
         self.n_rows += len(rows)
-        blocks = (
-            self._cache_blocks(rows)
-            if self.use_cache
-            else [(0, g) for g in group_by_budget([len(r) for r in rows], self.budget)]
-        )
+        first: list[int] = []
+        if not self.use_cache:
+            blocks = [Block(0, g) for g in group_by_budget([len(r) for r in rows], self.budget)]
+            self.n_passes += len(blocks)
+        else:
+            first = self._first(rows)
+            blocks = self._cache_blocks(rows, first)
+            packed = self._packed_blocks(rows, first) if self.plan != "shared" else None
+            if packed is not None and (
+                self.plan == "packed" or self._cost(packed, rows, first) < self._cost(blocks, rows, first)
+            ):
+                blocks = packed
+            self.n_passes += len(blocks)
         with _progress(len(rows), self.desc) as bar:
-            for start, idx in blocks:
-                out[idx] = self._run(start, [rows[i] for i in idx])
-                bar.update(len(idx))
+            for block in blocks:
+                out[block.idx] = self._run(block, rows, first)
+                bar.update(len(block.idx))
         return out
 
-    def _run(self, start: int, rows: list[torch.Tensor]) -> np.ndarray:
-        batch = Inputs.from_ids(self.adapter, [r[start:] for r in rows], strings=False)
-        self.n_positions += sum(batch.lengths)
-        index = self.index.expand(len(rows))
-        if start == 0 and not self.use_cache:
-            logits = self.adapter.forward(batch).logits
+    def _run(self, block: Block, all_rows: Sequence[torch.Tensor], first: list[int]) -> np.ndarray:
+        rows = [all_rows[i] for i in block.idx]
+        if block.packs is not None:
+            segs = [[(first[i], all_rows[i][first[i] :]) for i in pack] for pack in block.packs]
+            self.n_positions += sum(len(s) for pack in segs for _, s in pack)
+            logits = packed_forward(self.adapter, self.ids, self.cache, segs)
         else:
-            logits, _ = self.adapter.prefix_forward(batch, self.cache if start else None, start)
+            start = block.start
+            batch = Inputs.from_ids(self.adapter, [r[start:] for r in rows], strings=False)
+            self.n_positions += sum(batch.lengths)
+            if start == 0 and not self.use_cache:
+                logits = self.adapter.forward(batch).logits
+            else:
+                logits, _ = self.adapter.prefix_forward(batch, self.cache if start else None, start)
         if self.kl:
             ref = self.ref.to(logits.device)
             kl = (ref.exp() * (ref - torch.log_softmax(logits.double(), -1))).sum(-1)
             return (-kl).cpu().numpy()
+        index = self.index.expand(len(rows))
         return self.adapter.score(logits, index, self.target).double().cpu().numpy()
 
-    def _cache_blocks(self, rows: Sequence[torch.Tensor]) -> list[tuple[int, list[int]]]:
-        """Rows sorted by their first changed position, grouped so rows x suffix length fits the budget."""
-        assert self.budget is not None  # set in __post_init__
+    def _first(self, rows: Sequence[torch.Tensor]) -> list[int]:
+        """Each row's first position that differs from the text (at least its last token is computed)."""
         n = len(self.ids)
         first = []
         for r in rows:
             m = min(len(r), n)
             diff = torch.nonzero(r[:m] != self.ids[:m])
             p = int(diff[0]) if len(diff) else m
-            first.append(min(p, len(r) - 1))  # at least the last token is computed
+            first.append(min(p, len(r) - 1))
+        return first
+
+    def _cache_blocks(self, rows: Sequence[torch.Tensor], first: list[int]) -> list[Block]:
+        """Rows sorted by their first changed position, grouped so rows x suffix length fits the budget; a
+        block's rows are computed from the block's first position."""
+        assert self.budget is not None  # set in __post_init__
         order = sorted(range(len(rows)), key=lambda i: first[i])
-        blocks: list[tuple[int, list[int]]] = []
+        blocks: list[Block] = []
         cur: list[int] = []
         for i in order:
             if cur:
@@ -147,12 +192,59 @@ class Scorer:
                 width = max(len(rows[j]) for j in cur + [i]) - s
                 # split on the budget, and when recomputing [s, first[i]) would waste over ~1/8 of the row
                 if (len(cur) + 1) * width > self.budget or first[i] - s > max(2, width // 8):
-                    blocks.append((s, cur))
+                    blocks.append(Block(s, cur))
                     cur = []
             cur.append(i)
         if cur:
-            blocks.append((first[cur[0]], cur))
+            blocks.append(Block(first[cur[0]], cur))
         return blocks
+
+    def _packed_blocks(self, rows: Sequence[torch.Tensor], first: list[int]) -> list[Block] | None:
+        """Each row's suffix alone, packed end to end (:mod:`streetlamp.models.packed`): the longest
+        remaining suffix opens a batch row as wide as the longest suffix of all, the shortest remaining ones
+        fill it; batch rows are grouped within the budget. None where packing would not be exact."""
+        assert self.budget is not None
+        if not packable(self.adapter, max(len(self.ids), max(len(r) for r in rows))):
+            return None
+        length = [len(r) - p for r, p in zip(rows, first)]
+        order = sorted(range(len(rows)), key=lambda i: -length[i])
+        cap = length[order[0]]
+        packs: list[list[int]] = []
+        lo, hi = 0, len(order) - 1
+        while lo <= hi:
+            pack, used = [order[lo]], length[order[lo]]
+            lo += 1
+            while lo <= hi and used + length[order[hi]] <= cap:
+                pack.append(order[hi])
+                used += length[order[hi]]
+                hi -= 1
+            packs.append(pack)
+        blocks: list[Block] = []
+        cur: list[list[int]] = []
+        for pack in packs:
+            if cur and (len(cur) + 1) * max(sum(length[i] for i in p) for p in cur + [pack]) > self.budget:
+                blocks.append(Block(0, [i for p in cur for i in p], cur))
+                cur = []
+            cur.append(pack)
+        if cur:
+            blocks.append(Block(0, [i for p in cur for i in p], cur))
+        return blocks
+
+    def _cost(self, blocks: list[Block], rows: Sequence[torch.Tensor], first: list[int]) -> float:
+        """A plan's cost in token positions: the padded rectangle of every pass, each position's attention
+        over its keys (about ``keys / (6 d_model)`` positions' worth of matrix products), and
+        :data:`PASS_COST` per pass (reading every weight once)."""
+        beta = 1.0 / (6 * self.adapter.d_model)
+        total = 0.0
+        for b in blocks:
+            if b.packs is not None:
+                width = max(sum(len(rows[i]) - first[i] for i in pack) for pack in b.packs)
+                n_rows, keys = len(b.packs), max(first[i] for i in b.idx) + width
+            else:
+                width = max(len(rows[i]) for i in b.idx) - b.start
+                n_rows, keys = len(b.idx), b.start + width
+            total += PASS_COST + n_rows * width * (1 + beta * keys)
+        return total
 
 
 def explanation_common(method_name: str, used: str, token: str | None, requested: str) -> dict:
