@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 import torch
@@ -37,6 +37,7 @@ from .tasks import PairSet
 Ablation = Literal["patch", "mean", "zero"]
 ABLATIONS = ("patch", "mean", "zero")
 METRICS = ("logit_diff", "prob_diff")
+T = TypeVar("T")
 
 
 def metric_values(logits: torch.Tensor, answer: torch.Tensor, wrong: torch.Tensor, metric: str) -> torch.Tensor:
@@ -153,6 +154,26 @@ def _delta(blocks: Blocks, p: PairSet, ablated: torch.Tensor) -> tuple[torch.Ten
     return _delta_of(p, ablated, clean), clean
 
 
+def per_batch(
+    blocks: Blocks,
+    pairs: PairSet,
+    ablation: str,
+    batch_size: int,
+    reference: PairSet | None,
+    score: Callable[[PairSet, torch.Tensor], T],
+) -> list[T]:
+    """The chunk loop every first-order score shares: ``score(p, z̃)`` on each ``batch_size`` rows ``p``
+    of ``pairs``, with ``z̃`` their corrupted run's writers (``patch``) or the one mean / zero value
+    computed once (:func:`ablation_values`); the per-chunk results in order."""
+    mean_ab = None if ablation == "patch" else ablation_values(blocks, pairs, ablation, reference)
+    out = []
+    for rows in _chunks(len(pairs), batch_size):
+        p = pairs.select(rows)
+        ab = ablation_values(blocks, pairs, "patch", rows=rows) if mean_ab is None else mean_ab
+        out.append(score(p, ab))
+    return out
+
+
 def _finish(blocks: Blocks, parts: list[torch.Tensor], method: str, ablation: str, metric: str) -> EdgeScores:
     s = torch.cat(parts).detach()
     valid = blocks.graph.valid().to(s.device)
@@ -170,13 +191,11 @@ def eap(
     reference: PairSet | None = None,
 ) -> EdgeScores:
     """EAP scores of every edge, per prompt."""
-    parts = []
-    mean_ab = None if ablation == "patch" else ablation_values(blocks, pairs, ablation, reference)
-    for rows in _chunks(len(pairs), batch_size):
-        p = pairs.select(rows)
-        ab = ablation_values(blocks, pairs, "patch", rows=rows) if mean_ab is None else mean_ab
-        parts.append(_gradient_scores(blocks, p, ab, metric, per_position))
-    return _finish(blocks, parts, "eap", ablation, metric)
+
+    def score(p: PairSet, ab: torch.Tensor) -> torch.Tensor:
+        return _gradient_scores(blocks, p, ab, metric, per_position)
+
+    return _finish(blocks, per_batch(blocks, pairs, ablation, batch_size, reference, score), "eap", ablation, metric)
 
 
 def eap_ig(
@@ -197,15 +216,12 @@ def eap_ig(
     if mode not in ("inputs", "activations"):
         raise StreetlampError(f"unknown EAP-IG mode {mode!r}; choose inputs or activations")
     g = blocks.graph
-    parts = []
-    mean_ab = None if ablation == "patch" else ablation_values(blocks, pairs, ablation, reference)
-    for rows in _chunks(len(pairs), batch_size):
-        p = pairs.select(rows)
-        ab = ablation_values(blocks, pairs, "patch", rows=rows) if mean_ab is None else mean_ab
+    todo = [("embed", slice(0, 1))] if mode == "inputs" else g.blocks()
+
+    def score(p: PairSet, ab: torch.Tensor) -> torch.Tensor:
         delta, clean = _delta(blocks, p, ab)
         ab = ab.expand_as(clean)
         acc = None
-        todo = [("embed", slice(0, 1))] if mode == "inputs" else g.blocks()
         for name, sl in todo:
             for k in range(1, steps + 1):
                 a = k / steps
@@ -215,7 +231,9 @@ def eap_ig(
                 s = _gradient_scores(blocks, p, ab, metric, per_position, over, src, delta)
                 acc = s if acc is None else acc + s
         assert acc is not None
-        parts.append(acc / steps)
+        return acc / steps
+
+    parts = per_batch(blocks, pairs, ablation, batch_size, reference, score)
     return _finish(blocks, parts, f"eap-ig-{mode}", ablation, metric)
 
 
