@@ -96,8 +96,22 @@ def test_graph_shape() -> None:
         ("L0.H1", "v"),
     ]
     t = g.edges_table(torch.arange(g.n_readers * g.n_writers, dtype=torch.float64).reshape(g.n_readers, -1), "eap")
-    assert list(t.columns) == ["source", "target", "input", "score", "method"] and len(t) == g.n_edges
-    assert set(t["input"]) == {"q", "k", "v", "mlp", "logits"}
+    assert list(t.columns) == ["source", "target", "input", "score", "method", "kv_group", "edge"]
+    assert t["edge"].nunique() == g.n_edges and set(t["input"]) == {"q", "k", "v", "mlp", "logits"}
+    # heads only: a group's k/v edge is a row under each of its 2 heads (layer 0: embed; layer 1: 6 writers)
+    assert t["target"].str.match(r"^(L\d+\.H\d+|L\d+\.MLP|logits)$").all()
+    kv = t[t["kv_group"] != ""]
+    assert len(kv) == 2 * (4 * 1 + 4 * 6) and len(t) == g.n_edges + len(kv) // 2
+    r, w = g.edge_index()
+    for x in kv.itertuples():  # each row is its group's edge: the score of that (reader, writer), its own head
+        i, j = r[x.edge], w[x.edge]
+        assert x.kv_group == g.readers[i].node and x.score == float(i * g.n_writers + j) and x.source == g.writers[j]
+        assert x.target in [g.writers[o] for o in g.readers[i].owners] and g.reader_index(x.target, x.input) == i
+    assert set(kv["target"]) == {f"L{l}.H{h}" for l in range(2) for h in range(4)}
+    assert g.target_label(4) == "L0.H0,L0.H1" and g.reader_index("L0.H0,L0.H1", "k") == 4 == g.reader_index(
+        "L0.KV0", "k"
+    )
+    assert (t[t["kv_group"] == ""].groupby("edge").size() == 1).all()
 
 
 def test_grouped_attention_never_repeats_keys_per_query_head() -> None:
