@@ -30,7 +30,7 @@ from common import load, threads, timeit  # noqa: E402
 
 from streetlamp.interventions.circuits import scores as S  # noqa: E402
 from streetlamp.interventions.circuits.blocks import Blocks  # noqa: E402
-from streetlamp.interventions.circuits.tasks import encode_pairs, ioi  # noqa: E402
+from streetlamp.interventions.circuits.tasks import IOI_TEMPLATES, encode_pairs, ioi  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER = ROOT / ".tl-venv" / "bin" / "python"
@@ -61,11 +61,12 @@ def main() -> None:
     model = gpt2_like_smollm2(tok, args.layers)
     adapter = ModelAdapter(model, tok, "random-gpt2-smollm2-shape")
     blocks = Blocks(adapter)
-    pairs = encode_pairs(adapter, ioi(args.prompts, seed=0))
+    # one template, so every prompt has one length: TransformerLens' batch and ours hold no padding
+    pairs = encode_pairs(adapter, ioi(args.prompts, seed=0, templates=IOI_TEMPLATES[:1]))
     g = blocks.graph
     print(
         f"model: random GPT-2 of SmolLM2-135M's shape ({args.layers} layers, 9 heads, d_model 576, float32); "
-        f"{len(pairs)} IOI prompts, {pairs.clean.input_ids.shape[1]} positions; {g.n_edges} edges; "
+        f"{len(pairs)} IOI prompts (first template), {pairs.clean.input_ids.shape[1]} positions; {g.n_edges} edges; "
         f"{n_threads} thread(s); {load()}"
     )
     assert bool(pairs.clean.attention_mask.all()), "IOI prompts of one length: no padding for either side"
