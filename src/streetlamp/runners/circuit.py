@@ -133,14 +133,13 @@ def edge_scores(
 ) -> S.EdgeScores:
     """``method``'s per-prompt scores; ``reference``: the prompts whose mean is mean ablation's value
     (default ``pairs``; ``--engine ray`` scores a batch at a time against the whole set)."""
-    ref = {"reference": reference}
     if method == "eap":
-        return S.eap(blocks, pairs, metric, ablation, batch_size=rows, **ref)
+        return S.eap(blocks, pairs, metric, ablation, batch_size=rows, reference=reference)
     if method.startswith("eap-ig-"):
         mode = method.removeprefix("eap-ig-")
-        return S.eap_ig(blocks, pairs, steps, mode, metric, ablation, batch_size=rows, **ref)
+        return S.eap_ig(blocks, pairs, steps, mode, metric, ablation, batch_size=rows, reference=reference)
     if method == "exact":
-        return S.exact(blocks, pairs, metric, ablation, batch_size=rows, **ref)
+        return S.exact(blocks, pairs, metric, ablation, batch_size=rows, reference=reference)
     if method == "flow-routes":  # contribution-based, one clean forward (no corrupted input)
         from ..interventions.circuits.flow import flow_routes
 
@@ -149,7 +148,7 @@ def edge_scores(
         from ..interventions.circuits import corrections as X
 
         fn = X.eap_qk if method == "eap-qk" else X.graddrop
-        out = fn(blocks, pairs, metric, ablation, batch_size=rows, **ref)
+        out = fn(blocks, pairs, metric, ablation, batch_size=rows, reference=reference)
         assert isinstance(out, S.EdgeScores)
         return out
     raise StreetlampError(f"unknown circuit method {method!r}")
