@@ -79,13 +79,21 @@ def test_tables_match_the_engine(run: tuple[Path, str], engine) -> None:
         edges.columns
     )
     assert set(edges["input"]) == {"q", "k", "v", "mlp", "logits"} and set(edges["method"]) == {"eap", "exact"}
-    assert "L0.KV1" in set(edges["target"]) and {"embed", "L1.MLP", "L0.H3"} <= set(edges["source"])
+    assert "L0.KV1" in set(edges["kv_group"]) and {"embed", "L1.MLP", "L0.H3"} <= set(edges["source"])
+    # heads only: a key/value group's k/v edge is a row under each of its 2 heads, every column equal
+    assert edges["target"].str.match(r"^(L\d+\.H\d+|L\d+\.MLP|logits)$").all()
+    kv = edges[edges["kv_group"] != ""]
+    assert set(kv["input"]) == {"k", "v"} and (kv.groupby(["method", "edge"]).size() == 2).all()
+    same = ["source", "input", "kv_group", "score", "ci_low", "ci_high", "inclusion", "in_circuit"]
+    assert (kv.groupby(["method", "edge"])[same].nunique(dropna=False) == 1).all().all()
     assert (edges["target"] == "logits").sum() == 2 * g.n_writers  # every writer reaches the logits, per method
     want = {"eap": S.eap(b, pairs), "exact": S.exact(b, pairs)}
     r, w = g.edge_index()
     for name, sc in want.items():
         e = edges[edges["method"] == name]
-        assert len(e) == g.n_edges
+        assert e["edge"].nunique() == g.n_edges and len(e) == g.n_edges + (kv["method"] == name).sum() // 2
+        e = e.drop_duplicates("edge")  # one row per edge of the model, in edge_index order
+        assert list(e["edge"]) == list(range(g.n_edges))
         ref = sc.mean.double().numpy()[r, w]
         assert np.abs(ref).max() > 1e3 * tol  # the scores compared are far above the tolerance
         np.testing.assert_allclose(e["score"].to_numpy(), ref, rtol=0, atol=tol)
@@ -126,10 +134,11 @@ def test_tables_match_the_engine(run: tuple[Path, str], engine) -> None:
     assert m["model"]["kv_heads"] == 2 and set(m["files"]) >= {"edges.parquet", "faithfulness.csv", "areas.csv"}
     # inclusion frequency at the chosen size and membership
     e = edges[edges["method"] == "eap"]
+    e1 = e.drop_duplicates("edge")
     k = max(1, round(chosen * g.n_edges))
     inc = F.inclusion_frequency(g, want["eap"], k, BOOT, 3).numpy()[r, w]
-    np.testing.assert_allclose(e["inclusion"].to_numpy(), inc, atol=1e-12)
-    np.testing.assert_array_equal(e["in_circuit"].to_numpy(), F.circuit(g, want["eap"].mean, k).numpy()[r, w])
+    np.testing.assert_allclose(e1["inclusion"].to_numpy(), inc, atol=1e-12)
+    np.testing.assert_array_equal(e1["in_circuit"].to_numpy(), F.circuit(g, want["eap"].mean, k).numpy()[r, w])
     row = ft[(ft["method"] == "eap") & np.isclose(ft["size_fraction"], chosen)].iloc[0]
     assert f"faithfulness {row['faithfulness']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]" in printed
     assert "heads and MLPs it joins:" in printed and f"output: {out}/" in printed
@@ -156,15 +165,12 @@ def test_mib_json_is_the_parquet_circuit(run: tuple[Path, str], engine) -> None:
     assert "input" in d["nodes"] and "a1.h3" in d["nodes"] and "m0" in d["nodes"] and d["nodes"]["logits"]["in_graph"]
     e = edges[edges["method"] == "eap"]
 
-    def mib(n: str) -> list[str]:  # a key/value group reads for each of its heads
+    def mib(n: str) -> list[str]:  # the Parquet lists a key/value group's edge under each of its heads already
         if n in ("embed", "logits"):
             return ["input" if n == "embed" else "logits"]
         layer, rest = n.split(".")
-        if rest == "MLP":
-            return [f"m{layer[1:]}"]
-        if rest.startswith("KV"):
-            return [f"a{layer[1:]}.h{2 * int(rest[2:]) + i}" for i in range(2)]
-        return [f"a{layer[1:]}.h{rest[1:]}"]
+        assert rest == "MLP" or rest.startswith("H"), n
+        return [f"m{layer[1:]}"] if rest == "MLP" else [f"a{layer[1:]}.h{rest[1:]}"]
 
     names = set()
     for x in e[e["in_circuit"]].itertuples():
@@ -188,15 +194,20 @@ def test_paths_table_is_exact_patching_of_the_named_paths(run: tuple[Path, str],
     g = b.graph
     t = pd.read_csv(out / "paths.csv")
     assert list(t.columns) == [
-        "source_method", "sender", "receiver", "input", "positions", "tokens", "matrix_score", "matrix_share",
-        "matrix_rank", "patch_effect", "patch_ci_low", "patch_ci_high", "relative_effect", "matters", "agree",
+        "source_method", "sender", "receiver", "input", "kv_group", "positions", "tokens", "matrix_score",
+        "matrix_share", "matrix_rank", "patch_effect", "patch_ci_low", "patch_ci_high", "relative_effect",
+        "matters", "agree",
     ]  # fmt: skip
+    t["kv_group"] = t["kv_group"].fillna("")
+    for x in t.itertuples():  # a group's receiver is named by its heads, the group beside it
+        i = g.reader_index(x.receiver, x.input)
+        assert x.receiver == ",".join(g.target_heads(i)) and x.kv_group == g.kv_group(i)
+        assert all(h.startswith("L") and ".H" in h for h in x.receiver.split(",")) or x.receiver == "logits"
     assert set(t["source_method"]) == {"rollout", "attention_attribution", "alti", "circuit:eap"}
     assert (t.groupby("source_method").size() == 10).all()
     mat = t[~t["source_method"].str.startswith("circuit:")]
     assert set(mat["input"]) <= {"v", "logits"} and mat["sender"].str.match(r"L\d+\.H\d+$").all()
-    rd = {(x.node, x.input): i for i, x in enumerate(g.readers)}
-    idx = [(rd[(x.receiver, x.input)], g.writers.index(x.sender)) for x in t.itertuples()]
+    idx = [(g.reader_index(x.receiver, x.input), g.writers.index(x.sender)) for x in t.itertuples()]
     rr, ww = np.array([i for i, _ in idx]), np.array([j for _, j in idx])
     ex = S.exact(b, pairs, edges=(rr, ww)).per_prompt.double().numpy()[:, rr, ww]  # [prompts, rows]
     tol = f32_tol(a.n_layers) * float(np.abs(ex).max())
@@ -207,10 +218,11 @@ def test_paths_table_is_exact_patching_of_the_named_paths(run: tuple[Path, str],
         assert t["patch_ci_low"].iloc[k] == pytest.approx(lo, abs=tol)
         assert t["patch_ci_high"].iloc[k] == pytest.approx(hi, abs=tol)
     edges = pd.read_parquet(out / "edges.parquet").set_index(["method", "source", "target", "input"])
-    for x in t.itertuples():  # the run's own exact scores of the same edge; the circuit rows' eap scores
-        assert edges.loc[("exact", x.sender, x.receiver, x.input), "score"] == pytest.approx(x.patch_effect, abs=tol)
-        if x.source_method == "circuit:eap":
-            assert edges.loc[("eap", x.sender, x.receiver, x.input), "score"] == pytest.approx(x.matrix_score)
+    for x in t.itertuples():  # the run's own exact scores of the same edge (under each head); the circuit rows' eap
+        for h in x.receiver.split(","):
+            assert edges.loc[("exact", x.sender, h, x.input), "score"] == pytest.approx(x.patch_effect, abs=tol)
+            if x.source_method == "circuit:eap":
+                assert edges.loc[("eap", x.sender, h, x.input), "score"] == pytest.approx(x.matrix_score)
     ar = pd.read_csv(out / "areas.csv").set_index("method").loc["eap"]
     gap = ar["m_full"] - ar["m_empty"]
     excl = (t["patch_ci_low"] > 0) | (t["patch_ci_high"] < 0)
@@ -419,6 +431,7 @@ def test_ioi_on_smollm2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     s = json.loads((out / "manifest.json").read_text())["summary"]["eap"]
     assert s["m_full"] - s["m_empty"] > 0.5  # the model does IOI: the clean logit difference beats the corrupted one
     e = pd.read_parquet(out / "edges.parquet")
-    assert len(e) == json.loads((out / "manifest.json").read_text())["parameters"]["graph"]["edges"]
-    assert "L0.KV0" in set(e["target"])  # SmolLM2: 9 heads in 3 key/value groups
+    assert e["edge"].nunique() == json.loads((out / "manifest.json").read_text())["parameters"]["graph"]["edges"]
+    assert "L0.KV0" in set(e["kv_group"])  # SmolLM2: 9 heads in 3 key/value groups
+    assert set(e[e["kv_group"] == "L0.KV0"]["target"]) == {"L0.H0", "L0.H1", "L0.H2"}
     assert "faithfulness" in capsys.readouterr().out

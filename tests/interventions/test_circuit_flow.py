@@ -201,3 +201,30 @@ def test_graddrop_is_the_frozen_layer_mask_derivative() -> None:
             checked += int(np.abs(fd).max() > 1e-4)
     assert checked >= 5  # most sampled edges carry a gradient: the comparison is not of zeros
     assert math.isfinite(float(total.mean.nan_to_num().abs().max()))
+
+
+@pytest.mark.parametrize("ablation", ["patch", "mean"])
+def test_corrections_share_eaps_chunk_loop(ablation: str) -> None:
+    """eap_qk and graddrop run scores.per_batch, EAP's own loop: per prompt, a row scored alone (batch 1)
+    equals it scored in the whole batch, and eap_qk's per-batch scorer fed the loop's ablated values gives
+    the method's rows (the loop hands each chunk its own corrupted writers, or the one mean)."""
+    a, b = make("llama")  # grouped-query: 4 heads, 2 key/value groups
+    pairs = encode_pairs(a, PAIRS)
+    tol = F64_TOL
+    for fn in (S.eap, X.eap_qk, X.graddrop):
+        one, all_ = fn(b, pairs, ablation=ablation, batch_size=1), fn(b, pairs, ablation=ablation, batch_size=2)
+        assert isinstance(one, S.EdgeScores) and isinstance(all_, S.EdgeScores)
+        assert float(all_.per_prompt.nan_to_num().abs().max()) > 1e3 * tol  # not a comparison of zeros
+        torch.testing.assert_close(one.per_prompt, all_.per_prompt, rtol=0, atol=tol, equal_nan=True)
+    calls: list[int] = []
+
+    def score(p, ab):
+        calls.append(len(p))
+        return X._qk_batch(b, p, ab, "logit_diff")
+
+    parts = S.per_batch(b, pairs, ablation, 1, None, score)
+    assert calls == [1, 1]
+    got = torch.cat(parts).masked_fill(~b.graph.valid(), float("nan"))
+    torch.testing.assert_close(
+        got, X.eap_qk(b, pairs, ablation=ablation, batch_size=1).per_prompt, rtol=0, atol=0, equal_nan=True
+    )

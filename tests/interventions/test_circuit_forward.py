@@ -96,8 +96,22 @@ def test_graph_shape() -> None:
         ("L0.H1", "v"),
     ]
     t = g.edges_table(torch.arange(g.n_readers * g.n_writers, dtype=torch.float64).reshape(g.n_readers, -1), "eap")
-    assert list(t.columns) == ["source", "target", "input", "score", "method"] and len(t) == g.n_edges
-    assert set(t["input"]) == {"q", "k", "v", "mlp", "logits"}
+    assert list(t.columns) == ["source", "target", "input", "score", "method", "kv_group", "edge"]
+    assert t["edge"].nunique() == g.n_edges and set(t["input"]) == {"q", "k", "v", "mlp", "logits"}
+    # heads only: a group's k/v edge is a row under each of its 2 heads (layer 0: embed; layer 1: 6 writers)
+    assert t["target"].str.match(r"^(L\d+\.H\d+|L\d+\.MLP|logits)$").all()
+    kv = t[t["kv_group"] != ""]
+    assert len(kv) == 2 * (4 * 1 + 4 * 6) and len(t) == g.n_edges + len(kv) // 2
+    r, w = g.edge_index()
+    for x in kv.itertuples():  # each row is its group's edge: the score of that (reader, writer), its own head
+        i, j = r[x.edge], w[x.edge]
+        assert x.kv_group == g.readers[i].node and x.score == float(i * g.n_writers + j) and x.source == g.writers[j]
+        assert x.target in [g.writers[o] for o in g.readers[i].owners] and g.reader_index(x.target, x.input) == i
+    assert set(kv["target"]) == {f"L{l}.H{h}" for l in range(2) for h in range(4)}
+    assert g.target_label(4) == "L0.H0,L0.H1" and g.reader_index("L0.H0,L0.H1", "k") == 4 == g.reader_index(
+        "L0.KV0", "k"
+    )
+    assert (t[t["kv_group"] == ""].groupby("edge").size() == 1).all()
 
 
 def test_grouped_attention_never_repeats_keys_per_query_head() -> None:
@@ -116,3 +130,35 @@ def test_unsupported_families_say_why(family: str) -> None:
     model, tok = tiny_model(family)
     with pytest.raises(StreetlampError, match="not supported: "):
         Blocks(ModelAdapter(model, tok, f"tiny-{family}"))
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_sparse_masks_are_the_dense_sum(family: str) -> None:
+    """A mask that ablates few edges (exact patching's one per row, here two per row and a partial one) is
+    summed as stream + (1 - M)(z̃ - z) without gradients; with gradients the dense Σ M z + (1 - M) z̃ runs.
+    Both give the same logits and writers (float64), and the edges moved the output (not a no-op)."""
+    model, tok = tiny_model(family, seed=1)
+    a = ModelAdapter(model.double(), tok, f"tiny-{family}")
+    b = Blocks(a)
+    g = b.graph
+    pairs = encode_pairs(a, PAIRS)
+    ab = ablation_values(b, pairs, "patch")
+    r, w = g.edge_index()
+    mask = g.valid().double()[None].repeat(len(pairs), 1, 1)
+    big = torch.randperm(len(r), generator=torch.Generator().manual_seed(0))[:3]
+    mask[0, r[big[0]], w[big[0]]] = 0
+    mask[0, r[big[1]], w[big[1]]] = 0.25  # a partial ablation
+    mask[1, g.logits_reader, 0] = 0  # embed -> logits
+    mask[1, r[big[2]], w[big[2]]] = 0
+    ids, am = pairs.clean.input_ids, pairs.clean.attention_mask
+    with torch.no_grad():
+        sparse = run_graph(b, ids, am, ablated=ab, mask=mask)
+        full = run_graph(b, ids, am)
+    with torch.enable_grad():
+        dense = run_graph(b, ids, am, ablated=ab, mask=mask)
+    scale = float(full.logits.abs().max())
+    t = tol(a, scale)
+    torch.testing.assert_close(sparse.logits, dense.logits.detach(), rtol=0, atol=t)
+    tw = tol(a, float(full.writers.abs().max()))
+    torch.testing.assert_close(sparse.writers, dense.writers.detach(), rtol=0, atol=tw)
+    assert float((sparse.logits - full.logits).abs().max()) > 1e3 * t  # the ablated edges changed the output

@@ -104,7 +104,8 @@ def test_drawn_circuit_and_faithfulness_are_the_stored_arrays(run: Path, browser
         assert float(kv.get_attribute("data-inclusion")) == pytest.approx(a["inclusion.eap"][r, w], abs=1e-4)
         assert float(kv.get_attribute("data-score")) == pytest.approx(a["scores.eap"][r, w], rel=F32)
         assert np.isfinite(a["exact"][r, w]) and abs(a["exact"][r, w]) > 1e-5
-        node, inp, layer, owners = cv["readers"][r]
+        node, inp, layer, owners, group = cv["readers"][r]
+        assert node == ",".join(cv["writers"][o] for o in owners) if group else ".KV" not in node
         grids = p.eval_on_selector_all("#circuit-edge canvas[id^='circuit-att-']", "cs => cs.map(c => c.id)")
         if inp in ("q", "k", "v"):
             heads = [int(cv["writers"][o].split(".H")[1]) for o in owners]

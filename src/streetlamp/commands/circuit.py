@@ -10,6 +10,7 @@ tokenizer (equal token lengths, one-token answers) and the model's family in
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import StreetlampError
@@ -141,6 +142,13 @@ class CircuitSettings(Settings):
         "corrupt (stability.csv; default none)",
     )
     resamples: int = option(20, help="resamples per --resample axis")
+    engine: str = option(
+        "local",
+        choices=("local", "ray"),
+        help="ray: edge scores over batches of prompts, and the resamples, on Ray actors",
+    )
+    ray_address: str | None = option(None, help="existing Ray cluster (e.g. auto, ray://head:10001)")
+    workers: int | None = option(None, help="Ray actors (one model each)")
 
     def check(self) -> None:
         super().check()
@@ -153,6 +161,11 @@ class CircuitSettings(Settings):
         if not 0 <= self.path_threshold < 1:  # NaN fails too
             raise StreetlampError(f"--path-threshold {self.path_threshold:g} is outside [0, 1)")
         at_least(self.resamples, 2, "--resamples")
+        at_least(self.workers, 1, "--workers")
+        if self.engine == "ray":
+            from ..extras import require
+
+            require("ray")
         if self.size is not None:
             check_size(self.size)
         from ..runners.circuit import task_pairs
@@ -174,8 +187,14 @@ class CircuitSettings(Settings):
 
 def run_circuit(adapter: ModelAdapter, s: CircuitSettings, out: Any, opts: Any) -> Any:
     from ..runners.circuit import run_circuit as run
+    from ..runners.circuit_ray import RayPlace
 
-    return run(adapter, out, s)
+    place = None
+    if s.engine == "ray":
+        if not isinstance(opts.model, (str, Path)):
+            raise StreetlampError("--engine ray loads the model on each actor: give --model as a name or a folder")
+        place = RayPlace(str(opts.model), opts.device or "cpu", s.ray_address, s.workers)
+    return run(adapter, out, s, place)
 
 
 CIRCUIT = Command(

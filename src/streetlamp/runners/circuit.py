@@ -7,9 +7,11 @@ chooses, tabulates and writes. Files of the run folder (each described in ``mani
 * ``edges.parquet``: every edge of every method: ``source``, ``target``, ``input`` (q/k/v/mlp/logits),
   ``score`` (mean over prompts of ``m(edge ablated) - m(clean)``), ``method``, ``ci_low``/``ci_high``
   (percentile bootstrap over prompts of that mean), ``inclusion`` (share of resamples whose top-k circuit
-  at the chosen size holds the edge), ``in_circuit`` (in the chosen circuit). Nodes: ``embed``,
-  ``L{l}.H{h}``, ``L{l}.MLP``, ``logits``; with grouped-query attention the k and v inputs are read per
-  key/value group, ``L{l}.KV{g}``.
+  at the chosen size holds the edge), ``in_circuit`` (in the chosen circuit), ``kv_group``, ``edge``.
+  Nodes: ``embed``, ``L{l}.H{h}``, ``L{l}.MLP``, ``logits``. With grouped-query attention a k or v input
+  is read once per key/value group: that one edge is a row under each query head of the group, every
+  column equal, the group in ``kv_group`` (``L{l}.KV{g}``; empty elsewhere) and the model's edge index in
+  ``edge`` (count and sum edges over unique ``edge``).
 * ``faithfulness.csv``: one row per method and size (``method``, ``size_fraction``, ``n_edges``,
   ``faithfulness``, ``ci_low``, ``ci_high``, the random baseline's columns, ablation, metric).
 * ``areas.csv``: CPR and CMD per method with intervals, the random baseline's CPR, m(M) and m(∅).
@@ -46,6 +48,7 @@ from ..store.run_folder import RunFolder
 from . import circuit_paths as P
 from . import circuit_resume as R
 from . import circuit_view as V
+from .circuit_ray import RayPlace, StabilityJob, ray_edge_scores, ray_stability
 
 if TYPE_CHECKING:
     from ..commands.circuit import CircuitSettings
@@ -119,14 +122,24 @@ def rows_of(budget: int | None, pairs: T.PairSet, default: int) -> int:
 
 
 def edge_scores(
-    blocks: Blocks, pairs: T.PairSet, method: str, ablation: str, metric: str, steps: int, rows: int
+    blocks: Blocks,
+    pairs: T.PairSet,
+    method: str,
+    ablation: str,
+    metric: str,
+    steps: int,
+    rows: int,
+    reference: T.PairSet | None = None,
 ) -> S.EdgeScores:
+    """``method``'s per-prompt scores; ``reference``: the prompts whose mean is mean ablation's value
+    (default ``pairs``; ``--engine ray`` scores a batch at a time against the whole set)."""
     if method == "eap":
-        return S.eap(blocks, pairs, metric, ablation, batch_size=rows)
+        return S.eap(blocks, pairs, metric, ablation, batch_size=rows, reference=reference)
     if method.startswith("eap-ig-"):
-        return S.eap_ig(blocks, pairs, steps, method.removeprefix("eap-ig-"), metric, ablation, batch_size=rows)
+        mode = method.removeprefix("eap-ig-")
+        return S.eap_ig(blocks, pairs, steps, mode, metric, ablation, batch_size=rows, reference=reference)
     if method == "exact":
-        return S.exact(blocks, pairs, metric, ablation, batch_size=rows)
+        return S.exact(blocks, pairs, metric, ablation, batch_size=rows, reference=reference)
     if method == "flow-routes":  # contribution-based, one clean forward (no corrupted input)
         from ..interventions.circuits.flow import flow_routes
 
@@ -135,7 +148,7 @@ def edge_scores(
         from ..interventions.circuits import corrections as X
 
         fn = X.eap_qk if method == "eap-qk" else X.graddrop
-        out = fn(blocks, pairs, metric, ablation, batch_size=rows)
+        out = fn(blocks, pairs, metric, ablation, batch_size=rows, reference=reference)
         assert isinstance(out, S.EdgeScores)
         return out
     raise StreetlampError(f"unknown circuit method {method!r}")
@@ -251,11 +264,13 @@ class CircuitResult:
             )
         r = self.methods[first]
         e = self.edges[(self.edges["method"] == first) & self.edges["in_circuit"]]
+        heads = e.groupby("edge")["target"].agg(",".join)  # a key/value group's edge: every head that reads it
+        e = e.drop_duplicates("edge")
         e = e.reindex(e["score"].abs().sort_values(ascending=False).index).head(self.top)
         out.append(f"top edges of the {first} circuit (score = m(edge ablated) - m(model); inclusion):")
         out += [
-            f"  {x.source} -> {x.target} ({x.input}): {x.score:+.4g} [{x.ci_low:+.4g}, {x.ci_high:+.4g}]; "
-            f"{x.inclusion:.2f}"
+            f"  {x.source} -> {heads[x.edge]} ({x.input}{', group ' + x.kv_group if x.kv_group else ''}): "
+            f"{x.score:+.4g} [{x.ci_low:+.4g}, {x.ci_high:+.4g}]; {x.inclusion:.2f}"
             for x in e.itertuples()
         ]
         out.append("heads and MLPs it joins: " + (", ".join(self.nodes) if self.nodes else "none"))
@@ -287,11 +302,16 @@ def resume_settings(adapter: ModelAdapter, s: CircuitSettings, raw: list[T.TaskP
     number (not ``--top``, which only prints) and the pairs themselves (a CSV may have changed)."""
     import dataclasses
 
-    d = {k: v for k, v in dataclasses.asdict(s).items() if k != "top"}
+    how = ("top", "engine", "ray_address", "workers")  # what is printed, or where it runs: no number changes
+    d = {k: v for k, v in dataclasses.asdict(s).items() if k not in how}
     return {"model": adapter.describe(), "settings": d, "pairs": [vars(p) for p in raw]}
 
 
-def run_circuit(adapter: ModelAdapter, out: RunFolder | Path, s: CircuitSettings) -> CircuitResult:
+def run_circuit(
+    adapter: ModelAdapter, out: RunFolder | Path, s: CircuitSettings, place: RayPlace | None = None
+) -> CircuitResult:
+    """The run; ``place``: run the per-prompt edge scores and the resamples on Ray actors there
+    (:mod:`.circuit_ray`), else here."""
     import pandas as pd
 
     rf = RunFolder.of(out, "circuit")
@@ -306,9 +326,16 @@ def run_circuit(adapter: ModelAdapter, out: RunFolder | Path, s: CircuitSettings
     ck = R.Checkpoint(rf.out, resume_settings(adapter, s, raw))
     with progress.bar(2 * len(s.methods), "circuit (edge scores, faithfulness sweep per method)") as stages:
         for i, name in enumerate(s.methods):
+
+            def score(name: str = name) -> S.EdgeScores:
+                rows = rows_of(s.batch_size, pairs, 16)
+                if place is not None:
+                    return ray_edge_scores(place, ck.store, pairs, name, s.ablation, s.metric, s.steps, rows)
+                return edge_scores(blocks, pairs, name, s.ablation, s.metric, s.steps, rows)
+
             sc = R.cached(
                 ck, 2 * i,
-                lambda: edge_scores(blocks, pairs, name, s.ablation, s.metric, s.steps, rows_of(s.batch_size, pairs, 16)),
+                score,
                 lambda v: ({"stage": f"scores {v.method}"}, {"per_prompt": v.per_prompt.cpu().numpy()}),
                 lambda rec, arr: S.EdgeScores(name, torch.tensor(arr["per_prompt"]), s.ablation, s.metric),
             )  # fmt: skip
@@ -362,7 +389,15 @@ def run_circuit(adapter: ModelAdapter, out: RunFolder | Path, s: CircuitSettings
     assert chosen is not None
     stab_rows: list[dict] = []
     stab_lines: list[str] = []
-    if s.resample:  # error bars that re-discover the circuit on every resample (interventions/circuits/resampling.py)
+    if s.resample and place is not None:
+        job = StabilityJob(
+            s.task, raw, pairs, s.ablation, s.metric, s.steps, sizes, s.resamples, s.seed, chosen, s.batch_size,
+            rows_of(s.batch_size, pairs, 32),
+        )  # fmt: skip
+        stab_rows, stab_lines = ray_stability(
+            place, ck.store, job, {n: r.scores for n, r in methods.items()}, s.resample
+        )
+    elif s.resample:  # error bars that re-discover the circuit on every resample (interventions/circuits/resampling.py)
         from ..interventions.circuits.resampling import stability
 
         for name, r in methods.items():
@@ -452,6 +487,8 @@ def run_circuit(adapter: ModelAdapter, out: RunFolder | Path, s: CircuitSettings
                     "limit": s.limit,
                     "random": s.random,
                     "batch_size": s.batch_size,
+                    "engine": s.engine,
+                    **({"ray_sessions": ck.store.manifest().get("engine", [])} if place is not None else {}),
                     "paths": s.paths,
                     "path_methods": list(s.path_methods),
                     "path_threshold": s.path_threshold,
@@ -479,7 +516,7 @@ def report_tables(res: CircuitResult) -> list[dict]:
             "rows": [[_plain_value(v) for v in r] for r in f.itertuples(index=False)],
         }
     ]
-    ecols = ["source", "target", "input", "score", "ci_low", "ci_high", "inclusion"]
+    ecols = ["source", "target", "input", "kv_group", "score", "ci_low", "ci_high", "inclusion"]
     for name in res.methods:
         e = res.edges[(res.edges["method"] == name) & res.edges["in_circuit"]]
         e = e.reindex(e["score"].abs().sort_values(ascending=False).index).head(max(res.top, 20))
@@ -487,7 +524,8 @@ def report_tables(res: CircuitResult) -> list[dict]:
             {
                 "title": f"top edges of the {name} circuit at size {res.size:g}",
                 "note": "score = m(edge ablated) - m(model), mean over prompts; inclusion: share of bootstrap "
-                "circuits holding the edge",
+                "circuits holding the edge; kv_group: a key/value group's k or v edge, listed under each head that "
+                "reads it",
                 "columns": ecols,
                 "rows": [[_plain_value(v) for v in r] for r in e[ecols].itertuples(index=False)],
             }

@@ -246,7 +246,7 @@ def compare_paths(
                 }
             )
     cols = [
-        "source_method", "sender", "receiver", "input", "positions", "tokens", "matrix_score", "matrix_share",
+        "source_method", "sender", "receiver", "input", "kv_group", "positions", "tokens", "matrix_score", "matrix_share",
         "matrix_rank", "patch_effect", "patch_ci_low", "patch_ci_high", "relative_effect", "matters", "agree",
     ]  # fmt: skip
     if not named:
@@ -267,8 +267,9 @@ def compare_paths(
             {
                 "source_method": d["source_method"],
                 "sender": g.writers[j],
-                "receiver": g.readers[i].node,
+                "receiver": g.target_label(i),
                 "input": g.readers[i].input,
+                "kv_group": g.kv_group(i),
                 "positions": d["positions"],
                 "tokens": d["tokens"],
                 "matrix_score": d["matrix_score"],

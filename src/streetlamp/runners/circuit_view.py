@@ -39,9 +39,8 @@ def exact_effects(g: Graph, methods: dict, paths: Any) -> tuple[np.ndarray, np.n
         iv = np.stack([r.lo, r.hi]).copy()
         what.append("every edge (the exact method)")
     if paths is not None and len(paths):
-        rd = {(x.node, x.input): i for i, x in enumerate(g.readers)}
         for x in paths.itertuples():
-            i, j = rd[(x.receiver, x.input)], g.writers.index(x.sender)
+            i, j = g.reader_index(x.receiver, x.input), g.writers.index(x.sender)
             if np.isnan(eff[i, j]):
                 eff[i, j], iv[0, i, j], iv[1, i, j] = x.patch_effect, x.patch_ci_low, x.patch_ci_high
         what.append("the edges of paths.csv")
@@ -84,7 +83,10 @@ def add_view(
                 meaning="attention of the first clean prompt (real tokens)")  # fmt: skip
     return {
         "writers": list(g.writers),
-        "readers": [[r.node, r.input, r.layer, list(r.owners)] for r in g.readers],
+        # [the heads that read it (a key/value group's joined by ","), input, layer, owners, kv group or ""]
+        "readers": [
+            [g.target_label(i), r.input, r.layer, list(r.owners), g.kv_group(i)] for i, r in enumerate(g.readers)
+        ],
         "n_layers": g.n_layers,
         "n_heads": g.n_heads,
         "n_kv_heads": g.n_kv_heads,

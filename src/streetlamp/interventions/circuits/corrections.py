@@ -20,7 +20,7 @@ import torch
 from ...errors import StreetlampError
 from .blocks import Blocks
 from .forward import reader_slices, run_graph
-from .scores import EdgeScores, _chunks, _delta_of, _finish, _gradient_scores, ablation_values, metric_values
+from .scores import EdgeScores, _delta_of, _finish, _gradient_scores, metric_values, per_batch
 from .tasks import PairSet
 
 
@@ -84,13 +84,11 @@ def eap_qk(
     reference: PairSet | None = None,
 ) -> EdgeScores:
     """EAP with AtP*'s QK fix on every query and key edge (module docstring)."""
-    parts = []
-    mean_ab = None if ablation == "patch" else ablation_values(blocks, pairs, ablation, reference)
-    for rows in _chunks(len(pairs), batch_size):
-        p = pairs.select(rows)
-        ab = ablation_values(blocks, pairs, "patch", rows=rows) if mean_ab is None else mean_ab
-        parts.append(_qk_batch(blocks, p, ab, metric))
-    return _finish(blocks, parts, "eap-qk", ablation, metric)
+
+    def score(p: PairSet, ab: torch.Tensor) -> torch.Tensor:
+        return _qk_batch(blocks, p, ab, metric)
+
+    return _finish(blocks, per_batch(blocks, pairs, ablation, batch_size, reference, score), "eap-qk", ablation, metric)
 
 
 def graddrop(
@@ -107,22 +105,23 @@ def graddrop(
     L = g.n_layers
     if L < 1:
         raise StreetlampError("GradDrop needs at least one layer")
-    mean_ab = None if ablation == "patch" else ablation_values(blocks, pairs, ablation, reference)
-    layers: list[list[torch.Tensor]] = [[] for _ in range(L)]
-    for rows in _chunks(len(pairs), batch_size):
-        p = pairs.select(rows)
-        ab = ablation_values(blocks, pairs, "patch", rows=rows) if mean_ab is None else mean_ab
+
+    def score(p: PairSet, ab: torch.Tensor) -> list[torch.Tensor]:
         with torch.no_grad():
             clean = run_graph(blocks, p.clean.input_ids, p.clean.attention_mask).writers
         delta = _delta_of(p, ab, clean)
+        out = []
         for ell in range(L):
             s = g.layer_start(ell)
             over = {
                 f"attn{ell}": clean[:, :, s : s + blocks.H],
                 f"mlp{ell}": clean[:, :, s + blocks.H : s + blocks.H + 1],
             }
-            layers[ell].append(_gradient_scores(blocks, p, ab, metric, False, over, delta=delta).detach())
-    each = [_finish(blocks, parts, f"eap-gd{ell}", ablation, metric) for ell, parts in enumerate(layers)]
+            out.append(_gradient_scores(blocks, p, ab, metric, False, over, delta=delta).detach())
+        return out
+
+    chunks = per_batch(blocks, pairs, ablation, batch_size, reference, score)
+    each = [_finish(blocks, [c[ell] for c in chunks], f"eap-gd{ell}", ablation, metric) for ell in range(L)]
     if per_layer:
         return each
     total = sum(e.per_prompt.abs() for e in each)

@@ -9,9 +9,13 @@ key and value inputs ``(·, k)`` and ``(·, v)``, the MLP input ``(L{l}.MLP, mlp
 reads the writers before layer l; the MLP of layer l also reads layer l's heads).
 
 Grouped-query attention: a layer with ``kv < heads`` computes each key and value once per group of
-``heads / kv`` query heads, so its k and v readers are the groups, ``L{l}.KV{g}`` (heads
+``heads / kv`` query heads, so the engine's k and v readers are the groups, ``L{l}.KV{g}`` (heads
 ``g * heads/kv .. (g+1) * heads/kv - 1``); without grouping they are the heads themselves. Nothing is
-ever repeated per query head at the width of the residual stream.
+ever repeated per query head at the width of the residual stream. The outputs name heads only
+(``L{l}.H{h}``, as the issue's tables do): :meth:`Graph.edges_table` lists a group's edge once under each
+query head that reads it, with the group in ``kv_group`` and the model's edge in ``edge`` (the rows of one
+edge share it: count or sum edges over unique ``edge``); :meth:`Graph.target_label` names a reader by its
+heads for printing, and :meth:`Graph.reader_index` maps a head (or group) name and input back to the reader.
 
 Constants that no writer owns (the output-projection bias ``b_O``) are added to every later reader
 unchanged by any ablation.
@@ -27,7 +31,7 @@ import torch
 
 @dataclass(frozen=True)
 class Reader:
-    node: str  # the node whose input this is ("L3.H2", "L3.KV1", "L3.MLP", "logits")
+    node: str  # the node whose input this is ("L3.H2", "L3.KV1": a key/value group, "L3.MLP", "logits")
     input: str  # q | k | v | mlp | logits
     layer: int  # n_layers for the logits
     owners: tuple[int, ...]  # writer indices this input feeds (a group's heads; the logits: none)
@@ -128,22 +132,55 @@ class Graph:
         r, w = self.edge_index()
         return [(self.writers[j], self.readers[i].node, self.readers[i].input) for i, j in zip(r, w)]
 
+    # -- names in the outputs: heads only -------------------------------------------------------------
+    def kv_group(self, reader: int) -> str:
+        """``L{l}.KV{g}`` for a grouped k or v reader, else ``""``."""
+        r = self.readers[reader]
+        return r.node if ".KV" in r.node else ""
+
+    def target_heads(self, reader: int) -> list[str]:
+        """The node names (``L{l}.H{h}``, ``L{l}.MLP``, ``logits``) that read reader ``reader``'s input:
+        every head of a key/value group, else the one node."""
+        r = self.readers[reader]
+        return [self.writers[o] for o in r.owners] if self.kv_group(reader) else [r.node]
+
+    def target_label(self, reader: int) -> str:
+        """How a reader is printed: its node, or a group's heads joined by ``,`` (``L3.H0,L3.H1,L3.H2``)."""
+        return ",".join(self.target_heads(reader))
+
+    def reader_index(self, target: str, input: str) -> int:
+        """The reader of ``input`` at ``target``: a node name, a head of a key/value group (its group's
+        k/v reader), a group ``L{l}.KV{g}`` or a :meth:`target_label`."""
+        head = target.split(",")[0]
+        for i, r in enumerate(self.readers):
+            if r.input == input and (r.node == target or head in self.target_heads(i)):
+                return i
+        raise KeyError(f"no {input} input at {target}")
+
     def edges_table(self, scores: torch.Tensor | np.ndarray, method: str, **columns: np.ndarray):
-        """A pandas DataFrame of every edge: ``source``, ``target``, ``input``, ``score``, ``method``, and
-        any extra per-edge columns (arrays ``[reader, writer]`` like ``scores``, or per edge)."""
+        """A pandas DataFrame of every edge: ``source``, ``target``, ``input``, ``score``, ``method``,
+        ``kv_group``, ``edge`` and any extra per-edge columns (arrays ``[reader, writer]`` like ``scores``,
+        or per edge). Targets are heads: an edge into a key/value group's k or v input is one row per
+        head of the group (its ``kv_group`` named; every column equal, ``edge`` its index in
+        :meth:`edge_index`); other edges are one row each (``kv_group`` empty)."""
         import pandas as pd
 
         r, w = self.edge_index()
         s = np.asarray(scores.detach().cpu() if isinstance(scores, torch.Tensor) else scores)
-        names = self.edge_names()
+        heads = [self.target_heads(i) for i in range(self.n_readers)]
+        groups = [self.kv_group(i) for i in range(self.n_readers)]
+        rep = np.array([len(heads[i]) for i in r])
+        e = np.repeat(np.arange(len(r)), rep)
         data = {
-            "source": [n[0] for n in names],
-            "target": [n[1] for n in names],
-            "input": [n[2] for n in names],
-            "score": s[r, w].astype(np.float64),
+            "source": [self.writers[j] for j in w[e]],
+            "target": [t for i in r for t in heads[i]],
+            "input": [self.readers[i].input for i in r[e]],
+            "score": s[r, w].astype(np.float64)[e],
             "method": method,
+            "kv_group": [groups[i] for i in r[e]],
+            "edge": e,
         }
         for k, v in columns.items():
             a = np.asarray(v)
-            data[k] = a[r, w] if a.ndim == 2 else a
+            data[k] = (a[r, w] if a.ndim == 2 else a)[e]
         return pd.DataFrame(data)

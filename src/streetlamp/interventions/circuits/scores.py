@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 import torch
@@ -31,12 +31,13 @@ import torch
 from ...errors import StreetlampError
 from ...stats import kendall_tau
 from .blocks import Blocks
-from .forward import run_graph
+from .forward import GraphRun, run_graph
 from .tasks import PairSet
 
 Ablation = Literal["patch", "mean", "zero"]
 ABLATIONS = ("patch", "mean", "zero")
 METRICS = ("logit_diff", "prob_diff")
+T = TypeVar("T")
 
 
 def metric_values(logits: torch.Tensor, answer: torch.Tensor, wrong: torch.Tensor, metric: str) -> torch.Tensor:
@@ -97,6 +98,49 @@ def _chunks(n: int, size: int) -> list[list[int]]:
     return [list(range(i, min(n, i + size))) for i in range(0, n, size)]
 
 
+def _reader_grads(
+    blocks: Blocks, p: PairSet, metric: str, override: dict[str, torch.Tensor] | None = None
+) -> tuple[GraphRun, list[torch.Tensor | None]]:
+    """One clean forward (with ``override``) and one backward: ``∂m/∂x_r`` per reader tensor of
+    :attr:`GraphRun.readers` (None for readers fed only by overridden constants)."""
+    run = run_graph(blocks, p.clean.input_ids, p.clean.attention_mask, override=override)
+    m = metric_values(run.logits, p.answer, p.wrong, metric).sum()
+    live = [x.requires_grad for x in run.readers]  # readers fed only by overridden constants have none
+    got = iter(torch.autograd.grad(m, [x for x, ok in zip(run.readers, live) if ok], allow_unused=True))
+    return run, [next(got) if ok else None for ok in live]
+
+
+def _edge_products(
+    blocks: Blocks,
+    delta: torch.Tensor,
+    grads: list[torch.Tensor | None],
+    per_position: bool,
+    sources: slice | None = None,
+) -> torch.Tensor:
+    """``Σ_s δ_u · g_r`` ``[b, R, U]`` (``[b, s, R, U]``) for every edge, or only the edges from writers
+    ``sources`` (the other columns 0, never multiplied)."""
+    g = blocks.graph
+    b, s, U, d = delta.shape
+    shape = (b, s, g.n_readers, U) if per_position else (b, g.n_readers, U)
+    out = torch.zeros(shape, dtype=delta.dtype, device=delta.device)
+    lo, hi = (0, U) if sources is None else (sources.start, sources.stop)
+    # [b, U, s·d] once, so each reader group's products are one batched matrix product
+    flat = None if per_position else delta.permute(0, 2, 1, 3).reshape(b, U, s * d)
+    from .forward import reader_slices
+
+    for rr, gr in zip(reader_slices(blocks), grads):
+        n = min(g.n_upstream(rr.start), hi)
+        if gr is None or n <= lo:
+            continue
+        if per_position:
+            out[..., rr.start : rr.stop, lo:n] = torch.einsum("bsud,bsrd->bsru", delta[:, :, lo:n], gr)
+        else:
+            assert flat is not None
+            gflat = gr.permute(0, 2, 1, 3).reshape(b, len(rr), s * d)
+            out[:, rr.start : rr.stop, lo:n] = torch.bmm(gflat, flat[:, lo:n].transpose(1, 2))
+    return out
+
+
 def _gradient_scores(
     blocks: Blocks,
     p: PairSet,
@@ -110,36 +154,16 @@ def _gradient_scores(
     """``Σ_s δ_u · ∂m/∂x_r`` ``[b, R, U]`` (``[b, s, R, U]``) at one clean forward with ``override``,
     ``δ = z̃ - z`` (``delta``, or from this forward's writers when it has no override); only edges
     from writers ``sources`` when given (others 0)."""
-    g = blocks.graph
-    run = run_graph(blocks, p.clean.input_ids, p.clean.attention_mask, override=override)
+    run, grads = _reader_grads(blocks, p, metric, override)
     if delta is None:
         delta = _delta_of(p, ablated, run.writers.detach())
-    m = metric_values(run.logits, p.answer, p.wrong, metric).sum()
-    live = [x.requires_grad for x in run.readers]  # readers fed only by overridden constants have none
-    got = iter(torch.autograd.grad(m, [x for x, ok in zip(run.readers, live) if ok], allow_unused=True))
-    grads = [next(got) if ok else None for ok in live]
-    b, s, U, d = delta.shape
-    shape = (b, s, g.n_readers, U) if per_position else (b, g.n_readers, U)
-    out = torch.zeros(shape, dtype=delta.dtype, device=delta.device)
-    if sources is not None:
-        keep = torch.zeros(U, dtype=delta.dtype, device=delta.device)
-        keep[sources] = 1
-        delta = delta * keep[None, None, :, None]
-    # [b, U, s·d] once, so each reader group's products are one batched matrix product
-    flat = None if per_position else delta.permute(0, 2, 1, 3).reshape(b, U, s * d)
-    from .forward import reader_slices
+    return _edge_products(blocks, delta, grads, per_position, sources)
 
-    for rr, gr in zip(reader_slices(blocks), grads):
-        if gr is None:
-            continue
-        n = g.n_upstream(rr.start)
-        if per_position:
-            out[..., rr.start : rr.stop, :n] = torch.einsum("bsud,bsrd->bsru", delta[:, :, :n], gr)
-        else:
-            assert flat is not None
-            gflat = gr.permute(0, 2, 1, 3).reshape(b, len(rr), s * d)
-            out[:, rr.start : rr.stop, :n] = torch.bmm(gflat, flat[:, :n].transpose(1, 2))
-    return out
+
+def _add_grads(acc: list[torch.Tensor | None] | None, grads: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    if acc is None:
+        return grads
+    return [a if g_ is None else g_ if a is None else a + g_ for a, g_ in zip(acc, grads)]
 
 
 def _delta_of(p: PairSet, ablated: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
@@ -151,6 +175,26 @@ def _delta(blocks: Blocks, p: PairSet, ablated: torch.Tensor) -> tuple[torch.Ten
     with torch.no_grad():
         clean = run_graph(blocks, p.clean.input_ids, p.clean.attention_mask).writers
     return _delta_of(p, ablated, clean), clean
+
+
+def per_batch(
+    blocks: Blocks,
+    pairs: PairSet,
+    ablation: str,
+    batch_size: int,
+    reference: PairSet | None,
+    score: Callable[[PairSet, torch.Tensor], T],
+) -> list[T]:
+    """The chunk loop every first-order score shares: ``score(p, z̃)`` on each ``batch_size`` rows ``p``
+    of ``pairs``, with ``z̃`` their corrupted run's writers (``patch``) or the one mean / zero value
+    computed once (:func:`ablation_values`); the per-chunk results in order."""
+    mean_ab = None if ablation == "patch" else ablation_values(blocks, pairs, ablation, reference)
+    out = []
+    for rows in _chunks(len(pairs), batch_size):
+        p = pairs.select(rows)
+        ab = ablation_values(blocks, pairs, "patch", rows=rows) if mean_ab is None else mean_ab
+        out.append(score(p, ab))
+    return out
 
 
 def _finish(blocks: Blocks, parts: list[torch.Tensor], method: str, ablation: str, metric: str) -> EdgeScores:
@@ -170,13 +214,11 @@ def eap(
     reference: PairSet | None = None,
 ) -> EdgeScores:
     """EAP scores of every edge, per prompt."""
-    parts = []
-    mean_ab = None if ablation == "patch" else ablation_values(blocks, pairs, ablation, reference)
-    for rows in _chunks(len(pairs), batch_size):
-        p = pairs.select(rows)
-        ab = ablation_values(blocks, pairs, "patch", rows=rows) if mean_ab is None else mean_ab
-        parts.append(_gradient_scores(blocks, p, ab, metric, per_position))
-    return _finish(blocks, parts, "eap", ablation, metric)
+
+    def score(p: PairSet, ab: torch.Tensor) -> torch.Tensor:
+        return _gradient_scores(blocks, p, ab, metric, per_position)
+
+    return _finish(blocks, per_batch(blocks, pairs, ablation, batch_size, reference, score), "eap", ablation, metric)
 
 
 def eap_ig(
@@ -197,25 +239,40 @@ def eap_ig(
     if mode not in ("inputs", "activations"):
         raise StreetlampError(f"unknown EAP-IG mode {mode!r}; choose inputs or activations")
     g = blocks.graph
-    parts = []
-    mean_ab = None if ablation == "patch" else ablation_values(blocks, pairs, ablation, reference)
-    for rows in _chunks(len(pairs), batch_size):
-        p = pairs.select(rows)
-        ab = ablation_values(blocks, pairs, "patch", rows=rows) if mean_ab is None else mean_ab
-        delta, clean = _delta(blocks, p, ab)
-        ab = ab.expand_as(clean)
+    todo = [("embed", slice(0, 1))] if mode == "inputs" else g.blocks()
+
+    def score(p: PairSet, ab: torch.Tensor) -> torch.Tensor:
+        # The edge products are linear in the gradient, so each block's gradients are summed over its steps
+        # and multiplied once, only on the block's own columns. Inputs: the clean writers (for δ) are the
+        # α = 1 step's own run (its embeddings are the clean ones), so no separate clean forward.
+        if mode == "inputs":
+            with torch.no_grad():
+                clean = blocks.embed(p.clean.input_ids.to(blocks.adapter.device))[:, :, None]
+            delta = None
+        else:
+            delta, clean = _delta(blocks, p, ab)
+            clean = clean.detach()
         acc = None
-        todo = [("embed", slice(0, 1))] if mode == "inputs" else g.blocks()
         for name, sl in todo:
-            for k in range(1, steps + 1):
+            z = clean if mode == "inputs" else clean[:, :, sl]
+            za = ab[:, :, sl].to(z.dtype).expand_as(z)
+            gsum = None
+            for k in range(steps, 0, -1):  # α = 1 first
                 a = k / steps
                 # a leaf that requires grad, so readers fed only by it still carry gradients
-                over = {name: (ab[:, :, sl] + a * (clean[:, :, sl] - ab[:, :, sl])).detach().requires_grad_(True)}
-                src = None if mode == "inputs" else sl
-                s = _gradient_scores(blocks, p, ab, metric, per_position, over, src, delta)
-                acc = s if acc is None else acc + s
+                point = z if k == steps else za + a * (z - za)
+                run, grads = _reader_grads(blocks, p, metric, {name: point.detach().clone().requires_grad_(True)})
+                if delta is None:
+                    delta = _delta_of(p, ab, run.writers.detach())
+                gsum = _add_grads(gsum, grads)
+                del run
+            assert gsum is not None and delta is not None
+            s = _edge_products(blocks, delta, gsum, per_position, None if mode == "inputs" else sl)
+            acc = s if acc is None else acc + s
         assert acc is not None
-        parts.append(acc / steps)
+        return acc / steps
+
+    parts = per_batch(blocks, pairs, ablation, batch_size, reference, score)
     return _finish(blocks, parts, f"eap-ig-{mode}", ablation, metric)
 
 

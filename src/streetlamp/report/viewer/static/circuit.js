@@ -69,7 +69,7 @@
     root.appendChild(el("div", { cls: "panel" }, el("h2", { text: "Edges of the circuit at this size (largest |score| first; click one)" }), edgeBox));
     root.appendChild(el("div", { cls: "panel" }, el("h2", { text: "Faithfulness over circuit sizes" }), curveBox));
 
-    const name = (i, j) => `${cv.writers[j]} -> ${cv.readers[i][0]} (${cv.readers[i][1]})`;
+    const name = (i, j) => `${cv.writers[j]} -> ${cv.readers[i][0]} (${cv.readers[i][1]}${cv.readers[i][4] ? ", key/value group " + cv.readers[i][4] : ""})`;
     function draw() {
       const d = data[method], g = canvas.getContext("2d"), base = k * R * U;
       g.fillStyle = "#fff"; g.fillRect(0, 0, canvas.width, canvas.height);
