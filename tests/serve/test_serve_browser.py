@@ -235,12 +235,12 @@ def test_progress_in_the_page(page: Any, minilm: ModelAdapter, monkeypatch: pyte
     reached, release, calls = threading.Event(), threading.Event(), [0]
     run_batch = scorer.Scorer._run
 
-    def held(self: Any, start: int, batch: list) -> Any:
+    def held(self: Any, *args: Any) -> Any:
         calls[0] += 1
         if calls[0] == 3:
             reached.set()
             release.wait(120)
-        return run_batch(self, start, batch)
+        return run_batch(self, *args)
 
     monkeypatch.setattr(scorer.Scorer, "_run", held)
     try:

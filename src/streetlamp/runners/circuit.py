@@ -48,6 +48,7 @@ from ..store.run_folder import RunFolder
 from . import circuit_paths as P
 from . import circuit_resume as R
 from . import circuit_view as V
+from .circuit_methods import edge_scores, rows_of
 from .circuit_ray import RayPlace, StabilityJob, ray_edge_scores, ray_stability
 
 if TYPE_CHECKING:
@@ -114,46 +115,6 @@ def n_edges_of(adapter: ModelAdapter) -> int:
 
 
 # -- the computation ----------------------------------------------------------------------------------
-def rows_of(budget: int | None, pairs: T.PairSet, default: int) -> int:
-    """Rows per forward pass from the ``--batch-size`` token budget (the padded length of the pairs)."""
-    if budget is None:
-        return default
-    return max(1, budget // max(1, int(pairs.clean.input_ids.shape[1])))
-
-
-def edge_scores(
-    blocks: Blocks,
-    pairs: T.PairSet,
-    method: str,
-    ablation: str,
-    metric: str,
-    steps: int,
-    rows: int,
-    reference: T.PairSet | None = None,
-) -> S.EdgeScores:
-    """``method``'s per-prompt scores; ``reference``: the prompts whose mean is mean ablation's value
-    (default ``pairs``; ``--engine ray`` scores a batch at a time against the whole set)."""
-    if method == "eap":
-        return S.eap(blocks, pairs, metric, ablation, batch_size=rows, reference=reference)
-    if method.startswith("eap-ig-"):
-        mode = method.removeprefix("eap-ig-")
-        return S.eap_ig(blocks, pairs, steps, mode, metric, ablation, batch_size=rows, reference=reference)
-    if method == "exact":
-        return S.exact(blocks, pairs, metric, ablation, batch_size=rows, reference=reference)
-    if method == "flow-routes":  # contribution-based, one clean forward (no corrupted input)
-        from ..interventions.circuits.flow import flow_routes
-
-        return flow_routes(blocks, pairs, ablation, metric)
-    if method in ("eap-qk", "graddrop"):  # AtP*'s corrections
-        from ..interventions.circuits import corrections as X
-
-        fn = X.eap_qk if method == "eap-qk" else X.graddrop
-        out = fn(blocks, pairs, metric, ablation, batch_size=rows, reference=reference)
-        assert isinstance(out, S.EdgeScores)
-        return out
-    raise StreetlampError(f"unknown circuit method {method!r}")
-
-
 def edge_intervals(graph: Graph, per_prompt: torch.Tensor, n_boot: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Per-edge percentile bootstrap interval ``[R, U]`` (low, high) of the mean score over prompts: the
     resamples of :func:`streetlamp.stats.resample_indices` and the quantiles of

@@ -6,7 +6,7 @@ manifest).
 * **Edge scores over prompts.** Every method scores each prompt on its own (its corrupted run, its
   gradients, its patched forwards), so the prompts are cut into the local engine's own batches
   (``rows_of(--batch-size)`` rows, the same boundaries and padding) and each batch is one chunk: an actor
-  runs :func:`streetlamp.runners.circuit.edge_scores` on it, with the whole prompt set as the reference of
+  runs :func:`streetlamp.runners.circuit_methods.edge_scores` on it, with the whole prompt set as the reference of
   mean ablation (as the local engine has it), and the driver concatenates the per-prompt scores in order.
 * **Resamples.** Each (method, ``--resample`` axis) is one chunk: the actor re-discovers the circuit on
   every resample of that axis (:func:`streetlamp.interventions.circuits.resampling.stability`, rescoring
@@ -55,7 +55,7 @@ class ScoreJob:
 def score_chunk(adapter: Any, chunk: list[PairSet], job: ScoreJob) -> np.ndarray:
     """One batch of prompts scored on an actor's model: its per-prompt scores."""
     from ..interventions.circuits.blocks import Blocks
-    from .circuit import edge_scores
+    from .circuit_methods import edge_scores
 
     (p,) = chunk
     sc = edge_scores(Blocks(adapter), p, job.method, job.ablation, job.metric, job.steps, job.rows, job.reference)
@@ -92,7 +92,7 @@ class StabilityJob:
     resamples: int
     seed: int
     at: float
-    score_rows: int
+    score_rows: int | None  # the --batch-size token budget (rows_of turns it into rows per pass)
     rows: int
 
 
@@ -100,7 +100,7 @@ def stability_chunk(adapter: Any, chunk: list[tuple[str, str, np.ndarray]], job:
     """One (method, axis) of ``--resample`` on an actor's model: its ``stability.csv`` rows and line."""
     from ..interventions.circuits.blocks import Blocks
     from ..interventions.circuits.resampling import stability
-    from .circuit import edge_scores, rows_of
+    from .circuit_methods import edge_scores, rows_of
 
     (name, axis, per) = chunk[0]
     blocks = Blocks(adapter)
