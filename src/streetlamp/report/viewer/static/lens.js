@@ -145,6 +145,7 @@
           : `baseline (${meta.baseline}): each layer's residual at the explained position is replaced by the baseline in the same prompt; the lens's and the model's change of log-probability are compared; a layer disagrees when the token the residual promotes most differs (${meta.file})`;
       }
       S.lensView = { variant, rows, disagreeing: bad };
+      canvas.setAttribute("data-variant", variant || "");  // tests wait on it (the CSP forbids wait_for_function's eval)
       curves.textContent = "";
       const x = rows.map((r) => r.row), series = [];
       if (variant) series.push({ name: words(variant).kl, x, y: rows.map((r) => r.kl) });
