@@ -16,14 +16,7 @@ from streetlamp.cli import main
 from streetlamp.evaluation.ffidelity import RATIOS, FFidelity, FFidPlan, fine_tune, load_copy, save_copy
 from streetlamp.models.adapter import ModelAdapter
 from streetlamp.models.tiny import save_tiny, tiny_model
-
-
-def weights_hash(model: torch.nn.Module) -> str:
-    h = hashlib.sha256()
-    for name, t in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
+from tests.helpers.weights import weights_hash
 
 
 def files_hash(folder: Path) -> str:

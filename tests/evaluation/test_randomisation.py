@@ -3,7 +3,6 @@ the original untouched, Spearman's rho against scipy, the verdict rule, and the 
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import ClassVar
 
@@ -27,14 +26,7 @@ from streetlamp.methods.registry import REGISTRY
 from streetlamp.models.adapter import ModelAdapter
 from streetlamp.models.tiny import save_tiny, tiny_model
 from streetlamp.stats import spearman_rho
-
-
-def weights_hash(model: torch.nn.Module) -> str:
-    h = hashlib.sha256()
-    for name, t in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
+from tests.helpers.weights import weights_hash
 
 
 @pytest.fixture()
