@@ -157,3 +157,13 @@ def test_every_data_file_is_package_data() -> None:
         f for f in files if not any(fnmatch.fnmatchcase(f, g) and f.count("/") == g.count("/") for g in globs)
     ]
     assert not unpackaged, f"not in the wheel: {unpackaged}; add a glob to pyproject.toml's package-data"
+
+
+def test_no_tracked_file_is_a_symlink() -> None:
+    """A committed symlink (a venv linked in from another worktree) points outside a fresh clone, and `make`
+    then fails on it: stop 32's CI failed on a tracked `.tl-venv -> /work/main/.tl-venv`."""
+    p = subprocess.run(["git", "ls-files", "-s"], cwd=ROOT, capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip("not a git checkout")
+    links = [line.split("\t", 1)[1] for line in p.stdout.splitlines() if line.startswith("120000 ")]
+    assert not links, f"tracked symlinks: {links}"
