@@ -23,7 +23,7 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import StreetlampError
-from . import attention
+from . import attention, readout
 from .images import PatchVocabulary, looks_like_image_file, read_image, token_embeddings
 from .relevance import relevance_rules
 from .sites import FAMILIES, Family, site_names
@@ -662,10 +662,7 @@ class ModelAdapter:
         )
         last = mask.sum(1).to(dev) - 1
         hidden = out.last_hidden_state[torch.arange(rows, device=dev), last]
-        logits = self.hf_model.get_output_embeddings()(hidden)
-        cap = getattr(self.hf_model.config, "final_logit_softcapping", None)
-        if cap:  # Gemma 2/3 cap the LM head's logits as the model's own forward does
-            logits = torch.tanh(logits / cap) * cap
+        logits = readout.lm_head_logits(self, hidden)  # with Gemma 2/3's final soft-cap
         new_cache = [(layer.keys, layer.values) for layer in getattr(out, name).layers] if keep_cache else []
         return logits, new_cache
 

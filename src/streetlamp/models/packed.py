@@ -90,8 +90,5 @@ def packed_forward(
             **{name: past},
         )
         hidden = out.last_hidden_state[torch.tensor(read_row, device=dev), torch.tensor(read_col, device=dev)]
-        logits = adapter.hf_model.get_output_embeddings()(hidden)
-        cap = readout.final_softcap(adapter)
-        if cap:  # Gemma 2/3 cap the LM head's logits as the model's own forward does
-            logits = torch.tanh(logits / cap) * cap
+        logits = readout.lm_head_logits(adapter, hidden)  # with Gemma 2/3's final soft-cap
     return logits

@@ -124,6 +124,14 @@ def final_softcap(adapter: ModelAdapter) -> float | None:
     return float(cap) if cap and adapter.kind == "causal_lm" else None
 
 
+def lm_head_logits(adapter: ModelAdapter, hidden: torch.Tensor) -> torch.Tensor:
+    """The LM head on final hidden states ``[..., d]`` as the model's own forward applies it: the output
+    embedding, then any final soft-cap (:func:`final_softcap`), in the model's dtype."""
+    logits = adapter.hf_model.get_output_embeddings()(hidden)
+    cap = final_softcap(adapter)
+    return torch.tanh(logits / cap) * cap if cap else logits
+
+
 def attention_softcap(adapter: ModelAdapter, layer: int) -> float | None:
     """The attention-logit soft-cap of layer ``layer`` (Gemma 2), or None."""
     cap = getattr(adapter.attn_modules[layer], "attn_logit_softcapping", None)
