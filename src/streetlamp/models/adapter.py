@@ -74,7 +74,8 @@ def route_attention(hf_model: PreTrainedModel) -> None:
         )
 
 
-def _get(root: nn.Module, path: str) -> nn.Module:
+def submodule(root: nn.Module, path: str) -> nn.Module:
+    """The module at a dotted ``path`` under ``root`` (digits index a ModuleList: ``layers.3.attn``)."""
     m = root
     for part in path.split("."):
         m = m[int(part)] if part.isdigit() else getattr(m, part)  # type: ignore[index]
@@ -238,11 +239,11 @@ class ModelAdapter:
             tokenizer.pad_token = tokenizer.eos_token
         tokenizer.padding_side = "right"
         base = hf_model.base_model
-        self.layer_modules: list[nn.Module] = list(cast(nn.ModuleList, _get(base, self.family.layers)))
-        self.attn_modules = [_get(l, self.family.attn) for l in self.layer_modules]
-        self.o_proj_modules = [_get(l, self.family.o_proj) for l in self.layer_modules]
-        self.mlp_out_modules = [_get(l, self.family.mlp_out) for l in self.layer_modules]
-        self.embed_module = _get(base, self.family.embed)
+        self.layer_modules: list[nn.Module] = list(cast(nn.ModuleList, submodule(base, self.family.layers)))
+        self.attn_modules = [submodule(l, self.family.attn) for l in self.layer_modules]
+        self.o_proj_modules = [submodule(l, self.family.o_proj) for l in self.layer_modules]
+        self.mlp_out_modules = [submodule(l, self.family.mlp_out) for l in self.layer_modules]
+        self.embed_module = submodule(base, self.family.embed)
         cfg = hf_model.config
         self.n_layers = len(self.layer_modules)
         self.n_heads = int(cfg.num_attention_heads)

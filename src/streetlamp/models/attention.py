@@ -98,7 +98,7 @@ def streetlamp_attention(
     key = repeat_kv(key, groups)
     value = repeat_kv(value, groups)
     if fused_on() and softcap is None and position_bias is None and not _needs_weights(session, prefix):
-        return _sdpa(module, query, key, value, attention_mask, scaling, dropout, sliding_window), None
+        return sdpa(module, query, key, value, attention_mask, scaling, dropout, sliding_window), None
     if layer is not None:
         assert session is not None
         v = value.transpose(1, 2)
@@ -140,7 +140,7 @@ def streetlamp_attention(
     return out, probs
 
 
-def _sdpa(
+def sdpa(
     module: nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,

@@ -37,7 +37,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..errors import StreetlampError
 from ..store.qk import QKStore, make_dirs, qk_file, write_qk, write_shard
-from .attention import _sdpa, fused_attention, streetlamp_attention
+from .attention import fused_attention, sdpa, streetlamp_attention
 from .context import active_recorder, recording
 from .masks import allowed
 from .pattern import CHUNK_BYTES, LayerRule, Scratch, chunk_rows, pattern_block, pattern_rows, repeat_heads
@@ -171,7 +171,7 @@ class Recorder:
     ) -> torch.Tensor:
         """The layer's output ``[head, pos, d_head]`` from the fused kernel (no ``[head, query, key]``
         tensor): the recorder's own rule gives the mask (causal, window), so none is built for plain text."""
-        out = _sdpa(module, query, k[None], v[None], mask, rule.scaling, 0.0, rule.window)  # [1, pos, head, d]
+        out = sdpa(module, query, k[None], v[None], mask, rule.scaling, 0.0, rule.window)  # [1, pos, head, d]
         return out[0].transpose(0, 1)
 
     def _grad_leaf(

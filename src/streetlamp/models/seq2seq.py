@@ -36,7 +36,7 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import StreetlampError
-from .adapter import ModelAdapter, _get, eos_ids, route_attention
+from .adapter import ModelAdapter, eos_ids, route_attention, submodule
 from .sites import Family
 from .trace import Edit, Session
 
@@ -171,10 +171,10 @@ class Seq2SeqSession(Session):
         super().__init__(adapter, record, edit, keep_grad)
         self._sites: dict[int, tuple[int, str]] = {}
         for l, layer in enumerate(adapter.encoder_layers):
-            self._sites[id(_get(layer, adapter.seq2seq.self_attn))] = (l, f"encoder.layers.{l}.attn")
+            self._sites[id(submodule(layer, adapter.seq2seq.self_attn))] = (l, f"encoder.layers.{l}.attn")
         for l, layer in enumerate(adapter.decoder_layers):
-            self._sites[id(_get(layer, adapter.seq2seq.self_attn))] = (l, f"decoder.layers.{l}.self_attn")
-            self._sites[id(_get(layer, adapter.seq2seq.cross_attn))] = (l, f"decoder.layers.{l}.cross_attn")
+            self._sites[id(submodule(layer, adapter.seq2seq.self_attn))] = (l, f"decoder.layers.{l}.self_attn")
+            self._sites[id(submodule(layer, adapter.seq2seq.cross_attn))] = (l, f"decoder.layers.{l}.cross_attn")
 
     def attn_site(self, module: nn.Module) -> tuple[int, str] | None:
         return self._sites.get(id(module))
@@ -208,7 +208,7 @@ class Seq2SeqSession(Session):
 
 
 def layer_list(layers: list[nn.Module], path: str) -> list[nn.Module]:
-    return [_get(l, path) if path else l for l in layers]
+    return [submodule(l, path) if path else l for l in layers]
 
 
 class Seq2SeqAdapter(ModelAdapter):
@@ -237,12 +237,12 @@ class Seq2SeqAdapter(ModelAdapter):
         hf_model.eval()
         self.hf_model, self.tokenizer, self.name, self.source = hf_model, tokenizer, name, source
         tokenizer.padding_side = "right"
-        self.encoder_layers: list[nn.Module] = list(cast(nn.ModuleList, _get(hf_model, f.encoder_layers)))
-        self.decoder_layers: list[nn.Module] = list(cast(nn.ModuleList, _get(hf_model, f.decoder_layers)))
+        self.encoder_layers: list[nn.Module] = list(cast(nn.ModuleList, submodule(hf_model, f.encoder_layers)))
+        self.decoder_layers: list[nn.Module] = list(cast(nn.ModuleList, submodule(hf_model, f.decoder_layers)))
         # the single-stack lists stay empty: no single-stack site exists on this model
         self.layer_modules, self.attn_modules, self.o_proj_modules, self.mlp_out_modules = [], [], [], []
-        self.embed_module = _get(hf_model, f.encoder_embed)
-        self.decoder_embed_module = _get(hf_model, f.decoder_embed)
+        self.embed_module = submodule(hf_model, f.encoder_embed)
+        self.decoder_embed_module = submodule(hf_model, f.decoder_embed)
         self.family = Family(model_type, f.encoder_layers, f.self_attn, f.self_o, f.encoder_mlp_out, f.encoder_embed)
         cfg: Any = hf_model.config
         self.n_encoder_layers, self.n_decoder_layers = len(self.encoder_layers), len(self.decoder_layers)
