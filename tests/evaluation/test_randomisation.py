@@ -23,7 +23,7 @@ from streetlamp.evaluation.randomisation import (
 )
 from streetlamp.methods.attention import Attention
 from streetlamp.methods.registry import REGISTRY
-from streetlamp.models.adapter import ModelAdapter
+from streetlamp.models.adapter import ModelAdapter, Target
 from streetlamp.models.tiny import save_tiny, tiny_model
 from streetlamp.stats import spearman_rho
 from tests.helpers.weights import weights_hash
@@ -162,3 +162,99 @@ def test_randomisation_of_a_weight_free_method_exits_2(
     assert main([*argv, "--randomisation", "sideways"]) == 2
     assert "--randomisation" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_fixed_target_explains_the_trained_prediction_on_every_copy() -> None:
+    """``--randomisation-target trained``: each randomised copy explains the trained model's class. Checked
+    analytically on a two-class model, where p(c) = 1 - p(1 - c) makes gradient x input of the other class the
+    exact negative: an example whose prediction the copy flips gets rho negated against the own-prediction
+    run, an unflipped one the same rho, and the absolute-score rho is the same for both."""
+    from streetlamp.evaluation.randomisation import randomisation_rows
+
+    m, t = tiny_model("bert", seed=2, layers=3)
+    torch.manual_seed(0)
+    m.classifier = torch.nn.Linear(m.config.hidden_size, 2)  # the tiny recipe has three classes
+    with torch.no_grad():  # a head whose prediction the last stage (embed, seed 1) flips and the others keep
+        m.classifier.bias.zero_()
+        m.classifier.weight.mul_(10)
+    m.config.num_labels, m.num_labels = 2, 2
+    m.config.id2label, m.config.label2id = {0: "neg", 1: "pos"}, {"neg": 0, "pos": 1}
+    adapter = ModelAdapter(m.double(), t, "tiny-bert")
+    assert adapter.n_outputs == 2
+    texts = ["the movie was good", "the plot was bad", "a fun film", "a dull and slow story", "great acting"]
+    texts += ["bad film", "the music was fun", "a good plot", "slow and dull", "the story was great"]
+    inputs = adapter.encode(texts)
+    with torch.no_grad():
+        trained = [int(i) for i in adapter.forward(inputs).logits.argmax(-1)]
+    method = {"gradient_x_input": {}}
+    exps = REGISTRY["gradient_x_input"]().attribute(adapter, inputs, target=Target(), batch_size=None, seed=0)
+    scores = {"gradient_x_input": [np.asarray(x.scores, np.float64) for x in exps]}
+    specials = [adapter.special_mask(r) for r in inputs.rows()]
+
+    def rows(targets: list[int] | None) -> dict[tuple[int, str], float]:
+        got = randomisation_rows(adapter, inputs, scores, specials, method, "cascading", 1, None, targets=targets)
+        return {(b, k): v for b, _, k, v in got}
+
+    own, fixed = rows(None), rows(trained)
+    assert own.keys() == fixed.keys()
+    flips = kept = 0
+    for stage, copy_ in randomised_copies(adapter, "cascading", 1):
+        with torch.no_grad():
+            pred = [int(i) for i in copy_.forward(inputs).logits.argmax(-1)]
+        for b in range(len(texts)):
+            k = f"mprt_cascading_spearman@{stage}"
+            r_own, r_fixed = own[(b, k)], fixed[(b, k)]
+            expect = r_fixed if pred[b] == trained[b] else -r_fixed
+            assert r_own == pytest.approx(expect, abs=1e-9)
+            ka = f"mprt_cascading_spearman_abs@{stage}"
+            assert own[(b, ka)] == pytest.approx(fixed[(b, ka)], abs=1e-9)
+            if abs(r_fixed) > 0.1:  # far from 0: here the sign comparison could fail
+                flips += pred[b] != trained[b]
+                kept += pred[b] == trained[b]
+    assert flips >= 3 and kept >= 3, (flips, kept)  # both cases occur, each with a rho far from 0
+
+
+def test_an_unknown_randomisation_target_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "run"
+    argv = ["evaluate", "--model", "tiny-bert", "--data", "movies", "--out", str(out), "--randomisation", "cascading"]
+    assert main([*argv, "--randomisation-target", "sideways"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--randomisation-target" in err[0] and "trained" in err[0]
+    assert not out.exists()
+
+
+def test_evaluate_with_a_fixed_target_explains_the_trained_predictions(tmp_path: Path) -> None:
+    """The run wires the trained model's predictions through: its rho rows equal the direct computation
+    with those targets, its settings store the choice, and summary.md says what the copies explained."""
+    import json
+
+    from streetlamp.evaluation.pipeline import EvalSettings
+    from streetlamp.evaluation.randomisation import randomisation_rows
+    from streetlamp.models.loading import load
+    from streetlamp.runners.evaluate import evaluate
+
+    ckpt = save_tiny("bert", tmp_path / "bert", seed=1)
+    adapter = load(str(ckpt))
+    texts = ["the movie was good", "the plot was bad", "a fun film"]
+    data = tmp_path / "d.csv"
+    data.write_text("text,label\n" + "".join(f"{t},pos\n" for t in texts))
+    s = EvalSettings(
+        methods=["gradient_x_input"], randomisation="cascading", randomisation_target="trained", soft=False
+    )
+    r = evaluate(str(ckpt), str(data), tmp_path / "run", s, chunk_size=3, adapter=adapter)
+    inputs = adapter.encode(texts)
+    with torch.no_grad():
+        trained = [int(i) for i in adapter.forward(inputs).logits.argmax(-1)]
+    exps = REGISTRY["gradient_x_input"]().attribute(adapter, inputs, target=Target(), batch_size=None, seed=0)
+    scores = {"gradient_x_input": [np.asarray(x.scores, np.float64) for x in exps]}
+    specials = [adapter.special_mask(x) for x in inputs.rows()]
+    direct = randomisation_rows(
+        adapter, inputs, scores, specials, {"gradient_x_input": {}}, "cascading", 0, None, targets=trained
+    )
+    want = pd.DataFrame(direct, columns=["b", "method", "metric", "value"]).groupby("metric")["value"].mean()
+    got = r.summary.set_index("metric")["mean"]
+    for metric, v in want.items():
+        assert got[metric] == pytest.approx(v, abs=1e-5)  # float32 model: stored means of three rhos
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert '"randomisation_target": "trained"' in json.dumps(manifest)
+    assert "explains the trained model's prediction (a fixed target)" in (tmp_path / "run" / "summary.md").read_text()

@@ -62,6 +62,10 @@ class EvaluateSettings(Settings):
     randomisation: str = option(
         "", help="model-randomisation sanity check: cascading, independent or both (explains again per stage)"
     )
+    randomisation_target: str = option(
+        "prediction",
+        help="what a randomised copy explains: prediction (its own) or trained (the trained model's prediction)",
+    )
     smooth_mprt: int = option(
         0, help="Smooth MPRT: mean of N explanations (N-1 on noisy embeddings) before comparing; 0 = off"
     )
@@ -122,6 +126,7 @@ class EvaluateSettings(Settings):
             soft_samples=self.soft_samples,
             soft_pi=self.soft_pi,
             randomisation=self.randomisation,
+            randomisation_target=self.randomisation_target,
             smooth_mprt=self.smooth_mprt,
             smooth_mprt_noise=self.smooth_mprt_noise,
             smooth_mprt_stages=self.smooth_mprt_stages,

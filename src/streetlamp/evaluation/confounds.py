@@ -112,7 +112,17 @@ def add_confound_metrics(
 
         params = {n: s.method_params.get(n, {}) for n in s.methods}
         for b, name, k, v in randomisation_rows(
-            adapter, inputs, scores, specials, params, s.randomisation, s.seed, budget, variants_of(s), seeds
+            adapter,
+            inputs,
+            scores,
+            specials,
+            params,
+            s.randomisation,
+            s.seed,
+            budget,
+            variants_of(s),
+            seeds,
+            [int(p) for p in pred] if s.randomisation_target == "trained" else None,
         ):
             add(examples[b].id, name, k, v)
     if tuned is not None:  # F-Fidelity on the fine-tuned copy (evaluation/ffidelity.py)

@@ -157,11 +157,18 @@ class Smoother:
             [token_noise(seeds[b], n, r, trained.d_model) for n in range(v.smooth - 1)] for b, r in enumerate(rows)
         ]
 
-    def mean(self, adapter: ModelAdapter, name: str, params: dict, clean: list[np.ndarray]) -> list[np.ndarray]:
+    def mean(
+        self,
+        adapter: ModelAdapter,
+        name: str,
+        params: dict,
+        clean: list[np.ndarray],
+        targets: list[int] | None = None,
+    ) -> list[np.ndarray]:
         """Per example the mean of ``smooth - 1`` noisy explanations of ``name`` on ``adapter`` and the
-        clean one given (``clean[b]``), each explaining the model's clean prediction."""
+        clean one given (``clean[b]``), each explaining the model's clean prediction (or ``targets[b]``)."""
         method = get_method(name, **params)
-        pred = predictions(adapter, self.inputs)
+        pred = predictions(adapter, self.inputs) if targets is None else targets
         out = []
         for b in range(len(self.inputs)):
             one = self.inputs.select([b])

@@ -48,6 +48,7 @@ class EvalSettings:
     soft_samples: int = 10
     soft_pi: float = 0.5
     randomisation: str = ""  # "", cascading, independent or both (evaluation/randomisation.py)
+    randomisation_target: str = "prediction"  # what a randomised copy explains: prediction or trained
     smooth_mprt: int = 0  # Smooth MPRT samples per explanation, 0 = off (evaluation/mprt_variants.py)
     smooth_mprt_noise: float = 0.1
     smooth_mprt_stages: str = "all"
@@ -64,6 +65,8 @@ class EvalSettings:
                 del d[k]
         if not self.randomisation:
             del d["randomisation"]
+        if self.randomisation_target == "prediction":  # the default: stores made before the option resume
+            del d["randomisation_target"]
         if not self.smooth_mprt:  # Smooth / Efficient MPRT off: stores made before them resume
             for k in ("smooth_mprt", "smooth_mprt_noise", "smooth_mprt_stages"):
                 del d[k]

@@ -25,6 +25,12 @@ explanation changed), ``fail`` when it lies at or above it (it barely changes al
 to that stage is destroyed), ``inconclusive`` otherwise. ``summary.md`` shows it at the top block
 (head and last layer randomised) and with everything randomised (``@embed``).
 
+**What a randomised copy explains** (``--randomisation-target``): ``prediction`` (the default) explains the
+copy's own prediction, as the original check does; ``trained`` explains the class (or next token) the
+trained model predicts on that example, on every copy, as Quantus' MPRT explains one fixed label. On a
+two-class model the two differ wherever randomisation flips the prediction (a gradient method's scores
+then change sign under ``prediction``; the ``_abs`` rho reads through that, the fixed target avoids it).
+
 Smooth MPRT (``smprt_*``, denoised explanations) and Efficient MPRT (``emprt_*``, entropy rise against the
 fully randomised model) run in the same pass: :mod:`.mprt_variants`.
 """
@@ -50,6 +56,7 @@ from .mprt_variants import Smoother, Variants, check_variants, entropy_rise, smo
 
 MODES = ("cascading", "independent")
 CHOICES = ("cascading", "independent", "both")
+TARGETS = ("prediction", "trained")  # what a randomised copy explains (see the module's docstring)
 THRESHOLD = 0.5
 
 
@@ -76,6 +83,9 @@ def check_settings(s: Any, adapter: ModelAdapter | None = None) -> None:
     Smooth MPRT stages; one clear line before anything is written."""
     if s.randomisation:
         modes_of(s.randomisation)
+    target = getattr(s, "randomisation_target", "prediction")
+    if target not in TARGETS:
+        raise StreetlampError(f"--randomisation-target must be one of {', '.join(TARGETS)} (got {target!r})")
     check_variants(variants_of(s), s.randomisation)
     check_methods(s.methods, s.method_params)
     if adapter is not None and s.smooth_mprt:
@@ -139,9 +149,28 @@ def _copy(adapter: ModelAdapter, names: list[str], seed: int, what: str) -> Mode
     return ModelAdapter(hf, adapter.tokenizer, f"{adapter.name} ({what})")
 
 
-def _explain(adapter: ModelAdapter, inputs: Inputs, name: str, params: dict, seed: int, budget: int | None) -> list:
-    exps = get_method(name, **params).attribute(adapter, inputs, target=Target(), batch_size=budget, seed=seed)
-    return [np.asarray(x.scores, np.float64) for x in exps]
+def _explain(
+    adapter: ModelAdapter,
+    inputs: Inputs,
+    name: str,
+    params: dict,
+    seed: int,
+    budget: int | None,
+    targets: list[int] | None = None,
+) -> list[np.ndarray]:
+    """``name``'s scores per example on ``adapter``: of its own prediction, or with ``targets`` of the
+    output ``targets[b]`` (the examples that share a target are explained in one call)."""
+    method = get_method(name, **params)
+    if targets is None:
+        exps = method.attribute(adapter, inputs, target=Target(), batch_size=budget, seed=seed)
+        return [np.asarray(x.scores, np.float64) for x in exps]
+    out: list[np.ndarray] = [np.empty(0)] * len(inputs)
+    for t in sorted(set(targets)):
+        idx = [b for b, x in enumerate(targets) if x == t]
+        exps = method.attribute(adapter, inputs.select(idx), target=Target(index=t), batch_size=budget, seed=seed)
+        for b, x in zip(idx, exps, strict=True):
+            out[b] = np.asarray(x.scores, np.float64)
+    return out
 
 
 def _rho_rows(
@@ -164,10 +193,14 @@ def randomisation_rows(
     budget: int | None,
     variants: Variants | None = None,
     seeds: list[int] | None = None,
+    targets: list[int] | None = None,
 ) -> list[tuple[int, str, str, float]]:
     """``(example index, method, metric, value)`` of every mode, stage, method and example; with
     ``variants`` also Smooth MPRT (at its stages) and Efficient MPRT (:mod:`.mprt_variants`; ``seeds``:
-    the examples' seeds, for the noise). ``spec`` may be empty when only Efficient MPRT is asked for."""
+    the examples' seeds, for the noise). ``spec`` may be empty when only Efficient MPRT is asked for.
+    ``targets``: the output each randomised copy explains per example (the trained model's predictions
+    under ``--randomisation-target trained``); None: each copy's own prediction. ``scores`` explain the
+    trained model's prediction either way."""
     v = variants or Variants()
     rows: list[tuple[int, str, str, float]] = []
     smoother = Smoother(adapter, inputs, v, seeds or [seed] * len(inputs), budget, seed) if v.smooth else None
@@ -178,7 +211,7 @@ def randomisation_rows(
     for mode in modes_of(spec) if spec else ():
         for stage, rnd in randomised_copies(adapter, mode, seed):
             for name, params in methods.items():
-                rs = _explain(rnd, inputs, name, params, seed, budget)
+                rs = _explain(rnd, inputs, name, params, seed, budget, targets)
                 if mode == "cascading" and stage == last:
                     full[name] = rs
                 for b, r in enumerate(rs):
@@ -187,14 +220,18 @@ def randomisation_rows(
                     continue
                 if name not in smooth_trained:
                     smooth_trained[name] = smoother.mean(adapter, name, params, scores[name])
-                for b, r in enumerate(smoother.mean(rnd, name, params, rs)):
+                for b, r in enumerate(smoother.mean(rnd, name, params, rs, targets)):
                     rows += _rho_rows(
                         b, name, f"smprt_{mode}_spearman{{}}@{stage}", smooth_trained[name][b], r, specials[b]
                     )
     if v.efficient:
         whole = fully_randomised(adapter, seed) if len(full) < len(methods) else None
         for name, params in methods.items():
-            rs = full[name] if name in full else _explain(cast(ModelAdapter, whole), inputs, name, params, seed, budget)
+            rs = (
+                full[name]
+                if name in full
+                else _explain(cast(ModelAdapter, whole), inputs, name, params, seed, budget, targets)
+            )
             for b, r in enumerate(rs):
                 rows += [(b, name, k, x) for k, x in entropy_rise(scores[name][b], r, specials[b], v.bins).items()]
     return rows
@@ -230,10 +267,13 @@ RHO = re.compile(r"^(?P<test>s?mprt)_(?P<mode>\w+?)_(?P<statistic>spearman(?:_ab
 EMPRT = re.compile(r"^(?P<test>emprt)_(?P<statistic>\w+)$")
 
 
-def write_verdicts(folder: Path, metrics: pd.DataFrame, intervals: pd.DataFrame) -> list[str]:
+def write_verdicts(
+    folder: Path, metrics: pd.DataFrame, intervals: pd.DataFrame, target: str = "prediction"
+) -> list[str]:
     """``randomisation.csv`` (every test x mode x stage x method: mean, interval, n; Efficient MPRT's rows
     have mode ``cascading`` and stage ``embed``, the fully randomised model) and
-    ``randomisation_verdict.csv``; the markdown lines for ``summary.md``. ``intervals``: the run's
+    ``randomisation_verdict.csv``; the markdown lines for ``summary.md``, which say what the randomised
+    copies explained (``target``, :data:`TARGETS`). ``intervals``: the run's
     :func:`~streetlamp.evaluation.confounds.interval_table`."""
     t = intervals[intervals.metric.map(lambda m: bool(RHO.match(m) or EMPRT.match(m)))].copy()
     parts = t.metric.str.extract(RHO)
@@ -273,7 +313,11 @@ def write_verdicts(folder: Path, metrics: pd.DataFrame, intervals: pd.DataFrame)
             lines.append(
                 f"| {r.method} | {r.mean:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}] | {r.verdict} | {h0:.3f} | {h1:.3f} | {r.n} |"
             )
-    return lines[1:] if lines and lines[0] == "" else lines
+    said = {
+        "prediction": "each randomised copy explains its own prediction",
+        "trained": "each randomised copy explains the trained model's prediction (a fixed target)",
+    }[target]
+    return [f"Randomisation checks: {said} (--randomisation-target {target})."] + lines
 
 
 def _rho_table(v: pd.DataFrame, title: str) -> list[str]:

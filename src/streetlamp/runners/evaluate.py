@@ -256,7 +256,9 @@ def evaluate(
     if settings.randomisation or settings.efficient_mprt:
         from ..evaluation.randomisation import write_verdicts
 
-        lines += append_summary(store.folder, write_verdicts(store.folder, metrics, interval_table(metrics)))
+        lines += append_summary(
+            store.folder, write_verdicts(store.folder, metrics, interval_table(metrics), settings.randomisation_target)
+        )
     try:
         from ..report.evaluation import figures
 
