@@ -221,6 +221,11 @@ def test_an_unknown_randomisation_target_exits_2(tmp_path: Path, capsys: pytest.
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--randomisation-target" in err[0] and "trained" in err[0]
     assert not out.exists()
+    alone = [a for a in argv if a not in ("--randomisation", "cascading")]
+    assert main([*alone, "--randomisation-target", "trained"]) == 2  # nothing randomised to explain
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs --randomisation" in err[0]
+    assert not out.exists()
 
 
 def test_evaluate_with_a_fixed_target_explains_the_trained_predictions(tmp_path: Path) -> None:

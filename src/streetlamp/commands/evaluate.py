@@ -100,7 +100,7 @@ class EvaluateSettings(Settings):
         check_soft(self.soft_samples, self.soft_pi)
         if self.ffidelity_train:
             self._ffidelity().check()
-        if self.randomisation or self.efficient_mprt or self.smooth_mprt:
+        if self.randomisation or self.efficient_mprt or self.smooth_mprt or self.randomisation_target != "prediction":
             from ..evaluation.randomisation import check_settings
 
             check_settings(self)

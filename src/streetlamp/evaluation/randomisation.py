@@ -86,6 +86,8 @@ def check_settings(s: Any, adapter: ModelAdapter | None = None) -> None:
     target = getattr(s, "randomisation_target", "prediction")
     if target not in TARGETS:
         raise StreetlampError(f"--randomisation-target must be one of {', '.join(TARGETS)} (got {target!r})")
+    if target != "prediction" and not (s.randomisation or s.efficient_mprt):
+        raise StreetlampError("--randomisation-target needs --randomisation or --efficient-mprt")
     check_variants(variants_of(s), s.randomisation)
     check_methods(s.methods, s.method_params)
     if adapter is not None and s.smooth_mprt:

@@ -193,7 +193,12 @@ def evaluate(
         from ..evaluation.soft import check_soft
 
         check_soft(settings.soft_samples, settings.soft_pi)
-    if settings.randomisation or settings.efficient_mprt or settings.smooth_mprt:
+    if (
+        settings.randomisation
+        or settings.efficient_mprt
+        or settings.smooth_mprt
+        or settings.randomisation_target != "prediction"
+    ):
         from ..evaluation.randomisation import check_settings
 
         check_settings(settings, adapter)
