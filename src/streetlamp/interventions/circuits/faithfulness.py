@@ -98,7 +98,9 @@ def circuit_metrics(
     """``m`` per circuit and prompt ``[len(masks), n]``, every edge outside the circuit ablated.
 
     The prompts go in blocks of ``max(1, batch_size // len(masks))``: each block's corrupted forward
-    (``patch``'s ``z̃``) runs once and serves every circuit, ``batch_size`` rows per masked pass."""
+    (``patch``'s ``z̃``) runs once and serves every circuit, ``batch_size`` rows per masked pass. Under
+    ``patch`` an empty circuit feeds every reader the corrupted run's writers, so it *is* the corrupted run:
+    its m is that forward's metric, with no masked pass."""
     n = len(pairs)
     out = np.zeros((len(masks), n))
     if batch_size < 1:
@@ -106,11 +108,22 @@ def circuit_metrics(
     if not masks or not n:
         return out
     mean_ab = None if ablation == "patch" else ablation_values(blocks, pairs, ablation, reference)
-    per = max(1, batch_size // len(masks))
+    empty = [c for c, m in enumerate(masks) if not bool(m.any())] if mean_ab is None else []
+    live = [c for c in range(len(masks)) if c not in empty]
+    per = max(1, batch_size // max(1, len(live)))
     for lo in range(0, n, per):
         block = list(range(lo, min(n, lo + per)))
-        ab_block = ablation_values(blocks, pairs, "patch", rows=block) if mean_ab is None else None
-        jobs = [(c, j) for c in range(len(masks)) for j in range(len(block))]
+        ab_block = None
+        if mean_ab is None:
+            pb = pairs.select(block)
+            with torch.no_grad():
+                cr = run_graph(blocks, pb.corrupt.input_ids, pb.corrupt.attention_mask)
+            ab_block = cr.writers
+            if empty:
+                m_empty = metric_values(cr.logits, pb.answer, pb.wrong, metric).double().cpu().numpy()
+                for c in empty:
+                    out[c, block] = m_empty
+        jobs = [(c, j) for c in live for j in range(len(block))]
         for start in range(0, len(jobs), batch_size):
             chunk = jobs[start : start + batch_size]
             p = pairs.select([block[j] for _, j in chunk])
