@@ -292,6 +292,44 @@ def test_interrupted_run_resumes_without_recomputing(
     pd.testing.assert_frame_equal(pd.read_parquet(out / "edges.parquet"), pd.read_parquet(fresh / "edges.parquet"))
 
 
+def test_interrupted_resampling_resumes_without_recomputing(
+    setup: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run stopped in the second method's --resample stage keeps the first method's resamples: the rerun
+    recomputes only the second's, and stability.csv equals an uninterrupted run's."""
+    import streetlamp.interventions.circuits.resampling as RS
+    from streetlamp.runners.circuit_resume import resume_folder
+
+    args = ["circuit", "--model", str(setup["llama"]), "--task", str(setup["dir"] / "pairs.csv"), "--paths", "0"]
+    args += ["--methods", "eap,eap-ig", "--sizes", "0.1,1", "--bootstrap", "10", "--random", "1"]
+    args += ["--resample", "prompts", "--resamples", "3"]
+    real = RS.stability
+    calls: list[str] = []
+
+    def stability(blocks, task, raw, pairs, scores, *a, **k):
+        calls.append(scores.method)
+        if stop and scores.method.startswith("eap-ig"):
+            raise Interrupted
+        return real(blocks, task, raw, pairs, scores, *a, **k)
+
+    monkeypatch.setattr(RS, "stability", stability)
+    out = tmp_path / "r"
+    stop = True
+    with pytest.raises(Interrupted):
+        main(args + ["--out", str(out)])
+    assert not out.exists() and calls == ["eap", "eap-ig-inputs"]
+    calls.clear()
+    stop = False
+    assert main(args + ["--out", str(out)]) == 0
+    assert calls == ["eap-ig-inputs"] and not resume_folder(out).exists()
+    calls.clear()
+    fresh = tmp_path / "fresh"
+    assert main(args + ["--out", str(fresh)]) == 0 and calls == ["eap", "eap-ig-inputs"]
+    got, want = pd.read_csv(out / "stability.csv"), pd.read_csv(fresh / "stability.csv")
+    assert len(got) == 4 and set(got["method"]) == {"eap", "eap-ig-inputs"}
+    pd.testing.assert_frame_equal(got, want)
+
+
 def test_a_checkpoint_of_other_settings_is_discarded(
     setup: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

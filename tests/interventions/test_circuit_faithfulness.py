@@ -49,6 +49,35 @@ def test_full_is_one_and_empty_is_zero_by_construction() -> None:
     assert np.all(t["ci_low"] <= t["faithfulness"] + F64_TOL) and np.all(t["faithfulness"] <= t["ci_high"] + F64_TOL)
 
 
+def test_empty_circuit_under_patching_is_the_corrupted_run_without_a_masked_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """circuit_metrics takes m(∅) under patching from the corrupted forward it runs for z̃: equal to the
+    masked forward with every edge ablated (the pass it replaces), and no masked pass runs for it."""
+    a, b = make("gpt2")
+    pairs = encode_pairs(a, PAIRS3)
+    g = b.graph
+    none = torch.zeros_like(g.valid())
+    real = F.run_graph
+    masked: list[int] = []
+
+    def spy(blocks, ids, am, ablated=None, mask=None, override=None):
+        if mask is not None:
+            masked.append(mask.shape[0])
+        return real(blocks, ids, am, ablated=ablated, mask=mask, override=override)
+
+    monkeypatch.setattr(F, "run_graph", spy)
+    mv = F.circuit_metrics(b, pairs, [none, g.valid(), none], batch_size=2)
+    assert sum(masked) == len(pairs)  # the full circuit's rows only
+    ab = S.ablation_values(b, pairs, "patch")
+    with torch.no_grad():
+        run = real(b, pairs.clean.input_ids, pairs.clean.attention_mask, ablated=ab, mask=none[None].double())
+    want = _metric(run.logits, pairs)
+    np.testing.assert_allclose(mv[0], want, rtol=0, atol=F64_TOL)
+    np.testing.assert_allclose(mv[2], want, rtol=0, atol=F64_TOL)
+    assert np.abs(mv[1] - want).max() > 1e-3
+
+
 @pytest.mark.parametrize("ablation", ["zero", "mean"])
 def test_empty_and_random_circuits_match_the_hand_forward(ablation: str, f64_llama: None) -> None:  # noqa: F811
     a, b = make("llama")

@@ -21,6 +21,7 @@ import torch
 
 from streetlamp.groundtruth import circuits as C
 from streetlamp.interventions.circuits import corrections as X
+from streetlamp.interventions.circuits import faithfulness as F
 from streetlamp.interventions.circuits import flow as FL
 from streetlamp.interventions.circuits import scores as S
 from streetlamp.interventions.circuits.blocks import Blocks
@@ -117,6 +118,48 @@ def test_flow_routes_match_a_second_implementation() -> None:
     assert 0.5 < float(torch.nan_to_num(fl.per_prompt[:, lg]).sum(-1).max()) <= 1 + F64_TOL
     route = FL.route(b, fl, threshold=0.05)
     assert bool(route.any()) and bool((torch.nan_to_num(fl.mean)[route] >= 0.05).all())
+
+
+def test_flow_routes_on_the_planted_copy_model_are_the_l1_shares_and_miss_its_circuit_at_two_edges() -> None:
+    """Why flow-routes' top-|truth| circuit on the planted models is empty (a property of a contribution
+    method on this construction, not a bug). The last position's stream is a sum of one-hots with disjoint
+    supports, so ALTI's proximity of each writer is its L1 mass over the total, 10: embed (token + position)
+    2, L0.H0 (previous token) 1, L0.H1 (scratch) 1, L1.H0 (2 × the previous token) 2, L1.H1 (4 × the first
+    word) 4. Every writer makes the prediction; none but L1.H1 differs between the clean and corrupted runs,
+    which a contribution method never sees. Each saturated head hands its importance to one key, whose
+    stream is again embed 2 : L0.H0 1 : L0.H1 1; the layer-0 heads hand theirs to embed. So the edges into
+    the distractors L0.H0 and L0.H1 (0.25 each, summed over positions) outrank the planted input edge
+    ``embed -> L1.H1 (v)`` (0.2, tied with two logits edges), the top 2 edges join nothing to the input and
+    pruning empties the circuit; at 6 edges it holds the planted circuit."""
+    kc = C.planted("copy", 8, 0)
+    b = Blocks(kc.adapter)
+    g = b.graph
+    pairs = encode_pairs(kc.adapter, kc.pairs)
+    fl = FL.flow_routes(b, pairs)
+    want = {
+        ("L1.H1", "logits", "logits"): 0.4,
+        ("embed", "logits", "logits"): 0.2,
+        ("L1.H0", "logits", "logits"): 0.2,
+        ("L0.H0", "logits", "logits"): 0.1,
+        ("L0.H1", "logits", "logits"): 0.1,
+        ("embed", "L1.H1", "v"): 0.4 * 2 / 4,
+        ("L0.H0", "L1.H1", "v"): 0.4 / 4,
+        ("L0.H1", "L1.H1", "v"): 0.4 / 4,
+        ("embed", "L1.H0", "v"): 0.2 * 2 / 4,
+        ("L0.H0", "L1.H0", "v"): 0.2 / 4,
+        ("L0.H1", "L1.H0", "v"): 0.2 / 4,
+        ("embed", "L0.H0", "v"): 0.1 + 0.4 / 4 + 0.2 / 4,  # its importance from the logits, L1.H1 and L1.H0
+        ("embed", "L0.H1", "v"): 0.1 + 0.4 / 4 + 0.2 / 4,
+    }
+    r, w = g.edge_index()
+    for i in range(len(pairs)):
+        got = dict(zip(g.edge_names(), torch.nan_to_num(fl.per_prompt[i]).numpy()[r, w].tolist()))
+        for e, v in got.items():
+            assert abs(v - want.get(e, 0.0)) <= F64_TOL, (i, e, v)
+    truth = C.edge_mask(g, C.planted_truth("copy"))
+    assert int(F.circuit(g, fl.mean, 2).sum()) == 0
+    found = F.circuit(g, fl.mean, 6)
+    assert bool(found[truth].all()) and int(found.sum()) == 3  # the planted two and embed -> logits
 
 
 def test_qk_fix_matches_exact_patching_where_the_softmax_is_saturated() -> None:

@@ -254,3 +254,33 @@ def test_circuit_command_writes_stability_that_matches_the_engine(tmp_path) -> N
         bad = [x.replace("prompts,templates,corrupt", "bootstrap") for x in args]
         assert main([x if x != str(out) else str(tmp_path / "bad") for x in bad]) == 2
     assert not (tmp_path / "bad").exists()
+
+
+def test_measured_runs_each_circuit_and_prompt_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache of m(C) per prompt: every (circuit, prompt) asked for is run once, a repeated circuit (an
+    equal mask, not the same object) is served from the cache, and the values are circuit_metrics' own."""
+    a, b = make("gpt2")
+    pairs = encode_pairs(a, RAW)
+    g = b.graph
+    rng = np.random.default_rng(0)
+    A, B, C = (F.random_circuit(g, max(2, g.n_edges // 4), rng) for _ in range(3))
+    assert not torch.equal(A, B) and not torch.equal(A, C) and not torch.equal(B, C)
+    ran: list[tuple[bytes, str]] = []
+    real = RS.circuit_metrics
+
+    def counting(blocks, p, masks, *args, **kw):
+        ran.extend((m.numpy().tobytes(), t) for m in masks for t in p.clean.texts)
+        return real(blocks, p, masks, *args, **kw)
+
+    monkeypatch.setattr(RS, "circuit_metrics", counting)
+    measured = RS.Measured(b, pairs, "patch", "logit_diff", 5)
+    v1 = measured([A, B], [0, 1, 2])
+    v2 = measured([A.clone(), C, B], [4, 1, 2, 3])
+    calls = (([A, B], [0, 1, 2]), ([A, C, B], [4, 1, 2, 3]))
+    asked = {(m.numpy().tobytes(), pairs.clean.texts[i]) for ms, rows in calls for m in ms for i in rows}
+    assert len(ran) == len(set(ran)) == len(asked) and set(ran) == asked
+    assert measured.reused == 2 + 2  # A and B on prompts 1 and 2
+    want = F.circuit_metrics(b, pairs, [A, B, C])
+    np.testing.assert_allclose(v1, want[:2, [0, 1, 2]], rtol=0, atol=F64_TOL)
+    np.testing.assert_allclose(v2, want[[0, 2, 1]][:, [4, 1, 2, 3]], rtol=0, atol=F64_TOL)
+    assert np.abs(want[:, :5] - want[:, :5].mean()).max() > 1e-3  # the values differ: not a comparison of constants

@@ -125,7 +125,9 @@ def edge_intervals(graph: Graph, per_prompt: torch.Tensor, n_boot: int, seed: in
     lo = np.full((graph.n_readers, graph.n_writers), np.nan)
     hi = lo.copy()
     if v.shape[0] >= 2:
-        means = v[resample_indices(v.shape[0], n_boot, seed)].mean(1)  # [boot, E]
+        idx = resample_indices(v.shape[0], n_boot, seed)
+        step = max(1, (1 << 25) // max(1, v.size))  # draws per gather: [step, n, E] stays near 256 MB
+        means = np.concatenate([v[idx[i : i + step]].mean(1) for i in range(0, len(idx), step)])  # [boot, E]
         q = np.quantile(means, [(1 - LEVEL) / 2, (1 + LEVEL) / 2], axis=0)
         lo[r, w], hi[r, w] = q[0], q[1]
     return lo, hi
@@ -256,6 +258,7 @@ def joined_nodes(graph: Graph, mask: torch.Tensor) -> list[str]:
 
 
 PATHS_STAGE = 1000  # the checkpoint chunk of paths.csv (methods use 2i and 2i + 1)
+STABILITY_STAGE = 2000  # + i: method i's --resample rows and lines (the local engine)
 
 
 def resume_settings(adapter: ModelAdapter, s: CircuitSettings, raw: list[T.TaskPair]) -> dict:
@@ -361,14 +364,22 @@ def run_circuit(
     elif s.resample:  # error bars that re-discover the circuit on every resample (interventions/circuits/resampling.py)
         from ..interventions.circuits.resampling import stability
 
-        for name, r in methods.items():
+        for i, (name, r) in enumerate(methods.items()):
 
             def rescore(p: T.PairSet, name: str = name) -> S.EdgeScores:
                 return edge_scores(blocks, p, name, s.ablation, s.metric, s.steps, rows_of(s.batch_size, p, 16))
 
-            rows_, lines_ = stability(
-                blocks, s.task, raw, pairs, r.scores, sizes, s.resample, s.resamples, s.seed, chosen, rescore,
-                rows_of(s.batch_size, pairs, 32),
+            def stab(r: MethodResult = r, rescore: Any = rescore) -> tuple[list[dict], list[str]]:
+                return stability(
+                    blocks, s.task, raw, pairs, r.scores, sizes, s.resample, s.resamples, s.seed, chosen, rescore,
+                    rows_of(s.batch_size, pairs, 32),
+                )  # fmt: skip
+
+            rows_, lines_ = R.cached(  # a method's resamples are one checkpointed stage: a rerun reloads them
+                ck, STABILITY_STAGE + i,
+                stab,
+                lambda v, name=name: ({"stage": f"stability {name}", "rows": v[0], "lines": v[1]}, {}),
+                lambda rec, arr: (rec["rows"], rec["lines"]),
             )  # fmt: skip
             stab_rows += rows_
             stab_lines += lines_

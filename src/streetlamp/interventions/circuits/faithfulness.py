@@ -95,24 +95,46 @@ def circuit_metrics(
     batch_size: int = 32,
     reference: PairSet | None = None,
 ) -> np.ndarray:
-    """``m`` per circuit and prompt ``[len(masks), n]``, every edge outside the circuit ablated."""
+    """``m`` per circuit and prompt ``[len(masks), n]``, every edge outside the circuit ablated.
+
+    The prompts go in blocks of ``max(1, batch_size // len(masks))``: each block's corrupted forward
+    (``patch``'s ``z̃``) runs once and serves every circuit, ``batch_size`` rows per masked pass. Under
+    ``patch`` an empty circuit feeds every reader the corrupted run's writers, so it *is* the corrupted run:
+    its m is that forward's metric, with no masked pass."""
     n = len(pairs)
     out = np.zeros((len(masks), n))
-    mean_ab = None if ablation == "patch" else ablation_values(blocks, pairs, ablation, reference)
-    jobs = [(c, i) for c in range(len(masks)) for i in range(n)]
     if batch_size < 1:
         raise StreetlampError(f"batch size must be at least 1, got {batch_size}")
-    for start in range(0, len(jobs), batch_size):
-        chunk = jobs[start : start + batch_size]
-        rows = [i for _, i in chunk]
-        p = pairs.select(rows)
-        ab = ablation_values(blocks, pairs, "patch", rows=rows) if mean_ab is None else mean_ab
-        mask = torch.stack([masks[c] for c, _ in chunk]).double()
-        with torch.no_grad():
-            run = run_graph(blocks, p.clean.input_ids, p.clean.attention_mask, ablated=ab, mask=mask)
-            mv = metric_values(run.logits, p.answer, p.wrong, metric).double().cpu().numpy()
-        for (c, i), v in zip(chunk, mv):
-            out[c, i] = v
+    if not masks or not n:
+        return out
+    mean_ab = None if ablation == "patch" else ablation_values(blocks, pairs, ablation, reference)
+    empty = [c for c, m in enumerate(masks) if not bool(m.any())] if mean_ab is None else []
+    live = [c for c in range(len(masks)) if c not in empty]
+    per = max(1, batch_size // max(1, len(live)))
+    for lo in range(0, n, per):
+        block = list(range(lo, min(n, lo + per)))
+        ab_block = None
+        if mean_ab is None:
+            pb = pairs.select(block)
+            with torch.no_grad():
+                cr = run_graph(blocks, pb.corrupt.input_ids, pb.corrupt.attention_mask)
+            ab_block = cr.writers
+            if empty:
+                m_empty = metric_values(cr.logits, pb.answer, pb.wrong, metric).double().cpu().numpy()
+                for c in empty:
+                    out[c, block] = m_empty
+        jobs = [(c, j) for c in live for j in range(len(block))]
+        for start in range(0, len(jobs), batch_size):
+            chunk = jobs[start : start + batch_size]
+            p = pairs.select([block[j] for _, j in chunk])
+            width = p.clean.input_ids.shape[1]  # the block's padded width may be longer than the chunk's
+            ab = mean_ab if ab_block is None else ab_block[torch.as_tensor([j for _, j in chunk]), :width]
+            mask = torch.stack([masks[c] for c, _ in chunk]).double()
+            with torch.no_grad():
+                run = run_graph(blocks, p.clean.input_ids, p.clean.attention_mask, ablated=ab, mask=mask)
+                mv = metric_values(run.logits, p.answer, p.wrong, metric).double().cpu().numpy()
+            for (c, j), v in zip(chunk, mv):
+                out[c, block[j]] = v
     return out
 
 

@@ -52,14 +52,16 @@ def run_graph(
     const = torch.zeros_like(emb)
     resid = outs[0].sum(2)  # every-edge path: the stream itself (the sum of the writers so far)
     readers: list[torch.Tensor] = []
-    buf: torch.Tensor | None = None  # masked path without gradients: the writers so far, written in place
+    # masked path without gradients: z_u - z̃_u of the writers so far, writer-major [b, U, s, d], written once
+    # per writer (so each reader group's mix is one batched matrix product on a slice, no copy)
+    buf: torch.Tensor | None = None
     if mask is not None:
         assert ablated is not None, "an edge mask needs the ablated writer values"
         ablated = ablated.to(emb.dtype)
         mask = mask.to(emb.dtype)
         if not torch.is_grad_enabled():
-            buf = torch.empty(b, s, g.n_writers, d, dtype=emb.dtype, device=emb.device)
-            buf[:, :, :1] = outs[0]
+            buf = torch.empty(b, g.n_writers, s, d, dtype=emb.dtype, device=emb.device)
+            buf[:, :1] = (outs[0] - ablated[:, :, :1]).permute(0, 2, 1, 3)
         ab_sum = torch.cumsum(ablated.expand(b, s, -1, -1), 2)  # Σ_{u < n} z̃_u = ab_sum[:, :, n - 1]
     done = 1  # writers computed so far
 
@@ -68,7 +70,9 @@ def run_graph(
         outs.append(piece)
         resid = resid + piece.sum(2)
         if buf is not None:
-            buf[:, :, done : done + piece.shape[2]] = piece
+            assert ablated is not None
+            k = piece.shape[2]
+            buf[:, done : done + k] = (piece - ablated[:, :, done : done + k]).permute(0, 2, 1, 3)
         done += piece.shape[2]
 
     def inputs(rows: range, n: int) -> torch.Tensor:
@@ -82,9 +86,12 @@ def run_graph(
             off = (m != 1).expand(b, -1, -1)
             if int(off.sum()) * 8 <= b * len(rows) * n:  # few edges ablated (exact patching: one per row)
                 return sparse(off, m.expand(b, -1, -1), n, len(rows))
-        z = buf[:, :, :n] if buf is not None else torch.cat(outs, 2)
-        diff = z - ablated[:, :, :n]
-        return (const + ab_sum[:, :, n - 1])[:, :, None] + torch.einsum("bsud,bru->bsrd", diff, m)
+        base = (const + ab_sum[:, :, n - 1])[:, :, None]
+        if buf is not None:  # Σ_u M_ru (z_u - z̃_u) as [b, r, n] @ [b, n, s·d]
+            mix = torch.matmul(m.expand(b, -1, -1), buf[:, :n].reshape(b, n, s * d))
+            return base + mix.view(b, len(rows), s, d).permute(0, 2, 1, 3)
+        diff = torch.cat(outs, 2) - ablated[:, :, :n]
+        return base + torch.einsum("bsud,bru->bsrd", diff, m)
 
     def sparse(off: torch.Tensor, m: torch.Tensor, n: int, r: int) -> torch.Tensor:
         """The same inputs as the dense sum, for a mask that ablates few edges: the stream (every edge)
@@ -93,9 +100,8 @@ def run_graph(
         bi, ri, ui = off.nonzero(as_tuple=True)
         x = (resid + const)[:, None].expand(b, r, s, d).clone()  # [b, r, s, d]
         if len(bi):
-            ab = ablated.expand(b, s, -1, -1)
             w = (1 - m[bi, ri, ui])[:, None, None]
-            x.index_put_((bi, ri), w * (ab[bi, :, ui] - buf[bi, :, ui]), accumulate=True)
+            x.index_put_((bi, ri), w * -buf[bi, ui], accumulate=True)
         return x.permute(0, 2, 1, 3)
 
     H, KV = blocks.H, blocks.KV
@@ -116,7 +122,7 @@ def run_graph(
     xl = inputs(range(g.logits_reader, g.logits_reader + 1), g.n_writers)
     readers.append(xl)
     logits = blocks.readout(xl[:, :, 0], am)
-    return GraphRun(logits, buf if buf is not None else torch.cat(outs, 2), readers)
+    return GraphRun(logits, torch.cat(outs, 2), readers)
 
 
 def reader_slices(blocks: Blocks) -> list[range]:

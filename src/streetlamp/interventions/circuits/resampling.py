@@ -75,6 +75,40 @@ def corrupt_resamples(adapter: ModelAdapter, task: str, raw: list[TaskPair], n: 
     return out
 
 
+class Measured:
+    """``m(C)`` per prompt of every edge set measured so far on one pair set, keyed by the set's bytes:
+    a resample that selects a circuit already measured on some of its prompts reuses those values and
+    runs only the missing (circuit, prompt) forwards. ``reused`` counts the (circuit, prompt) values
+    served from the cache."""
+
+    def __init__(self, blocks: Blocks, pairs: PairSet, ablation: str, metric: str, batch_size: int) -> None:
+        self.blocks, self.pairs, self.metric, self.batch_size = blocks, pairs, metric, batch_size
+        self.ablation = ablation
+        self.values: dict[bytes, np.ndarray] = {}  # key -> [n] (NaN: not measured yet)
+        self.reused = 0
+
+    def __call__(self, masks: list[torch.Tensor], rows: list[int]) -> np.ndarray:
+        """``[len(masks), len(rows)]``: m of each circuit on prompts ``rows`` (distinct indices)."""
+        keys = [np.packbits(m.numpy()).tobytes() for m in masks]
+        for k in keys:
+            self.values.setdefault(k, np.full(len(self.pairs), np.nan))
+        todo: dict[tuple[int, ...], list[bytes]] = {}  # the prompts still missing -> the circuits missing them
+        for k in dict.fromkeys(keys):
+            miss = tuple(i for i in rows if np.isnan(self.values[k][i]))
+            self.reused += len(rows) - len(miss)
+            if miss:
+                todo.setdefault(miss, []).append(k)
+        by_key = dict(zip(keys, masks))
+        for miss, ks in todo.items():  # mean ablation keeps the all-data reference, as m(∅) does
+            mv = circuit_metrics(
+                self.blocks, self.pairs.select(list(miss)), [by_key[k] for k in ks], self.ablation, self.metric,
+                self.batch_size, reference=self.pairs,
+            )  # fmt: skip
+            for k, v in zip(ks, mv):
+                self.values[k][list(miss)] = v
+        return np.stack([self.values[k][rows] for k in keys])
+
+
 def verdict(jaccard_mean: float, f_width: float) -> tuple[bool, str]:
     """The stability rule of the module docstring: (stable, a plain sentence)."""
     why = []
@@ -146,6 +180,7 @@ def resample(
     f = np.zeros((n, len(ks)))
     jac = np.zeros((n, len(ks)))
     inc = torch.zeros(g.n_readers, g.n_writers, dtype=torch.float64)
+    reused = 0  # (circuit, prompt) values served by :class:`Measured` (prompts and templates axes)
     if axis == "corrupt":
         if ab != "patch":
             raise StreetlampError(f"resampling the corrupted inputs needs patch ablation (the scores use {ab})")
@@ -165,12 +200,13 @@ def resample(
             if axis == "prompts"
             else template_resamples(pairs.templates, n, seed)
         )
-        mv0 = circuit_metrics(blocks, pairs, [full, empty], ab, metric, batch_size)
+        measured = Measured(blocks, pairs, ab, metric, batch_size)
+        mv0 = measured([full, empty], list(range(len(pairs))))
         for r, idx in enumerate(draws):
             uniq, inv = np.unique(idx, return_inverse=True)
             masks = [circuit(g, per[torch.as_tensor(idx)].mean(0), k) for k in ks]
-            sub = pairs.select(uniq.tolist())  # mean ablation keeps the all-data reference, as m(∅) does
-            mv = circuit_metrics(blocks, sub, masks, ab, metric, batch_size, reference=pairs)[:, inv]
+            mv = measured(masks, uniq.tolist())[:, inv]
+            reused = measured.reused
             f[r] = faithfulness(mv, mv0[1][idx], mv0[0][idx])
             jac[r] = [jaccard(m, b) for m, b in zip(masks, base)]
             inc += masks[ja].double()
@@ -215,6 +251,7 @@ def resample(
         "inclusion_of_circuit": float(inc[in_base].mean()) if bool(in_base.any()) else float("nan"),
         "stable": stable,
         "verdict": why,
+        "reused_measurements": reused,
     }
     return Resampled(axis, x, f, ab_areas[:, 0], ab_areas[:, 1], jac, inc, table, summary)
 
