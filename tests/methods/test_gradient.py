@@ -405,6 +405,35 @@ def test_panels_resolve_a_narrow_spike_where_global_rules_need_far_more() -> Non
     assert not cc["converged"] and rec["gradient_evaluations"] < cc["gradient_evaluations"]
 
 
+def test_panels_refine_the_rest_when_one_panel_sits_on_a_step() -> None:
+    """Token 0 adds a step to F that no gradient sees (F jumps by 1 at alpha = 0.3, its IG is 0), token 1 a narrow
+    atan spike (closed-form IG): the panel on the step bisects to the finest grid and stays there, the spike's
+    panels go on refining (before issue 28 the first panel at the finest grid stopped all refinement, token 1
+    then 2.9e-3 off), and the method says it did not converge: the step is the whole miss."""
+    x = torch.tensor([[0.8, 0.4], [0.6, 0.9]], dtype=torch.float64)
+    w = torch.ones(2, dtype=torch.float64)
+    s = (x * w).sum(-1)
+    c = s * torch.tensor([0.3, 0.55], dtype=torch.float64)
+    k = 200.0
+
+    def grad_fn(emb: torch.Tensor):
+        t = (emb * w).sum(-1)
+        u = k * (t[:, 1] - c[1])
+        g = torch.zeros_like(emb)
+        g[:, 1] = (k / (1 + u**2))[:, None] * w
+        return ((t[:, 0] > c[0]).double() + torch.atan(u))[None], g[None]
+
+    exact1 = float(torch.atan(k * (s[1] - c[1])) - torch.atan(-k * c[1]))
+    fd = torch.tensor([1.0 + exact1])
+    path = PathCache(x, torch.zeros_like(x), grad_fn, None, torch.device("cpu"))
+    with pytest.warns(UserWarning, match="finest grid"):
+        ig, rec = integrate_adaptive(path, fd, fd.abs(), "panels", 16, True, 1e-4, 4096, [2])
+    assert not rec["converged"] and rec["smallest_panel"] < 1e-15
+    assert rec["relative_error"][0] == pytest.approx(1.0 / float(fd[0]), abs=1e-4)  # the step, nothing else
+    assert float(ig[0, 0]) == 0.0
+    assert abs(float(ig[0, 1]) - exact1) <= 1e-5 * abs(exact1)
+
+
 def test_panels_without_f_values_and_on_real_models(tiny: ModelAdapter) -> None:
     """Without F from grad_fn the panel error is the Boole–Simpson sum difference (still converges);
     on every tiny family panels agree with 256-point Gauss–Legendre."""

@@ -411,7 +411,8 @@ def integrate_panels(
         if (ok and tokens_ok) or not adaptive:
             break
         # a panel at the finest grid (a step no bisection resolves) stays as it is; the others go on
-        split = [i for i, (lo, hi) in enumerate(panels) if hi - lo >= 8 and ind[i] > 0]
+        # (and one whose error is under 1e-3 tolerances cannot matter: a thousand such panels sum to less)
+        split = [i for i, (lo, hi) in enumerate(panels) if hi - lo >= 8 and ind[i] > 1e-3 * tolerance]
         room = (max_steps + 1 - len(path.cache)) // 4
         if (room < 1 or not split) and ok:
             break  # the completeness tolerance is met; the token estimate is only a refinement target
