@@ -351,17 +351,19 @@ def integrate_panels(
     the same panel; the difference over 15 is Richardson's estimate of the error of the 5-point composite
     Simpson rule, which Boole's rule, its extrapolation, improves on). While the relative completeness
     error exceeds ``tolerance`` or the summed per-token estimate exceeds ``TOKEN_STOP`` tolerances (token
-    errors can cancel in the sum), the ``SPLITS`` panels with the largest error are bisected; a child
-    reuses 3 of its 5 nodes, so a split costs 4 new gradients. A panel at the finest grid (a step in F no
-    bisection resolves) is left as it is and the others go on. Suited to integrands with narrow spikes
-    (pre-norm decoders, where global rules need hundreds of points).
+    errors can cancel in the sum), the ``SPLITS`` (2) panels with the largest error are bisected, the
+    second only if its error is at least ``SPLIT_FRACTION`` (half) of the worst; a child reuses 3 of its 5
+    nodes, so a split costs 4 new gradients. A panel at the finest grid (a step in F no bisection
+    resolves) is left as it is and the others go on; when only such panels carry error the method warns
+    and stops. Suited to integrands with narrow spikes (pre-norm decoders, where global rules need
+    hundreds of points).
     """
     if steps % 4:
         raise StreetlampError(f"rule 'panels' needs steps divisible by 4 (got {steps}): 5-point Boole panels")
     n0 = steps // 4
     # panels are integer intervals [lo, hi] of a grid of D points, so a node shared by two panels (or
     # a parent and its children) is one cache key even when n0 is not a power of two; 56 bisections
-    # deep (a panel of ~1e-17 near alpha = 0: the tiny Gemma 2 path has a step at alpha ~ 3e-13 that 40 did not resolve)
+    # deep (panels of ~1e-17: the tiny Gemma 2 and 3 paths step within ~1e-13 of alpha = 0, which 40 missed)
     width = 4 << 56
     grid = n0 * width
     node = lambda lo, hi, q: float(lo + (hi - lo) * q // 4) / grid  # noqa: E731  (q = 0..4)
