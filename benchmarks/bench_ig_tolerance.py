@@ -8,7 +8,8 @@ A user of Captum's ``LayerIntegratedGradients`` who needs a relative completenes
 also timed alone (the best case: a user who knew ``n_steps`` in advance). Against that, streetlamp's
 ``integrated_gradients`` at its defaults (``rule="auto"``: a coarse pass, then Romberg or adaptive
 panels; same baseline: [PAD] everywhere, ``keep_special=False``). Per text and summed: seconds and
-gradient evaluations; the ratios are measured in this process, the load average printed beside them.
+gradient evaluations, and the largest difference of a token's attribution between the two converged answers
+(a fraction of |F(x) - F(x')|); the ratios are measured in this process, the load average printed beside them.
 
 1. ``minilm-sentiment``, ``--texts`` movie sentences (seeded sample), F = probability of the prediction.
 2. ``smollm2-135m``, the README's decoder prompt and ``--smollm - 1`` prompts of docs/examples/facts.csv,
@@ -26,6 +27,7 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from common import load, threads  # noqa: E402
 
@@ -53,7 +55,7 @@ def captum_doubling(a: ModelAdapter, ids: torch.Tensor, idx: int, tol: float, st
     n, evals, t0, rel = start, 0, time.perf_counter(), float("inf")
     while True:
         t1 = time.perf_counter()
-        _, d = lig.attribute(ids, baselines=base, n_steps=n, return_convergence_delta=True)
+        attr, d = lig.attribute(ids, baselines=base, n_steps=n, return_convergence_delta=True)
         last = time.perf_counter() - t1
         evals += n
         rel = abs(float(d[0])) / abs(df)
@@ -63,7 +65,16 @@ def captum_doubling(a: ModelAdapter, ids: torch.Tensor, idx: int, tol: float, st
     total = time.perf_counter() - t0
     t1 = time.perf_counter()  # the final call alone, again (warm)
     lig.attribute(ids, baselines=base, n_steps=n, return_convergence_delta=True)
-    return {"time": total, "evals": evals, "final_n": n, "final_time": min(last, time.perf_counter() - t1), "rel": rel}
+    scores = attr[0].sum(-1).detach().double().numpy()
+    return {
+        "time": total,
+        "evals": evals,
+        "final_n": n,
+        "final_time": min(last, time.perf_counter() - t1),
+        "rel": rel,
+        "scores": scores,
+        "df": df,
+    }
 
 
 def ours(a: ModelAdapter, text: str, tol: float) -> dict:
@@ -80,11 +91,12 @@ def ours(a: ModelAdapter, text: str, tol: float) -> dict:
         "rule": i.get("rule_used", ig.rule),
         "warned": len(w),
         "index": i["target"]["index"],
+        "scores": e.scores.astype(np.float64),
     }
 
 
 def compare(a: ModelAdapter, texts: list[str], tol: float, cap: int) -> None:
-    tot = {"ours": 0.0, "cap": 0.0, "final": 0.0, "oe": 0, "ce": 0, "fe": 0}
+    tot = {"ours": 0.0, "cap": 0.0, "final": 0.0, "oe": 0, "ce": 0, "fe": 0, "diff": 0.0}
     ours(a, texts[0], tol)  # warm-up
     for text in texts:
         o = ours(a, text, tol)
@@ -95,15 +107,18 @@ def compare(a: ModelAdapter, texts: list[str], tol: float, cap: int) -> None:
         tot["oe"] += o["evals"]
         tot["ce"] += c["evals"]
         tot["fe"] += c["final_n"]
+        diff = float(np.abs(o["scores"] - c["scores"]).max() / abs(c["df"]))  # both at convergence
+        tot["diff"] = max(tot["diff"], diff)
         print(
             f"  {text[:32]:32} streetlamp {o['evals']:>4} evals {o['time']:6.2f}s rel {o['rel']:.1e} ({o['rule']}"
             f"{', WARNED' if o['warned'] else ''}) | captum doubling {c['evals']:>4} evals {c['time']:6.2f}s "
-            f"(final n_steps={c['final_n']}: {c['final_time']:.2f}s) rel {c['rel']:.1e}",
+            f"(final n_steps={c['final_n']}: {c['final_time']:.2f}s) rel {c['rel']:.1e} | max token diff {diff:.1e} of |dF|",
             flush=True,
         )
     print(
         f"  total: streetlamp {tot['oe']} evals {tot['ours']:.2f}s; captum doubling {tot['ce']} evals {tot['cap']:.2f}s; "
-        f"captum final calls alone {tot['fe']} evals {tot['final']:.2f}s"
+        f"captum final calls alone {tot['fe']} evals {tot['final']:.2f}s; largest token difference streetlamp vs "
+        f"captum's final call {tot['diff']:.1e} of |dF|"
     )
     print(
         f"  RATIO streetlamp / captum doubling = {tot['ours'] / tot['cap']:.2f} (target <= 0.5); "

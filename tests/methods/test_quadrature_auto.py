@@ -90,6 +90,39 @@ def test_auto_on_narrow_spikes_picks_panels_and_bounds_the_error() -> None:
     assert rec["gradient_evaluations"] < cc["gradient_evaluations"]
 
 
+def test_auto_hands_romberg_over_to_panels_when_a_doubling_stops_gaining() -> None:
+    """A smooth integrand (Σ exp(w·e_i)) plus a small narrow spike (1e-3 atan(100 (w·e_i − c_i)), closed-form
+    IG as in spike_path): the 5-point coarse pass misses the spike and looks smooth (Romberg's error falls
+    23x), the first doubling gains about 1x, so the panels take over from the coarse grid: they meet the
+    tolerance on every token (closed form) with a fraction of what Romberg doubling alone spends."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.rand(5, 3, generator=g, dtype=torch.float64) * 2 - 0.5
+    w = torch.ones(3, dtype=torch.float64)
+    s = (x * w).sum(-1)
+    a, k, c = 1e-3, 100.0, 0.61 * s
+
+    def grad_fn(emb: torch.Tensor):
+        t = (emb * w).sum(-1)
+        u = k * (t - c)
+        return (torch.exp(t) + a * torch.atan(u)).sum(-1)[None], ((torch.exp(t) + a * k / (1 + u**2))[..., None] * w)[
+            None
+        ]
+
+    exact = (torch.exp(s) - 1 + a * (torch.atan(k * (s - c)) - torch.atan(-k * c))).numpy()
+    fd = torch.tensor([exact.sum()])
+    path = lambda: PathCache(x, torch.zeros_like(x), grad_fn, None, torch.device("cpu"))  # noqa: E731
+    ig, rec = integrate_adaptive(path(), fd, fd.abs(), "auto", 4, True, 1e-4, 512, [5])
+    assert rec["rule_used"] == "panels" and rec["converged"]
+    assert (
+        rec["rule_choice"]["reason"].startswith("smooth")
+        and "panels from the coarse grid" in rec["rule_choice"]["reason"]
+    )
+    assert rec["delta"][0] <= 1e-4 * abs(float(fd[0]))
+    assert np.abs(ig[0].numpy() - exact).max() <= 1e-4 * abs(float(fd[0]))  # every token, not only the sum
+    _, rom = integrate_adaptive(path(), fd, fd.abs(), "romberg", 4, True, 1e-4, 512, [5])
+    assert rom["converged"] and rec["gradient_evaluations"] * 3 < rom["gradient_evaluations"]
+
+
 def adapter_of(family: str) -> ModelAdapter:
     m, t = tiny_model(family, seed=1)
     return ModelAdapter(m.double(), t, f"tiny-{family}")

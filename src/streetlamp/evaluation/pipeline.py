@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from ..methods.registry import get_method
 from ..methods.removal import Removal
@@ -196,8 +197,11 @@ def evaluate_chunk(
     # -- counterfactual attention and the uniform baseline ---------------------------------------
     cf = Counterfactual(**s.counterfactual)
     for l in flip_layers(adapter, s.cf_layers):
-        perm = cf.permutations(adapter, inputs, probs, l, seeds, budget)
-        adv_js, adv_tvd = cf.adversarial(adapter, inputs, probs, l, seeds)
+        site = f"layers.{l}.attn.pattern"
+        with torch.no_grad():  # one forward records the pattern both the permutations and the search start from
+            att = adapter.forward(inputs, record=[site]).cache[site]
+        perm = cf.permutations(adapter, inputs, probs, l, seeds, budget, att=att)
+        adv_js, adv_tvd = cf.adversarial(adapter, inputs, probs, l, seeds, att=att)
         for b, e in enumerate(examples):
             add(e.id, "counterfactual_attention", f"perm_tvd_median@{l}", perm[b])
             add(e.id, "counterfactual_attention", f"adv_js@{l}", adv_js[b])

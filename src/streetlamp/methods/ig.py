@@ -40,9 +40,9 @@ BASELINES = ("zero", "pad", "mask", "unk", "document")
 
 
 ZERO_TOKEN_EMBEDDING = (
-    " (the zero vector in this model: on a pre-norm model the first RMSNorm makes F jump within about "
-    "sqrt(eps)/rms(e) of the baseline, a step no quadrature resolves; the completeness error says how much "
-    "is missed; choose baseline 'mask' or another token)"
+    " (the zero vector in this model: on a pre-norm model the RMSNorms make F step very close to the "
+    "baseline, a step global rules miss and only rule 'panels' bisects to; the completeness error says how "
+    "much is missed; choose baseline 'mask' or another token)"
 )
 
 

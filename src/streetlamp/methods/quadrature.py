@@ -283,7 +283,8 @@ def integrate_auto(
     rules on 1/4, 1/2 and all of them are nested in it, and their exact completeness errors ``e(n)``
     (``F`` is known at both ends) say how the integrand behaves: a smooth one is in Richardson's
     asymptotic regime, ``e(steps) <= e(steps/2) / 16`` (each doubling gains at least a factor 16),
-    and Romberg doubling continues globally; anything else (a narrow spike, as a pre-norm decoder's
+    and Romberg doubling continues globally while each doubling keeps that rate (else the panels take over
+    from the coarse grid, every point reused); anything else (a narrow spike, as a pre-norm decoder's
     path has near its input end, or kinks the coarse grid does not resolve) goes to the locally
     adaptive Boole ``panels``, which bisect where each panel's exact share of ``F`` is missed. Both reuse
     every gradient of the coarse pass. Recorded: ``rule_used`` and ``rule_choice`` (the three errors).
@@ -302,10 +303,34 @@ def integrate_auto(
             "not smooth at the coarse scale (a spike or kinks): Romberg's error fell "
             + (f"{e2 / e1:.3g}x on the last doubling" if e1 > 0 else "to 0"),
         )
-    ig, rec = integrate_adaptive(path, fdiff, fscale, rule, n, True, tolerance, max(max_steps, n), lengths)
+    start = n
+    if rule == "romberg":
+        # Romberg doubles while it stays in Richardson's regime; where a doubling gains less than 16x (the coarse
+        # grid looked smooth but is not: kinks or a feature finer than it) the panels take over from the coarse
+        # grid, every uniform point computed so far reused as a panel node
+        k, ek = n, e1
+        while ek > tolerance and 2 * k <= max(max_steps, n):
+            path.evaluate(quadrature("romberg", 2 * k)[0])
+            e2k = float(relative_errors(path, "romberg", 2 * k, fdiff, fscale, lengths) or 0.0)
+            if e2k > tolerance and e2k > SMOOTH_RATIO * ek:
+                rule = "panels"
+                why += f"; then at {2 * k} steps it fell only {ek / max(e2k, 1e-300):.3g}x: panels from the coarse grid"
+                break
+            k, ek = 2 * k, e2k
+        start = n if rule == "panels" else k
+    ig, rec = integrate_adaptive(path, fdiff, fscale, rule, start, True, tolerance, max(max_steps, n), lengths)
     rec["rule_used"] = rule
     rec["rule_choice"] = {"coarse_steps": n, "romberg_relative_errors": [e4, e2, e1], "reason": why}
     return ig, rec
+
+
+# panels: a panel's per-token error is estimated by |Boole - Simpson| / 15 (TOKEN_SHARE); the SPLITS panels with
+# the largest error are bisected per round (4 new gradients each); the per-token estimate summed over panels
+# must also be within TOKEN_STOP tolerances of |dF| (completeness checks the sum only)
+TOKEN_SHARE = 1 / 15
+SPLITS = 2
+SPLIT_FRACTION = 0.5
+TOKEN_STOP = 2.0
 
 
 def integrate_panels(
@@ -322,19 +347,24 @@ def integrate_panels(
 
     Start from ``steps / 4`` equal panels. Each panel [a, b] knows two errors: its exact share of the
     completeness error, ``|Σ_i Q_i − (F(b) − F(a))|`` (every gradient evaluation's forward pass gives
-    F(α)), and a per-token estimate, ``max_i |Boole_i − Simpson_i|`` (Simpson uses every other node of
-    the same panel). While the relative completeness error exceeds ``tolerance``, the panels whose
-    larger error is at least a quarter of the worst are bisected; a child reuses 3 of its 5 nodes,
-    so a split costs 4 new gradients. Suited to integrands with narrow spikes (pre-norm decoders,
-    where global rules need hundreds of points); on smooth ones Clenshaw–Curtis needs fewer.
+    F(α)), and a per-token estimate, ``max_i |Boole_i − Simpson_i| / 15`` (Simpson on every other node of
+    the same panel; the difference over 15 is Richardson's estimate of the error of the 5-point composite
+    Simpson rule, which Boole's rule, its extrapolation, improves on). While the relative completeness
+    error exceeds ``tolerance`` or the summed per-token estimate exceeds ``TOKEN_STOP`` tolerances (token
+    errors can cancel in the sum), the ``SPLITS`` (2) panels with the largest error are bisected, the
+    second only if its error is at least ``SPLIT_FRACTION`` (half) of the worst; a child reuses 3 of its 5
+    nodes, so a split costs 4 new gradients. A panel at the finest grid (a step in F no bisection
+    resolves) is left as it is and the others go on; when only such panels carry error the method warns
+    and stops. Suited to integrands with narrow spikes (pre-norm decoders, where global rules need
+    hundreds of points).
     """
     if steps % 4:
         raise StreetlampError(f"rule 'panels' needs steps divisible by 4 (got {steps}): 5-point Boole panels")
     n0 = steps // 4
     # panels are integer intervals [lo, hi] of a grid of D points, so a node shared by two panels (or
-    # a parent and its children) is one cache key even when n0 is not a power of two; 40 bisections
-    # deep, far below float32's resolution of the path
-    width = 4 << 40
+    # a parent and its children) is one cache key even when n0 is not a power of two; 56 bisections
+    # deep (panels of ~1e-17: the tiny Gemma 2 and 3 paths step within ~1e-13 of alpha = 0, which 40 missed)
+    width = 4 << 56
     grid = n0 * width
     node = lambda lo, hi, q: float(lo + (hi - lo) * q // 4) / grid  # noqa: E731  (q = 0..4)
     panels = [(k * width, (k + 1) * width) for k in range(n0)]
@@ -347,6 +377,7 @@ def integrate_panels(
         path.evaluate(nodes)
         ig: torch.Tensor | None = None
         half: torch.Tensor | None = None
+        est: torch.Tensor | None = None  # per-token error estimate, summed over panels
         ind = []
         for lo, hi in panels:
             h = (hi - lo) / grid
@@ -355,14 +386,16 @@ def integrate_panels(
             qs = h * (g[0] + 4 * g[2] + g[4]) / 6
             ig = qb if ig is None else ig + qb
             half = qs if half is None else half + qs
+            est = TOKEN_SHARE * (qb - qs).abs() if est is None else est + TOKEN_SHARE * (qb - qs).abs()
             tok = torch.stack([(qb[j, :L] - qs[j, :L]).abs().max() for j, L in enumerate(lengths)])
             if node(lo, hi, 0) in path.fvals and node(lo, hi, 4) in path.fvals:
                 share = path.fvals[node(lo, hi, 4)] - path.fvals[node(lo, hi, 0)]
                 err = torch.stack([(qb[j, :L].sum() - share[j]).abs() for j, L in enumerate(lengths)])
             else:  # no F from grad_fn: the panel's sum difference between the two rules
                 err = torch.stack([(qb[j, :L] - qs[j, :L]).sum().abs() for j, L in enumerate(lengths)])
-            ind.append(float((torch.maximum(err, tok) / scale).max()))
-        assert ig is not None and half is not None
+            ind.append(float((torch.maximum(err, TOKEN_SHARE * tok) / scale).max()))
+        assert ig is not None and half is not None and est is not None
+        tok_est = torch.stack([est[j, :L].max() for j, L in enumerate(lengths)])
         total = torch.stack([ig[j, :L].sum() for j, L in enumerate(lengths)])
         delta = (total - fd).abs()
         rel = delta / scale
@@ -376,11 +409,22 @@ def integrate_panels(
             }
         )
         ok = bool(((rel <= tolerance) | (delta <= noise)).all())
-        if ok or not adaptive:
+        tokens_ok = bool(((tok_est <= TOKEN_STOP * tolerance * scale) | (tok_est <= noise)).all())
+        if (ok and tokens_ok) or not adaptive:
             break
-        worst = max(ind)
-        split = [i for i, v in enumerate(ind) if v >= 0.25 * worst]
+        # a panel at the finest grid (a step no bisection resolves) stays as it is; the others go on
+        # (and one whose error is under 1e-3 tolerances cannot matter: a thousand such panels sum to less)
+        split = [i for i, (lo, hi) in enumerate(panels) if hi - lo >= 8 and ind[i] > 1e-3 * tolerance]
         room = (max_steps + 1 - len(path.cache)) // 4
+        if (room < 1 or not split) and ok:
+            break  # the completeness tolerance is met; the token estimate is only a refinement target
+        if not split:
+            warnings.warn(
+                f"integrated_gradients: relative completeness error {float(rel.max()):.3g} > tolerance "
+                f"{tolerance:g}: every panel that carries error is at the finest grid (a step in F); stopping",
+                stacklevel=3,
+            )
+            break
         if room < 1:
             warnings.warn(
                 f"integrated_gradients: relative completeness error {float(rel.max()):.3g} > tolerance "
@@ -389,10 +433,9 @@ def integrate_panels(
                 stacklevel=3,
             )
             break
-        chosen = set(sorted(split, key=lambda i: -ind[i])[:room])
-        if any(hi - lo < 8 for i, (lo, hi) in enumerate(panels) if i in chosen):
-            warnings.warn("integrated_gradients: panels reached the finest grid; stopping", stacklevel=3)
-            break
+        worst = max(ind[i] for i in split)
+        chosen = set(sorted(split, key=lambda i: -ind[i])[: min(room, SPLITS)])
+        chosen = {i for i in chosen if ind[i] >= SPLIT_FRACTION * worst}
         new = []
         for i, (lo, hi) in enumerate(panels):
             if i in chosen:
@@ -409,6 +452,7 @@ def integrate_panels(
         "converged_by_noise_floor": bool(ok and rel.max() > tolerance),
         "panels": len(panels),
         "smallest_panel": min(hi - lo for lo, hi in panels) / grid,
+        "token_error_estimate": float((tok_est / scale).max()),
         "tolerance": tolerance,
         "history": history,
         "delta": delta.tolist(),
