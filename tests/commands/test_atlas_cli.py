@@ -165,3 +165,57 @@ def test_compare_task_writes_the_comparison(
         == 2
     )
     assert not bad.exists() and "Traceback" not in capsys.readouterr().err
+
+
+def test_parquet_is_float32_and_keeps_the_summaries(setup: dict[str, Path], tmp_path: Path) -> None:
+    """atlas.parquet stores the statistics and effects as float32, each the float32 rounding of the value
+    the run computed (its float64 parts); heads.csv is computed before the cast, and recomputing it from the
+    file moves it by no more than that rounding allows, far inside its bootstrap intervals."""
+    from streetlamp.interventions.atlas_stats import STATS
+    from streetlamp.interventions.atlas_use import summarise
+    from streetlamp.models.loading import load
+    from streetlamp.runners.atlas import run_atlas
+    from streetlamp.runners.atlas_outputs import EFFECTS
+
+    kw = dict(data=str(setup["t"] / "d.txt"), exact_share=0.5, exact_top=1, chunk_size=4, seed=1)
+    res = run_atlas(load(setup["llama"]), tmp_path / "run", **kw)
+    t = pd.read_parquet(res.out / "atlas.parquet")
+    floats = [*STATS, "dlogp_est", "dla", *EFFECTS, "prominence_decile", "effect_decile"]
+    assert [k for k in floats if t[k].dtype != np.float32] == []
+    assert [k for k in ("layer", "head", "sequence", "pred") if t[k].dtype != np.int64] == [] and t.exact.dtype == bool
+    key = ["sequence", "layer", "head"]
+    parts = res.out / "parts"
+    p64 = pd.concat([pd.read_parquet(f) for f in sorted(parts.glob("stats-*.parquet"))])
+    x64 = pd.concat([pd.read_parquet(f) for f in sorted(parts.glob("exact-*.parquet"))])
+    assert (p64.prominence.dtype, x64.kl_explained.dtype) == (np.float64, np.float64)
+    m = t.merge(p64, on=key, suffixes=("", "_64")).merge(x64, on=key, how="left", suffixes=("", "_64"))
+    for k in (*STATS, "kl_explained", "dlogp"):  # exactly the float32 rounding of what was computed
+        np.testing.assert_array_equal(m[k].to_numpy(), m[f"{k}_64"].astype(np.float32).to_numpy(), err_msg=k)
+    ub = m[m.audit.isin(["all", "random"])]
+    for _, g in ub.groupby(["layer", "head"]):  # no order changed, so the rank correlations are the same
+        for k in ("prominence", "kl_explained"):
+            assert (g[k].rank().to_numpy() == g[f"{k}_64"].rank().to_numpy()).all(), k
+
+    s, r = pd.read_csv(res.out / "heads.csv"), summarise(t, 1e-3, 0.5, seed=1)
+    u = 2.0**-24  # float32's relative rounding: a mean or a resampled mean's quantile moves <= u max|x|
+    big = {k: float(np.nanmax(np.abs(t[k].astype(np.float64)))) for k in ("dlogp_est", "dlogp", "kl_explained")}
+    source = {k: k for k in (*STATS, "dlogp_est", "dla", "kl_mean", "dloss", "dlogp")}
+    source |= {"abs_dlogp_est": "dlogp_est", "effect": "kl_explained", "effect_low": "kl_explained"}
+    source |= {"effect_high": "kl_explained"}
+    for col, k in source.items():
+        tol = 2 * u * float(np.nanmax(np.abs(t[k].astype(np.float64))))
+        np.testing.assert_allclose(r[col], s[col], rtol=0, atol=tol, err_msg=col)
+    np.testing.assert_allclose(r.est_mae, s.est_mae, rtol=0, atol=4 * u * (big["dlogp_est"] + big["dlogp"]))
+    for col in ("rho", "rho_low", "rho_high"):
+        np.testing.assert_allclose(r[col], s[col], rtol=0, atol=1e-12, err_msg=col)
+    for i, g in t[t.exact].groupby(["layer", "head"]):  # Pearson r: |dr| <= 4u (max|x|/sd x + max|y|/sd y)
+        e, x = g.dlogp_est.to_numpy(np.float64), g.dlogp.to_numpy(np.float64)
+        want, got = (float(d.est_r[(d.layer == i[0]) & (d["head"] == i[1])].iloc[0]) for d in (s, r))
+        if np.isnan(want):
+            assert np.isnan(got)
+            continue
+        assert abs(got - want) <= 4 * u * (np.abs(e).max() / e.std() + np.abs(x).max() / x.std())
+    cols = ["n_exact", "n_audited", "n_prominent_unused", "n_diffuse_used", "streetlight", "unremarkable_used"]
+    pd.testing.assert_frame_equal(r[[*cols, "estimate_poor"]], s[[*cols, "estimate_poor"]])
+    width = (s.effect_high - s.effect_low).dropna()
+    assert len(width) == 8 and 2 * u * big["kl_explained"] < 1e-3 * width.min()  # rounding far inside the intervals

@@ -32,6 +32,15 @@ from ..store.run_store import RunStore, atomic_write
 
 PANEL_WIDTH = 64
 EFFECTS = ("kl_explained", "dlogp", "dprob", "kl_mean", "dloss")
+# atlas.parquet's float columns, stored as float32 (STATS too): the forward that made them is float32, so
+# their float64 digits past 2^-24 relative carry nothing; heads.csv and the panels are computed from the
+# float64 table in memory before the cast (the test bounds what recomputing them from the file changes)
+STORED_F32 = ("dlogp_est", "dla", *EFFECTS, "prominence_decile", "effect_decile")
+
+
+def stored(table: pd.DataFrame) -> pd.DataFrame:
+    """The table as ``atlas.parquet`` holds it: :data:`STATS` and :data:`STORED_F32` as float32."""
+    return table.astype({k: np.float32 for k in (*STATS, *STORED_F32)})
 
 
 def merge(
@@ -84,8 +93,8 @@ def write_outputs(
     settings: dict[str, Any],
 ) -> pd.DataFrame:
     folder = store.folder
-    atomic_write(folder / "atlas.parquet", lambda p: table.to_parquet(p, index=False))
     summary = summarise(table, settings["floor"], settings["striking"], seed=settings["seed"])
+    atomic_write(folder / "atlas.parquet", lambda p: stored(table).to_parquet(p, index=False))
     atomic_write(folder / "heads.csv", lambda p: summary.to_csv(p, index=False))
     L, H, k = adapter.n_layers, adapter.n_heads, settings["top_k"]
     by = "kl_explained" if settings["exact_share"] >= 1 else "dlogp_est"
@@ -138,7 +147,7 @@ def write_outputs(
                 )
             },
             "files": {
-                "atlas.parquet": "one row per (layer, head, sequence): every statistic and effect",
+                "atlas.parquet": "one row per (layer, head, sequence): every statistic and effect (float32)",
                 "heads.csv": "one row per head: means, light-against-use correlation with its interval, flags",
             },
             "atlas": {
