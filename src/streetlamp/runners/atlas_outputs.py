@@ -94,7 +94,7 @@ def write_outputs(
 ) -> pd.DataFrame:
     folder = store.folder
     summary = summarise(table, settings["floor"], settings["striking"], seed=settings["seed"])
-    atomic_write(folder / "atlas.parquet", lambda p: stored(table).to_parquet(p, index=False))
+    atomic_write(folder / "atlas.parquet", lambda p: stored(table).to_parquet(p, index=False, compression="zstd"))
     atomic_write(folder / "heads.csv", lambda p: summary.to_csv(p, index=False))
     L, H, k = adapter.n_layers, adapter.n_heads, settings["top_k"]
     by = "kl_explained" if settings["exact_share"] >= 1 else "dlogp_est"
