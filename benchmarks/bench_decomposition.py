@@ -6,14 +6,15 @@ full forward pass), measured in the same process; norm and ALTI times beside the
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import timeit  # noqa: E402
+
 import streetlamp  # noqa: E402
 from streetlamp.methods.context_mixing import Alti, Norm, ValueZeroing  # noqa: E402
 from streetlamp.models.adapter import Target  # noqa: E402
@@ -22,25 +23,15 @@ from tests.models.test_decomposition import plain_value_zeroing  # noqa: E402  (
 TEXT = "the acting was wonderful but the plot was thin and the ending made no sense at all ."
 
 
-def timed(fn, repeat: int = 3) -> float:
-    fn()  # warm-up
-    out = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return statistics.median(out)
-
-
 def main() -> None:
     torch.set_num_threads(2)
     a = streetlamp.load("minilm-sentiment")
     enc = a.encode(TEXT)
     print(f"minilm-sentiment, {enc.lengths[0]} tokens, median of 3")
     for m in (Norm(), Alti()):
-        print(f"{m.name:<14} {timed(lambda: m.attribute(a, enc, target=Target())):.3f} s")
-    ours = timed(lambda: ValueZeroing().attribute(a, enc, target=Target()))
-    plain = timed(lambda: plain_value_zeroing(a, TEXT), repeat=1)
+        print(f"{m.name:<14} {timeit(lambda: m.attribute(a, enc, target=Target()))[0]:.3f} s")
+    ours = timeit(lambda: ValueZeroing().attribute(a, enc, target=Target()))[0]
+    plain = timeit(lambda: plain_value_zeroing(a, TEXT), repeat=1)[0]
     print(f"value_zeroing  {ours:.3f} s   plain loop {plain:.3f} s   ratio {plain / ours:.1f}x faster")
 
 

@@ -10,25 +10,14 @@ Usage: ``.tl-venv/bin/python benchmarks/tl_eap_peer.py MODEL_DIR PAIRS.json REPE
 from __future__ import annotations
 
 import json
-import statistics
 import sys
-import time
 from importlib.metadata import version
 
 import torch
+from common import timeit  # benchmarks/common.py: torch and the standard library only, so this venv runs it
 from transformer_lens.model_bridge import TransformerBridge
 from transformer_lens.tools.analysis.attribution_patching import EdgeAttributionConfig, attribution_patch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-
-
-def median_time(fn, repeat: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -45,7 +34,7 @@ def main() -> None:
         (lg[rows, ans] - lg[rows, wrong]).sum().backward()
         hf.zero_grad(set_to_none=True)
 
-    base = median_time(fwd_bwd, repeat)
+    base = timeit(fwd_bwd, repeat)[0]
     tok = AutoTokenizer.from_pretrained(model_dir)
     bridge = TransformerBridge.boot_transformers(model_dir, dtype=torch.float32, tokenizer=tok, device="cpu")
     bridge.eval()
@@ -64,7 +53,7 @@ def main() -> None:
             )
             n_edges[0] = len(res.edge_scores)
 
-    t = median_time(eap, repeat)
+    t = timeit(eap, repeat)[0]
     print(json.dumps({"version": version("transformer-lens"), "fwd_bwd": base, "eap": t, "edges": n_edges[0]}))
 
 
