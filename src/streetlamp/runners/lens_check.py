@@ -77,6 +77,19 @@ def _arrays(c: Checks, prefix: str, res: dict, what: list[tuple[str, str]], name
         c.described[f"{prefix}.{k}"] = {"axes": AXIS, "meaning": f"{name} check: {meaning}"}
 
 
+def _table_rows(rows: list[dict], fields: list[str]) -> list[list]:
+    """A check table's rows: the layer (``embed`` for row 0), ``fields`` (top tokens as ``repr``: text,
+    never markup), then the disagreement flag."""
+    return [
+        [
+            "embed" if r["row"] == 0 else r["row"] - 1,
+            *(repr(r[k]) if k.endswith("_top") else r[k] for k in fields),
+            "DISAGREES" if r["disagrees"] else "",
+        ]
+        for r in rows
+    ]
+
+
 def run_checks(
     adapter: ModelAdapter,
     ids: torch.Tensor,
@@ -109,19 +122,10 @@ def run_checks(
                     f"rank of {target!r} (patched)",
                     "disagrees",
                 ],
-                "rows": [
-                    [
-                        "embed" if r["row"] == 0 else r["row"] - 1,
-                        repr(r["lens_top"]),
-                        repr(r["patched_top"]),
-                        r["top1_match"],
-                        r["kl_patched_lens"],
-                        r["rank_lens"],
-                        r["rank_patched"],
-                        "DISAGREES" if r["disagrees"] else "",
-                    ]
-                    for r in res["rows"]
-                ],
+                "rows": _table_rows(
+                    res["rows"],
+                    ["lens_top", "patched_top", "top1_match", "kl_patched_lens", "rank_lens", "rank_patched"],
+                ),
                 "note": f"{len(flagged)} of {L + 1} layers disagree (the lens's top token is not the patched run's): "
                 + (", ".join(flagged) or "none"),
             }
@@ -170,20 +174,10 @@ def run_checks(
                     f"rank of {target!r} (model)",
                     "disagrees",
                 ],
-                "rows": [
-                    [
-                        "embed" if r["row"] == 0 else r["row"] - 1,
-                        repr(r["lens_top"]),
-                        repr(r["model_top"]),
-                        r["top1_match"],
-                        r["kl_model"],
-                        r["kl_lens"],
-                        r["rank_lens"],
-                        r["rank_model"],
-                        "DISAGREES" if r["disagrees"] else "",
-                    ]
-                    for r in res["rows"]
-                ],
+                "rows": _table_rows(
+                    res["rows"],
+                    ["lens_top", "model_top", "top1_match", "kl_model", "kl_lens", "rank_lens", "rank_model"],
+                ),
                 "note": f"{len(flagged)} of {L + 1} layers disagree (the token the residual promotes most over the "
                 "baseline differs between the lens and the model): " + (", ".join(flagged) or "none"),
             }
