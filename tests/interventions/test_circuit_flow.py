@@ -198,7 +198,7 @@ def test_qk_fix_is_eap_to_first_order(family: str) -> None:
     for eps in (1e-2, 1e-3):
         ab = z + eps * (zc - z)
         fix = X._qk_batch(b, pairs, ab, "logit_diff")[:, rows] / eps
-        lin = S._gradient_scores(b, pairs, ab, "logit_diff", False).detach()[:, rows] / eps
+        lin = S.gradient_scores(b, pairs, ab, "logit_diff", False).detach()[:, rows] / eps
         v = g.valid()[rows]
         errs.append(float((fix - lin)[:, v].abs().max()))
         scale = float(lin[:, v].abs().max())

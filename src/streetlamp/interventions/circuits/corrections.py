@@ -20,7 +20,7 @@ import torch
 from ...errors import StreetlampError
 from .blocks import Blocks
 from .forward import reader_slices, run_graph
-from .scores import EdgeScores, _delta_of, _finish, _gradient_scores, metric_values, per_batch
+from .scores import EdgeScores, delta_of, finish_scores, gradient_scores, metric_values, per_batch
 from .tasks import PairSet
 
 
@@ -44,9 +44,9 @@ def _qk_batch(blocks: Blocks, p: PairSet, ablated: torch.Tensor, metric: str) ->
     got = iter(torch.autograd.grad(m, [x for x, ok in zip(run.readers, live) if ok], allow_unused=True))
     grads = [next(got) if ok else None for ok in live]
     z = run.writers.detach()
-    delta = _delta_of(p, ablated, z)
+    delta = delta_of(p, ablated, z)
     gz = _writer_grads(blocks, grads, z)
-    out = _gradient_scores(blocks, p, ablated, metric, False, delta=delta).detach()
+    out = gradient_scores(blocks, p, ablated, metric, False, delta=delta).detach()
     emb = z[:, :, 0]
     am = p.clean.attention_mask.to(z.device)
     with torch.no_grad():
@@ -88,7 +88,9 @@ def eap_qk(
     def score(p: PairSet, ab: torch.Tensor) -> torch.Tensor:
         return _qk_batch(blocks, p, ab, metric)
 
-    return _finish(blocks, per_batch(blocks, pairs, ablation, batch_size, reference, score), "eap-qk", ablation, metric)
+    return finish_scores(
+        blocks, per_batch(blocks, pairs, ablation, batch_size, reference, score), "eap-qk", ablation, metric
+    )
 
 
 def graddrop(
@@ -109,7 +111,7 @@ def graddrop(
     def score(p: PairSet, ab: torch.Tensor) -> list[torch.Tensor]:
         with torch.no_grad():
             clean = run_graph(blocks, p.clean.input_ids, p.clean.attention_mask).writers
-        delta = _delta_of(p, ab, clean)
+        delta = delta_of(p, ab, clean)
         out = []
         for ell in range(L):
             s = g.layer_start(ell)
@@ -117,11 +119,11 @@ def graddrop(
                 f"attn{ell}": clean[:, :, s : s + blocks.H],
                 f"mlp{ell}": clean[:, :, s + blocks.H : s + blocks.H + 1],
             }
-            out.append(_gradient_scores(blocks, p, ab, metric, False, over, delta=delta).detach())
+            out.append(gradient_scores(blocks, p, ab, metric, False, over, delta=delta).detach())
         return out
 
     chunks = per_batch(blocks, pairs, ablation, batch_size, reference, score)
-    each = [_finish(blocks, [c[ell] for c in chunks], f"eap-gd{ell}", ablation, metric) for ell in range(L)]
+    each = [finish_scores(blocks, [c[ell] for c in chunks], f"eap-gd{ell}", ablation, metric) for ell in range(L)]
     if per_layer:
         return each
     total = sum(e.per_prompt.abs() for e in each)

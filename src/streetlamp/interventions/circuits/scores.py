@@ -141,7 +141,7 @@ def _edge_products(
     return out
 
 
-def _gradient_scores(
+def gradient_scores(
     blocks: Blocks,
     p: PairSet,
     ablated: torch.Tensor,
@@ -156,7 +156,7 @@ def _gradient_scores(
     from writers ``sources`` when given (others 0)."""
     run, grads = _reader_grads(blocks, p, metric, override)
     if delta is None:
-        delta = _delta_of(p, ablated, run.writers.detach())
+        delta = delta_of(p, ablated, run.writers.detach())
     return _edge_products(blocks, delta, grads, per_position, sources)
 
 
@@ -166,7 +166,8 @@ def _add_grads(acc: list[torch.Tensor | None] | None, grads: list[torch.Tensor |
     return [a if g_ is None else g_ if a is None else a + g_ for a, g_ in zip(acc, grads)]
 
 
-def _delta_of(p: PairSet, ablated: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
+def delta_of(p: PairSet, ablated: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
+    """``δ = z̃ − z`` per writer, zero at padded positions."""
     real = p.clean.attention_mask.to(clean.device, clean.dtype)[:, :, None, None]
     return (ablated.to(clean.dtype).expand_as(clean) - clean) * real
 
@@ -174,7 +175,7 @@ def _delta_of(p: PairSet, ablated: torch.Tensor, clean: torch.Tensor) -> torch.T
 def _delta(blocks: Blocks, p: PairSet, ablated: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     with torch.no_grad():
         clean = run_graph(blocks, p.clean.input_ids, p.clean.attention_mask).writers
-    return _delta_of(p, ablated, clean), clean
+    return delta_of(p, ablated, clean), clean
 
 
 def per_batch(
@@ -197,7 +198,8 @@ def per_batch(
     return out
 
 
-def _finish(blocks: Blocks, parts: list[torch.Tensor], method: str, ablation: str, metric: str) -> EdgeScores:
+def finish_scores(blocks: Blocks, parts: list[torch.Tensor], method: str, ablation: str, metric: str) -> EdgeScores:
+    """The per-prompt score blocks joined into :class:`EdgeScores`, NaN where the graph has no edge."""
     s = torch.cat(parts).detach()
     valid = blocks.graph.valid().to(s.device)
     s = s.masked_fill(~valid, float("nan"))
@@ -216,9 +218,11 @@ def eap(
     """EAP scores of every edge, per prompt."""
 
     def score(p: PairSet, ab: torch.Tensor) -> torch.Tensor:
-        return _gradient_scores(blocks, p, ab, metric, per_position)
+        return gradient_scores(blocks, p, ab, metric, per_position)
 
-    return _finish(blocks, per_batch(blocks, pairs, ablation, batch_size, reference, score), "eap", ablation, metric)
+    return finish_scores(
+        blocks, per_batch(blocks, pairs, ablation, batch_size, reference, score), "eap", ablation, metric
+    )
 
 
 def eap_ig(
@@ -263,7 +267,7 @@ def eap_ig(
                 point = z if k == steps else za + a * (z - za)
                 run, grads = _reader_grads(blocks, p, metric, {name: point.detach().clone().requires_grad_(True)})
                 if delta is None:
-                    delta = _delta_of(p, ab, run.writers.detach())
+                    delta = delta_of(p, ab, run.writers.detach())
                 gsum = _add_grads(gsum, grads)
                 del run
             assert gsum is not None and delta is not None
@@ -273,7 +277,7 @@ def eap_ig(
         return acc / steps
 
     parts = per_batch(blocks, pairs, ablation, batch_size, reference, score)
-    return _finish(blocks, parts, f"eap-ig-{mode}", ablation, metric)
+    return finish_scores(blocks, parts, f"eap-ig-{mode}", ablation, metric)
 
 
 def _masked_metric(blocks: Blocks, p: PairSet, ablated: torch.Tensor, mask: torch.Tensor, metric: str) -> torch.Tensor:
