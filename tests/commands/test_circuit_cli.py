@@ -295,39 +295,53 @@ def test_interrupted_run_resumes_without_recomputing(
 def test_interrupted_resampling_resumes_without_recomputing(
     setup: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A run stopped in the second method's --resample stage keeps the first method's resamples: the rerun
-    recomputes only the second's, and stability.csv equals an uninterrupted run's."""
+    """Each (method, --resample axis) is a checkpointed stage: a run stopped in the first method's second
+    axis keeps its first axis, the rerun recomputes only the three unfinished axes, and stability.csv and
+    the manifest's stability summary equal an uninterrupted run's."""
     import streetlamp.interventions.circuits.resampling as RS
     from streetlamp.runners.circuit_resume import resume_folder
 
     args = ["circuit", "--model", str(setup["llama"]), "--task", str(setup["dir"] / "pairs.csv"), "--paths", "0"]
     args += ["--methods", "eap,eap-ig", "--sizes", "0.1,1", "--bootstrap", "10", "--random", "1"]
-    args += ["--resample", "prompts", "--resamples", "3"]
+    args += ["--resample", "prompts,corrupt", "--resamples", "3"]
     real = RS.stability
-    calls: list[str] = []
+    calls: list[tuple[str, str]] = []
 
-    def stability(blocks, task, raw, pairs, scores, *a, **k):
-        calls.append(scores.method)
-        if stop and scores.method.startswith("eap-ig"):
+    def stability(blocks, task, raw, pairs, scores, fractions, axes, *a, **k):
+        calls.append((scores.method, *axes))
+        if stop and (scores.method, *axes) == ("eap", "corrupt"):
             raise Interrupted
-        return real(blocks, task, raw, pairs, scores, *a, **k)
+        return real(blocks, task, raw, pairs, scores, fractions, axes, *a, **k)
 
     monkeypatch.setattr(RS, "stability", stability)
     out = tmp_path / "r"
     stop = True
     with pytest.raises(Interrupted):
         main(args + ["--out", str(out)])
-    assert not out.exists() and calls == ["eap", "eap-ig-inputs"]
+    assert not out.exists() and calls == [("eap", "prompts"), ("eap", "corrupt")]
     calls.clear()
     stop = False
     assert main(args + ["--out", str(out)]) == 0
-    assert calls == ["eap-ig-inputs"] and not resume_folder(out).exists()
+    rest = [("eap", "corrupt"), ("eap-ig-inputs", "prompts"), ("eap-ig-inputs", "corrupt")]
+    assert calls == rest and not resume_folder(out).exists()
     calls.clear()
     fresh = tmp_path / "fresh"
-    assert main(args + ["--out", str(fresh)]) == 0 and calls == ["eap", "eap-ig-inputs"]
+    assert main(args + ["--out", str(fresh)]) == 0 and calls == [("eap", "prompts"), *rest]
     got, want = pd.read_csv(out / "stability.csv"), pd.read_csv(fresh / "stability.csv")
-    assert len(got) == 4 and set(got["method"]) == {"eap", "eap-ig-inputs"}
+    assert len(got) == 8 and set(got["method"]) == {"eap", "eap-ig-inputs"}
+    assert set(got["axis"]) == {"prompts", "corrupt"}
     pd.testing.assert_frame_equal(got, want)
+    m_got, m_want = (json.loads((d / "manifest.json").read_text()) for d in (out, fresh))
+    assert m_got["stability"] == m_want["stability"]
+    assert m_got["parameters"]["resample"] == ["prompts", "corrupt"] and m_got["parameters"]["resamples"] == 3
+    for method in ("eap", "eap-ig-inputs"):
+        st = m_got["stability"][method]
+        assert set(st) == {"prompts", "corrupt"} and st["prompts"]["n_resamples"] == 3
+        # size 1 is every edge, the circuit measured as m(M) before the first resample: each resample's
+        # prompts are served from that measurement, so the count is at least the resamples' distinct prompts
+        assert st["prompts"]["reused_measurements"] >= 3
+        assert st["corrupt"]["reused_measurements"] == 0  # a fresh pair set per draw: nothing to reuse
+        assert isinstance(st["prompts"]["stable"], bool) and st["prompts"]["verdict"]
 
 
 def test_a_checkpoint_of_other_settings_is_discarded(

@@ -75,3 +75,63 @@ def test_ray_refuses_a_bad_workers_count(tmp_path: Path, capsys: pytest.CaptureF
     code = main(["circuit", "--task", "ioi", "--engine", "ray", "--workers", "0", "--out", str(out)])
     err = capsys.readouterr().err
     assert code == 2 and "--workers" in err and len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+class Interrupted(Exception):
+    """Raised by the test in the driver, as a kill would stop the run."""
+
+
+def test_ray_checkpoints_each_axis_and_resumes_only_the_rest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--engine ray`` checkpoints each (method, axis) of ``--resample`` as its actor returns it: a run
+    stopped after the first axis's result is written resumes with only the second axis sent to the actors,
+    and its stability.csv equals an uninterrupted local run's."""
+    import streetlamp.runners.circuit_resume as R
+    from streetlamp.runners.circuit import stability_stage
+
+    ray = require_module("ray")
+    model = save_tiny("llama", tmp_path / "llama", seed=1)
+    (tmp_path / "pairs.csv").write_text(PAIRS)
+    args = ["circuit", "--model", str(model), "--task", str(tmp_path / "pairs.csv"), "--sizes", "0.05,1"]
+    args += ["--bootstrap", "10", "--random", "1", "--paths", "0", "--seed", "2", "--methods", "eap"]
+    args += ["--resample", "prompts,corrupt", "--resamples", "3"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the actor runs one thread: the same kernels, the same floats
+    try:
+        assert main([*args, "--out", str(tmp_path / "local")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    real_put, written = R.Checkpoint.put, []
+
+    def put(self, chunk, record, arrays):
+        if record.get("stage") == "stability":
+            written.append(chunk)
+            if stop and len(written) == 2:
+                raise Interrupted
+        return real_put(self, chunk, record, arrays)
+
+    monkeypatch.setattr(R.Checkpoint, "put", put)
+    out = tmp_path / "ray"
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        stop = True
+        with pytest.raises(Interrupted):
+            main([*args, "--engine", "ray", "--out", str(out)])
+        first, second = stability_stage(0, "prompts"), stability_stage(0, "corrupt")
+        assert written == [first, second] and not out.exists()
+        written.clear()
+        stop = False
+        assert main([*args, "--engine", "ray", "--out", str(out)]) == 0
+    finally:
+        ray.shutdown()
+    assert written == [second]  # only the unfinished axis was computed, on an actor
+    sessions = json.loads((out / "manifest.json").read_text())["parameters"]["ray_sessions"]
+    assert sessions[-1]["chunks"] == [second]
+    a, b = pd.read_csv(tmp_path / "local" / "stability.csv"), pd.read_csv(out / "stability.csv")
+    assert list(a.columns) == list(b.columns) and len(a) == len(b) == 4
+    num = a.select_dtypes("number").columns
+    pd.testing.assert_frame_equal(a.drop(columns=num), b.drop(columns=num))
+    x, y = a[num].to_numpy(np.float64), b[num].to_numpy(np.float64)
+    ok = ~np.isnan(x)
+    assert np.array_equal(np.isnan(x), np.isnan(y)) and ok.any()
+    # the same (method, axis) chunk on one thread: equal to float32 rounding of the sums
+    assert np.abs(x[ok] - y[ok]).max() <= 1e-6 * max(1.0, np.abs(x[ok]).max())

@@ -258,7 +258,22 @@ def joined_nodes(graph: Graph, mask: torch.Tensor) -> list[str]:
 
 
 PATHS_STAGE = 1000  # the checkpoint chunk of paths.csv (methods use 2i and 2i + 1)
-STABILITY_STAGE = 2000  # + i: method i's --resample rows and lines (the local engine)
+STABILITY_STAGE = 2000  # + 3i + axis: method i's rows, line and summary of one --resample axis (both engines)
+
+
+def stability_stage(i: int, axis: str) -> int:
+    """The checkpoint stage of method ``i``'s resamples along ``axis`` (one of ``resampling.AXES``)."""
+    from ..interventions.circuits.resampling import AXES
+
+    return STABILITY_STAGE + len(AXES) * i + AXES.index(axis)
+
+
+def _save_stability(v: tuple[list[dict], list[str], list[dict]]) -> tuple[dict, dict]:
+    return {"stage": "stability", "rows": v[0], "lines": v[1], "summaries": v[2]}, {}
+
+
+def _load_stability(rec: dict, arrays: dict) -> tuple[list[dict], list[str], list[dict]]:
+    return rec["rows"], rec["lines"], rec["summaries"]
 
 
 def resume_settings(adapter: ModelAdapter, s: CircuitSettings, raw: list[T.TaskPair]) -> dict:
@@ -353,36 +368,35 @@ def run_circuit(
     assert chosen is not None
     stab_rows: list[dict] = []
     stab_lines: list[str] = []
-    if s.resample and place is not None:
-        job = StabilityJob(
-            s.task, raw, pairs, s.ablation, s.metric, s.steps, sizes, s.resamples, s.seed, chosen, s.batch_size,
-            rows_of(s.batch_size, pairs, 32),
-        )  # fmt: skip
-        stab_rows, stab_lines = ray_stability(
-            place, ck.store, job, {n: r.scores for n, r in methods.items()}, s.resample
-        )
-    elif s.resample:  # error bars that re-discover the circuit on every resample (interventions/circuits/resampling.py)
+    stab_summary: dict[str, dict[str, dict]] = {}
+    if s.resample:  # error bars that re-discover the circuit on every resample (interventions/circuits/resampling.py)
         from ..interventions.circuits.resampling import stability
 
-        for i, (name, r) in enumerate(methods.items()):
+        axis_stages = {stability_stage(i, axis): (name, axis) for i, name in enumerate(methods) for axis in s.resample}
+        if place is not None:  # the axes the checkpoint lacks, on the actors, each checkpointed as it arrives
+            job = StabilityJob(
+                s.task, raw, pairs, s.ablation, s.metric, s.steps, sizes, s.resamples, s.seed, chosen, s.batch_size,
+                rows_of(s.batch_size, pairs, 32),
+            )  # fmt: skip
+            todo = {st: na for st, na in axis_stages.items() if ck.get(st) is None}
+            scores_of = {n: r.scores for n, r in methods.items()}
+            ray_stability(place, ck.store, job, scores_of, todo, lambda st, v: ck.put(st, *_save_stability(v)))
+        for st, (name, axis) in axis_stages.items():  # on Ray every stage is in the checkpoint by now
 
-            def rescore(p: T.PairSet, name: str = name) -> S.EdgeScores:
-                return edge_scores(blocks, p, name, s.ablation, s.metric, s.steps, rows_of(s.batch_size, p, 16))
+            def stab(name: str = name, axis: str = axis) -> tuple[list[dict], list[str], list[dict]]:
+                def rescore(p: T.PairSet) -> S.EdgeScores:
+                    return edge_scores(blocks, p, name, s.ablation, s.metric, s.steps, rows_of(s.batch_size, p, 16))
 
-            def stab(r: MethodResult = r, rescore: Any = rescore) -> tuple[list[dict], list[str]]:
                 return stability(
-                    blocks, s.task, raw, pairs, r.scores, sizes, s.resample, s.resamples, s.seed, chosen, rescore,
-                    rows_of(s.batch_size, pairs, 32),
+                    blocks, s.task, raw, pairs, methods[name].scores, sizes, [axis], s.resamples, s.seed, chosen,
+                    rescore, rows_of(s.batch_size, pairs, 32),
                 )  # fmt: skip
 
-            rows_, lines_ = R.cached(  # a method's resamples are one checkpointed stage: a rerun reloads them
-                ck, STABILITY_STAGE + i,
-                stab,
-                lambda v, name=name: ({"stage": f"stability {name}", "rows": v[0], "lines": v[1]}, {}),
-                lambda rec, arr: (rec["rows"], rec["lines"]),
-            )  # fmt: skip
+            rows_, lines_, summ = R.cached(ck, st, stab, _save_stability, _load_stability)  # one stage per axis
             stab_rows += rows_
             stab_lines += lines_
+            for sm in summ:
+                stab_summary.setdefault(name, {})[axis] = sm
     et, ft, at = pd.concat(edges, ignore_index=True), pd.concat(tables, ignore_index=True), pd.DataFrame(areas)
     first = s.methods[0]
     res = CircuitResult(
@@ -464,9 +478,13 @@ def run_circuit(
                     "paths": s.paths,
                     "path_methods": list(s.path_methods),
                     "path_threshold": s.path_threshold,
+                    "resample": list(s.resample),
+                    "resamples": s.resamples if s.resample else 0,
                     "graph": {"writers": g.n_writers, "readers": g.n_readers, "edges": g.n_edges},
                 },
                 "summary": {n: {**r.sweep.summary, "chosen": _plain(r.row)} for n, r in methods.items()},
+                # per method and --resample axis: the verdict, CPR/CMD intervals, reused_measurements
+                **({"stability": stab_summary} if s.resample else {}),
                 "files": files,
                 "circuit_view": view,
                 "seed": s.seed,

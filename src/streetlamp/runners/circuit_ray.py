@@ -10,8 +10,9 @@ manifest).
   mean ablation (as the local engine has it), and the driver concatenates the per-prompt scores in order.
 * **Resamples.** Each (method, ``--resample`` axis) is one chunk: the actor re-discovers the circuit on
   every resample of that axis (:func:`streetlamp.interventions.circuits.resampling.stability`, rescoring
-  on its own model where the axis needs it) and returns its rows of ``stability.csv`` and its line; the
-  driver keeps the local order (methods, then axes).
+  on its own model where the axis needs it) and returns its rows of ``stability.csv``, its line and its
+  summary. The driver checkpoints each chunk as it arrives, under the local engine's own stage number, and
+  sends only the chunks the checkpoint lacks: an interrupted run, on either engine, resumes on either.
 
 The faithfulness sweep stays on the driver (one batched masked forward per size). The work and the
 numbers are the local engine's: ``tests/commands/test_circuit_ray.py`` runs both on a local Ray instance
@@ -20,6 +21,7 @@ and compares every table.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,8 +98,11 @@ class StabilityJob:
     rows: int
 
 
-def stability_chunk(adapter: Any, chunk: list[tuple[str, str, np.ndarray]], job: StabilityJob) -> tuple[list, list]:
-    """One (method, axis) of ``--resample`` on an actor's model: its ``stability.csv`` rows and line."""
+def stability_chunk(
+    adapter: Any, chunk: list[tuple[str, str, np.ndarray]], job: StabilityJob
+) -> tuple[list, list, list]:
+    """One (method, axis) of ``--resample`` on an actor's model: its ``stability.csv`` rows, line and
+    summary."""
     from ..interventions.circuits.blocks import Blocks
     from ..interventions.circuits.resampling import stability
     from .circuit_methods import edge_scores, rows_of
@@ -116,21 +121,21 @@ def stability_chunk(adapter: Any, chunk: list[tuple[str, str, np.ndarray]], job:
 
 
 def ray_stability(
-    place: RayPlace, store: Any, job: StabilityJob, methods: dict[str, S.EdgeScores], axes: list[str]
-) -> tuple[list[dict], list[str]]:
+    place: RayPlace,
+    store: Any,
+    job: StabilityJob,
+    methods: dict[str, S.EdgeScores],
+    todo: dict[int, tuple[str, str]],
+    write: Callable[[int, tuple[list, list, list]], None],
+) -> None:
+    """Run the (method, axis) chunks ``todo`` (checkpoint stage -> (method, axis)) on the actors; each
+    result is handed to ``write`` (the driver checkpoints it) as it arrives, so an interrupted run keeps
+    every finished axis."""
     from .ray_engine import run_on_ray
 
-    todo = [(name, axis) for name in methods for axis in axes]
-    chunks = {c: [(n, a, methods[n].per_prompt.cpu().numpy())] for c, (n, a) in enumerate(todo)}
-    got: dict[int, tuple[list, list]] = {}
+    chunks = {c: [(n, a, methods[n].per_prompt.cpu().numpy())] for c, (n, a) in todo.items()}
     with progress.bar(len(chunks), "circuit resamples on Ray (method x axis)") as bar:
         run_on_ray(
             place.model, place.device, job, chunks, store, bar, place.address, place.workers, work=stability_chunk,
-            write=lambda c, r: got.__setitem__(c, r),
+            write=write,
         )  # fmt: skip
-    rows: list[dict] = []
-    lines: list[str] = []
-    for c in range(len(chunks)):
-        rows += got[c][0]
-        lines += got[c][1]
-    return rows, lines

@@ -1,7 +1,8 @@
 """Resume an interrupted ``streetlamp circuit`` run without recomputing what it finished.
 
 The finished stages (each method's edge scores, each method's faithfulness sweep, each method's resamples
-on the local engine, the paths table) are
+along each ``--resample`` axis, on either engine: ``--engine ray`` checkpoints each axis as its actor
+returns it, the paths table) are
 kept in a hidden sibling of the output folder, ``.<out>.resume/``, which is the resumable store of
 ``evaluate`` (:class:`~streetlamp.store.RunStore`: one chunk per stage, its arrays and JSON record
 written atomically, the Parquet part last, so a stage counts as done exactly when its part exists). The

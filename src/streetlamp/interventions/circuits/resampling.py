@@ -269,12 +269,15 @@ def stability(
     at: float,
     score_fn: Callable[[PairSet], EdgeScores],
     batch_size: int = 32,
-) -> tuple[list[dict], list[str]]:
+) -> tuple[list[dict], list[str], list[dict]]:
     """Every requested axis for one method: the rows of ``stability.csv`` (one per axis and size, with the
-    axis's CPR/CMD intervals and verdict) and one plain line per axis. An axis the task cannot supply is
-    skipped with a line saying why (one template; corrupted inputs under mean or zero ablation)."""
+    axis's CPR/CMD intervals and verdict), one plain line per axis and each axis's summary (the verdict in
+    words, ``reused_measurements``: the (circuit, prompt) values :class:`Measured` served without a
+    forward). An axis the task cannot supply is skipped with a line saying why (one template; corrupted
+    inputs under mean or zero ablation) and no summary."""
     rows: list[dict] = []
     lines: list[str] = []
+    summaries: list[dict] = []
     for axis in axes:
         if axis == "templates" and len(set(pairs.templates)) < 2:
             lines.append(f"{scores.method}: templates not resampled (the pairs have one template)")
@@ -288,6 +291,9 @@ def stability(
             score_fn=score_fn,
         )  # fmt: skip
         sm = res.summary
+        summaries.append(
+            {k: (list(v) if isinstance(v, tuple) else v) for k, v in sm.items()}  # JSON-plain for the manifest
+        )
         t: Any = res.table
         extra = {
             "cpr_mean": sm["cpr_mean"],
@@ -305,4 +311,4 @@ def stability(
             f"[{t['ci_low'].iloc[j]:.3f}, {t['ci_high'].iloc[j]:.3f}], CPR {sm['cpr_mean']:.3f} "
             f"[{sm['cpr_ci'][0]:.3f}, {sm['cpr_ci'][1]:.3f}]; circuit {sm['verdict']}"
         )
-    return rows, lines
+    return rows, lines, summaries
