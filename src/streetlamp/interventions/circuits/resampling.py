@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ... import progress
 from ...errors import StreetlampError
 from ...models.adapter import ModelAdapter
 from ...stats import percentile_interval, resample_indices
@@ -181,19 +182,22 @@ def resample(
     jac = np.zeros((n, len(ks)))
     inc = torch.zeros(g.n_readers, g.n_writers, dtype=torch.float64)
     reused = 0  # (circuit, prompt) values served by :class:`Measured` (prompts and templates axes)
+    desc = f"circuit {scores.method}: resampling {axis}"
     if axis == "corrupt":
         if ab != "patch":
             raise StreetlampError(f"resampling the corrupted inputs needs patch ablation (the scores use {ab})")
         if corrupt_sets is None or score_fn is None or len(corrupt_sets) < n:
             raise StreetlampError(f"the corrupt axis needs {n} resampled pair sets and a score function")
         m_full = circuit_metrics(blocks, pairs, [full], ab, metric, batch_size)[0]
-        for r in range(n):
-            p = corrupt_sets[r]
-            masks = [circuit(g, score_fn(p).mean, k) for k in ks]
-            mv = circuit_metrics(blocks, p, [empty] + masks, ab, metric, batch_size)
-            f[r] = faithfulness(mv[1:], mv[0], m_full)
-            jac[r] = [jaccard(m, b) for m, b in zip(masks, base)]
-            inc += masks[ja].double()
+        with progress.bar(n, desc) as bar:
+            for r in range(n):
+                p = corrupt_sets[r]
+                masks = [circuit(g, score_fn(p).mean, k) for k in ks]
+                mv = circuit_metrics(blocks, p, [empty] + masks, ab, metric, batch_size)
+                f[r] = faithfulness(mv[1:], mv[0], m_full)
+                jac[r] = [jaccard(m, b) for m, b in zip(masks, base)]
+                inc += masks[ja].double()
+                bar.update()
     else:
         draws = (
             list(resample_indices(len(pairs), n, seed))
@@ -202,14 +206,16 @@ def resample(
         )
         measured = Measured(blocks, pairs, ab, metric, batch_size)
         mv0 = measured([full, empty], list(range(len(pairs))))
-        for r, idx in enumerate(draws):
-            uniq, inv = np.unique(idx, return_inverse=True)
-            masks = [circuit(g, per[torch.as_tensor(idx)].mean(0), k) for k in ks]
-            mv = measured(masks, uniq.tolist())[:, inv]
-            reused = measured.reused
-            f[r] = faithfulness(mv, mv0[1][idx], mv0[0][idx])
-            jac[r] = [jaccard(m, b) for m, b in zip(masks, base)]
-            inc += masks[ja].double()
+        with progress.bar(n, desc) as bar:
+            for r, idx in enumerate(draws):
+                uniq, inv = np.unique(idx, return_inverse=True)
+                masks = [circuit(g, per[torch.as_tensor(idx)].mean(0), k) for k in ks]
+                mv = measured(masks, uniq.tolist())[:, inv]
+                reused = measured.reused
+                f[r] = faithfulness(mv, mv0[1][idx], mv0[0][idx])
+                jac[r] = [jaccard(m, b) for m, b in zip(masks, base)]
+                inc += masks[ja].double()
+                bar.update()
     inc /= n
     ab_areas = np.array([areas(x, fr) for fr in f])
     ci = np.array([percentile_interval(f[:, j], level) for j in range(len(ks))])
