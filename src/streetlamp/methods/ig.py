@@ -31,7 +31,7 @@ from ..models.adapter import Inputs, ModelAdapter, Target
 from ..results import Explanation
 from .base import ENCODER_DECODER, Method, ViewAttribution
 from .gradient import embed_ids, ids_inputs
-from .quadrature import RULES, PathCache, integrate_adaptive
+from .quadrature import RULES, PathCache, first_nodes, integrate_adaptive
 from .views import PrefixView, SequenceView, View, per_target_grads
 
 # unk: inseq's default (its baseline ids are the unk token); document: the document-start token of a causal LM
@@ -141,12 +141,19 @@ class IntegratedGradients(Method):
         eb, used = self.baseline_embedding(adapter, view.ids.to(adapter.device), e)
 
         def grad_fn(emb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            x, f = view.scores(emb, True)
+            # alpha = 1 is e itself (PathCache): a view that still has to resolve its explained output reads it there
+            hit = (emb == e).flatten(1).all(1).nonzero()
+            x, f = view.scores(emb, True, int(hit[0, 0]) if len(hit) else None)
             return f.detach().T, per_target_grads(x, f, view.batched_grads)  # F [targets, rows]
 
-        with torch.no_grad():
-            _, fends = view.scores(torch.stack([e, eb]), False)
         path = PathCache(e, eb, grad_fn, batch_size, adapter.device)
+        first = first_nodes(self.rule, self.steps, self.adaptive)
+        if 0.0 in first and 1.0 in first:  # F at both ends comes with the first pass's gradients (no extra pass)
+            path.evaluate(first)
+            fends = torch.stack([path.fvals[1.0], path.fvals[0.0]])
+        else:
+            with torch.no_grad():
+                _, fends = view.scores(torch.stack([e, eb]), False)
         ig, rec = integrate_adaptive(
             path,
             fends[0] - fends[1],

@@ -143,6 +143,7 @@ class PathCache:
         self.grad_fn, self.batch_size, self.device = grad_fn, batch_size, device
         self.cache: dict[float, torch.Tensor] = {}
         self.fvals: dict[float, torch.Tensor] = {}  # F per target at alpha, when grad_fn returns it
+        self.passes = 0  # calls of grad_fn (one forward + backward each)
 
     def evaluate(self, alphas: np.ndarray) -> None:
         todo = sorted({float(a) for a in alphas} - set(self.cache))
@@ -152,7 +153,10 @@ class PathCache:
         parts = list(chunks(len(todo), n, self.batch_size, self.device))
         for sl in progress.iterate(parts, "IG steps", disable=len(parts) < 8, leave=False, delay=2.0):
             a = torch.tensor(todo[sl], dtype=self.e.dtype, device=self.device).view(-1, 1, 1)
-            out = self.grad_fn(self.eb + a * self.diff)  # grads [targets, rows, pos, d], or (F [targets, rows], grads)
+            # alpha = 1 is the input itself, not eb + (e - eb) rounded: F there is F(e) exactly (integrate's ends)
+            emb = torch.where(a == 1, self.e, self.eb + a * self.diff)
+            out = self.grad_fn(emb)  # grads [targets, rows, pos, d], or (F [targets, rows], grads)
+            self.passes += 1
             f, g = out if isinstance(out, tuple) else (None, out)
             s = (g.double() * self.diff.double()).sum(-1)  # [targets, rows, pos]
             if not bool(torch.isfinite(s).all()):
@@ -178,6 +182,18 @@ class PathCache:
         if any(float(a) not in self.cache for a in alphas):
             return None
         return sum(float(wk) * self.cache[float(a)] for a, wk in zip(alphas, w))  # type: ignore[return-value]
+
+
+def coarse_steps(steps: int) -> int:
+    """The intervals of ``auto``'s coarse pass: ``steps`` rounded up to a power of two, at least 4."""
+    return steps if steps >= 4 and not steps & (steps - 1) else 1 << max(2, (steps - 1).bit_length())
+
+
+def first_nodes(rule: str, steps: int, adaptive: bool) -> np.ndarray:
+    """The α the first pass of ``integrate_adaptive`` evaluates (``auto``: its coarse uniform grid)."""
+    if rule == "auto" and adaptive:
+        return quadrature("romberg", coarse_steps(steps))[0]
+    return quadrature(rule, steps)[0]
 
 
 def integrate_adaptive(
@@ -239,6 +255,7 @@ def integrate_adaptive(
     info = {
         "steps": n,
         "gradient_evaluations": len(path.cache),
+        "passes": path.passes,
         "converged": ok,
         "token_change_vs_half_steps": history[-1]["token_change_vs_half_steps"],
         "converged_by_noise_floor": bool(ok and rel.max() > tolerance),
@@ -289,7 +306,7 @@ def integrate_auto(
     adaptive Boole ``panels``, which bisect where each panel's exact share of ``F`` is missed. Both reuse
     every gradient of the coarse pass. Recorded: ``rule_used`` and ``rule_choice`` (the three errors).
     """
-    n = steps if steps >= 4 and not steps & (steps - 1) else 1 << max(2, (steps - 1).bit_length())
+    n = coarse_steps(steps)
     path.evaluate(quadrature("romberg", n)[0])
     errs = {k: relative_errors(path, "romberg", k, fdiff, fscale, lengths) for k in (n // 4, n // 2, n)}
     e4, e2, e1 = (float(errs[k] or 0.0) for k in (n // 4, n // 2, n))
@@ -324,13 +341,21 @@ def integrate_auto(
     return ig, rec
 
 
-# panels: a panel's per-token error is estimated by |Boole - Simpson| / 15 (TOKEN_SHARE); the SPLITS panels with
-# the largest error are bisected per round (4 new gradients each); the per-token estimate summed over panels
-# must also be within TOKEN_STOP tolerances of |dF| (completeness checks the sum only)
+# panels: a panel's per-token error is estimated by |Boole - Simpson| / 15 (TOKEN_SHARE); the per-token estimate
+# summed over panels must be within TOKEN_STOP tolerances of |dF| (completeness checks the sum only). Each round
+# bisects (4 new gradients each) the SPLITS panels with the largest error (a second one only if it is within
+# SPLIT_FRACTION of the worst) and, in the same forward/backward pass, every panel whose error alone exceeds
+# MUST_SPLIT tolerances of |dF|: such a panel fails the stopping test by itself unless other panels' errors
+# happen to cancel it (1.5: between the completeness test's bound, 1, and the token test's, TOKEN_STOP), so it
+# is bisected sooner or later, and bisecting it now saves a round (a pass's fixed cost, every weight read once
+# forward and once backward, is that of a few rows on a CPU). Before issue 28 item 1: SPLITS = 2, no MUST_SPLIT:
+# 442 evaluations in 57 passes on benchmarks/bench_ig_tolerance.py's 10 sentences, now 426 in 40 (MUST_SPLIT 1:
+# 438 in 40; 2: 426 in 43), the same answers within the tolerance (tests/methods/test_quadrature_auto.py).
 TOKEN_SHARE = 1 / 15
-SPLITS = 2
+SPLITS = 1
 SPLIT_FRACTION = 0.5
 TOKEN_STOP = 2.0
+MUST_SPLIT = 1.5
 
 
 def integrate_panels(
@@ -351,9 +376,10 @@ def integrate_panels(
     the same panel; the difference over 15 is Richardson's estimate of the error of the 5-point composite
     Simpson rule, which Boole's rule, its extrapolation, improves on). While the relative completeness
     error exceeds ``tolerance`` or the summed per-token estimate exceeds ``TOKEN_STOP`` tolerances (token
-    errors can cancel in the sum), the ``SPLITS`` (2) panels with the largest error are bisected, the
-    second only if its error is at least ``SPLIT_FRACTION`` (half) of the worst; a child reuses 3 of its 5
-    nodes, so a split costs 4 new gradients. A panel at the finest grid (a step in F no bisection
+    errors can cancel in the sum), the panel with the largest error is bisected (``SPLITS``), and with it,
+    in the same pass, every panel whose error alone exceeds ``MUST_SPLIT`` (1.5) tolerances of |ΔF| (it
+    fails the stopping test by itself unless others cancel it); a child reuses 3 of its 5 nodes, so a split costs 4 new gradients,
+    and a round is one forward/backward pass of its new nodes (``info["passes"]``). A panel at the finest grid (a step in F no bisection
     resolves) is left as it is and the others go on; when only such panels carry error the method warns
     and stops. Suited to integrands with narrow spikes (pre-norm decoders, where global rules need
     hundreds of points).
@@ -434,8 +460,9 @@ def integrate_panels(
             )
             break
         worst = max(ind[i] for i in split)
-        chosen = set(sorted(split, key=lambda i: -ind[i])[: min(room, SPLITS)])
-        chosen = {i for i in chosen if ind[i] >= SPLIT_FRACTION * worst}
+        order = sorted(split, key=lambda i: -ind[i])[:room]
+        chosen = {i for i in order[:SPLITS] if ind[i] >= SPLIT_FRACTION * worst}
+        chosen |= {i for i in order if ind[i] > MUST_SPLIT * tolerance}
         new = []
         for i, (lo, hi) in enumerate(panels):
             if i in chosen:
@@ -452,6 +479,7 @@ def integrate_panels(
         "converged_by_noise_floor": bool(ok and rel.max() > tolerance),
         "panels": len(panels),
         "smallest_panel": min(hi - lo for lo, hi in panels) / grid,
+        "passes": path.passes,
         "token_error_estimate": float((tok_est / scale).max()),
         "tolerance": tolerance,
         "history": history,

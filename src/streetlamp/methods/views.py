@@ -125,9 +125,11 @@ class View:
         """``[n, d]`` the embeddings of the columns (no graph)."""
         raise NotImplementedError
 
-    def scores(self, emb: torch.Tensor, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def scores(self, emb: torch.Tensor, grad: bool, input_row: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(x, F [rows, k])`` for rows of column embeddings ``emb`` ``[rows, n, d]``; ``x`` is the leaf the
-        gradient is taken from when ``grad``."""
+        gradient is taken from when ``grad``. ``input_row``: a row of ``emb`` that is the view's own input
+        (:meth:`embeddings`, unchanged); a view whose explained output is still unresolved (the prediction of
+        a :class:`SequenceView`) reads it from that row of this pass instead of a forward pass of its own."""
         raise NotImplementedError
 
     def gradients(self, e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -203,12 +205,16 @@ class SequenceView(View):
         with torch.no_grad():
             return self.adapter.embed_tokens(self.ids.to(self.device()))
 
-    def scores(self, emb: torch.Tensor, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def scores(self, emb: torch.Tensor, grad: bool, input_row: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         rows = emb.shape[0]
         x = emb.detach().requires_grad_(grad)
         fwd = self.adapter.forward(
             ids_inputs(self.adapter, self.ids, rows), edit={"embed": lambda e: x.to(e.dtype)}, grad=grad
         )
+        if self._index is None and input_row is not None:  # the prediction from this pass: no forward of its own
+            one = ids_inputs(self.adapter, self.ids)
+            row = fwd.logits[input_row].detach().view(1, -1)
+            self._index = self.adapter.resolve(one, self.target, row).view(1).to(self.device())
         idx = torch.full((rows,), int(self.index()[0]), dtype=torch.long, device=fwd.logits.device)
         f = self.adapter.score(fwd.logits, idx, self.target)
         return x, (f if grad else f.detach())[:, None]
@@ -303,7 +309,7 @@ class PrefixView(View):
         with torch.no_grad():
             return self.adapter.embed_tokens(self.ids_dev)
 
-    def scores(self, emb: torch.Tensor, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def scores(self, emb: torch.Tensor, grad: bool, input_row: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         x = emb.detach().requires_grad_(grad)
         rows, k = x.shape[0], self.k
         logits = self.adapter.logits_at(
@@ -339,7 +345,7 @@ class Seq2SeqView(View):
         with torch.no_grad():
             return torch.cat([self.adapter.embed(self.src), self.adapter.embed(self.dec, decoder=True)])
 
-    def scores(self, emb: torch.Tensor, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def scores(self, emb: torch.Tensor, grad: bool, input_row: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         x = emb.detach().requires_grad_(grad)
         rows, S, k = x.shape[0], self.S, self.k
         logits = self.adapter.run(src_embeds=x[:, :S], tgt_embeds=x[:, S:], grad=grad).logits  # [rows, k, vocab]
