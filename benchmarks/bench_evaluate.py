@@ -29,17 +29,27 @@ import torch  # noqa: E402
 from common import load, threads  # noqa: E402
 
 import streetlamp  # noqa: E402
+import streetlamp.evaluation.common as common_mod  # noqa: E402
 import streetlamp.evaluation.counterfactual as cf_mod  # noqa: E402
 import streetlamp.evaluation.flip as flip_mod  # noqa: E402
 import streetlamp.evaluation.pipeline as pipe_mod  # noqa: E402
 from streetlamp.data.loaders import load_dataset  # noqa: E402
-from streetlamp.evaluation.common import output_map  # noqa: E402
+from streetlamp.evaluation.common import output_map, output_probs  # noqa: E402
 from streetlamp.evaluation.pipeline import ChunkExample, EvalSettings, evaluate_chunk  # noqa: E402
 
 
 @contextlib.contextmanager
 def plain_path():  # noqa: ANN201
-    """Every layer of every edited row and every planned erasure row, as before frozen.py and the dedupe."""
+    """Every layer of every edited row and every planned erasure row, as before frozen.py and the dedupe; the
+    unchanged texts run once per use (output distribution, attention items, counterfactual pattern, each frozen
+    record) and every scoring pass runs eager attention, as before the reference pass and the fused kernel."""
+
+    def separate_passes(adapter, inputs, sites, records, below):  # noqa: ANN001, ANN202
+        probs = output_probs(adapter, inputs.rows(), None)
+        fwd = adapter.forward(inputs, record=sites, keep_grad=True, grad=True)
+        with torch.no_grad():  # the counterfactuals' own pass of the pattern (the same numbers as fwd's)
+            adapter.forward(inputs, record=sites)
+        return fwd, probs
 
     def prob_of(adapter, rows, budget, index, edit=None):  # noqa: ANN001, ANN202
         idx = torch.as_tensor(np.asarray(index, np.int64))
@@ -49,18 +59,23 @@ def plain_path():  # noqa: ANN201
     def every_row(keys):  # noqa: ANN001, ANN202
         return list(range(len(keys))), np.arange(len(keys))
 
-    saved = (flip_mod.frozen_below, cf_mod.frozen_below, pipe_mod.output_prob_of, flip_mod.unique_rows)
+    names = [
+        (flip_mod, "frozen_below"),
+        (cf_mod, "frozen_below"),
+        (pipe_mod, "output_prob_of"),
+        (flip_mod, "unique_rows"),
+        (pipe_mod, "reference_pass"),
+        (common_mod, "fused_attention"),
+    ]
+    saved = [getattr(m, n) for m, n in names]
     null = lambda *_: contextlib.nullcontext()  # noqa: E731
-    flip_mod.frozen_below, cf_mod.frozen_below, pipe_mod.output_prob_of, flip_mod.unique_rows = (
-        null,
-        null,
-        prob_of,
-        every_row,
-    )
+    for (m, n), v in zip(names, [null, null, prob_of, every_row, separate_passes, null]):
+        setattr(m, n, v)
     try:
         yield
     finally:
-        flip_mod.frozen_below, cf_mod.frozen_below, pipe_mod.output_prob_of, flip_mod.unique_rows = saved
+        for (m, n), v in zip(names, saved):
+            setattr(m, n, v)
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ import torch
 
 from ..batching import group_by_budget
 from ..models.adapter import Inputs, ModelAdapter
+from ..models.context import fused_attention
 
 # An edit builder gets the row indices of the batch being run and returns {site: fn} (or {}).
 EditBuilder = Callable[[list[int], int], dict]
@@ -46,12 +47,17 @@ def output_map(
     ``probs`` is the softmax over the explained outputs of the rows ``group`` (float64, on the
     model's device). Rows are grouped by length within the token budget; ``edit(group, width)``
     may return site edits for that group (e.g. zeroed attention items). A causal LM's vocabulary
-    makes ``[rows, vocab]`` large, so callers reduce each group to what they need."""
+    makes ``[rows, vocab]`` large, so callers reduce each group to what they need.
+
+    Only outputs are read, so every layer whose attention nobody edits runs the fused kernel
+    (:func:`~streetlamp.models.context.fused_attention`; an edited layer stays eager): the same numbers up to
+    float reassociation (tests/evaluation/test_frozen.py compares against the eager path)."""
     out = np.zeros((len(rows), width), dtype=np.float64)
     for group in group_by_budget([len(r) for r in rows], budget, adapter.device):
         inp = Inputs.from_ids(adapter, [rows[i] for i in group], strings=False)
         e = edit(group, inp.input_ids.shape[1]) if edit is not None else None
-        logits = adapter.forward(inp, edit=e or None).logits
+        with fused_attention():
+            logits = adapter.forward(inp, edit=e or None).logits
         out[group] = fn(group, torch.softmax(logits.double(), -1)).reshape(len(group), width).cpu().numpy()
     return out
 
