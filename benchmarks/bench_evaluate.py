@@ -33,6 +33,7 @@ import streetlamp.evaluation.common as common_mod  # noqa: E402
 import streetlamp.evaluation.counterfactual as cf_mod  # noqa: E402
 import streetlamp.evaluation.flip as flip_mod  # noqa: E402
 import streetlamp.evaluation.pipeline as pipe_mod  # noqa: E402
+from streetlamp.batching import group_by_budget  # noqa: E402
 from streetlamp.data.loaders import load_dataset  # noqa: E402
 from streetlamp.evaluation.common import output_map, output_probs  # noqa: E402
 from streetlamp.evaluation.pipeline import ChunkExample, EvalSettings, evaluate_chunk  # noqa: E402
@@ -42,7 +43,8 @@ from streetlamp.evaluation.pipeline import ChunkExample, EvalSettings, evaluate_
 def plain_path():  # noqa: ANN201
     """Every layer of every edited row and every planned erasure row, as before frozen.py and the dedupe; the
     unchanged texts run once per use (output distribution, attention items, counterfactual pattern, each frozen
-    record) and every scoring pass runs eager attention, as before the reference pass and the fused kernel."""
+    record), every scoring pass runs eager attention and rows are grouped by the budget alone, as before the
+    reference pass, the fused kernel and the length groups."""
 
     def separate_passes(adapter, inputs, sites, records, below):  # noqa: ANN001, ANN202
         probs = output_probs(adapter, inputs.rows(), None)
@@ -66,10 +68,11 @@ def plain_path():  # noqa: ANN201
         (flip_mod, "unique_rows"),
         (pipe_mod, "reference_pass"),
         (common_mod, "fused_attention"),
+        (common_mod, "length_groups"),
     ]
     saved = [getattr(m, n) for m, n in names]
     null = lambda *_: contextlib.nullcontext()  # noqa: E731
-    for (m, n), v in zip(names, [null, null, prob_of, every_row, separate_passes, null]):
+    for (m, n), v in zip(names, [null, null, prob_of, every_row, separate_passes, null, group_by_budget]):
         setattr(m, n, v)
     try:
         yield

@@ -15,7 +15,8 @@ import streetlamp.evaluation.common as common_mod
 import streetlamp.evaluation.counterfactual as cf_mod
 import streetlamp.evaluation.flip as flip_mod
 import streetlamp.evaluation.pipeline as pipe_mod
-from streetlamp.evaluation.common import output_map, output_prob_of, output_probs
+from streetlamp.batching import group_by_budget
+from streetlamp.evaluation.common import PASS_TOKENS, length_groups, output_map, output_prob_of, output_probs
 from streetlamp.evaluation.frozen import FrozenRecords, frozen_below
 from streetlamp.evaluation.pipeline import ChunkExample, EvalSettings, evaluate_chunk
 from streetlamp.models.adapter import Inputs, ModelAdapter
@@ -83,6 +84,7 @@ def test_evaluate_chunk_equals_the_plain_path(family: str, monkeypatch: pytest.M
         mp.setattr(flip_mod, "unique_rows", lambda keys: (list(range(len(keys))), np.arange(len(keys))))
         mp.setattr(pipe_mod, "reference_pass", separate_passes)
         mp.setattr(common_mod, "fused_attention", lambda *_: contextlib.nullcontext())
+        mp.setattr(common_mod, "length_groups", group_by_budget)
         ref_rows, ref_arrays = evaluate_chunk(a, examples, s)
     assert [r[:3] for r in rows] == [r[:3] for r in ref_rows]
     got, want = np.array([r[3] for r in rows]), np.array([r[3] for r in ref_rows])
@@ -195,3 +197,39 @@ def test_frozen_records_are_shared_between_blocks() -> None:
     with frozen_below(a, batch, layer, rec):
         np.testing.assert_allclose(a.forward(batch, edit=edit).logits.numpy(), want.numpy(), rtol=0, atol=1e-9)
     assert rec.runs == 1
+
+
+def _cost(groups: list[list[int]], lengths: list[int]) -> int:
+    return sum(PASS_TOKENS + len(g) * max(lengths[i] for i in g) for g in groups)
+
+
+@pytest.mark.parametrize("budget", [None, 64])
+def test_length_groups_split_padded_batches_where_a_pass_costs_less_than_its_padding(budget: int | None) -> None:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(2, 40, 120).tolist()  # erasure rows: every length up to the text's
+    plain = group_by_budget(lengths, budget, "cpu")
+    got = length_groups(lengths, budget, "cpu")
+    assert sorted(i for g in got for i in g) == list(range(len(lengths)))
+    cap = budget if budget is not None else 1024
+    for g in got:
+        assert len(g) == 1 or len(g) * max(lengths[i] for i in g) <= cap
+    # runs of sorted lengths (the budget may cut between rows of one length)
+    spans = sorted((min(lengths[i] for i in g), max(lengths[i] for i in g)) for g in got)
+    assert all(hi <= lo2 for (_, hi), (lo2, _) in zip(spans, spans[1:]))
+    assert _cost(got, lengths) <= _cost(plain, lengths)
+    one_text = rng.integers(2, 18, 54).tolist()  # a 17-token text's erasure rows: one padded batch, half padding
+    if budget is None:
+        assert len(group_by_budget(one_text, budget, "cpu")) == 1
+        split = length_groups(one_text, budget, "cpu")
+        assert len(split) > 1 and _cost(split, one_text) < 0.9 * _cost([list(range(54))], one_text)
+    for g0 in plain:  # the programme's split of each group is the cheapest of all its contiguous splits
+        sub = [g for g in got if set(g) <= set(g0)]
+        best = _cost(sub, lengths)
+        distinct = sorted({lengths[i] for i in g0})
+        for cut in range(1, len(distinct)):  # every split in two (the programme may do better)
+            lo = [i for i in g0 if lengths[i] <= distinct[cut - 1]]
+            hi = [i for i in g0 if lengths[i] > distinct[cut - 1]]
+            assert best <= _cost([lo, hi], lengths)
+        assert best <= _cost([g0], lengths)
+    assert length_groups([17] * 100, budget, "cpu") == group_by_budget([17] * 100, budget, "cpu")  # nothing to save
+    assert length_groups(lengths, budget, "cuda") == group_by_budget(lengths, budget, "cuda")  # a GPU pass: unsplit

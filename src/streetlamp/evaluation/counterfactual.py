@@ -211,7 +211,7 @@ class Counterfactual:
         opt = torch.optim.Adam([z], lr=self.lr)
         best_js = np.zeros(z.shape[0])
         best_tvd = np.zeros(z.shape[0])
-        for _ in range(self.steps + 1):
+        for step in range(self.steps + 1):
             zz = z if real is None else z.masked_fill(~real[:, None, :], float("-inf"))
             new = torch.softmax(zz, -1)
             with torch.enable_grad():
@@ -222,6 +222,8 @@ class Counterfactual:
             js_np, d_np = js.detach().cpu().numpy(), d.detach().cpu().numpy()
             ok = (d_np <= self.eps) & (js_np > best_js)
             best_js[ok], best_tvd[ok] = js_np[ok], d_np[ok]
+            if step == self.steps:  # the last iterate is scored, not stepped from: no backward
+                break
             loss = (-js + self.lam * torch.relu(d - self.eps)).sum()
             opt.zero_grad()
             (z.grad,) = torch.autograd.grad(loss, [z])  # the model's parameters get no .grad
