@@ -8,6 +8,7 @@ ranking (``attention_items``, ``gradient_items``, ``attention_x_gradient_items``
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -20,7 +21,7 @@ from ..models.adapter import Forward, Inputs, ModelAdapter, Target
 from ..stats import total_variation
 from ..store.files import TOKEN_LABELS, labels_array
 from .agreement import pairwise_taus
-from .common import ChunkTables, Rows, output_prob_of
+from .common import ChunkTables, Rows, evaluate_params, output_prob_of
 from .counterfactual import Counterfactual
 from .erasure import ErasurePlan
 from .flip import attention_item_scores, decision_flip, flip_layers
@@ -157,9 +158,23 @@ def evaluate_chunk(
     # -- explanations (the prediction is explained), then erasure metrics -------------------------
     scores: dict[str, list[np.ndarray]] = {}
     for name in s.methods:
-        m = get_method(name, **s.method_params.get(name, {}))
-        exps = m.attribute(adapter, inputs, target=Target(), batch_size=budget, seed=s.seed)
-        scores[name] = [np.asarray(x.scores, np.float64) for x in exps]
+        params = evaluate_params(s.method_params, name, adapter.kind)
+        m = get_method(name, **params)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            exps = m.attribute(adapter, inputs, target=Target(), batch_size=budget, seed=s.seed)
+        own = s.method_params.get(name, {})
+        redo = [b for b, ex in enumerate(exps) if ex.info.get("converged") is False] if params != own else []
+        for w in caught:  # the rule chosen here that missed is redone below: its warning would mislead
+            if not (redo and "relative completeness error" in str(w.message)):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        if redo:  # the run's own parameters (IG: rule auto) for the examples the evaluate rule did not converge on
+            again = get_method(name, **own).attribute(
+                adapter, inputs.select(redo), target=Target(), batch_size=budget, seed=s.seed
+            )
+            for b, ex in zip(redo, again):
+                exps[b] = ex
+        scores[name] = [np.asarray(ex.scores, np.float64) for ex in exps]
     rep = adapter.replacement_token(s.replacement)[1]
     removal = Removal.of(adapter, rep)  # a decoder: the sink and the explained position stay (methods/removal.py)
     plans: list[tuple[str, int, ErasurePlan, int]] = []
@@ -212,7 +227,7 @@ def evaluate_chunk(
     if s.answer_tokens:
         from .answer import evaluate_answers
 
-        built = {n: get_method(n, **s.method_params.get(n, {})) for n in s.methods}
+        built = {n: get_method(n, **evaluate_params(s.method_params, n, adapter.kind)) for n in s.methods}
         answers = evaluate_answers(adapter, ids, built, s.answer_tokens, removal, budget, s.seed)
         for e, (_answer, mets, arr) in zip(examples, answers):
             arrays[e.id].update(arr)
