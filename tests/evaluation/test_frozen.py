@@ -1,5 +1,7 @@
-"""evaluate without repeated work (evaluation/frozen.py, the deduplicated erasure rows): the same rows as the
-plain path, every layer recomputed and every row run, on tiny float64 models (an encoder and a decoder)."""
+"""evaluate without repeated work (evaluation/frozen.py, the deduplicated erasure rows, the one reference pass
+of the unchanged texts, the fused kernel in the scoring passes): the same rows as the plain path, every layer
+recomputed, every row run, the unchanged texts run once per use and every pass eager, on tiny float64 models
+(an encoder and a decoder)."""
 
 from __future__ import annotations
 
@@ -9,11 +11,13 @@ import numpy as np
 import pytest
 import torch
 
+import streetlamp.evaluation.common as common_mod
 import streetlamp.evaluation.counterfactual as cf_mod
 import streetlamp.evaluation.flip as flip_mod
 import streetlamp.evaluation.pipeline as pipe_mod
-from streetlamp.evaluation.common import output_map, output_prob_of, output_probs
-from streetlamp.evaluation.frozen import frozen_below
+from streetlamp.batching import group_by_budget
+from streetlamp.evaluation.common import PASS_TOKENS, length_groups, output_map, output_prob_of, output_probs
+from streetlamp.evaluation.frozen import FrozenRecords, frozen_below
 from streetlamp.evaluation.pipeline import ChunkExample, EvalSettings, evaluate_chunk
 from streetlamp.models.adapter import Inputs, ModelAdapter
 from streetlamp.models.tiny import tiny_model
@@ -31,6 +35,13 @@ def plain_prob_of(adapter, rows, budget, index, edit=None):  # noqa: ANN001, ANN
     """The former output_prob_of: every row run, duplicates included."""
     idx = torch.as_tensor(np.asarray(index, np.int64))
     return output_map(adapter, rows, budget, lambda g, p: p.gather(1, idx[g].view(-1, 1).to(p.device)), 1, edit)[:, 0]
+
+
+def separate_passes(adapter, inputs, sites, records, below):  # noqa: ANN001, ANN201
+    """The former evaluate: the output distribution, the attention items and the counterfactuals' pattern each
+    from a pass of their own (and no frozen record taken on the way)."""
+    probs = output_probs(adapter, inputs.rows(), None)
+    return adapter.forward(inputs, record=sites, keep_grad=True, grad=True), probs
 
 
 @pytest.mark.parametrize("family", ["bert", "llama"])
@@ -71,6 +82,9 @@ def test_evaluate_chunk_equals_the_plain_path(family: str, monkeypatch: pytest.M
         mp.setattr(cf_mod, "frozen_below", lambda *_: contextlib.nullcontext())
         mp.setattr(pipe_mod, "output_prob_of", plain_prob_of)
         mp.setattr(flip_mod, "unique_rows", lambda keys: (list(range(len(keys))), np.arange(len(keys))))
+        mp.setattr(pipe_mod, "reference_pass", separate_passes)
+        mp.setattr(common_mod, "fused_attention", lambda *_: contextlib.nullcontext())
+        mp.setattr(common_mod, "length_groups", group_by_budget)
         ref_rows, ref_arrays = evaluate_chunk(a, examples, s)
     assert [r[:3] for r in rows] == [r[:3] for r in ref_rows]
     got, want = np.array([r[3] for r in rows]), np.array([r[3] for r in ref_rows])
@@ -130,3 +144,92 @@ def test_decision_flip_rows_shared_by_rankings_run_once() -> None:
     np.testing.assert_equal(two[0]["m2"], two[0]["m"])  # (NaN where a ranking never flips)
     np.testing.assert_equal(two[0]["m"], one[0]["m"])
     np.testing.assert_equal(two[0]["attention"], one[0]["attention"])
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_unchanged_texts_run_once(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chunk's padded batch runs unedited once (output distribution, attention items, counterfactual
+    pattern, the adversarial search's frozen record) and each text once alone (the frozen record its decision
+    flip and its permutations share); the former path ran the batch three times and each text twice more."""
+    a = adapter_of(family)
+    texts = TEXTS[1:]
+    enc = a.encode(texts)
+    ids = [enc.input_ids[i, : enc.lengths[i]].tolist() for i in range(len(texts))]
+    examples = [ChunkExample(index=i, id=f"ex{i}", ids=r, text=t, gold=0) for i, (r, t) in enumerate(zip(ids, texts))]
+    s = EvalSettings(methods=[], soft=False, counterfactual={"steps": 2, "n_permutations": 2})
+    seen: list[list[list[int]]] = []
+    forward = a.forward
+
+    def counting(inputs, record=(), edit=None, **kw):  # noqa: ANN001, ANN003, ANN202
+        if not edit:
+            seen.append(inputs.rows())
+        return forward(inputs, record, edit, **kw)
+
+    monkeypatch.setattr(a, "forward", counting)
+    rows, _ = evaluate_chunk(a, examples, s)
+    assert {"flip_fraction", f"adv_js@{a.n_layers - 1}", f"perm_tvd_median@{a.n_layers - 1}"} <= {r[2] for r in rows}
+    assert seen.count(ids) == 1
+    for r in ids:
+        assert seen.count([r]) == 1
+    assert len(seen) == 1 + len(ids)  # nothing else ran unedited
+
+
+def test_frozen_records_are_shared_between_blocks() -> None:
+    a = adapter_of("bert")
+    ids = a.encode(TEXTS[0]).input_ids[0].tolist()
+    one = Inputs.from_ids(a, [ids], strings=False)
+    layer = a.n_layers - 1
+    rec = FrozenRecords()
+    edit = {f"layers.{layer}.attn.pattern": lambda p: p.flip(-1)}
+    batch = Inputs.from_ids(a, [ids] * 2, strings=False)
+    with frozen_below(a, one, layer, rec):
+        first = a.forward(batch, edit=edit).logits
+    with frozen_below(a, Inputs.from_ids(a, [ids], strings=False), layer, rec):  # an equal batch: no new pass
+        second = a.forward(batch, edit=edit).logits
+    with frozen_below(a, one, layer - 1, rec):  # fewer layers: a prefix of the same record
+        third = a.forward(batch, edit=edit).logits
+    assert rec.runs == 1
+    want = a.forward(batch, edit=edit).logits
+    for got in (first, second, third):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=0, atol=F64_TOL * float(want.abs().max()))
+    with rec.capture(a, batch, layer), torch.no_grad():  # a pass the caller runs anyway
+        a.forward(batch)
+    with frozen_below(a, batch, layer, rec):
+        np.testing.assert_allclose(a.forward(batch, edit=edit).logits.numpy(), want.numpy(), rtol=0, atol=1e-9)
+    assert rec.runs == 1
+
+
+def _cost(groups: list[list[int]], lengths: list[int]) -> int:
+    return sum(PASS_TOKENS + len(g) * max(lengths[i] for i in g) for g in groups)
+
+
+@pytest.mark.parametrize("budget", [None, 64])
+def test_length_groups_split_padded_batches_where_a_pass_costs_less_than_its_padding(budget: int | None) -> None:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(2, 40, 120).tolist()  # erasure rows: every length up to the text's
+    plain = group_by_budget(lengths, budget, "cpu")
+    got = length_groups(lengths, budget, "cpu")
+    assert sorted(i for g in got for i in g) == list(range(len(lengths)))
+    cap = budget if budget is not None else 1024
+    for g in got:
+        assert len(g) == 1 or len(g) * max(lengths[i] for i in g) <= cap
+    # runs of sorted lengths (the budget may cut between rows of one length)
+    spans = sorted((min(lengths[i] for i in g), max(lengths[i] for i in g)) for g in got)
+    assert all(hi <= lo2 for (_, hi), (lo2, _) in zip(spans, spans[1:]))
+    assert _cost(got, lengths) <= _cost(plain, lengths)
+    one_text = rng.integers(2, 18, 54).tolist()  # a 17-token text's erasure rows: one padded batch, half padding
+    if budget is None:
+        assert len(group_by_budget(one_text, budget, "cpu")) == 1
+        split = length_groups(one_text, budget, "cpu")
+        assert len(split) > 1 and _cost(split, one_text) < 0.9 * _cost([list(range(54))], one_text)
+    for g0 in plain:  # the programme's split of each group is the cheapest of all its contiguous splits
+        sub = [g for g in got if set(g) <= set(g0)]
+        best = _cost(sub, lengths)
+        distinct = sorted({lengths[i] for i in g0})
+        for cut in range(1, len(distinct)):  # every split in two (the programme may do better)
+            lo = [i for i in g0 if lengths[i] <= distinct[cut - 1]]
+            hi = [i for i in g0 if lengths[i] > distinct[cut - 1]]
+            assert best <= _cost([lo, hi], lengths)
+        assert best <= _cost([g0], lengths)
+    assert length_groups([17] * 100, budget, "cpu") == group_by_budget([17] * 100, budget, "cpu")  # nothing to save
+    assert length_groups(lengths, budget, "cuda") == group_by_budget(lengths, budget, "cuda")  # a GPU pass: unsplit

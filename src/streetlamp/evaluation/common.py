@@ -2,13 +2,68 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from ..batching import group_by_budget
 from ..models.adapter import Inputs, ModelAdapter
+from ..models.context import fused_attention
+
+# Integrated gradients inside evaluate on a classifier, when the run gives no rule: Clenshaw–Curtis (the default
+# before issue 28) reaches the tolerance in fewer gradient evaluations there than ``auto``, whose coarse pass sends
+# these integrands to the panels (minilm-sentiment, the benchmark's 3 movie sentences: 83 against 115); ``auto``
+# stays for causal LMs and encoder-decoders (a pre-norm decoder's spike), and an example Clenshaw–Curtis does not
+# converge on is redone with ``auto`` (pipeline.py).
+IG_CLASSIFIER_RULE = "clenshaw_curtis"
+
+
+def evaluate_params(params: Mapping[str, Mapping[str, Any]], name: str, kind: str) -> dict[str, Any]:
+    """The parameters evaluate builds method ``name`` with on a model of ``kind``: the run's ``params[name]``, and
+    :data:`IG_CLASSIFIER_RULE` for integrated gradients on a classifier when they name no rule."""
+    p = dict(params.get(name, {}))
+    if name == "integrated_gradients" and kind == "classifier" and "rule" not in p:
+        p["rule"] = IG_CLASSIFIER_RULE
+    return p
+
+
+# On CPU a forward pass costs about this many tokens' worth of work besides its tokens (reading the weights, the
+# Python of a pass): minilm-sentiment, one thread, 17 tokens: one row alone 13.4 ms, 3.4 ms a row in a batch of 64
+# (0.2 ms a token), so a pass is worth ~50 tokens; below that a padded token costs more than a pass saves.
+PASS_TOKENS = 48
+
+
+def length_groups(lengths: Sequence[int], budget: int | None, device: torch.device | str) -> list[list[int]]:
+    """:func:`~streetlamp.batching.group_by_budget`'s groups, each split (on CPU) where a pass of its own costs
+    less than the padding it saves: the split of each group's sorted lengths into runs that minimises
+    ``sum(PASS_TOKENS + rows * longest)`` (a dynamic programme over its distinct lengths). Erasure rows span every
+    length from the rationale alone to the whole text, and one padded batch of them is half padding."""
+    groups = group_by_budget(lengths, budget, device)
+    if torch.device(device).type != "cpu":  # a GPU pass costs far more than its padding
+        return groups
+    out: list[list[int]] = []
+    for g in groups:  # each group is in increasing length order
+        distinct = sorted({lengths[i] for i in g})
+        count = np.cumsum([sum(1 for i in g if lengths[i] == n) for n in distinct])
+        best = [0.0] + [np.inf] * len(distinct)  # best[j]: the cheapest split of the first j distinct lengths
+        cut = [0] * (len(distinct) + 1)
+        for j in range(1, len(distinct) + 1):
+            for i in range(j):  # the last run holds distinct lengths i .. j-1
+                cost = best[i] + PASS_TOKENS + (count[j - 1] - (count[i - 1] if i else 0)) * distinct[j - 1]
+                if cost < best[j]:
+                    best[j], cut[j] = cost, i
+        bounds, j = [], len(distinct)
+        while j:
+            bounds.append(distinct[j - 1])
+            j = cut[j]
+        lo = 0
+        for hi in sorted(bounds):
+            out.append([i for i in g if lo < lengths[i] <= hi])
+            lo = hi
+    return out
+
 
 # An edit builder gets the row indices of the batch being run and returns {site: fn} (or {}).
 EditBuilder = Callable[[list[int], int], dict]
@@ -44,14 +99,19 @@ def output_map(
     """``fn(group, probs)`` for every row, ``[rows, width]`` float64, never holding all distributions.
 
     ``probs`` is the softmax over the explained outputs of the rows ``group`` (float64, on the
-    model's device). Rows are grouped by length within the token budget; ``edit(group, width)``
+    model's device). Rows are grouped by length within the token budget (:func:`length_groups`); ``edit(group, width)``
     may return site edits for that group (e.g. zeroed attention items). A causal LM's vocabulary
-    makes ``[rows, vocab]`` large, so callers reduce each group to what they need."""
+    makes ``[rows, vocab]`` large, so callers reduce each group to what they need.
+
+    Only outputs are read, so every layer whose attention nobody edits runs the fused kernel
+    (:func:`~streetlamp.models.context.fused_attention`; an edited layer stays eager): the same numbers up to
+    float reassociation (tests/evaluation/test_frozen.py compares against the eager path)."""
     out = np.zeros((len(rows), width), dtype=np.float64)
-    for group in group_by_budget([len(r) for r in rows], budget, adapter.device):
+    for group in length_groups([len(r) for r in rows], budget, adapter.device):
         inp = Inputs.from_ids(adapter, [rows[i] for i in group], strings=False)
         e = edit(group, inp.input_ids.shape[1]) if edit is not None else None
-        logits = adapter.forward(inp, edit=e or None).logits
+        with fused_attention():
+            logits = adapter.forward(inp, edit=e or None).logits
         out[group] = fn(group, torch.softmax(logits.double(), -1)).reshape(len(group), width).cpu().numpy()
     return out
 

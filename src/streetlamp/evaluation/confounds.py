@@ -107,10 +107,11 @@ def add_confound_metrics(
             for key, arr_v in arr.items():
                 arrays[examples[b].id][f"{name}.{key}"] = arr_v
     if s.randomisation or s.efficient_mprt:  # randomisation checks on randomised copies (evaluation/randomisation.py)
+        from .common import evaluate_params
         from .mprt_variants import variants_of
         from .randomisation import randomisation_rows
 
-        params = {n: s.method_params.get(n, {}) for n in s.methods}
+        params = {n: evaluate_params(s.method_params, n, adapter.kind) for n in s.methods}
         for b, name, k, v in randomisation_rows(
             adapter,
             inputs,

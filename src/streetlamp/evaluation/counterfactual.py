@@ -30,7 +30,7 @@ import torch
 from ..models.adapter import Inputs, ModelAdapter, at_least_float32
 from ..stats import js_divergence_t, total_variation_t
 from .common import output_map, output_probs
-from .frozen import frozen_below
+from .frozen import FrozenRecords, frozen_below
 from .prefix import PrefixRunner
 
 # maps output distributions [rows, n_outputs] to the distributions compared (e.g. renormalised over a
@@ -73,10 +73,12 @@ class Counterfactual:
         project: Project = None,
         att: torch.Tensor | None = None,
         prefix: Sequence[PrefixRunner] | None = None,
+        records: FrozenRecords | None = None,
     ) -> list[float]:
         """Median output TVD over the permutations, per text. ``probs`` are the (projected)
         distributions compared; ``att`` the layer's recorded pattern when the caller has it; ``prefix``
-        (causal LMs): each text's cache, so a permuted row runs the last position only."""
+        (causal LMs): each text's cache, so a permuted row runs the last position only; ``records``: the
+        lower layers' outputs shared with other metrics of the same texts (frozen.py)."""
         rows = inp.rows()
         proj = project or _identity
         if att is None:
@@ -114,7 +116,7 @@ class Counterfactual:
                 def build_b(g: list[int], w: int, own: np.ndarray = own) -> dict:
                     return build(own[g].tolist(), w)
 
-                with frozen_below(adapter, Inputs.from_ids(adapter, [rows[b]], strings=False), layer):
+                with frozen_below(adapter, Inputs.from_ids(adapter, [rows[b]], strings=False), layer, records):
                     d[own] = output_map(adapter, [plan[i] for i in own], budget, tvd_b, 1, build_b)[:, 0]
         else:  # the edited row is the last query: positions before it are the cached text's
             d = np.zeros(len(plan))
@@ -145,10 +147,11 @@ class Counterfactual:
         project: Project = None,
         att: torch.Tensor | None = None,
         prefix: Sequence[PrefixRunner] | None = None,
+        records: FrozenRecords | None = None,
     ) -> tuple[list[float], list[float]]:
         """Best feasible JS (bits) and its output TVD per text, for one layer; one padded batch, or with
         ``prefix`` (causal LMs) each text's last position alone after its cache (Adam acts per element,
-        so the iterates are those of the joint batch)."""
+        so the iterates are those of the joint batch). ``records`` as for :meth:`permutations`."""
         site = f"layers.{layer}.attn.pattern"
         dev = adapter.device
         proj = project or _identity
@@ -186,7 +189,7 @@ class Counterfactual:
                 js_l.append(float(js_b[0]))
                 tvd_l.append(float(tvd_b[0]))
             return js_l, tvd_l
-        with frozen_below(adapter, inp, layer):  # the edit is at ``layer``: the layers below run once
+        with frozen_below(adapter, inp, layer, records):  # the edit is at ``layer``: the layers below run once
             js, tvd = self._search(
                 z0, orig, y0, lambda e: adapter.forward(inp, edit=e, grad=True).logits, site, pos, proj, real
             )
@@ -208,7 +211,7 @@ class Counterfactual:
         opt = torch.optim.Adam([z], lr=self.lr)
         best_js = np.zeros(z.shape[0])
         best_tvd = np.zeros(z.shape[0])
-        for _ in range(self.steps + 1):
+        for step in range(self.steps + 1):
             zz = z if real is None else z.masked_fill(~real[:, None, :], float("-inf"))
             new = torch.softmax(zz, -1)
             with torch.enable_grad():
@@ -219,6 +222,8 @@ class Counterfactual:
             js_np, d_np = js.detach().cpu().numpy(), d.detach().cpu().numpy()
             ok = (d_np <= self.eps) & (js_np > best_js)
             best_js[ok], best_tvd[ok] = js_np[ok], d_np[ok]
+            if step == self.steps:  # the last iterate is scored, not stepped from: no backward
+                break
             loss = (-js + self.lam * torch.relu(d - self.eps)).sum()
             opt.zero_grad()
             (z.grad,) = torch.autograd.grad(loss, [z])  # the model's parameters get no .grad

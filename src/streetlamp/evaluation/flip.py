@@ -26,11 +26,11 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..models.adapter import Inputs, ModelAdapter, at_least_float32
+from ..models.adapter import Forward, Inputs, ModelAdapter, at_least_float32
 from ..settings import layers_of
 from ..stats import js_divergence_t
 from .common import output_map, unique_rows
-from .frozen import frozen_below
+from .frozen import FrozenRecords, frozen_below
 
 INTERNAL_RANKINGS = ("attention", "gradient", "attention_x_gradient", "random")
 
@@ -40,11 +40,13 @@ def flip_layers(adapter: ModelAdapter, spec: str) -> list[int]:
 
 
 def attention_item_scores(
-    adapter: ModelAdapter, inp: Inputs, pred: Sequence[int], layers: list[int]
+    adapter: ModelAdapter, inp: Inputs, pred: Sequence[int], layers: list[int], fwd: Forward | None = None
 ) -> list[dict[str, np.ndarray]]:
-    """attention / gradient / attention x gradient item scores per text, one padded batch."""
+    """attention / gradient / attention x gradient item scores per text, one padded batch; ``fwd``: that
+    batch's forward pass already run with the ``layers``' patterns recorded in the graph (``keep_grad``)."""
     sites = [f"layers.{l}.attn.pattern" for l in layers]
-    fwd = adapter.forward(inp, record=sites, keep_grad=True, grad=True)
+    if fwd is None:
+        fwd = adapter.forward(inp, record=sites, keep_grad=True, grad=True)
     idx = torch.as_tensor(list(pred), dtype=torch.long)
     f = torch.softmax(at_least_float32(fwd.logits), -1).gather(1, idx.view(-1, 1).to(fwd.logits.device)).sum()
     pats = [fwd.cache[s] for s in sites]
@@ -91,10 +93,12 @@ def decision_flip(
     layers: list[int],
     seeds: Sequence[int],
     budget: int | None,
+    records: FrozenRecords | None = None,
 ) -> list[dict[str, dict[str, float]]]:
     """Per text: ranking name -> {flip_fraction, flipped, [js_top, js_random]}.
 
-    ``rankings[b]`` maps a ranking name to item scores ``[n_b]``; ``random`` is added here."""
+    ``rankings[b]`` maps a ranking name to item scores ``[n_b]``; ``random`` is added here. ``records``: the
+    lower layers' outputs shared with other metrics of the same texts (frozen.py)."""
     rows = inp.rows()
     plan_rows: list[list[int]] = []
     keeps: list[np.ndarray] = []
@@ -149,7 +153,7 @@ def decision_flip(
         def reduce_b(group: list[int], p: torch.Tensor, mine: np.ndarray = mine) -> torch.Tensor:
             return reduce(mine[group].tolist(), p)
 
-        with frozen_below(adapter, Inputs.from_ids(adapter, [rows[b]], strings=False), min(layers)):
+        with frozen_below(adapter, Inputs.from_ids(adapter, [rows[b]], strings=False), min(layers), records):
             res[every] = output_map(
                 adapter, [plan_rows[i] for i in mine], budget, reduce_b, 2, _zero_edit([keeps[i] for i in mine], layers)
             )[where_u]

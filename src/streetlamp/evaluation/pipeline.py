@@ -8,6 +8,7 @@ ranking (``attention_items``, ``gradient_items``, ``attention_x_gradient_items``
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -16,14 +17,15 @@ import torch
 
 from ..methods.registry import get_method
 from ..methods.removal import Removal
-from ..models.adapter import Inputs, ModelAdapter, Target
+from ..models.adapter import Forward, Inputs, ModelAdapter, Target
 from ..stats import total_variation
 from ..store.files import TOKEN_LABELS, labels_array
 from .agreement import pairwise_taus
-from .common import ChunkTables, Rows, output_prob_of, output_probs
+from .common import ChunkTables, Rows, evaluate_params, output_prob_of
 from .counterfactual import Counterfactual
 from .erasure import ErasurePlan
 from .flip import attention_item_scores, decision_flip, flip_layers
+from .frozen import FrozenRecords
 from .plausibility import plausibility, rationale_mask
 
 FLIP_NAMES = {
@@ -101,6 +103,22 @@ def distribution(name: str, p: np.ndarray) -> dict[str, np.ndarray]:
     return {f"{name}.top_ids": top.astype(np.int64), f"{name}.top": p[top].astype(np.float32)}
 
 
+def pattern_site(layer: int) -> str:
+    return f"layers.{layer}.attn.pattern"
+
+
+def reference_pass(
+    adapter: ModelAdapter, inputs: Inputs, sites: list[str], records: FrozenRecords, below: int
+) -> tuple[Forward, np.ndarray]:
+    """The one forward pass of the unchanged texts (one padded batch) that several metrics read: the output
+    distributions ``[texts, n_outputs]`` float64 (from its logits), the attention ``sites`` kept in the graph
+    (the decision flip's item gradients; the counterfactuals' starting pattern) and, into ``records``, the
+    outputs of the layers below ``below`` that the edited rows replay (frozen.py)."""
+    with records.capture(adapter, inputs, below):
+        fwd = adapter.forward(inputs, record=sites, keep_grad=True, grad=True)
+    return fwd, torch.softmax(fwd.logits.detach().double(), -1).cpu().numpy()
+
+
 def evaluate_chunk(
     adapter: ModelAdapter, examples: list[ChunkExample], s: EvalSettings, tuned: ModelAdapter | None = None
 ) -> tuple[Rows, dict[str, dict[str, np.ndarray]]]:
@@ -114,8 +132,19 @@ def evaluate_chunk(
     # the runner tokenised each text once; every step below reads these ids
     inputs = Inputs.from_ids(adapter, ids, [e.text for e in examples], [e.truncated for e in examples])
     seeds = [s.seed * 1_000_003 + e.index for e in examples]
-    probs = output_probs(adapter, ids, budget)
+    # the unchanged texts run once: their output distribution, the decision flip's attention items (the
+    # gradient at the flip layers' patterns), the counterfactuals' starting pattern at the layers they share
+    # with the flip, and the lower layers every edited row of flip, permutation and adversarial search replays
+    layers = flip_layers(adapter, s.flip_layers)
+    cf_layers = flip_layers(adapter, s.cf_layers)
+    records = FrozenRecords()
+    shared_cf = [l for l in cf_layers if l in layers]
+    below = max([min(layers), *shared_cf])
+    ref, probs = reference_pass(adapter, inputs, [pattern_site(l) for l in layers], records, below)
     pred = probs.argmax(-1)
+    items = attention_item_scores(adapter, inputs, pred.tolist(), layers, fwd=ref)
+    atts = {l: ref.cache[pattern_site(l)].detach() for l in shared_cf}
+    del ref  # its graph
     specials = [adapter.special_mask(r) for r in ids]
     for b, e in enumerate(examples):
         add(e.id, "model", "prob", probs[b, pred[b]])
@@ -129,9 +158,23 @@ def evaluate_chunk(
     # -- explanations (the prediction is explained), then erasure metrics -------------------------
     scores: dict[str, list[np.ndarray]] = {}
     for name in s.methods:
-        m = get_method(name, **s.method_params.get(name, {}))
-        exps = m.attribute(adapter, inputs, target=Target(), batch_size=budget, seed=s.seed)
-        scores[name] = [np.asarray(x.scores, np.float64) for x in exps]
+        params = evaluate_params(s.method_params, name, adapter.kind)
+        m = get_method(name, **params)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            exps = m.attribute(adapter, inputs, target=Target(), batch_size=budget, seed=s.seed)
+        own = s.method_params.get(name, {})
+        redo = [b for b, ex in enumerate(exps) if ex.info.get("converged") is False] if params != own else []
+        for w in caught:  # the rule chosen here that missed is redone below: its warning would mislead
+            if not (redo and "relative completeness error" in str(w.message)):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        if redo:  # the run's own parameters (IG: rule auto) for the examples the evaluate rule did not converge on
+            again = get_method(name, **own).attribute(
+                adapter, inputs.select(redo), target=Target(), batch_size=budget, seed=s.seed
+            )
+            for b, ex in zip(redo, again):
+                exps[b] = ex
+        scores[name] = [np.asarray(ex.scores, np.float64) for ex in exps]
     rep = adapter.replacement_token(s.replacement)[1]
     removal = Removal.of(adapter, rep)  # a decoder: the sink and the explained position stay (methods/removal.py)
     plans: list[tuple[str, int, ErasurePlan, int]] = []
@@ -172,10 +215,8 @@ def evaluate_chunk(
                 arrays[e.id]["rationale"] = gold.astype(np.uint8)
 
     # -- decision flip ---------------------------------------------------------------------------
-    layers = flip_layers(adapter, s.flip_layers)
-    items = attention_item_scores(adapter, inputs, pred.tolist(), layers)
     rankings = [dict(items[b], **{f"method:{n}": scores[n][b] for n in s.methods}) for b in range(len(examples))]
-    flips = decision_flip(adapter, inputs, probs, rankings, layers, seeds, budget)
+    flips = decision_flip(adapter, inputs, probs, rankings, layers, seeds, budget, records)
     for b, e in enumerate(examples):
         for rname, d in flips[b].items():
             mname = rname[7:] if rname.startswith("method:") else FLIP_NAMES.get(rname, rname)
@@ -186,7 +227,7 @@ def evaluate_chunk(
     if s.answer_tokens:
         from .answer import evaluate_answers
 
-        built = {n: get_method(n, **s.method_params.get(n, {})) for n in s.methods}
+        built = {n: get_method(n, **evaluate_params(s.method_params, n, adapter.kind)) for n in s.methods}
         answers = evaluate_answers(adapter, ids, built, s.answer_tokens, removal, budget, s.seed)
         for e, (_answer, mets, arr) in zip(examples, answers):
             arrays[e.id].update(arr)
@@ -196,12 +237,13 @@ def evaluate_chunk(
 
     # -- counterfactual attention and the uniform baseline ---------------------------------------
     cf = Counterfactual(**s.counterfactual)
-    for l in flip_layers(adapter, s.cf_layers):
-        site = f"layers.{l}.attn.pattern"
-        with torch.no_grad():  # one forward records the pattern both the permutations and the search start from
-            att = adapter.forward(inputs, record=[site]).cache[site]
-        perm = cf.permutations(adapter, inputs, probs, l, seeds, budget, att=att)
-        adv_js, adv_tvd = cf.adversarial(adapter, inputs, probs, l, seeds, att=att)
+    for l in cf_layers:
+        att = atts.pop(l, None)
+        if att is None:
+            with torch.no_grad():  # one forward records the pattern both the permutations and the search start from
+                att = adapter.forward(inputs, record=[pattern_site(l)]).cache[pattern_site(l)]
+        perm = cf.permutations(adapter, inputs, probs, l, seeds, budget, att=att, records=records)
+        adv_js, adv_tvd = cf.adversarial(adapter, inputs, probs, l, seeds, att=att, records=records)
         for b, e in enumerate(examples):
             add(e.id, "counterfactual_attention", f"perm_tvd_median@{l}", perm[b])
             add(e.id, "counterfactual_attention", f"adv_js@{l}", adv_js[b])

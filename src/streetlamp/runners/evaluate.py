@@ -14,6 +14,7 @@ import pandas as pd
 
 from ..data import Dataset, load_dataset, sample_indices
 from ..errors import StreetlampError
+from ..evaluation.common import evaluate_params
 from ..evaluation.confounds import interval_table, write_interval_table
 from ..evaluation.pipeline import ChunkExample, EvalSettings, evaluate_chunk
 from ..extras import require
@@ -210,7 +211,11 @@ def evaluate(
     params = {
         "settings": settings.to_dict(),
         "chunk_size": chunk_size,
-        "method_params": {n: get_method(n, **settings.method_params.get(n, {})).params() for n in settings.methods},
+        # what evaluate builds each method with (evaluation/common.evaluate_params: IG's rule on a classifier)
+        "method_params": {
+            n: get_method(n, **evaluate_params(settings.method_params, n, adapter.kind)).params()
+            for n in settings.methods
+        },
     }
     run_settings = {
         "model": {"name": adapter.name, "source": adapter.source},
