@@ -1,7 +1,7 @@
 """The atlas' cost model, measured (issue 25's target: SmolLM2-135M, 270 heads x 2,000 sequences of up to 64
 tokens with exact ablation of at least 5% of (head, sequence) pairs, within one hour on this 2-core machine).
 
-Passes (``runners/atlas.py``), each chunk by chunk, chunks holding sequences of like length (a batch pads
+Passes (``commands/atlas/run.py``), each chunk by chunk, chunks holding sequences of like length (a batch pads
 to its longest row):
 
 1. statistics: one clean forward per chunk, patterns and attn.z recorded: ``t_s`` per sequence;
@@ -36,7 +36,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import threads  # noqa: E402
 
-import streetlamp.runners.atlas as R  # noqa: E402
+import streetlamp.commands.atlas.run as R  # noqa: E402
 from streetlamp.interventions import atlas_effects as E  # noqa: E402
 from streetlamp.interventions import atlas_midstack as M  # noqa: E402
 from streetlamp.interventions.atlas_chunks import Chunk, Context, replacements, stats_chunk  # noqa: E402

@@ -5,7 +5,7 @@ Every case runs in a fresh subprocess, so its peak resident memory (``ru_maxrss`
 allocations count in, unlike tracemalloc) is its own. Modes per (model, length):
 
 * ``ours``: one forward with chunked attention keeping the explained row of every layer and head
-  plus every layer's q/k on disk (``runners.explain_long.record``), then ``rollout_row`` from q/k;
+  plus every layer's q/k on disk (``commands.explain.long.record``), then ``rollout_row`` from q/k;
 * ``fused``: a forward with the fused kernel and no weights (``chunked.fused_long``), for scale;
 * ``hf``: ``model(..., output_attentions=True)`` with Hugging Face's eager attention, run only when
   its estimate (``L·H·S²`` float32 returned + one layer's scores, probabilities and the mask) fits
@@ -131,7 +131,7 @@ def run_one(model: str, n: int, mode: str, work: Path) -> dict:
 
     from streetlamp.methods.long_rows import rollout_row
     from streetlamp.models.chunked import QKStore, Selection, fused_long
-    from streetlamp.runners.explain_long import record
+    from streetlamp.commands.explain.long import record
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     res0 = {"threads": torch.get_num_threads(), "load_at_start": round(os.getloadavg()[0], 1)}

@@ -43,7 +43,7 @@ HOVER_JS = """async (n) => {
 
 def make_runs(work: Path, tiny_llama: bool) -> dict[str, Path]:
     import streetlamp
-    from streetlamp.runners.explain import default_methods, explain
+    from streetlamp.commands.explain.run import default_methods, explain
 
     out = {}
     threads()

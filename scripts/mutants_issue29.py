@@ -68,7 +68,7 @@ MUTANTS = [
     Mutant(
         "explain_printed_tau_signed",
         "the printed Kendall tau",
-        "runners/explain.py",
+        "commands/explain/run.py",
         "tau = kendall_tau(row, np.abs(delta), special)",
         "tau = kendall_tau(row, delta, special)",
         ("tests/commands/test_explain_numbers.py",),
@@ -76,7 +76,7 @@ MUTANTS = [
     Mutant(
         "explain_special_share_mean",
         "the special-token share",
-        "runners/explain.py",
+        "commands/explain/run.py",
         "{row[[j for j in range(len(row)) if j not in words]].sum():.0%}",
         "{row[[j for j in range(len(row)) if j not in words]].mean():.0%}",
         ("tests/commands/test_explain_numbers.py",),
@@ -150,7 +150,7 @@ MUTANTS = [
     Mutant(
         "probe_control_scored_against_task_labels",
         "the probe's control accuracy",
-        "runners/probe.py",
+        "commands/probe/run.py",
         "acc_t, acc_c = pt.accuracy(X[te], y[te]), pc.accuracy(X[te], yc[te])",
         "acc_t, acc_c = pt.accuracy(X[te], y[te]), pc.accuracy(X[te], y[te])",
         ("tests/probing/test_probe_control.py",),

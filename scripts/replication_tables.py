@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from streetlamp.runners.replicate import by_method_metric
+from streetlamp.commands.replicate.run import by_method_metric
 
 COLUMNS = [
     ("tau(att,grad)", "layer", "tau_attention_gradient"),

@@ -22,9 +22,8 @@ FLOORS: dict[str, int] = {
     **dict.fromkeys(["evaluation", "interventions", "cot"], 4),
     **dict.fromkeys(["groundtruth", "report"], 5),
     "probing": 6,
-    "runners": 7,
-    **dict.fromkeys(["commands", "serve"], 8),
-    **dict.fromkeys(["cli", "api", "__main__", ""], 9),  # "": the package itself (its lazy front door)
+    "commands": 7,  # one package per command (commands/<x>/), serve among them
+    **dict.fromkeys(["cli", "api", "__main__", ""], 8),  # "": the package itself (its lazy front door)
 }
 
 
@@ -159,6 +158,6 @@ def test_the_import_reader_sees_lazy_imports_and_skips_type_checking(tmp_path: P
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .runners import explain\n"
         "def f():\n    from .cli import main\n    return main\n"
     )
-    known = {"streetlamp.cli", "streetlamp.runners.explain", "streetlamp.runners", "streetlamp.stats"}
+    known = {"streetlamp.cli", "streetlamp.commands.explain.run", "streetlamp.runners", "streetlamp.stats"}
     found = imports("streetlamp.stats", p, known)
     assert set(found) == {"streetlamp.cli"} and floor("streetlamp.cli") > floor("streetlamp.stats")

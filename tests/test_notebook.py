@@ -52,7 +52,7 @@ KERNEL = "streetlamp-test"  # a kernel spec of our own: this Python, whatever el
 CELL = """from pathlib import Path
 
 import streetlamp
-from streetlamp.runners.explain import explain
+from streetlamp.commands.explain.run import explain
 
 adapter = streetlamp.load("ckpt")
 explain(adapter, {text!r}, Path({out!r}), methods=["attention", "occlusion"])"""

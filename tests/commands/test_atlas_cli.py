@@ -67,7 +67,7 @@ def test_classifier_and_estimate(setup: dict[str, Path], tmp_path: Path) -> None
 
 
 def test_killed_run_recomputes_nothing(setup: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import streetlamp.runners.atlas as R
+    import streetlamp.commands.atlas.run as R
     from streetlamp.models.loading import load
 
     adapter = load(setup["llama"])
@@ -174,8 +174,8 @@ def test_parquet_is_float32_and_keeps_the_summaries(setup: dict[str, Path], tmp_
     from streetlamp.interventions.atlas_stats import STATS
     from streetlamp.interventions.atlas_use import summarise
     from streetlamp.models.loading import load
-    from streetlamp.runners.atlas import run_atlas
-    from streetlamp.runners.atlas_outputs import EFFECTS
+    from streetlamp.commands.atlas.run import run_atlas
+    from streetlamp.commands.atlas.outputs import EFFECTS
 
     kw = dict(data=str(setup["t"] / "d.txt"), exact_share=0.5, exact_top=1, chunk_size=4, seed=1)
     res = run_atlas(load(setup["llama"]), tmp_path / "run", **kw)

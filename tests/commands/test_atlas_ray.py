@@ -10,7 +10,7 @@ import pandas as pd
 
 from streetlamp.models.loading import load
 from streetlamp.models.tiny import WORDS, save_tiny
-from streetlamp.runners.atlas import run_atlas
+from streetlamp.commands.atlas.run import run_atlas
 from tests.helpers.peers import require_module
 
 

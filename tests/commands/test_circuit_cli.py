@@ -249,8 +249,8 @@ def test_interrupted_run_resumes_without_recomputing(
     """A run stopped in the second method's sweep leaves no run folder and a checkpoint of its finished
     stages; the rerun recomputes only what was not finished (the second method's scores are reloaded,
     not recomputed) and writes the same tables as an uninterrupted run; the checkpoint is then gone."""
-    import streetlamp.runners.circuit as RC
-    from streetlamp.runners.circuit_resume import resume_folder
+    import streetlamp.commands.circuit.run as RC
+    from streetlamp.commands.circuit.resume import resume_folder
 
     args = ["circuit", "--model", str(setup["llama"]), "--task", str(setup["dir"] / "pairs.csv")]
     args += ["--methods", "eap,exact", "--sizes", "0.1,1", "--bootstrap", "10", "--paths", "2", "--random", "1"]
@@ -299,7 +299,7 @@ def test_interrupted_resampling_resumes_without_recomputing(
     axis keeps its first axis, the rerun recomputes only the three unfinished axes, and stability.csv and
     the manifest's stability summary equal an uninterrupted run's."""
     import streetlamp.interventions.circuits.resampling as RS
-    from streetlamp.runners.circuit_resume import resume_folder
+    from streetlamp.commands.circuit.resume import resume_folder
 
     args = ["circuit", "--model", str(setup["llama"]), "--task", str(setup["dir"] / "pairs.csv"), "--paths", "0"]
     args += ["--methods", "eap,eap-ig", "--sizes", "0.1,1", "--bootstrap", "10", "--random", "1"]
@@ -347,8 +347,8 @@ def test_interrupted_resampling_resumes_without_recomputing(
 def test_a_checkpoint_of_other_settings_is_discarded(
     setup: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import streetlamp.runners.circuit as RC
-    from streetlamp.runners.circuit_resume import resume_folder
+    import streetlamp.commands.circuit.run as RC
+    from streetlamp.commands.circuit.resume import resume_folder
 
     args = ["circuit", "--model", str(setup["llama"]), "--task", str(setup["dir"] / "pairs.csv"), "--paths", "0"]
     args += ["--methods", "eap", "--sizes", "0.1,1", "--bootstrap", "10", "--random", "1"]

@@ -1,6 +1,6 @@
 """``circuit --engine ray`` on a local Ray instance (1 CPU, one actor): the same tables as the local engine,
 edge scores over batches of prompts (two batches here) and the resamples on the actor (issue 24's
-scale-out; runners/circuit_ray.py through evaluate's Ray engine), under patch and mean ablation."""
+scale-out; commands/circuit/ray.py through evaluate's Ray engine), under patch and mean ablation."""
 
 from __future__ import annotations
 
@@ -85,8 +85,8 @@ def test_ray_checkpoints_each_axis_and_resumes_only_the_rest(tmp_path: Path, mon
     """``--engine ray`` checkpoints each (method, axis) of ``--resample`` as its actor returns it: a run
     stopped after the first axis's result is written resumes with only the second axis sent to the actors,
     and its stability.csv equals an uninterrupted local run's."""
-    import streetlamp.runners.circuit_resume as R
-    from streetlamp.runners.circuit import stability_stage
+    import streetlamp.commands.circuit.resume as R
+    from streetlamp.commands.circuit.run import stability_stage
 
     ray = require_module("ray")
     model = save_tiny("llama", tmp_path / "llama", seed=1)

@@ -17,7 +17,7 @@ from streetlamp.methods.attention_grad import AttentionXGradient
 from streetlamp.methods.rollout import residual_attention, rollout_matrix
 from streetlamp.models.adapter import Target
 from streetlamp.models.tiny import save_tiny
-from streetlamp.runners.explain_long import read_rows
+from streetlamp.commands.explain.long import read_rows
 from tests.conftest import f32_tol
 
 TEXT = "the movie was not good , but the acting was great"

@@ -111,7 +111,7 @@ def test_verdict_rule() -> None:
 def test_evaluate_with_randomisation_leaves_the_model_untouched(tmp_path: Path) -> None:
     from streetlamp.evaluation.pipeline import EvalSettings
     from streetlamp.models.loading import load
-    from streetlamp.runners.evaluate import evaluate
+    from streetlamp.commands.evaluate.run import evaluate
 
     ckpt = save_tiny("bert", tmp_path / "bert", seed=1)
     adapter = load(str(ckpt))
@@ -236,7 +236,7 @@ def test_evaluate_with_a_fixed_target_explains_the_trained_predictions(tmp_path:
     from streetlamp.evaluation.pipeline import EvalSettings
     from streetlamp.evaluation.randomisation import randomisation_rows
     from streetlamp.models.loading import load
-    from streetlamp.runners.evaluate import evaluate
+    from streetlamp.commands.evaluate.run import evaluate
 
     ckpt = save_tiny("bert", tmp_path / "bert", seed=1)
     adapter = load(str(ckpt))

@@ -335,7 +335,7 @@ def test_bootstrap_ci_matches_the_binomial_law() -> None:
 def test_summary_uses_the_bootstrap_per_dataset() -> None:
     import pandas as pd
 
-    from streetlamp.runners.replicate import parse_data, summarise
+    from streetlamp.commands.replicate.run import parse_data, summarise
 
     df = pd.DataFrame(
         [(f"{d}:{i}", "layer00", "flip_random", float(i % 3 == 0)) for d in ("movies", "recall") for i in range(9)],
@@ -356,7 +356,7 @@ def test_pooled_heads_and_paired_differences(tmp_path) -> None:
     per-example difference; both bootstrapped like any metric and written to summary.md."""
     import pandas as pd
 
-    from streetlamp.runners.replicate import summarise, write_summary
+    from streetlamp.commands.replicate.run import summarise, write_summary
 
     rng = np.random.default_rng(0)
     rows = []
@@ -412,7 +412,7 @@ def test_intervention_layers_and_bad_specs() -> None:
 
 def test_runner_resumes_and_refuses_bad_input(llama: ModelAdapter, tmp_path, monkeypatch) -> None:
     """The command on a tiny causal LM: one folder, resumable; bad input refused before anything is written."""
-    import streetlamp.runners.replicate as rr
+    import streetlamp.commands.replicate.run as rr
     from streetlamp.data.loaders import Dataset, Example
 
     ex = [Example("r-0", "the capital of france is", "paris"), Example("r-1", "i loved it", "and")]
@@ -456,7 +456,7 @@ def test_a_run_made_before_a_setting_existed_resumes_at_its_old_value(
 ) -> None:
     """A folder whose manifest predates ``zero_rows`` / ``exclude_first`` resumes with their defaults (the
     behaviour it was made with), and is refused with any other value."""
-    import streetlamp.runners.replicate as rr
+    import streetlamp.commands.replicate.run as rr
     from streetlamp.data.loaders import Dataset, Example
 
     ds = Dataset("recall", "test", [Example("r-0", "the capital of france is", "paris")])
@@ -489,7 +489,7 @@ def test_cli_refuses_bad_settings_before_writing(tmp_path, capsys) -> None:
 
 def test_prepare_one_example_keeps_every_label(llama: ModelAdapter, monkeypatch) -> None:
     """A draw of one sentiment example still decides between both labels; the explained last token is no item."""
-    import streetlamp.runners.replicate as rr
+    import streetlamp.commands.replicate.run as rr
     from streetlamp.data.loaders import Dataset, Example
 
     ds = Dataset("movies", "test", [Example("m-0", "the movie was bad", "bad"), Example("m-1", "i loved it", "good")])
@@ -502,7 +502,7 @@ def test_prepare_one_example_keeps_every_label(llama: ModelAdapter, monkeypatch)
 def test_exclude_first_keeps_the_sink_out_of_the_items(llama: ModelAdapter) -> None:
     """``--exclude-first``: a prompt that starts with the data (recall) loses its first token as an item, so it is
     never ranked, removed or zeroed; nothing else changes."""
-    from streetlamp.runners.replicate import text_items
+    from streetlamp.commands.replicate.run import text_items
 
     text = "the capital of france is"
     ids, items = text_items(llama, text, 0, len(text), True)

@@ -17,7 +17,7 @@ from streetlamp.models.adapter import ModelAdapter
 from streetlamp.models.attention import fused_attention
 from streetlamp.models.chunked import LayerRule, QKStore, Scratch, Selection, fused_long, pattern_block
 from streetlamp.models.tiny import tiny_model
-from streetlamp.runners.explain_long import read_rows, record
+from streetlamp.commands.explain.long import read_rows, record
 from tests.conftest import F64_TOL, f32_tol
 
 TEXT = "the movie was not good , but the acting was great and i loved it"
@@ -130,7 +130,7 @@ def test_fused_attention_logits_equal_the_eager_path(family: str) -> None:
 def test_attention_x_gradient_row_equals_the_full_method(family: str, tmp_path) -> None:
     from streetlamp.methods.attention_grad import AttentionXGradient
     from streetlamp.models.adapter import Target
-    from streetlamp.runners.explain_long import attention_x_gradient_row
+    from streetlamp.commands.explain.long import attention_x_gradient_row
 
     adapter = tiny64(family)
     inputs = adapter.encode(TEXT)

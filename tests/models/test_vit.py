@@ -308,7 +308,7 @@ def test_heads_on_an_image_equals_zeroed_output_projections(
 ) -> None:
     """``heads IMAGE``: each head's zero-ablation effect equals p(target) on the eager twin with that head's
     columns of the output projection zeroed, minus the clean p(target) (target: the clean prediction)."""
-    from streetlamp.runners.heads import run_heads
+    from streetlamp.commands.heads.run import run_heads
     from streetlamp.store.files import load_arrays
 
     run_heads(vit64, tmp_path / "h", text=str(images[0]), progress=False, attribution=False)
@@ -333,8 +333,8 @@ def test_heads_mean_ablation_of_one_image_and_evaluate_refuse(
     vit64: ModelAdapter, images: list[Path], tmp_path: Path
 ) -> None:
     from streetlamp.evaluation.pipeline import EvalSettings
-    from streetlamp.runners.evaluate import evaluate
-    from streetlamp.runners.heads import run_heads
+    from streetlamp.commands.evaluate.run import evaluate
+    from streetlamp.commands.heads.run import run_heads
 
     with pytest.raises(StreetlampError, match="built-in ones are sentences.*--data.*--ablation zero"):
         run_heads(vit64, tmp_path / "h", text=str(images[0]), ablation="mean", progress=False)

@@ -272,7 +272,7 @@ def test_leace_leaves_the_property_linearly_unrecoverable():
 # -- amnesic through the engine --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def gt():
-    from streetlamp.runners.probe import load_model
+    from streetlamp.commands.probe.run import load_model
 
     return load_model(GT, "cpu")
 

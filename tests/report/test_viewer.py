@@ -200,7 +200,7 @@ def test_minilm_128_token_report_under_2mb(tmp_path: Path) -> None:
     import sys
 
     import streetlamp
-    from streetlamp.runners.explain import default_methods, explain
+    from streetlamp.commands.explain.run import default_methods, explain
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from common import text_of_length

@@ -537,7 +537,7 @@ def test_notebook_iframe_runs_its_scripts(runs: dict[str, Path], page: Page, tmp
     VS Code and classic Jupyter, which do not run scripts of plain HTML output)."""
     from types import SimpleNamespace
 
-    from streetlamp.runners.explain import ExplainResult
+    from streetlamp.commands.explain.run import ExplainResult
 
     snippet = ExplainResult._repr_html_(SimpleNamespace(out=runs["bert"]))  # type: ignore[arg-type]
     assert snippet.startswith('<iframe srcdoc="') and "<script" not in snippet  # all of it escaped

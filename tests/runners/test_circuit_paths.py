@@ -1,4 +1,4 @@
-"""From a token-to-token attribution matrix to a component path (``runners/circuit_paths.py``), checked
+"""From a token-to-token attribution matrix to a component path (``commands/circuit/paths.py``), checked
 on a tiny float64 GPT-2 (3 layers, 4 heads) against a hand computation: every token path
 ``t = j_0 -> j_1 -> ... -> j_L = p`` enumerated with explicit loops, its weight the product of the
 per-layer steps (the sender's and receiver's head parts at their layers, the whole layer matrix
@@ -22,7 +22,7 @@ from streetlamp.interventions.circuits.graph import Graph
 from streetlamp.methods.registry import get_method
 from streetlamp.models.adapter import ModelAdapter, Target
 from streetlamp.models.tiny import tiny_model
-from streetlamp.runners import circuit_paths as P
+from streetlamp.commands.circuit import paths as P
 
 TEXT = "when mary and john went to the store"
 ROUND = 1e-6

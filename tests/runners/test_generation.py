@@ -16,7 +16,7 @@ from streetlamp.methods.registry import get_method
 from streetlamp.models.adapter import ModelAdapter, Target
 from streetlamp.models.loading import load
 from streetlamp.models.tiny import save_tiny, tiny_model
-from streetlamp.runners.generation import CAUSAL_IG_BASELINE, GENERATION_IG, explain_generation
+from streetlamp.commands.explain.generation import CAUSAL_IG_BASELINE, GENERATION_IG, explain_generation
 from streetlamp.store.files import load_arrays
 
 

@@ -116,7 +116,7 @@ def test_answer_positions_are_reserved_before_the_store(run, tmp_path) -> None:
     anything is written; an answer longer than the model's positions is one line."""
     from streetlamp.data.loaders import Dataset, Example
     from streetlamp.errors import StreetlampError
-    from streetlamp.runners.evaluate import prepare
+    from streetlamp.commands.evaluate.run import prepare
 
     ckpt, _ = run
     adapter = load(str(ckpt))

@@ -10,7 +10,7 @@ import torch
 
 from streetlamp.models.adapter import ModelAdapter
 from streetlamp.models.tiny import tiny_model
-from streetlamp.runners.generation import explain_generation
+from streetlamp.commands.explain.generation import explain_generation
 
 PROMPT = "the movie was not good"
 

@@ -26,8 +26,8 @@ from streetlamp.models.loading import load  # noqa: E402
 from streetlamp.models.tiny import save_tiny  # noqa: E402
 from streetlamp.report.viewer.folder import load_folder  # noqa: E402
 from streetlamp.report.viewer.pack import unpack  # noqa: E402
-from streetlamp.serve import compute as C  # noqa: E402
-from streetlamp.serve.app import Limits, create_app  # noqa: E402
+from streetlamp.commands.serve import compute as C  # noqa: E402
+from streetlamp.commands.serve.app import Limits, create_app  # noqa: E402
 from streetlamp.store.files import load_arrays  # noqa: E402
 
 TOKEN = "t" * 20 + "0123"

@@ -18,7 +18,7 @@ from streetlamp.cli import main
 from streetlamp.errors import StreetlampError
 from streetlamp.evaluation.pipeline import EvalSettings
 from streetlamp.models.tiny import WORDS, save_tiny
-from streetlamp.runners.evaluate import evaluate
+from streetlamp.commands.evaluate.run import evaluate
 from streetlamp.store import read_metrics
 
 CHEAP = ["--adv-steps", "2", "--permutations", "2", "--chunk-size", "1", "--methods", "attention"]

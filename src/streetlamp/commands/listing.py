@@ -71,7 +71,7 @@ class RowSettings:
 
 
 def run_row(adapter: None, s: RowSettings, out: None, opts: Any) -> Lines:
-    from ..runners.explain_long import print_row
+    from .explain.long import print_row
 
     print_row(Path(s.dir), s.layer, s.row, s.heads, s.column)  # prints as it reads
     return Lines()
@@ -93,7 +93,7 @@ class ServeSettings:
     queue: int = option(8, help="requests that may wait per model (default 8)")
 
     def check(self) -> None:
-        from ..serve import check_address
+        from .serve import check_address
 
         check_address(self.host, self.port, self.allow_remote)  # before loading any model
 
@@ -101,7 +101,7 @@ class ServeSettings:
 def run_serve(adapter: None, s: ServeSettings, out: None, opts: Any) -> Lines:
     from ..models.loading import DEFAULT_MODEL, load
     from ..models.seq2seq import require_one_stack
-    from ..serve import serve
+    from .serve import serve
 
     adapters = {}
     for name in s.models or [DEFAULT_MODEL]:

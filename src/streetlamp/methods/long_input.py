@@ -1,5 +1,5 @@
 """The long-input capability (``Method.long_input``): what a method reads from one long text recorded in
-bounded memory by ``explain --rows/--layers/--heads`` (:mod:`streetlamp.runners.explain_long`).
+bounded memory by ``explain --rows/--layers/--heads`` (:mod:`streetlamp.commands.explain.long`).
 
 The runner finds the methods by registry query (:func:`~streetlamp.methods.registry.long_methods`), checks each against the text
 (:meth:`~streetlamp.methods.base.Method.check_long`) before anything is written, records once (one chunked

@@ -1,5 +1,5 @@
 /* streetlamp report viewer: the circuit view (`streetlamp circuit`). Everything drawn is a stored array of the
- * run folder (runners/circuit_view.py): the circuit at each swept size (masks.<method>), the edge scores and
+ * run folder (commands/circuit/view.py): the circuit at each swept size (masks.<method>), the edge scores and
  * their intervals, inclusion frequencies, exact patching effects where computed, the first prompt's attention
  * and the faithfulness curves. The view never recomputes a circuit. */
 (function () {

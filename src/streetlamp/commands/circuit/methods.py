@@ -1,0 +1,49 @@
+"""Which scorer a circuit method name runs, and how many rows a forward pass takes: shared by the local
+runner (:mod:`.circuit`) and the Ray actors (:mod:`.circuit_ray`), so neither imports the other."""
+
+from __future__ import annotations
+
+from ...errors import StreetlampError
+from ...interventions.circuits import scores as S
+from ...interventions.circuits import tasks as T
+from ...interventions.circuits.blocks import Blocks
+
+
+def rows_of(budget: int | None, pairs: T.PairSet, default: int) -> int:
+    """Rows per forward pass from the ``--batch-size`` token budget (the padded length of the pairs)."""
+    if budget is None:
+        return default
+    return max(1, budget // max(1, int(pairs.clean.input_ids.shape[1])))
+
+
+def edge_scores(
+    blocks: Blocks,
+    pairs: T.PairSet,
+    method: str,
+    ablation: str,
+    metric: str,
+    steps: int,
+    rows: int,
+    reference: T.PairSet | None = None,
+) -> S.EdgeScores:
+    """``method``'s per-prompt scores; ``reference``: the prompts whose mean is mean ablation's value
+    (default ``pairs``; ``--engine ray`` scores a batch at a time against the whole set)."""
+    if method == "eap":
+        return S.eap(blocks, pairs, metric, ablation, batch_size=rows, reference=reference)
+    if method.startswith("eap-ig-"):
+        mode = method.removeprefix("eap-ig-")
+        return S.eap_ig(blocks, pairs, steps, mode, metric, ablation, batch_size=rows, reference=reference)
+    if method == "exact":
+        return S.exact(blocks, pairs, metric, ablation, batch_size=rows, reference=reference)
+    if method == "flow-routes":  # contribution-based, one clean forward (no corrupted input)
+        from ...interventions.circuits.flow import flow_routes
+
+        return flow_routes(blocks, pairs, ablation, metric)
+    if method in ("eap-qk", "graddrop"):  # AtP*'s corrections
+        from ...interventions.circuits import corrections as X
+
+        fn = X.eap_qk if method == "eap-qk" else X.graddrop
+        out = fn(blocks, pairs, metric, ablation, batch_size=rows, reference=reference)
+        assert isinstance(out, S.EdgeScores)
+        return out
+    raise StreetlampError(f"unknown circuit method {method!r}")

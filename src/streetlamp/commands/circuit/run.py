@@ -1,0 +1,532 @@
+"""``streetlamp circuit``: task pairs -> edge scores by each method -> the faithfulness sweep over
+circuit sizes (bootstrap intervals, random baseline, CPR/CMD) -> the circuit at the chosen size.
+
+Everything is computed by the circuit engine (:mod:`streetlamp.interventions.circuits`); this module
+chooses, tabulates and writes. Files of the run folder (each described in ``manifest["files"]``):
+
+* ``edges.parquet``: every edge of every method: ``source``, ``target``, ``input`` (q/k/v/mlp/logits),
+  ``score`` (mean over prompts of ``m(edge ablated) - m(clean)``), ``method``, ``ci_low``/``ci_high``
+  (percentile bootstrap over prompts of that mean), ``inclusion`` (share of resamples whose top-k circuit
+  at the chosen size holds the edge), ``in_circuit`` (in the chosen circuit), ``kv_group``, ``edge``.
+  Nodes: ``embed``, ``L{l}.H{h}``, ``L{l}.MLP``, ``logits``. With grouped-query attention a k or v input
+  is read once per key/value group: that one edge is a row under each query head of the group, every
+  column equal, the group in ``kv_group`` (``L{l}.KV{g}``; empty elsewhere) and the model's edge index in
+  ``edge`` (count and sum edges over unique ``edge``).
+* ``faithfulness.csv``: one row per method and size (``method``, ``size_fraction``, ``n_edges``,
+  ``faithfulness``, ``ci_low``, ``ci_high``, the random baseline's columns, ablation, metric).
+* ``areas.csv``: CPR and CMD per method with intervals, the random baseline's CPR, m(M) and m(∅).
+* ``pairs.csv``: the prompts used.
+* ``circuit.<method>.json``: the chosen circuit in the MIB edge-dict format (the ``Graph.to_json`` of
+  the EAP-IG / MIB circuit-track code: ``cfg``, ``nodes`` ``{name: {in_graph}}``, ``edges``
+  ``{"a0.h1->m2": {score, in_graph}}``, attention inputs as ``->a3.h0<q>``; nodes ``input``,
+  ``a{l}.h{h}``, ``m{l}``, ``logits``). A key/value group's edge is written once per head of the group
+  (the same score and membership: patching the group's input patches every head that shares it).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ... import progress
+from ...errors import StreetlampError
+from ...interventions.circuits import faithfulness as F
+from ...interventions.circuits import scores as S
+from ...interventions.circuits import tasks as T
+from ...interventions.circuits.blocks import Blocks
+from ...interventions.circuits.graph import Graph
+from ...models.adapter import ModelAdapter
+from ...report import circuit as fig
+from ...stats import resample_indices
+from ...store.run_folder import RunFolder
+from . import paths as P
+from . import resume as R
+from . import view as V
+from .methods import edge_scores, rows_of
+from .ray import RayPlace, StabilityJob, ray_edge_scores, ray_stability
+
+if TYPE_CHECKING:
+    from . import CircuitSettings
+
+LEVEL = 0.95
+CHOOSE_AT = 0.8  # the default chosen size: the smallest swept size whose faithfulness reaches this
+
+
+# -- the task's pairs ---------------------------------------------------------------------------------
+def task_pairs(task: str, limit: int, seed: int, ablation: str, two_digit: bool = True) -> list[T.TaskPair]:
+    """The pairs of ``task`` (a built-in generator or a CSV file), at most ``limit``. A CSV without a
+    ``corrupt`` column serves mean and zero ablation (its corrupted prompt is the clean one, unused);
+    ``patch`` needs corrupted prompts."""
+    if task in T.TASKS:
+        if task == "greater-than":
+            return T.greater_than(limit, seed, two_digit=two_digit)
+        return T.ioi(limit, seed) if task == "ioi" else T.induction(limit, seed)
+    p = Path(task)
+    if p.suffix.lower() != ".csv":
+        raise StreetlampError(f"unknown task {task!r}; choose ioi, greater-than, induction or a .csv file of pairs")
+    if not p.is_file():
+        raise StreetlampError(f"task file {p} does not exist")
+    try:
+        with p.open(newline="", encoding="utf-8") as f:
+            cols = set(next(csv.reader(f), []))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise StreetlampError(f"cannot read pairs from {p}: {e}") from None
+    if "corrupt" in cols:
+        return T.read_pairs(p)[:limit]
+    if ablation == "patch":
+        raise StreetlampError(
+            f"{p} has no corrupt column: --ablation patch needs corrupted prompts (give them, or --ablation mean|zero)"
+        )
+    need = {"clean", "answer", "wrong"}
+    with p.open(newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or not need <= cols:
+        raise StreetlampError(f"{p}: need a header with columns clean,answer,wrong (and corrupt for patching)")
+    out = []
+    for i, r in enumerate(rows[:limit]):
+        if any(not (r.get(c) or "").strip() for c in need):
+            raise StreetlampError(f"{p}: row {i + 1} has an empty clean, answer or wrong")
+        out.append(T.TaskPair(r["clean"], r["clean"], r["answer"], r["wrong"], 0))
+    return out
+
+
+def _two_digit(adapter: ModelAdapter) -> bool:
+    """Greater-than answers two-digit years where the tokenizer reads ``42`` as one token, else digits."""
+    return len(adapter.tokenizer("42", add_special_tokens=False)["input_ids"]) == 1
+
+
+def pairs_for(adapter: ModelAdapter, s: CircuitSettings) -> list[T.TaskPair]:
+    return task_pairs(s.task, s.limit, s.seed, s.ablation, two_digit=_two_digit(adapter))
+
+
+def encoded_pairs(adapter: ModelAdapter, s: CircuitSettings) -> T.PairSet:
+    """The pairs checked against the tokenizer (equal token lengths, one-token answers that differ)."""
+    return T.encode_pairs(adapter, pairs_for(adapter, s))
+
+
+def n_edges_of(adapter: ModelAdapter) -> int:
+    return Graph(adapter.n_layers, adapter.n_heads, adapter.n_kv_heads).n_edges
+
+
+# -- the computation ----------------------------------------------------------------------------------
+def edge_intervals(graph: Graph, per_prompt: torch.Tensor, n_boot: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-edge percentile bootstrap interval ``[R, U]`` (low, high) of the mean score over prompts: the
+    resamples of :func:`streetlamp.stats.resample_indices` and the quantiles of
+    :func:`streetlamp.stats.percentile_interval`, vectorised over the edges."""
+    s = per_prompt.sum(1) if per_prompt.dim() == 4 else per_prompt
+    r, w = graph.edge_index()
+    v = s.double().cpu().numpy()[:, r, w]  # [n, E]
+    lo = np.full((graph.n_readers, graph.n_writers), np.nan)
+    hi = lo.copy()
+    if v.shape[0] >= 2:
+        idx = resample_indices(v.shape[0], n_boot, seed)
+        step = max(1, (1 << 25) // max(1, v.size))  # draws per gather: [step, n, E] stays near 256 MB
+        means = np.concatenate([v[idx[i : i + step]].mean(1) for i in range(0, len(idx), step)])  # [boot, E]
+        q = np.quantile(means, [(1 - LEVEL) / 2, (1 + LEVEL) / 2], axis=0)
+        lo[r, w], hi[r, w] = q[0], q[1]
+    return lo, hi
+
+
+def mib_name(node: str) -> str:
+    if node == "embed":
+        return "input"
+    if node == "logits":
+        return "logits"
+    layer, rest = node.split(".")
+    return f"m{layer[1:]}" if rest == "MLP" else f"a{layer[1:]}.h{rest[1:]}"
+
+
+def mib_json(graph: Graph, scores: torch.Tensor, mask: torch.Tensor, d_model: int) -> dict:
+    """The circuit ``mask`` (``[R, U]`` bool) with its ``scores`` in MIB's edge-dict format."""
+    edges: dict[str, dict] = {}
+    s = scores.detach().double().cpu().numpy()
+    m = mask.cpu().numpy()
+    for i, j in zip(*graph.edge_index()):
+        rd = graph.readers[i]
+        src = mib_name(graph.writers[j])
+        if rd.input in ("q", "k", "v"):
+            heads = [graph.writers[o] for o in rd.owners]  # a key/value group: every head that shares it
+            for h in heads:
+                edges[f"{src}->{mib_name(h)}<{rd.input}>"] = {"score": float(s[i, j]), "in_graph": bool(m[i, j])}
+        else:
+            edges[f"{src}->{mib_name(rd.node)}"] = {"score": float(s[i, j]), "in_graph": bool(m[i, j])}
+    used = {"input", "logits"}
+    for name, e in edges.items():
+        if e["in_graph"]:
+            a, b = name.split("->")
+            used |= {a, b.split("<")[0]}
+    nodes = {mib_name(w): {"in_graph": mib_name(w) in used} for w in graph.writers}
+    nodes["logits"] = {"in_graph": True}
+    cfg = {"n_layers": graph.n_layers, "n_heads": graph.n_heads, "parallel_attn_mlp": False, "d_model": d_model}
+    return {"cfg": cfg, "nodes": nodes, "edges": edges}
+
+
+def choose_size(table: Any, size: float | None) -> float:
+    """``size`` when given, else the smallest swept size whose faithfulness reaches CHOOSE_AT (else the largest)."""
+    if size is not None:
+        return size
+    ok = table[table["faithfulness"] >= CHOOSE_AT]
+    return float(ok["size_fraction"].min() if len(ok) else table["size_fraction"].max())
+
+
+@dataclass
+class MethodResult:
+    scores: S.EdgeScores
+    sweep: F.Sweep
+    mask: torch.Tensor  # the chosen circuit
+    inclusion: torch.Tensor  # [R, U]
+    row: dict  # the faithfulness row at the chosen size
+    lo: np.ndarray | None = None  # [R, U] the per-edge 95% bootstrap interval
+    hi: np.ndarray | None = None
+
+
+@dataclass
+class CircuitResult:
+    out: Path
+    model: str
+    task: str
+    n_prompts: int
+    ablation: str
+    metric: str
+    size: float
+    methods: dict[str, MethodResult]
+    edges: Any  # pandas DataFrame (edges.parquet)
+    faithfulness: Any  # faithfulness.csv
+    areas: Any  # areas.csv
+    top: int = 10
+    nodes: list[str] = field(default_factory=list)
+    paths: Any = None  # paths.csv (pandas DataFrame), or None when not asked for
+    path_lines: list[str] = field(default_factory=list)
+    stability: list[str] = field(default_factory=list)  # one line per method and --resample axis
+
+    def lines(self) -> list[str]:
+        first = next(iter(self.methods))
+        s0 = self.methods[first].sweep.summary
+        out = [
+            f"circuit on {self.model}: task {self.task}, {self.n_prompts} prompts, ablation {self.ablation}, "
+            f"metric {self.metric}: m(model) {s0['m_full']:.4g}, m(empty circuit) {s0['m_empty']:.4g}"
+        ]
+        for name, r in self.methods.items():
+            s = r.sweep.summary
+            out.append(
+                f"{name}: CPR {s['cpr']:.3f} [{s['cpr_ci'][0]:.3f}, {s['cpr_ci'][1]:.3f}], CMD {s['cmd']:.3f} "
+                f"[{s['cmd_ci'][0]:.3f}, {s['cmd_ci'][1]:.3f}] (random CPR {s['random_cpr']:.3f}; 95% bootstrap)"
+            )
+        for name, r in self.methods.items():
+            row = r.row
+            out.append(
+                f"circuit at {self.size:g} of the edges by {name}: {row['n_edges']} edges, faithfulness "
+                f"{row['faithfulness']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}] "
+                f"(random circuits {row['random_faithfulness']:.3f})"
+            )
+        r = self.methods[first]
+        e = self.edges[(self.edges["method"] == first) & self.edges["in_circuit"]]
+        heads = e.groupby("edge")["target"].agg(",".join)  # a key/value group's edge: every head that reads it
+        e = e.drop_duplicates("edge")
+        e = e.reindex(e["score"].abs().sort_values(ascending=False).index).head(self.top)
+        out.append(f"top edges of the {first} circuit (score = m(edge ablated) - m(model); inclusion):")
+        out += [
+            f"  {x.source} -> {heads[x.edge]} ({x.input}{', group ' + x.kv_group if x.kv_group else ''}): "
+            f"{x.score:+.4g} [{x.ci_low:+.4g}, {x.ci_high:+.4g}]; {x.inclusion:.2f}"
+            for x in e.itertuples()
+        ]
+        out.append("heads and MLPs it joins: " + (", ".join(self.nodes) if self.nodes else "none"))
+        inc = r.inclusion[r.mask].numpy()
+        if inc.size:
+            stable = int((inc >= 0.9).sum())
+            verdict = "stable" if stable >= inc.size / 2 else "NOT stable across resampled prompts"
+            out.append(
+                f"stability: {stable} of {inc.size} circuit edges are in >= 90% of the bootstrap circuits ({verdict})"
+            )
+        return out + self.stability + self.path_lines + [f"output: {self.out}/"]
+
+
+def joined_nodes(graph: Graph, mask: torch.Tensor) -> list[str]:
+    """The heads and MLPs of a circuit (a key/value group's reader counted as its heads), in graph order."""
+    names: set[str] = set()
+    for i, j in zip(*np.nonzero(mask.numpy())):
+        names.add(graph.writers[j])
+        rd = graph.readers[i]
+        names |= {graph.writers[o] for o in rd.owners}
+    return [w for w in graph.writers if w in names and w != "embed"]
+
+
+PATHS_STAGE = 1000  # the checkpoint chunk of paths.csv (methods use 2i and 2i + 1)
+STABILITY_STAGE = 2000  # + 3i + axis: method i's rows, line and summary of one --resample axis (both engines)
+
+
+def stability_stage(i: int, axis: str) -> int:
+    """The checkpoint stage of method ``i``'s resamples along ``axis`` (one of ``resampling.AXES``)."""
+    from ...interventions.circuits.resampling import AXES
+
+    return STABILITY_STAGE + len(AXES) * i + AXES.index(axis)
+
+
+def _save_stability(v: tuple[list[dict], list[str], list[dict]]) -> tuple[dict, dict]:
+    return {"stage": "stability", "rows": v[0], "lines": v[1], "summaries": v[2]}, {}
+
+
+def _load_stability(rec: dict, arrays: dict) -> tuple[list[dict], list[str], list[dict]]:
+    return rec["rows"], rec["lines"], rec["summaries"]
+
+
+def resume_settings(adapter: ModelAdapter, s: CircuitSettings, raw: list[T.TaskPair]) -> dict:
+    """What a resumed run must share with the interrupted one: the model, every setting that changes a
+    number (not ``--top``, which only prints) and the pairs themselves (a CSV may have changed)."""
+    import dataclasses
+
+    how = ("top", "engine", "ray_address", "workers")  # what is printed, or where it runs: no number changes
+    d = {k: v for k, v in dataclasses.asdict(s).items() if k not in how}
+    return {"model": adapter.describe(), "settings": d, "pairs": [vars(p) for p in raw]}
+
+
+def run_circuit(
+    adapter: ModelAdapter, out: RunFolder | Path, s: CircuitSettings, place: RayPlace | None = None
+) -> CircuitResult:
+    """The run; ``place``: run the per-prompt edge scores and the resamples on Ray actors there
+    (:mod:`.circuit_ray`), else here."""
+    import pandas as pd
+
+    rf = RunFolder.of(out, "circuit")
+    raw = pairs_for(adapter, s)
+    pairs = T.encode_pairs(adapter, raw)
+    blocks = Blocks(adapter)
+    g = blocks.graph
+    sizes = sorted(set(s.sizes) | ({s.size} if s.size is not None else set()))
+    methods: dict[str, MethodResult] = {}
+    tables, areas, edges = [], [], []
+    chosen: float | None = s.size
+    ck = R.Checkpoint(rf.out, resume_settings(adapter, s, raw))
+    with progress.bar(2 * len(s.methods), "circuit (edge scores, faithfulness sweep per method)") as stages:
+        for i, name in enumerate(s.methods):
+
+            def score(name: str = name) -> S.EdgeScores:
+                rows = rows_of(s.batch_size, pairs, 16)
+                if place is not None:
+                    return ray_edge_scores(place, ck.store, pairs, name, s.ablation, s.metric, s.steps, rows)
+                return edge_scores(blocks, pairs, name, s.ablation, s.metric, s.steps, rows)
+
+            sc = R.cached(
+                ck, 2 * i,
+                score,
+                lambda v: ({"stage": f"scores {v.method}"}, {"per_prompt": v.per_prompt.cpu().numpy()}),
+                lambda rec, arr: S.EdgeScores(name, torch.tensor(arr["per_prompt"]), s.ablation, s.metric),
+            )  # fmt: skip
+            stages.update()
+            sw = R.cached(
+                ck, 2 * i + 1,
+                lambda: F.sweep(
+                    blocks, pairs, sc, sizes, s.random, s.bootstrap, LEVEL, s.seed, rows_of(s.batch_size, pairs, 32)
+                ),
+                lambda v: (
+                    {"stage": f"sweep {name}", "table": v.table.to_dict("list"), "summary": v.summary},
+                    {"masks": np.stack([m.numpy() for m in v.masks]).astype(np.uint8)},
+                ),
+                lambda rec, arr: F.Sweep(
+                    pd.DataFrame(rec["table"]), rec["summary"], [torch.tensor(m).bool() for m in arr["masks"]]
+                ),
+            )  # fmt: skip
+            stages.update()
+            table: Any = sw.table  # a pandas DataFrame
+            if chosen is None:
+                chosen = choose_size(table, None)
+            j = int(np.flatnonzero(np.isclose(table["size_fraction"], chosen))[0])
+            k = int(table["n_edges_requested"].iloc[j])
+            inc = F.inclusion_frequency(g, sc, k, s.bootstrap, s.seed)
+            lo, hi = edge_intervals(g, sc.per_prompt, s.bootstrap, s.seed)
+            mask = sw.masks[j]
+            methods[name] = MethodResult(sc, sw, mask, inc, table.iloc[j].to_dict(), lo, hi)
+            tables.append(table)
+            sm = sw.summary
+            areas.append(
+                {
+                    "method": name,
+                    "ablation": sm["ablation"],
+                    "metric": sm["metric"],
+                    "cpr": sm["cpr"],
+                    "cpr_ci_low": sm["cpr_ci"][0],
+                    "cpr_ci_high": sm["cpr_ci"][1],
+                    "cmd": sm["cmd"],
+                    "cmd_ci_low": sm["cmd_ci"][0],
+                    "cmd_ci_high": sm["cmd_ci"][1],
+                    "random_cpr": sm["random_cpr"],
+                    "m_full": sm["m_full"],
+                    "m_empty": sm["m_empty"],
+                    "n_prompts": sm["n_prompts"],
+                    "n_boot": sm["n_boot"],
+                }
+            )
+            edges.append(
+                g.edges_table(sc.mean, name, ci_low=lo, ci_high=hi, inclusion=inc.numpy(), in_circuit=mask.numpy())
+            )
+    assert chosen is not None
+    stab_rows: list[dict] = []
+    stab_lines: list[str] = []
+    stab_summary: dict[str, dict[str, dict]] = {}
+    if s.resample:  # error bars that re-discover the circuit on every resample (interventions/circuits/resampling.py)
+        from ...interventions.circuits.resampling import stability
+
+        axis_stages = {stability_stage(i, axis): (name, axis) for i, name in enumerate(methods) for axis in s.resample}
+        if place is not None:  # the axes the checkpoint lacks, on the actors, each checkpointed as it arrives
+            job = StabilityJob(
+                s.task, raw, pairs, s.ablation, s.metric, s.steps, sizes, s.resamples, s.seed, chosen, s.batch_size,
+                rows_of(s.batch_size, pairs, 32),
+            )  # fmt: skip
+            todo = {st: na for st, na in axis_stages.items() if ck.get(st) is None}
+            scores_of = {n: r.scores for n, r in methods.items()}
+            ray_stability(place, ck.store, job, scores_of, todo, lambda st, v: ck.put(st, *_save_stability(v)))
+        for st, (name, axis) in axis_stages.items():  # on Ray every stage is in the checkpoint by now
+
+            def stab(name: str = name, axis: str = axis) -> tuple[list[dict], list[str], list[dict]]:
+                def rescore(p: T.PairSet) -> S.EdgeScores:
+                    return edge_scores(blocks, p, name, s.ablation, s.metric, s.steps, rows_of(s.batch_size, p, 16))
+
+                return stability(
+                    blocks, s.task, raw, pairs, methods[name].scores, sizes, [axis], s.resamples, s.seed, chosen,
+                    rescore, rows_of(s.batch_size, pairs, 32),
+                )  # fmt: skip
+
+            rows_, lines_, summ = R.cached(ck, st, stab, _save_stability, _load_stability)  # one stage per axis
+            stab_rows += rows_
+            stab_lines += lines_
+            for sm in summ:
+                stab_summary.setdefault(name, {})[axis] = sm
+    et, ft, at = pd.concat(edges, ignore_index=True), pd.concat(tables, ignore_index=True), pd.DataFrame(areas)
+    first = s.methods[0]
+    res = CircuitResult(
+        rf.out, adapter.name, s.task, len(pairs), s.ablation, s.metric, chosen, methods, et, ft, at, s.top,
+        joined_nodes(g, methods[first].mask),
+    )  # fmt: skip
+    if s.paths:
+        sm = methods[first].sweep.summary
+        pr = R.cached(
+            ck, PATHS_STAGE,
+            lambda: P.compare_paths(
+                adapter, blocks, pairs, (first, methods[first].scores.mean, methods[first].mask), s.path_methods,
+                s.paths, s.ablation, s.metric, s.steps, s.path_threshold, sm["m_full"] - sm["m_empty"], s.bootstrap,
+                s.seed, rows_of(s.batch_size, pairs, 32), edge_intervals,
+            ),
+            lambda v: ({"stage": "paths", "table": v.table.to_dict("list"), "lines": v.lines}, {}),
+            lambda rec, arr: P.PathsResult(pd.DataFrame(rec["table"]), rec["lines"]),
+        )  # fmt: skip
+        res.paths, res.path_lines = pr.table, pr.lines
+    res.stability = stab_lines
+    with rf.staging() as w:
+        if s.resample:
+            pd.DataFrame(stab_rows).to_csv(w.path / "stability.csv", index=False)
+        et.to_parquet(w.path / "edges.parquet", index=False)
+        ft.to_csv(w.path / "faithfulness.csv", index=False)
+        at.to_csv(w.path / "areas.csv", index=False)
+        pd.DataFrame([vars(p) for p in raw]).to_csv(w.path / "pairs.csv", index=False)
+        if res.paths is not None:
+            res.paths.to_csv(w.path / "paths.csv", index=False)
+        files = {
+            "edges.parquet": "every edge of every method: score (mean over prompts of m(edge ablated) - m(model)), "
+            "its 95% bootstrap interval, inclusion frequency and membership at the chosen size",
+            "faithfulness.csv": "faithfulness f(C) = (m(C) - m(empty)) / (m(model) - m(empty)) per method and size, "
+            "95% bootstrap interval over prompts, random-circuit baseline",
+            "areas.csv": "CPR (area under f) and CMD (area between f and 1) per method, with intervals",
+            "pairs.csv": "the clean / corrupted prompts, answers and templates used",
+        }
+        if res.paths is not None:
+            files["paths.csv"] = (
+                "the top paths each attribution matrix and the circuit name, each patched exactly: matrix_score "
+                "(the matrix's path flow, or the circuit method's edge score), patch_effect (m(edge patched) - "
+                "m(model), mean over prompts) with its 95% bootstrap interval, matters, agree"
+            )
+        if s.resample:
+            files["stability.csv"] = (
+                "per method, resampling axis (prompts, templates, corrupt) and size: f of the circuit re-discovered "
+                "on each resample (mean, 95% percentile interval), Jaccard with the all-data circuit, CPR/CMD "
+                "intervals, the stability verdict (mean Jaccard >= 0.5 and f interval <= 0.25 wide)"
+            )
+        for name, r in methods.items():
+            (w.path / f"circuit.{name}.json").write_text(
+                json.dumps(mib_json(g, r.scores.mean, r.mask, adapter.d_model))
+            )
+            files[f"circuit.{name}.json"] = f"the {name} circuit at size {chosen:g} in MIB's edge-dict format"
+        view = V.add_view(w, adapter, g, pairs, methods, sizes, res.paths)
+        fig.faithfulness_curves(ft, f"{adapter.name}: {s.task}, {s.ablation} ablation", w.path / "faithfulness.png")
+        w.add_figure(
+            file="faithfulness.png", shows="faithfulness over circuit sizes, 95% bootstrap bands, random baseline"
+        )
+        w.write_manifest(
+            {
+                "model": adapter.describe(),
+                "tables": report_tables(res),
+                "task": {"name": s.task, "n_prompts": len(pairs), "templates": sorted(set(pairs.templates))},
+                "methods": list(s.methods),
+                "parameters": {
+                    "sizes": sizes,
+                    "size": chosen,
+                    "ablation": s.ablation,
+                    "metric": s.metric,
+                    "bootstrap": s.bootstrap,
+                    "level": LEVEL,
+                    "steps": s.steps,
+                    "limit": s.limit,
+                    "random": s.random,
+                    "batch_size": s.batch_size,
+                    "engine": s.engine,
+                    **({"ray_sessions": ck.store.manifest().get("engine", [])} if place is not None else {}),
+                    "paths": s.paths,
+                    "path_methods": list(s.path_methods),
+                    "path_threshold": s.path_threshold,
+                    "resample": list(s.resample),
+                    "resamples": s.resamples if s.resample else 0,
+                    "graph": {"writers": g.n_writers, "readers": g.n_readers, "edges": g.n_edges},
+                },
+                "summary": {n: {**r.sweep.summary, "chosen": _plain(r.row)} for n, r in methods.items()},
+                # per method and --resample axis: the verdict, CPR/CMD intervals, reused_measurements
+                **({"stability": stab_summary} if s.resample else {}),
+                "files": files,
+                "circuit_view": view,
+                "seed": s.seed,
+            }
+        )
+    ck.remove()  # the run folder is in place: nothing left to resume
+    return res
+
+
+def report_tables(res: CircuitResult) -> list[dict]:
+    """The report's tables (``manifest["tables"]``): faithfulness per method and size, and each method's
+    top circuit edges at the chosen size."""
+    cols = ["method", "size_fraction", "n_edges", "faithfulness", "ci_low", "ci_high", "random_faithfulness"]
+    f = res.faithfulness[cols]
+    out = [
+        {
+            "title": f"faithfulness over circuit sizes ({res.ablation} ablation, 95% bootstrap over prompts)",
+            "columns": cols,
+            "rows": [[_plain_value(v) for v in r] for r in f.itertuples(index=False)],
+        }
+    ]
+    ecols = ["source", "target", "input", "kv_group", "score", "ci_low", "ci_high", "inclusion"]
+    for name in res.methods:
+        e = res.edges[(res.edges["method"] == name) & res.edges["in_circuit"]]
+        e = e.reindex(e["score"].abs().sort_values(ascending=False).index).head(max(res.top, 20))
+        out.append(
+            {
+                "title": f"top edges of the {name} circuit at size {res.size:g}",
+                "note": "score = m(edge ablated) - m(model), mean over prompts; inclusion: share of bootstrap "
+                "circuits holding the edge; kv_group: a key/value group's k or v edge, listed under each head that "
+                "reads it",
+                "columns": ecols,
+                "rows": [[_plain_value(v) for v in r] for r in e[ecols].itertuples(index=False)],
+            }
+        )
+    return out
+
+
+def _plain_value(v: Any) -> Any:
+    v = v.item() if hasattr(v, "item") else v
+    return None if isinstance(v, float) and not np.isfinite(v) else v
+
+
+def _plain(d: dict) -> dict:
+    return {k: (v.item() if hasattr(v, "item") else v) for k, v in d.items()}

@@ -1,0 +1,108 @@
+"""``patch`` (activation, path and attribution patching) and ``mediate`` (causal mediation)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ...errors import StreetlampError
+from ...settings import Settings, Shared, at_least, option
+from ...specs import parse_heads, split_list
+from ..base import Command
+
+if TYPE_CHECKING:
+    from ...models.adapter import ModelAdapter
+
+PATCH_KINDS = ("resid_pre", "attn.out", "mlp.out", "heads")
+
+
+@dataclass
+class PatchSettings(Settings):
+    clean: str = option("", required=True)
+    corrupt: str = option("", required=True)
+    answer: str | None = option(None, help="right output (token or class); default: clean prediction")
+    wrong: str | None = option(None, help="wrong output; default: corrupted prediction")
+    paths: bool = option(False, help="path patching from every sender head")
+    receiver: str = option("logits", help="'logits' or receiver heads L.H[,L.H]")
+    receiver_pos: int | None = option(None, help="patch receivers only at this position")
+    approx: bool = option(False, help="attribution patching beside real patching")
+    sites: list[str] = option(
+        default_factory=lambda: list(PATCH_KINDS),
+        parse=split_list,
+        help="what to patch: comma-separated resid_pre, attn.out, mlp.out (by layer x position), heads",
+    )
+
+    def check(self) -> None:
+        super().check()
+        bad = [k for k in self.sites if k not in PATCH_KINDS]
+        if bad or not self.sites:
+            raise StreetlampError(f"unknown site kind(s) {bad}; choose from {', '.join(PATCH_KINDS)}")
+        if not self.clean.strip() or not self.corrupt.strip():
+            raise StreetlampError("--clean and --corrupt must not be empty")
+
+    def validate(self, adapter: ModelAdapter) -> None:
+        if self.paths:
+            parse_heads(self.receiver, adapter.n_layers, adapter.n_heads)
+
+
+def run_patch(adapter: ModelAdapter, s: PatchSettings, out: Any, opts: Any) -> Any:
+    from ..explain.run import parse_target
+    from .run import run_patch as run
+
+    return run(
+        adapter,
+        out,
+        clean=s.clean,
+        corrupt=s.corrupt,
+        answer=parse_target(adapter, s.answer),
+        wrong=parse_target(adapter, s.wrong),
+        paths=s.paths,
+        receivers=s.receiver,
+        receiver_pos=s.receiver_pos,
+        approx=s.approx,
+        kinds=tuple(s.sites),
+        batch_size=s.batch_size,
+    )
+
+
+@dataclass
+class MediateSettings(Settings):
+    prompts: int = option(8, help="number of template x profession prompts")
+    component: str = option(
+        "attn.pattern",
+        choices=("attn.pattern", "attn.z"),
+        help="head site: attention weights (as Vig et al.) or the head's output",
+    )
+
+    def check(self) -> None:
+        super().check()
+        at_least(self.prompts, 1, "--prompts")
+
+    def validate(self, adapter: ModelAdapter) -> None:
+        if adapter.kind != "causal_lm":
+            raise StreetlampError("mediation compares next-token probabilities of pronouns: it needs a causal LM")
+
+
+def run_mediate(adapter: ModelAdapter, s: MediateSettings, out: Any, opts: Any) -> Any:
+    from .run import run_mediate as run
+
+    return run(adapter, out, n_prompts=s.prompts, head_site=s.component, batch_size=s.batch_size)
+
+
+PATCH = Command(
+    "patch",
+    "activation patching (+ --paths path patching, --approx attribution patching); "
+    "clean and corrupted texts must have the same token length",
+    PatchSettings,
+    run_patch,
+    shared=Shared(out="output folder (default runs/patch-<time>)", seed=False),
+    views=("patch",),
+)
+MEDIATE = Command(
+    "mediate",
+    "causal mediation (Vig et al. 2020): TE, NIE, NDE per head and layer",
+    MediateSettings,
+    run_mediate,
+    shared=Shared(model="smollm2-135m", out="output folder (default runs/mediate-<time>)", seed=False),
+    views=("mediate",),
+)

@@ -1,1 +1,0 @@
-"""Runners: the jobs behind the CLI subcommands, as library calls."""
