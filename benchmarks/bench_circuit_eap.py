@@ -27,10 +27,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import load, threads, timeit  # noqa: E402
 
+from streetlamp.commands.circuit.run import rows_of  # noqa: E402
 from streetlamp.interventions.circuits import scores as S  # noqa: E402
 from streetlamp.interventions.circuits.blocks import Blocks  # noqa: E402
 from streetlamp.interventions.circuits.tasks import encode_pairs, ioi  # noqa: E402
-from streetlamp.commands.circuit.run import rows_of  # noqa: E402
 
 
 def main() -> None:

@@ -129,9 +129,9 @@ def run_one(model: str, n: int, mode: str, work: Path) -> dict:
     import numpy as np
     import torch
 
+    from streetlamp.commands.explain.long import record
     from streetlamp.methods.long_rows import rollout_row
     from streetlamp.models.chunked import QKStore, Selection, fused_long
-    from streetlamp.commands.explain.long import record
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     res0 = {"threads": torch.get_num_threads(), "load_at_start": round(os.getloadavg()[0], 1)}

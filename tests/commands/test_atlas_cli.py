@@ -171,11 +171,11 @@ def test_parquet_is_float32_and_keeps_the_summaries(setup: dict[str, Path], tmp_
     """atlas.parquet stores the statistics and effects as float32, each the float32 rounding of the value
     the run computed (its float64 parts); heads.csv is computed before the cast, and recomputing it from the
     file moves it by no more than that rounding allows, far inside its bootstrap intervals."""
+    from streetlamp.commands.atlas.outputs import EFFECTS
+    from streetlamp.commands.atlas.run import run_atlas
     from streetlamp.interventions.atlas_stats import STATS
     from streetlamp.interventions.atlas_use import summarise
     from streetlamp.models.loading import load
-    from streetlamp.commands.atlas.run import run_atlas
-    from streetlamp.commands.atlas.outputs import EFFECTS
 
     kw = dict(data=str(setup["t"] / "d.txt"), exact_share=0.5, exact_top=1, chunk_size=4, seed=1)
     res = run_atlas(load(setup["llama"]), tmp_path / "run", **kw)

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from streetlamp.commands.atlas.run import run_atlas
 from streetlamp.models.loading import load
 from streetlamp.models.tiny import WORDS, save_tiny
-from streetlamp.commands.atlas.run import run_atlas
 from tests.helpers.peers import require_module
 
 

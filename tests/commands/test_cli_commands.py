@@ -113,10 +113,10 @@ def test_registry_is_consistent() -> None:
 
 def test_constants_that_keep_help_import_free_match_their_sources() -> None:
     from streetlamp.commands.cot import TESTS
-    from streetlamp.commands.replicate import DATASETS
-    from streetlamp.models.loading import DEFAULT_MODEL
     from streetlamp.commands.cot import run as cot
+    from streetlamp.commands.replicate import DATASETS
     from streetlamp.commands.replicate import run as replicate
+    from streetlamp.models.loading import DEFAULT_MODEL
     from streetlamp.settings import DEFAULT_MODEL as SETTINGS_DEFAULT
 
     assert SETTINGS_DEFAULT == DEFAULT_MODEL and DATASETS == replicate.DATASETS and TESTS == cot.TESTS
@@ -165,8 +165,8 @@ def test_store_never_imports_report() -> None:
 
 def test_a_run_folder_written_outside_the_pipeline_has_no_report(bert: Path, tmp_path: Path) -> None:
     """The runner writes results only; the pipeline (CLI, API) adds report.html; `report DIR` still builds it."""
-    from streetlamp.models.loading import load
     from streetlamp.commands.explain.run import explain
+    from streetlamp.models.loading import load
 
     res = explain(load(str(bert)), "the movie was good", tmp_path / "e", methods=["attention"])
     assert (res.out / "manifest.json").exists() and not (res.out / "report.html").exists()

@@ -12,12 +12,12 @@ from safetensors.numpy import load_file
 
 import streetlamp
 from streetlamp.cli import main
+from streetlamp.commands.explain.long import read_rows
 from streetlamp.methods.attention import record_attention
 from streetlamp.methods.attention_grad import AttentionXGradient
 from streetlamp.methods.rollout import residual_attention, rollout_matrix
 from streetlamp.models.adapter import Target
 from streetlamp.models.tiny import save_tiny
-from streetlamp.commands.explain.long import read_rows
 from tests.conftest import f32_tol
 
 TEXT = "the movie was not good , but the acting was great"

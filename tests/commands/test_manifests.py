@@ -198,9 +198,9 @@ def test_manifest_keys(command: str, setup: dict[str, Path], tmp_path: Path, cap
 
 
 def test_mediate_manifest_keys(setup: dict[str, Path], tmp_path: Path) -> None:
+    from streetlamp.commands.patch.run import run_mediate
     from streetlamp.interventions.mediation import Prompt
     from streetlamp.models.loading import load
-    from streetlamp.commands.patch.run import run_mediate
 
     prompts = [Prompt("the nurse said that", "the doctor said that", " she", " he")]
     run_mediate(load(setup["gpt2"]), tmp_path / "m", prompts=prompts, progress=False)

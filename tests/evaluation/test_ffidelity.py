@@ -103,8 +103,8 @@ def test_ffidelity_rows_and_metrics_against_a_direct_computation() -> None:
 
 
 def test_evaluate_with_ffidelity_saves_the_copy_and_resumes(tmp_path: Path) -> None:
-    from streetlamp.evaluation.pipeline import EvalSettings
     from streetlamp.commands.evaluate.run import evaluate
+    from streetlamp.evaluation.pipeline import EvalSettings
 
     ckpt = save_tiny("bert", tmp_path / "bert", seed=1)
     ckpt_hash = files_hash(ckpt)

@@ -163,8 +163,8 @@ def test_efficient_mprt_against_an_independent_computation(bert: ModelAdapter) -
 
 
 def test_evaluate_with_both_variants_resumes_and_writes_the_tables(tmp_path: Path) -> None:
-    from streetlamp.models.loading import load
     from streetlamp.commands.evaluate.run import evaluate
+    from streetlamp.models.loading import load
 
     ckpt = save_tiny("bert", tmp_path / "bert", seed=1)
     adapter = load(str(ckpt))

@@ -109,9 +109,9 @@ def test_verdict_rule() -> None:
 
 
 def test_evaluate_with_randomisation_leaves_the_model_untouched(tmp_path: Path) -> None:
+    from streetlamp.commands.evaluate.run import evaluate
     from streetlamp.evaluation.pipeline import EvalSettings
     from streetlamp.models.loading import load
-    from streetlamp.commands.evaluate.run import evaluate
 
     ckpt = save_tiny("bert", tmp_path / "bert", seed=1)
     adapter = load(str(ckpt))
@@ -233,10 +233,10 @@ def test_evaluate_with_a_fixed_target_explains_the_trained_predictions(tmp_path:
     with those targets, its settings store the choice, and summary.md says what the copies explained."""
     import json
 
+    from streetlamp.commands.evaluate.run import evaluate
     from streetlamp.evaluation.pipeline import EvalSettings
     from streetlamp.evaluation.randomisation import randomisation_rows
     from streetlamp.models.loading import load
-    from streetlamp.commands.evaluate.run import evaluate
 
     ckpt = save_tiny("bert", tmp_path / "bert", seed=1)
     adapter = load(str(ckpt))

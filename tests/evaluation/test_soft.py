@@ -172,8 +172,8 @@ def test_methods_share_the_empty_row_and_each_equals_its_own_plan(
 
 
 def test_soft_metrics_in_a_run_and_resume_recomputes_nothing(tmp_path: Path) -> None:
-    from streetlamp.evaluation.pipeline import EvalSettings
     from streetlamp.commands.evaluate.run import evaluate
+    from streetlamp.evaluation.pipeline import EvalSettings
 
     ckpt = save_tiny("bert", tmp_path / "bert", seed=1)
     data = tmp_path / "d.csv"

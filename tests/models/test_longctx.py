@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from streetlamp.commands.explain.long import read_rows, record
 from streetlamp.errors import StreetlampError
 from streetlamp.methods.attention import record_attention
 from streetlamp.methods.long_rows import check_flow_size, flow_row, rollout_row
@@ -17,7 +18,6 @@ from streetlamp.models.adapter import ModelAdapter
 from streetlamp.models.attention import fused_attention
 from streetlamp.models.chunked import LayerRule, QKStore, Scratch, Selection, fused_long, pattern_block
 from streetlamp.models.tiny import tiny_model
-from streetlamp.commands.explain.long import read_rows, record
 from tests.conftest import F64_TOL, f32_tol
 
 TEXT = "the movie was not good , but the acting was great and i loved it"
@@ -128,9 +128,9 @@ def test_fused_attention_logits_equal_the_eager_path(family: str) -> None:
 
 @pytest.mark.parametrize("family", ["llama", "bert"])
 def test_attention_x_gradient_row_equals_the_full_method(family: str, tmp_path) -> None:
+    from streetlamp.commands.explain.long import attention_x_gradient_row
     from streetlamp.methods.attention_grad import AttentionXGradient
     from streetlamp.models.adapter import Target
-    from streetlamp.commands.explain.long import attention_x_gradient_row
 
     adapter = tiny64(family)
     inputs = adapter.encode(TEXT)

@@ -332,9 +332,9 @@ def test_heads_on_an_image_equals_zeroed_output_projections(
 def test_heads_mean_ablation_of_one_image_and_evaluate_refuse(
     vit64: ModelAdapter, images: list[Path], tmp_path: Path
 ) -> None:
-    from streetlamp.evaluation.pipeline import EvalSettings
     from streetlamp.commands.evaluate.run import evaluate
     from streetlamp.commands.heads.run import run_heads
+    from streetlamp.evaluation.pipeline import EvalSettings
 
     with pytest.raises(StreetlampError, match="built-in ones are sentences.*--data.*--ablation zero"):
         run_heads(vit64, tmp_path / "h", text=str(images[0]), ablation="mean", progress=False)

@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 import torch
 
+from streetlamp.commands.circuit import paths as P
 from streetlamp.interventions.circuits.graph import Graph
 from streetlamp.methods.registry import get_method
 from streetlamp.models.adapter import ModelAdapter, Target
 from streetlamp.models.tiny import tiny_model
-from streetlamp.commands.circuit import paths as P
 
 TEXT = "when mary and john went to the store"
 ROUND = 1e-6

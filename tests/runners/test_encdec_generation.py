@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from streetlamp.cli import main
+from streetlamp.commands.explain.generation import explain_generation
 from streetlamp.models.seq2seq import Seq2SeqAdapter
 from streetlamp.models.tiny import save_tiny, tiny_seq2seq
-from streetlamp.commands.explain.generation import explain_generation
 from streetlamp.store.files import load_arrays
 from tests.conftest import F64_TOL
 

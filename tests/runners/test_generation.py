@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from streetlamp.cli import main
+from streetlamp.commands.explain.generation import CAUSAL_IG_BASELINE, GENERATION_IG, explain_generation
 from streetlamp.methods.gradient import ids_inputs
 from streetlamp.methods.ig import IntegratedGradients
 from streetlamp.methods.registry import get_method
 from streetlamp.models.adapter import ModelAdapter, Target
 from streetlamp.models.loading import load
 from streetlamp.models.tiny import save_tiny, tiny_model
-from streetlamp.commands.explain.generation import CAUSAL_IG_BASELINE, GENERATION_IG, explain_generation
 from streetlamp.store.files import load_arrays
 
 

@@ -114,9 +114,9 @@ def test_answer_tokens_refused_on_a_classifier(tmp_path, capsys) -> None:
 def test_answer_positions_are_reserved_before_the_store(run, tmp_path) -> None:
     """A prompt that fits the model but not with its N-token answer is skipped (or truncated) before
     anything is written; an answer longer than the model's positions is one line."""
+    from streetlamp.commands.evaluate.run import prepare
     from streetlamp.data.loaders import Dataset, Example
     from streetlamp.errors import StreetlampError
-    from streetlamp.commands.evaluate.run import prepare
 
     ckpt, _ = run
     adapter = load(str(ckpt))

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from streetlamp.commands.explain.generation import explain_generation
 from streetlamp.models.adapter import ModelAdapter
 from streetlamp.models.tiny import tiny_model
-from streetlamp.commands.explain.generation import explain_generation
 
 PROMPT = "the movie was not good"
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from streetlamp.cli import main
+from streetlamp.commands.explain.generation import explain_generation
+from streetlamp.commands.explain.steps import chat_continuation_ids, chat_prompt_ids
 from streetlamp.methods.granularity import aggregate, unit_starts, units
 from streetlamp.models.adapter import ModelAdapter
 from streetlamp.models.tiny import save_tiny, tiny_model
-from streetlamp.commands.explain.generation import explain_generation
-from streetlamp.commands.explain.steps import chat_continuation_ids, chat_prompt_ids
 from streetlamp.store.files import load_arrays
 
 PROMPT = "the movie was not good but the acting"

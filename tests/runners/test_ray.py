@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from streetlamp.models.tiny import save_tiny
 from streetlamp.commands.evaluate.run import evaluate
+from streetlamp.models.tiny import save_tiny
 from streetlamp.store import read_metrics
 from tests.helpers.peers import require_module
 from tests.store.test_store import cheap_settings, write_data

@@ -20,14 +20,14 @@ pytest.importorskip("httpx")
 from starlette.testclient import TestClient  # noqa: E402
 
 from streetlamp.cli import main  # noqa: E402
+from streetlamp.commands.serve import compute as C  # noqa: E402
+from streetlamp.commands.serve.app import Limits, create_app  # noqa: E402
 from streetlamp.interventions.heads import head_mask_edits  # noqa: E402
 from streetlamp.models.adapter import ModelAdapter  # noqa: E402
 from streetlamp.models.loading import load  # noqa: E402
 from streetlamp.models.tiny import save_tiny  # noqa: E402
 from streetlamp.report.viewer.folder import load_folder  # noqa: E402
 from streetlamp.report.viewer.pack import unpack  # noqa: E402
-from streetlamp.commands.serve import compute as C  # noqa: E402
-from streetlamp.commands.serve.app import Limits, create_app  # noqa: E402
 from streetlamp.store.files import load_arrays  # noqa: E402
 
 TOKEN = "t" * 20 + "0123"

@@ -22,8 +22,8 @@ from playwright.sync_api import expect  # noqa: E402
 from scipy.spatial.distance import cosine  # noqa: E402
 
 from streetlamp.cli import main  # noqa: E402
-from streetlamp.models.adapter import Inputs, ModelAdapter  # noqa: E402
 from streetlamp.commands.serve.app import Limits, create_app  # noqa: E402
+from streetlamp.models.adapter import Inputs, ModelAdapter  # noqa: E402
 from streetlamp.store.files import load_arrays  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 

@@ -15,10 +15,10 @@ import pandas as pd
 import pytest
 
 from streetlamp.cli import main
+from streetlamp.commands.evaluate.run import evaluate
 from streetlamp.errors import StreetlampError
 from streetlamp.evaluation.pipeline import EvalSettings
 from streetlamp.models.tiny import WORDS, save_tiny
-from streetlamp.commands.evaluate.run import evaluate
 from streetlamp.store import read_metrics
 
 CHEAP = ["--adv-steps", "2", "--permutations", "2", "--chunk-size", "1", "--methods", "attention"]

@@ -186,8 +186,8 @@ class CircuitSettings(Settings):
 
 
 def run_circuit(adapter: ModelAdapter, s: CircuitSettings, out: Any, opts: Any) -> Any:
-    from .run import run_circuit as run
     from .ray import RayPlace
+    from .run import run_circuit as run
 
     place = None
     if s.engine == "ray":

@@ -37,8 +37,8 @@ from ...methods.attention import record_attention
 from ...methods.registry import REGISTRY
 from ...methods.scorer import occlusion_replacement
 from ...models.adapter import Inputs, ModelAdapter, Target
-from ..explain import run as ex
 from ...store.run_folder import RunFolder, RunWriter
+from ..explain import run as ex
 
 Stage = Callable[[str], None]
 DEFAULT_METHODS = ("occlusion",)
