@@ -19,6 +19,9 @@ This module imports no model and no torch (``streetlamp --help`` reads it).
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
+import types
 import typing
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field
@@ -51,6 +54,12 @@ class Opt:
     type: Callable[[str], Any] | None = None
     action: str | None = None
     cli: bool = True
+    # the value's constraints, declared once and checked by :func:`build` for the CLI and the API alike
+    ge: float | None = None  # at least
+    gt: float | None = None  # greater than
+    le: float | None = None  # at most
+    lt: float | None = None  # less than
+    finite: bool = True  # a float field refuses nan and +-inf unless False
 
 
 def option(default: Any = MISSING, *, default_factory: Any = MISSING, **opt: Any) -> Any:
@@ -86,17 +95,113 @@ def batch_size_option() -> Any:
     return option(None, help="token budget per forward pass (rows x padded length; default 1024 on CPU)")
 
 
-def build(cls: type, values: dict[str, Any]) -> Any:
-    """``cls`` from user values: each through its field's ``parse`` (a CLI string or the Python
-    value: a list, a dict), then ``check()``."""
+def scalar_type(hint: Any) -> Any:
+    """``int | None`` -> ``int``; ``list[str]`` -> ``list``; a union of several types -> ``str``."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return scalar_type(args[0]) if len(args) == 1 else str
+    return typing.get_origin(hint) or hint
+
+
+def _optional(hint: Any) -> bool:
+    return (isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union) and type(None) in (
+        typing.get_args(hint)
+    )
+
+
+TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
+
+
+def coerce(value: Any, hint: Any, o: Opt | None, flag: str) -> Any:
+    """One user value (a CLI string, or a Python value from the API) as its field's type, checked against
+    the field's declared constraints (choices, ge/gt/le/lt, finite). The one check of a value's type and
+    range: the CLI and the API refuse the same values with the same one-line message."""
+    o = o or Opt()
+    if value is None:
+        if _optional(hint) or o.parse is not None:
+            return None
+        raise StreetlampError(f"{flag} must be given (got None)")
+    t = scalar_type(hint)
+    if o.parse is not None:
+        if not isinstance(value, str) and t in (list, dict, tuple) and not isinstance(value, (list, tuple, dict)):
+            raise StreetlampError(f"{flag} must be {'a JSON object' if t is dict else 'a list'} (got {value!r})")
+        if t is dict and isinstance(value, (list, tuple)):
+            raise StreetlampError(f"{flag} must be a JSON object (got {value!r})")
+        if t is list and isinstance(value, (list, tuple)) and not all(isinstance(x, str) for x in value):
+            raise StreetlampError(f"{flag} must be a list of names (got {value!r})")
+        try:
+            value = o.parse(value)
+        except StreetlampError:
+            raise
+        except (TypeError, ValueError, AttributeError) as e:
+            raise StreetlampError(f"{flag}: cannot read {value!r} ({e})") from None
+    elif t is bool:
+        if isinstance(value, str) and value.strip().lower() in TRUE + FALSE:
+            value = value.strip().lower() in TRUE
+        elif not isinstance(value, bool):
+            raise StreetlampError(f"{flag} must be true or false (got {value!r})")
+    elif t is int:
+        if isinstance(value, str):
+            try:
+                value = int(value.strip())
+            except ValueError:
+                raise StreetlampError(f"{flag} must be an integer (got {value!r})") from None
+        elif isinstance(value, float) and value.is_integer():
+            value = int(value)
+        elif isinstance(value, bool) or not isinstance(value, int):
+            raise StreetlampError(f"{flag} must be an integer (got {value!r})")
+    elif t is float:
+        if isinstance(value, str):
+            try:
+                value = float(value.strip())
+            except ValueError:
+                raise StreetlampError(f"{flag} must be a number (got {value!r})") from None
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise StreetlampError(f"{flag} must be a number (got {value!r})")
+        value = float(value)
+        if o.finite and not math.isfinite(value):
+            raise StreetlampError(f"{flag} must be a finite number (got {value})")
+    elif t is str:
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if not isinstance(value, str):
+            raise StreetlampError(f"{flag} must be a string (got {value!r})")
+    if o.choices is not None and isinstance(value, str) and value not in o.choices:
+        raise StreetlampError(f"{flag} must be one of {', '.join(o.choices)} (got {value!r})")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        bound(value, o, flag)
+    return value
+
+
+def bound(value: float, o: Opt, flag: str) -> None:
+    """``value`` within the field's declared ``ge``/``gt``/``le``/``lt``."""
+    if o.ge is not None and value < o.ge:
+        raise StreetlampError(f"{flag} must be at least {_num(o.ge)} (got {_num(value)})")
+    if o.gt is not None and value <= o.gt:
+        raise StreetlampError(f"{flag} must be greater than {_num(o.gt)} (got {_num(value)})")
+    if o.le is not None and value > o.le:
+        raise StreetlampError(f"{flag} must be at most {_num(o.le)} (got {_num(value)})")
+    if o.lt is not None and value >= o.lt:
+        raise StreetlampError(f"{flag} must be less than {_num(o.lt)} (got {_num(value)})")
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if isinstance(x, float) and x.is_integer() else str(x)
+
+
+def build(cls: type, values: dict[str, Any], *, keep: tuple[str, ...] = ()) -> Any:
+    """``cls`` from user values: each through :func:`coerce` (its field's ``parse`` for a CLI string or
+    the Python value, its type, its declared constraints), then ``check()``. ``keep``: fields passed
+    through as they are (``model``: an already loaded adapter)."""
     names = {f.name: f for f in dataclasses.fields(cls)}
     unknown = [k for k in values if k not in names]
     if unknown:
         raise StreetlampError(f"unknown setting(s) {', '.join(unknown)}; settings: {', '.join(names)}")
+    hints = typing.get_type_hints(cls)
     parsed = {}
     for k, v in values.items():
-        o = opt_of(names[k])
-        parsed[k] = o.parse(v) if o is not None and o.parse is not None and v is not None else v
+        f = names[k]
+        parsed[k] = v if k in keep else coerce(v, hints[k], opt_of(f), flag_of(f))
     s = cls(**parsed)
     check = getattr(s, "check", None)
     if check is not None:

@@ -64,11 +64,26 @@ class Command:
         stray = [k for k in values if k in RunOptions.__dataclass_fields__]
         if stray:
             raise StreetlampError(f"{self.name} takes no {', '.join(stray)}")
-        o = RunOptions(**{**self.shared.defaults(), **opts})
+        vals = {**self.shared.defaults(), **opts}
+        model = vals.get("model")
+        keep = ("model",) if model is not None and hasattr(model, "encode") and hasattr(model, "forward") else ()
+        o = build(RunOptions, vals, keep=keep)  # types, choices, check(): the API's model may be an adapter
         if self.check_options is not None:
             self.check_options(o)
-        o.check()
         return o
+
+
+def lazy(module: str, name: str = "run") -> Callable[..., Any]:
+    """``run`` of a :class:`Command`: ``module.name(adapter, settings, out, options)``, imported at call time
+    (``streetlamp --help`` imports no torch). ``lazy(__name__ + ".run")`` in ``commands/<x>/__init__.py``."""
+
+    def run(adapter: Any, settings: Any, out: Any, options: RunOptions) -> Any:
+        import importlib
+
+        return getattr(importlib.import_module(module), name)(adapter, settings, out, options)
+
+    run.__qualname__ = run.__name__ = f"lazy({module}.{name})"
+    return run
 
 
 EXTRAS = {"serve": ("starlette", "uvicorn")}  # pip extra -> the modules it installs

@@ -7,34 +7,26 @@ namespace, so the dataclass default (declared once, on the field) applies.
 from __future__ import annotations
 
 import argparse
-import types
-import typing
 from typing import Any
 
-from ..settings import RunOptions, Shared, cli_fields, flag_of
+from ..settings import RunOptions, Shared, cli_fields, flag_of, scalar_type
 from .base import Command
 
 
-def _scalar(hint: Any) -> Any:
-    """``int | None`` -> ``int``; ``list[str]`` -> ``list``."""
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        return _scalar(args[0]) if len(args) == 1 else str
-    return typing.get_origin(hint) or hint
-
-
 def add_field(p: argparse.ArgumentParser, f: Any, o: Any, hint: Any, default: Any = None, **over: Any) -> None:
+    # no argparse type= or choices=: every value goes through settings.coerce, so the CLI and the API
+    # refuse the same values with the same message (choices still show in --help as the metavar)
     kw: dict[str, Any] = {"help": over.get("help", o.help), "default": argparse.SUPPRESS}
-    if o.choices is not None:
-        kw["choices"] = list(o.choices)
-    t = _scalar(hint)
+    t = scalar_type(hint)
     flag = flag_of(f)
+    if o.choices is not None:
+        kw["metavar"] = "{" + ",".join(o.choices) + "}"
     if o.action is not None:
         kw["action"] = o.action
     elif t is bool and o.parse is None:
         kw["action"] = "store_false" if flag.startswith("--no-") else "store_true"
-    elif o.parse is None and (o.type or t) in (int, float):
-        kw["type"] = o.type or t
+    elif o.type is not None:
+        kw["type"] = o.type
     if o.positional:
         if o.nargs:
             kw["nargs"] = o.nargs
@@ -42,7 +34,9 @@ def add_field(p: argparse.ArgumentParser, f: Any, o: Any, hint: Any, default: An
         return
     if over.get("required", o.required):
         kw["required"] = True
-    if flag != "--" + f.name.replace("_", "-") and "type" in kw or kw.get("action") == "append":
+    if o.choices is None and (
+        flag != "--" + f.name.replace("_", "-") and t in (int, float) or kw.get("action") == "append"
+    ):
         kw["metavar"] = flag.lstrip("-").replace("-", "_").upper()
     p.add_argument(flag, dest=f.name, **kw)
 
