@@ -98,7 +98,7 @@ def test_default_rule_and_bad_input(gpt2_dir: Path, tmp_path: Path, capsys: pyte
         (["--new-tokens", "0"], "--new-tokens"),
         (["--ig-params", '{"nope": 1}'], "bad parameters"),
         (["--ig-params", "[1]"], "object"),
-        (["--new-tokens", "65"], "--new-tokens must be 1..64"),
+        (["--new-tokens", "65"], "--new-tokens must be at most 64 (got 65)"),
         (["--methods", "attention,nope"], "unknown method 'nope'"),
         (["--methods", "occlusion", "--ig-params", '{"steps": 4}'], "not among --methods"),
         (["--methods", "occlusion", "--method-params", '{"occlusion": {"nope": 1}}'], "bad parameters"),
