@@ -146,14 +146,8 @@ def explain_generation(
     methods), minus a ``contrast_token``'s, or minus the log-prob after a ``contrast_prompt``. ``chat``
     applies the tokenizer's chat template to the prompt; ``granularity`` adds word / sentence / paragraph
     matrices (sums over each unit's tokens, :mod:`~streetlamp.methods.granularity`)."""
-    prompt, new_tokens, methods, quantity, batch_size, seed = (
-        s.prompt,
-        s.new_tokens,
-        s.methods,
-        s.quantity,
-        s.batch_size,
-        s.seed,
-    )
+    prompt, new_tokens, methods, quantity = s.prompt, s.new_tokens, s.methods, s.quantity
+    batch_size, seed = s.batch_size, s.seed
     ig_params, method_params = s.ig_params, s.method_params
     contrast_token, contrast_prompt = s.contrast_token, s.contrast_prompt
     chat, granularity = s.chat, s.granularity

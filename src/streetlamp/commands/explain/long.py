@@ -175,14 +175,8 @@ def explain_long(
     default n/32); the settings checked before (``check``/``validate``). ``fusion``/``chunk``: rollout's head
     fusion and the attention chunk (library knobs, no flags)."""
     rf = RunFolder.of(out, "explain")
-    text, layers, heads, rows, truncate, occlusion_window = (
-        s.text,
-        s.layers,
-        s.heads,
-        s.rows,
-        s.truncate,
-        s.occlusion_window,
-    )
+    text, layers, heads, rows, truncate = s.text, s.layers, s.heads, s.rows, s.truncate
+    occlusion_window = s.occlusion_window
     occlusion_replacement = s.method_params.get("occlusion", {}).get("replacement", "mask")
     target = s.explained_target(adapter)
     methods = check_methods(s.methods)  # the default: the first long-input method

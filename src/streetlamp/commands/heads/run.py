@@ -277,15 +277,8 @@ def run_prune(
     The examples are shuffled with ``seed`` before ``limit`` and the split: data files are often
     sorted by label (gensim's movie sentences are), and an unshuffled split would hold out one
     class only."""
-    data, orders, seeds, step, limit, seed, batch_size = (
-        s.data,
-        s.orders,
-        s.seeds,
-        s.step,
-        s.limit,
-        s.seed,
-        s.batch_size,
-    )
+    data, orders, seeds, step, limit = s.data, s.orders, s.seeds, s.step, s.limit
+    seed, batch_size = s.seed, s.batch_size
     rf = RunFolder.of(out, "prune")
     texts, raw = load_texts(data)
     if not raw:
@@ -315,8 +308,8 @@ def run_prune(
                 scores[o] = np.abs(hao).mean(0)
     curves: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     per_batch = texts_per_batch(eval_in, batch_size)
-    for name, s in scores.items():
-        curves[name] = H.prune_curve(adapter, eval_in, ev_labels, H.order_from_scores(s), step, progress, **per_batch)
+    for name, sc in scores.items():
+        curves[name] = H.prune_curve(adapter, eval_in, ev_labels, H.order_from_scores(sc), step, progress, **per_batch)
     if "random" in orders:
         for k in range(seeds):
             curves[f"random_seed{k}"] = H.prune_curve(
