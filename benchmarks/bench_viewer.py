@@ -43,14 +43,20 @@ HOVER_JS = """async (n) => {
 
 def make_runs(work: Path, tiny_llama: bool) -> dict[str, Path]:
     import streetlamp
+    from streetlamp.commands.explain import ExplainSettings
     from streetlamp.commands.explain.run import default_methods, explain
+    from streetlamp.store.run_folder import RunFolder
 
     out = {}
     threads()
     a = streetlamp.load("minilm-sentiment")
     out["minilm-128"] = work / "minilm-128"
     t0 = time.time()
-    explain(a, text_of_length(a, 128), out["minilm-128"], methods=default_methods(), overwrite=True)
+    explain(
+        a,
+        ExplainSettings.from_values(text=text_of_length(a, 128), methods=default_methods()),
+        RunFolder(out["minilm-128"], "explain", True),
+    )
     print(f"explain minilm-sentiment, 128 tokens, {', '.join(default_methods())}: {time.time() - t0:.0f} s")
     if tiny_llama:
         from transformers import LlamaConfig, LlamaForCausalLM
@@ -73,7 +79,11 @@ def make_runs(work: Path, tiny_llama: bool) -> dict[str, Path]:
         lm, name = streetlamp.load("smollm2-135m"), "smollm2-1024"
     out[name] = work / name
     t0 = time.time()
-    explain(lm, text_of_length(lm, 1024), out[name], methods=["attention", "gradient_x_input"], overwrite=True)
+    explain(
+        lm,
+        ExplainSettings.from_values(text=text_of_length(lm, 1024), methods=["attention", "gradient_x_input"]),
+        RunFolder(out[name], "explain", True),
+    )
     print(f"explain {lm.name}, 1024 tokens, attention + gradient_x_input: {time.time() - t0:.0f} s")
     return out
 

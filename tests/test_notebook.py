@@ -52,10 +52,11 @@ KERNEL = "streetlamp-test"  # a kernel spec of our own: this Python, whatever el
 CELL = """from pathlib import Path
 
 import streetlamp
+from streetlamp.commands.explain import ExplainSettings
 from streetlamp.commands.explain.run import explain
 
 adapter = streetlamp.load("ckpt")
-explain(adapter, {text!r}, Path({out!r}), methods=["attention", "occlusion"])"""
+explain(adapter, ExplainSettings.from_values(text={text!r}, methods=["attention", "occlusion"]), Path({out!r}))"""
 
 
 @dataclass(frozen=True)

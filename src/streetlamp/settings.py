@@ -201,7 +201,9 @@ def build(cls: type, values: dict[str, Any], *, keep: tuple[str, ...] = ()) -> A
     parsed = {}
     for k, v in values.items():
         f = names[k]
-        parsed[k] = v if k in keep else coerce(v, hints[k], opt_of(f), flag_of(f))
+        o = opt_of(f)
+        name = f.name.upper() if o is not None and o.positional else flag_of(f)  # a positional has no flag
+        parsed[k] = v if k in keep else coerce(v, hints[k], o, name)
     s = cls(**parsed)
     check = getattr(s, "check", None)
     if check is not None:

@@ -165,10 +165,13 @@ def test_store_never_imports_report() -> None:
 
 def test_a_run_folder_written_outside_the_pipeline_has_no_report(bert: Path, tmp_path: Path) -> None:
     """The runner writes results only; the pipeline (CLI, API) adds report.html; `report DIR` still builds it."""
+    from streetlamp.commands.explain import ExplainSettings
     from streetlamp.commands.explain.run import explain
     from streetlamp.models.loading import load
 
-    res = explain(load(str(bert)), "the movie was good", tmp_path / "e", methods=["attention"])
+    res = explain(
+        load(str(bert)), ExplainSettings.from_values(text="the movie was good", methods=["attention"]), tmp_path / "e"
+    )
     assert (res.out / "manifest.json").exists() and not (res.out / "report.html").exists()
     assert main(["report", str(res.out)]) == 0 and (res.out / "report.html").exists()
 

@@ -200,7 +200,7 @@ def test_check_variants_and_coordinate_interventions_through_the_cli(
         ("bert", ["--lens", "tuned:{tuned}"], "pre-norm causal LM"),
         ("fit", ["--skip-first", "20", "--lens", "jacobian"], "--skip-first 20 leaves no position"),
         ("fit", ["--heldout", "99", "--lens", "tuned"], "not more than --heldout 99"),
-        ("fit", ["--lens", "tuned", "--lr", "0"], "--lr must be positive"),
+        ("fit", ["--lens", "tuned", "--lr", "0"], "--lr must be greater than 0 (got 0)"),
         ("fitbert", ["--lens", "tuned"], "pre-norm causal LM"),
         ("fit", ["--lens", "tuned", "--dtype", "bfloat16"], "a lens is fitted in float32 or float64"),
         ("fit", ["--lens", "jacobian", "--convert", "{tuned}"], "holds a tuned lens, not a jacobian lens"),

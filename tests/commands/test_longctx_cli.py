@@ -84,7 +84,10 @@ def test_explain_rows_keeps_what_was_asked_and_reads_back(ckpt, full_att, tmp_pa
             ["--rows", "last", "--methods", "lime"],
             "runs only rollout, flow, attention_x_gradient, occlusion (not lime)",
         ),
-        (["--rows", "last", "--methods", "occlusion", "--occlusion-window", "0"], "--occlusion-window 0 out of range"),
+        (
+            ["--rows", "last", "--methods", "occlusion", "--occlusion-window", "0"],
+            "--occlusion-window must be at least 1 (got 0)",
+        ),
         (["--rows", "last", "--methods", "occlusion", "--occlusion-window", "12"], "the text has 11 tokens (1..11)"),
         (["--rows", "last", "--occlusion-window", "2"], "--occlusion-window applies to --methods occlusion"),
         (["--occlusion-window", "2"], "--occlusion-window is for long inputs"),

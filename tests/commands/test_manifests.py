@@ -198,12 +198,13 @@ def test_manifest_keys(command: str, setup: dict[str, Path], tmp_path: Path, cap
 
 
 def test_mediate_manifest_keys(setup: dict[str, Path], tmp_path: Path) -> None:
+    from streetlamp.commands.patch import MediateSettings
     from streetlamp.commands.patch.run import run_mediate
     from streetlamp.interventions.mediation import Prompt
     from streetlamp.models.loading import load
 
     prompts = [Prompt("the nurse said that", "the doctor said that", " she", " he")]
-    run_mediate(load(setup["gpt2"]), tmp_path / "m", prompts=prompts, progress=False)
+    run_mediate(load(setup["gpt2"]), MediateSettings(), tmp_path / "m", prompts=prompts, progress=False)
     m = json.loads((tmp_path / "m" / "manifest.json").read_text())
     assert set(m) == KEYS["mediate"]
     check_header(m, "mediate")

@@ -71,7 +71,10 @@ BAD = [
     (["mediate", "--prompts", "0", "--model", "{gpt2}"], "--prompts must be at least 1"),
     (["mediate", "--model", "{bert}"], "needs a causal LM"),
     (["explain-generation", "the movie", "--model", "{bert}"], "needs a causal LM"),
-    (["explain-generation", "the movie", "--new-tokens", "0", "--model", "{gpt2}"], "--new-tokens must be 1..64"),
+    (
+        ["explain-generation", "the movie", "--new-tokens", "0", "--model", "{gpt2}"],
+        "--new-tokens must be at least 1 (got 0)",
+    ),
     (["benchmark", "--tasks", "keyword", "--n-examples", "0"], "--n-examples must be at least 1"),
 ]
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from streetlamp.commands.explain import GenerationSettings
 from streetlamp.commands.explain.generation import explain_generation
 from streetlamp.models.seq2seq import Seq2SeqAdapter
 from streetlamp.models.tiny import tiny_seq2seq
@@ -70,7 +71,9 @@ def test_greedy_stops_at_eos_like_hf_generate(family: str, tmp_path: Path) -> No
             )[0].tolist()
         assert ours == free[:m] + [eos]
         assert hf[1:] == ours  # HF's generate: the start token, then the same tokens, EOS last
-        res = explain_generation(adapter, SOURCE, tmp_path / "g", new_tokens=6, methods=["saliency"])
+        res = explain_generation(
+            adapter, GenerationSettings.from_values(prompt=SOURCE, new_tokens=6, methods=["saliency"]), tmp_path / "g"
+        )
         man = json.loads((tmp_path / "g" / "manifest.json").read_text())
         assert man["generated_ids"] == ours and man["stopped_at"] == "eos"
         assert res.matrices["saliency"].shape == (m + 1, len(src) + m + 1)
@@ -79,7 +82,9 @@ def test_greedy_stops_at_eos_like_hf_generate(family: str, tmp_path: Path) -> No
         assert adapter.generate(src, m) == free[:m]
     finally:
         handle.remove()
-    explain_generation(adapter, SOURCE, tmp_path / "n", new_tokens=2, methods=["saliency"])
+    explain_generation(
+        adapter, GenerationSettings.from_values(prompt=SOURCE, new_tokens=2, methods=["saliency"]), tmp_path / "n"
+    )
     man = json.loads((tmp_path / "n" / "manifest.json").read_text())
     assert len(man["generated_ids"]) == 2 and man["stopped_at"] == (
         "eos" if man["generated_ids"][-1] == eos else "new_tokens"
@@ -126,12 +131,14 @@ def test_occlusion_equals_brute_force(family: str, replacement: str, tmp_path: P
     adapter = Seq2SeqAdapter(model, tok, f"tiny-{family}")
     res = explain_generation(
         adapter,
-        SOURCE,
+        GenerationSettings.from_values(
+            prompt=SOURCE,
+            methods=["occlusion"],
+            method_params={"occlusion": {"replacement": replacement}},
+            batch_size=40,
+        ),
         tmp_path / "o",
-        continuation=TARGET,
-        methods=["occlusion"],
-        method_params={"occlusion": {"replacement": replacement}},
-        batch_size=40,  # several passes per shape
+        continuation_ids=TARGET,
     )
     src = tok(SOURCE).input_ids
     # T5 has no <mask>: the fallback is <unk>, as for every occlusion
@@ -193,12 +200,11 @@ def test_shap_rows_are_exact_shapley_values(family: str, replacement: str, tmp_p
     target = TARGET if replacement == "delete" else TARGET[:2]  # a decoder-input feature either way, fewer passes
     res = explain_generation(
         adapter,
-        SHORT,
+        GenerationSettings.from_values(
+            prompt=SHORT, methods=["shap"], method_params={"shap": {"replacement": replacement}}, batch_size=64
+        ),
         tmp_path / "s",
-        continuation=target,
-        methods=["shap"],
-        method_params={"shap": {"replacement": replacement}},
-        batch_size=64,
+        continuation_ids=target,
     )
     src = tok(SHORT).input_ids
     S = len(src)
@@ -237,12 +243,11 @@ def test_lime_rows_are_lime_on_the_row_values(tmp_path: Path) -> None:
     adapter = Seq2SeqAdapter(model, tok, "tiny-bart")
     res = explain_generation(
         adapter,
-        SHORT,
+        GenerationSettings.from_values(
+            prompt=SHORT, methods=["lime"], method_params={"lime": {"n_samples": 24}}, seed=5
+        ),
         tmp_path / "l",
-        continuation=TARGET,
-        methods=["lime"],
-        method_params={"lime": {"n_samples": 24}},
-        seed=5,
+        continuation_ids=TARGET,
     )
     src = tok(SHORT).input_ids
     S = len(src)

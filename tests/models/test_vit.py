@@ -308,10 +308,12 @@ def test_heads_on_an_image_equals_zeroed_output_projections(
 ) -> None:
     """``heads IMAGE``: each head's zero-ablation effect equals p(target) on the eager twin with that head's
     columns of the output projection zeroed, minus the clean p(target) (target: the clean prediction)."""
+    from streetlamp.commands.heads import HeadsSettings
     from streetlamp.commands.heads.run import run_heads
     from streetlamp.store.files import load_arrays
 
-    run_heads(vit64, tmp_path / "h", text=str(images[0]), progress=False, attribution=False)
+    s = HeadsSettings.from_values(text=str(images[0]), attribution=False)
+    run_heads(vit64, s, tmp_path / "h", progress=False)
     got = load_arrays(tmp_path / "h" / "arrays.safetensors")["ablation"]
     pix = processed(vit64, images[0]).double()
     twin = eager(vit64)
@@ -333,11 +335,11 @@ def test_heads_mean_ablation_of_one_image_and_evaluate_refuse(
     vit64: ModelAdapter, images: list[Path], tmp_path: Path
 ) -> None:
     from streetlamp.commands.evaluate.run import evaluate
-    from streetlamp.commands.heads.run import run_heads
+    from streetlamp.commands.heads import HeadsSettings
     from streetlamp.evaluation.pipeline import EvalSettings
 
     with pytest.raises(StreetlampError, match="built-in ones are sentences.*--data.*--ablation zero"):
-        run_heads(vit64, tmp_path / "h", text=str(images[0]), ablation="mean", progress=False)
+        HeadsSettings.from_values(text=str(images[0]), ablation="mean").validate(vit64)  # before any work
     csv = tmp_path / "d.csv"
     csv.write_text(f"text,label\n{images[0]},cat\n")
     with pytest.raises(StreetlampError, match="evaluate scores text datasets.*image model"):

@@ -200,6 +200,7 @@ def test_minilm_128_token_report_under_2mb(tmp_path: Path) -> None:
     import sys
 
     import streetlamp
+    from streetlamp.commands.explain import ExplainSettings
     from streetlamp.commands.explain.run import default_methods, explain
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -208,7 +209,7 @@ def test_minilm_128_token_report_under_2mb(tmp_path: Path) -> None:
     adapter = streetlamp.load("minilm-sentiment")
     text = text_of_length(adapter, 128)
     assert len(adapter.encode(text).tokens[0]) == 128
-    res = explain(adapter, text, tmp_path / "e", methods=default_methods())
+    res = explain(adapter, ExplainSettings.from_values(text=text, methods=default_methods()), tmp_path / "e")
     path = write_report(res.out)
     assert path.stat().st_size < 2_000_000, path.stat().st_size
     m = json.loads(re.search(r'id="sl-model">(.*?)</script>', path.read_text(), re.S).group(1))

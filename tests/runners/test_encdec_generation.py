@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from streetlamp.cli import main
+from streetlamp.commands.explain import GenerationSettings
 from streetlamp.commands.explain.generation import explain_generation
 from streetlamp.models.seq2seq import Seq2SeqAdapter
 from streetlamp.models.tiny import save_tiny, tiny_seq2seq
@@ -82,11 +83,11 @@ def test_rows_equal_independent_per_target_computations(family: str, tmp_path: P
     adapter = Seq2SeqAdapter(model.double(), tok, f"tiny-{family}")
     res = explain_generation(
         adapter,
-        SOURCE,
+        GenerationSettings.from_values(
+            prompt=SOURCE, methods=["integrated_gradients", "gradient_x_input", "attention"], ig_params=GL4
+        ),
         tmp_path / "g",
-        continuation=TARGET,
-        methods=["integrated_gradients", "gradient_x_input", "attention"],
-        ig_params=GL4,
+        continuation_ids=TARGET,
     )
     ref = _independent(adapter, family)
     S = len(tok(SOURCE).input_ids)
@@ -181,7 +182,10 @@ def test_conformance_of_the_methods_that_apply(tmp_path: Path) -> None:
     methods = ["attention", "saliency", "gradient_x_input", "integrated_gradients", "occlusion"]
     runs = [
         explain_generation(
-            adapter, SOURCE, tmp_path / str(seed), continuation=TARGET, methods=methods, ig_params=GL4, seed=seed
+            adapter,
+            GenerationSettings.from_values(prompt=SOURCE, methods=methods, ig_params=GL4, seed=seed),
+            tmp_path / str(seed),
+            continuation_ids=TARGET,
         )
         for seed in (0, 7)
     ]
@@ -190,7 +194,10 @@ def test_conformance_of_the_methods_that_apply(tmp_path: Path) -> None:
         assert np.array_equal(mat, runs[1].matrices[name]), name
     with torch.inference_mode():  # attention needs no gradient
         res = explain_generation(
-            adapter, SOURCE, tmp_path / "inf", continuation=TARGET, methods=["attention", "occlusion"]
+            adapter,
+            GenerationSettings.from_values(prompt=SOURCE, methods=["attention", "occlusion"]),
+            tmp_path / "inf",
+            continuation_ids=TARGET,
         )
     np.testing.assert_array_equal(res.matrices["attention.cross_attn"], runs[0].matrices["attention.cross_attn"])
     np.testing.assert_array_equal(res.matrices["occlusion"], runs[0].matrices["occlusion"])

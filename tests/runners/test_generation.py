@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from streetlamp.cli import main
+from streetlamp.commands.explain import GenerationSettings
 from streetlamp.commands.explain.generation import CAUSAL_IG_BASELINE, GENERATION_IG, explain_generation
 from streetlamp.methods.gradient import ids_inputs
 from streetlamp.methods.ig import IntegratedGradients
@@ -97,7 +98,7 @@ def test_default_rule_and_bad_input(gpt2_dir: Path, tmp_path: Path, capsys: pyte
         (["--new-tokens", "0"], "--new-tokens"),
         (["--ig-params", '{"nope": 1}'], "bad parameters"),
         (["--ig-params", "[1]"], "object"),
-        (["--new-tokens", "65"], "--new-tokens must be 1..64"),
+        (["--new-tokens", "65"], "--new-tokens must be at most 64 (got 65)"),
         (["--methods", "attention,nope"], "unknown method 'nope'"),
         (["--methods", "occlusion", "--ig-params", '{"steps": 4}'], "not among --methods"),
         (["--methods", "occlusion", "--method-params", '{"occlusion": {"nope": 1}}'], "bad parameters"),
@@ -118,7 +119,9 @@ def test_each_methods_rows_are_that_method_on_each_prefix(family: str, tmp_path:
     adapter = ModelAdapter(model.double(), tok, f"tiny-{family}")
     names = ["attention", "occlusion", "gradient_x_input"]
     res = explain_generation(
-        adapter, "the movie was not", tmp_path / "g", new_tokens=3, methods=names, quantity="logit"
+        adapter,
+        GenerationSettings.from_values(prompt="the movie was not", new_tokens=3, methods=names, quantity="logit"),
+        tmp_path / "g",
     )
     a = load_arrays(tmp_path / "g" / "arrays.safetensors")
     m = json.loads((tmp_path / "g" / "manifest.json").read_text())

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from streetlamp.commands.explain import GenerationSettings
 from streetlamp.commands.explain.generation import explain_generation
 from streetlamp.models.adapter import ModelAdapter
 from streetlamp.models.tiny import tiny_model
@@ -51,12 +52,16 @@ def test_greedy_ends_at_eos_like_hf_generate(tmp_path: Path) -> None:
                 pad_token_id=tok.pad_token_id,
             )[0, len(ids) :].tolist()
         assert ours == free[:m] + [eos] == hf
-        res = explain_generation(a, PROMPT, tmp_path / "g", new_tokens=6, methods=["saliency"])
+        res = explain_generation(
+            a, GenerationSettings.from_values(prompt=PROMPT, new_tokens=6, methods=["saliency"]), tmp_path / "g"
+        )
         man = json.loads((tmp_path / "g" / "manifest.json").read_text())
         assert man["generated_ids"] == ours and man["stopped_at"] == "eos" and "ended by EOS" in res.summary[0]
         if m > 0:
             assert a.generate(ids, m) == free[:m]  # the cap comes first
     finally:
         handle.remove()
-    explain_generation(a, PROMPT, tmp_path / "n", new_tokens=2, methods=["saliency"])
+    explain_generation(
+        a, GenerationSettings.from_values(prompt=PROMPT, new_tokens=2, methods=["saliency"]), tmp_path / "n"
+    )
     assert json.loads((tmp_path / "n" / "manifest.json").read_text())["stopped_at"] == "new_tokens"

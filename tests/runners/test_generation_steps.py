@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from streetlamp.cli import main
+from streetlamp.commands.explain import GenerationSettings
 from streetlamp.commands.explain.generation import explain_generation
 from streetlamp.commands.explain.steps import chat_continuation_ids, chat_prompt_ids
 from streetlamp.methods.granularity import aggregate, unit_starts, units
@@ -46,7 +47,12 @@ def test_contrast_token(gpt2, tmp_path) -> None:
     a = gpt2
     c = a.tokenizer("bad", add_special_tokens=False)["input_ids"][0]
     r = explain_generation(
-        a, PROMPT, tmp_path / "g", continuation=CONT, methods=["occlusion"], contrast_token="bad", method_params=DELETE
+        a,
+        GenerationSettings.from_values(
+            prompt=PROMPT, methods=["occlusion"], contrast_token="bad", method_params=DELETE
+        ),
+        tmp_path / "g",
+        continuation_ids=CONT,
     )
     arr = load_arrays(r.out / "arrays.safetensors")
     ids = a.encode(PROMPT).input_ids[0].tolist() + CONT
@@ -68,9 +74,17 @@ def test_contrast_prompt_shifts_values_not_attributions(gpt2, tmp_path) -> None:
     a = gpt2
     other = "the plot was great"
     r = explain_generation(
-        a, PROMPT, tmp_path / "c", continuation=CONT, methods=["gradient_x_input"], contrast_prompt=other
+        a,
+        GenerationSettings.from_values(prompt=PROMPT, methods=["gradient_x_input"], contrast_prompt=other),
+        tmp_path / "c",
+        continuation_ids=CONT,
     )
-    plain = explain_generation(a, PROMPT, tmp_path / "p", continuation=CONT, methods=["gradient_x_input"])
+    plain = explain_generation(
+        a,
+        GenerationSettings.from_values(prompt=PROMPT, methods=["gradient_x_input"]),
+        tmp_path / "p",
+        continuation_ids=CONT,
+    )
     arr = load_arrays(r.out / "arrays.safetensors")
     np.testing.assert_array_equal(arr["gradient_x_input.matrix"], plain.matrices["gradient_x_input"])
     ids = a.encode(PROMPT).input_ids[0].tolist() + CONT
@@ -86,12 +100,11 @@ def test_kl_divergence_occlusion(gpt2, tmp_path) -> None:
     a = gpt2
     r = explain_generation(
         a,
-        PROMPT,
+        GenerationSettings.from_values(
+            prompt=PROMPT, methods=["occlusion"], quantity="kl_divergence", method_params=DELETE
+        ),
         tmp_path / "k",
-        continuation=CONT,
-        methods=["occlusion"],
-        quantity="kl_divergence",
-        method_params=DELETE,
+        continuation_ids=CONT,
     )
     arr = load_arrays(r.out / "arrays.safetensors")
     pre = (a.encode(PROMPT).input_ids[0].tolist() + CONT)[:-1]

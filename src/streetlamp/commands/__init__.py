@@ -13,11 +13,11 @@ from .base import Command, Lines, execute
 from .circuit import CIRCUIT
 from .cot import COT
 from .evaluate import BENCHMARK, EVALUATE
-from .explain import EXPLAIN, EXPLAIN_GENERATION
+from .explain import ATTENTION_ROW, EXPLAIN, EXPLAIN_GENERATION
 from .heads import HEADS, PRUNE
 from .lens import LENS
 from .lens_fit import LENS_FIT
-from .listing import ATTENTION_ROW, METHODS, MODELS, REPORT, SERVE
+from .listing import METHODS, MODELS, REPORT, SERVE
 from .patch import MEDIATE, PATCH
 from .probe import PROBE
 from .replicate import REPLICATE

@@ -1,5 +1,5 @@
-"""The commands without a model of their own: ``models``, ``methods``, ``report``, ``attention-row``
-and ``serve`` (which loads its models itself, one per ``--model``)."""
+"""The commands without a model of their own: ``models``, ``methods``, ``report`` and ``serve`` (which
+loads its models itself, one per ``--model``); ``attention-row`` is explain's (``commands/explain``)."""
 
 from __future__ import annotations
 
@@ -59,25 +59,6 @@ def run_report(adapter: None, s: ReportSettings, out: None, opts: Any) -> Lines:
 
 
 @dataclass
-class RowSettings:
-    dir: str = option("", positional=True, help="a run folder written by explain --rows")
-    layer: int = option(0, required=True, help="layer (negative: from the end)")
-    row: str = option("explained", help="query position: N, last or explained")
-    heads: str | None = option(None, help="comma-separated heads (default all)")
-    column: bool = option(False, help="the column of key position --row instead of its row")
-
-    def check(self) -> None:
-        pass
-
-
-def run_row(adapter: None, s: RowSettings, out: None, opts: Any) -> Lines:
-    from .explain.long import print_row
-
-    print_row(Path(s.dir), s.layer, s.row, s.heads, s.column)  # prints as it reads
-    return Lines()
-
-
-@dataclass
 class ServeSettings:
     models: list[str] | None = option(
         None,
@@ -118,13 +99,6 @@ def _no_model(**kw: Any) -> dict[str, Any]:
 
 MODELS = Command("models", "list the embedded models", NoSettings, run_models, **_no_model())
 METHODS = Command("methods", "list the registered attribution methods", NoSettings, run_methods, **_no_model())
-ATTENTION_ROW = Command(
-    "attention-row",
-    "print one attention row (or column) of a long-context explain run",
-    RowSettings,
-    run_row,
-    **_no_model(),
-)
 REPORT = Command(
     "report",
     "(re)build DIR/report.html from a run folder's manifest and arrays alone",

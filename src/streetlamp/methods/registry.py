@@ -5,9 +5,12 @@ Registration is a literal table here, not an import side effect.
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from typing import Any
 
 from ..errors import StreetlampError
+from ..settings import coerce
 from .attention import Attention
 from .attention_grad import AttentionAttribution, AttentionXGradient
 from .base import Method
@@ -60,9 +63,37 @@ def get_method(name: str, **params: Any) -> Method:
     if name not in REGISTRY:
         raise StreetlampError(f"unknown method {name!r}; registered: {', '.join(REGISTRY)}")
     try:
-        return REGISTRY[name](**params)
+        return REGISTRY[name](**typed_params(name, params))
     except TypeError as e:
         raise StreetlampError(f"bad parameters for {name}: {e}") from None
+
+
+def typed_params(name: str, params: dict[str, Any], label: str | None = None) -> dict[str, Any]:
+    """``params`` of the method ``name``, each checked against its field's declared type (``int``, ``float``:
+    finite, ``bool``, ``str``, a ``Literal`` choice; :func:`streetlamp.settings.coerce`, the settings' one
+    check) -- ``steps='abc'``, ``steps=2.5``, ``steps=True`` or ``tolerance=nan`` are one line, not a
+    traceback mid-run. ``label``: how the message names a parameter (default ``method.param``).
+    A name the method has not is left to its constructor (``bad parameters for ...``)."""
+    cls = REGISTRY[name]
+    if not dataclasses.is_dataclass(cls):
+        return dict(params)
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    out = {}
+    for key, value in params.items():
+        if key not in fields:
+            out[key] = value
+            continue
+        flag = (label or "{method}.{param}").format(method=name, param=key)
+        hint = hints[key]
+        if typing.get_origin(hint) is typing.Literal:
+            choices = typing.get_args(hint)
+            if value not in choices or isinstance(value, bool) != isinstance(choices[0], bool):
+                raise StreetlampError(f"{flag} must be one of {', '.join(map(str, choices))} (got {value!r})")
+            out[key] = value
+        else:
+            out[key] = coerce(value, hint, None, flag)
+    return out
 
 
 def parse_methods(spec: str) -> list[str]:

@@ -1,5 +1,6 @@
-"""``explain`` (one text: attention, methods, figures; long inputs with --rows/--layers/--heads) and
-``explain-generation`` (every generated token over its prefix)."""
+"""``explain`` (one text: attention, methods, figures; long inputs with --rows/--layers/--heads),
+``attention-row`` (one row or column of such a long-input run) and ``explain-generation`` (every
+generated token over its prefix)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from ...errors import StreetlampError
-from ...settings import Settings, Shared, check_head, check_layer, option
+from ...settings import NONE, Settings, Shared, check_head, check_layer, option
 from ...specs import parse_method_params, parse_params
-from ..base import Command
+from ..base import Command, lazy
 from ..checks import check_method_params, parse_methods
 
 if TYPE_CHECKING:
-    from ...models.adapter import ModelAdapter
+    from ...models.adapter import ModelAdapter, Quantity, Target
 
 QUANTITIES = ("prob", "logit", "logprob")
+KL = "kl_divergence"  # models.adapter.KL: explain-generation's step function against the unedited run
+MAX_NEW_TOKENS = 64  # explain-generation: generated (or given) tokens explained
 
 
 @dataclass
@@ -46,7 +49,7 @@ class ExplainSettings(Settings):
     layers: str | None = option(None, help="long inputs: keep rows of these layers, e.g. 0,5,-1 (default all)")
     heads: str | None = option(None, help="long inputs: keep rows of these heads, e.g. 0,3 (default all)")
     occlusion_window: int | None = option(
-        None, help="long inputs, --methods occlusion: tokens per occluded span (default: the text in 32 spans)"
+        None, ge=1, help="long inputs, --methods occlusion: tokens per occluded span (default: the text in 32 spans)"
     )
 
     @property
@@ -65,53 +68,43 @@ class ExplainSettings(Settings):
         check_method_params(self.method_params, self.methods or default_methods())
         if not self.long and self.occlusion_window is not None:
             raise StreetlampError("--occlusion-window is for long inputs: give it with --rows/--layers/--heads")
+        if self.long:
+            from .long import check_methods
+
+            if "occlusion" not in check_methods(self.methods) and self.occlusion_window is not None:
+                raise StreetlampError("--occlusion-window applies to --methods occlusion")
 
     def validate(self, adapter: ModelAdapter) -> None:
         check_layer(adapter, self.layer)
         check_head(adapter, self.head)
+        if self.long:  # the kept rows name layers, heads and positions of this model and text
+            from ...specs import parse_indices, parse_rows
+
+            parse_indices(self.layers, adapter.n_layers, "--layers", "layer")
+            parse_indices(self.heads, adapter.n_heads, "--heads", "head")
+            n = adapter.encode(self.text, truncate=self.truncate).lengths[0]
+            parse_rows(self.rows, n, adapter.explained_position(n))
+
+    def explained_target(self, adapter: ModelAdapter) -> Target:
+        """``--target`` (default: the prediction), ``--contrast`` and ``--quantity`` for this model."""
+        from ...models.adapter import Target
+        from .run import parse_target
+
+        contrast = parse_target(adapter, self.contrast) if self.contrast else None
+        return Target(parse_target(adapter, self.target), contrast, cast("Quantity", self.quantity))
 
 
-def run_explain(adapter: ModelAdapter, s: ExplainSettings, out: Any, opts: Any) -> Any:
-    from ...models.adapter import Quantity, Target
-    from ...models.memory import check_memory
-    from .run import default_methods, explain, parse_target
+@dataclass
+class RowSettings:
+    dir: str = option("", positional=True, help="a run folder written by explain --rows")
+    layer: int = option(0, required=True, help="layer (negative: from the end)")
+    row: str = option("explained", help="query position: N, last or explained")
+    heads: str | None = option(None, help="comma-separated heads (default all)")
+    column: bool = option(False, help="the column of key position --row instead of its row")
 
-    if not s.long:
-        check_memory(adapter, max(adapter.encode(s.text, truncate=s.truncate).lengths), opts.force)
-    target = Target(
-        parse_target(adapter, s.target),
-        parse_target(adapter, s.contrast) if s.contrast else None,
-        cast(Quantity, s.quantity),
-    )
-    if s.long:
-        from .long import explain_long
-
-        return explain_long(
-            adapter,
-            s.text,
-            out,
-            methods=s.methods,
-            layers=s.layers,
-            heads=s.heads,
-            rows=s.rows,
-            target=target,
-            truncate=s.truncate,
-            occlusion_window=s.occlusion_window,
-            occlusion_replacement=s.method_params.get("occlusion", {}).get("replacement", "mask"),
-        )
-    return explain(
-        adapter,
-        s.text,
-        out,
-        target=target,
-        layer=s.layer,
-        head=s.head,
-        methods=s.methods or default_methods(),
-        truncate=s.truncate,
-        seed=s.seed,
-        batch_size=s.batch_size,
-        method_params=s.method_params,
-    )
+    def check(self) -> None:
+        if not self.dir.strip():
+            raise StreetlampError("DIR is empty: give the run folder of explain --rows")
 
 
 def _ig_params(v: Any) -> dict[str, Any]:
@@ -122,9 +115,12 @@ def _ig_params(v: Any) -> dict[str, Any]:
 class GenerationSettings(Settings):
     prompt: str = option("", positional=True)
     new_tokens: int = option(
-        8, help="greedy tokens to generate and explain (1..64; an encoder-decoder stops earlier after </s>)"
+        8,
+        ge=1,
+        le=MAX_NEW_TOKENS,
+        help=f"greedy tokens to generate and explain (1..{MAX_NEW_TOKENS}; an encoder-decoder stops earlier after </s>)",
     )
-    quantity: str = option("logprob", choices=(*QUANTITIES, "kl_divergence"))
+    quantity: str = option("logprob", choices=(*QUANTITIES, KL))
     contrast_token: str | None = option(None, help="step function: quantity(y) - quantity(this one token)")
     contrast_prompt: str | None = option(None, help="step function: log p(y | prompt) - log p(y | this prompt)")
     chat: bool = option(False, help="apply the tokenizer's chat template to the prompt")
@@ -150,65 +146,97 @@ class GenerationSettings(Settings):
 
     def check(self) -> None:
         super().check()
+        if len(set(self.methods)) != len(self.methods):
+            raise StreetlampError(f"a method is named twice in {','.join(self.methods)}")
         if self.ig_params:
             check_method_params({"integrated_gradients": self.ig_params}, ["integrated_gradients"], "--ig-params")
             if "integrated_gradients" not in self.methods:
                 raise StreetlampError("--ig-params given but integrated_gradients is not among --methods")
+            if "integrated_gradients" in self.method_params:
+                raise StreetlampError("integrated gradients' parameters given twice (--ig-params and --method-params)")
         check_method_params(self.method_params, self.methods)
         if not self.prompt.strip():
             raise StreetlampError("empty prompt")
         if self.continuation is not None and not self.continuation.strip():
             raise StreetlampError("empty --continuation")
-        if not 1 <= self.new_tokens <= 64:
-            raise StreetlampError(f"--new-tokens must be 1..64 (got {self.new_tokens})")
+        self.check_step()
+
+    def check_step(self) -> None:
+        """The step function: one kind of contrast, KL with perturbation methods only, a log-prob contrast prompt."""
+        if self.contrast_token is not None and self.contrast_prompt is not None:
+            raise StreetlampError("give --contrast-token or --contrast-prompt, not both")
+        if self.quantity == KL:
+            if self.contrast_token is not None or self.contrast_prompt is not None:
+                raise StreetlampError(f"{KL} compares with the unedited run: no contrast")
+            from ...methods.registry import REGISTRY
+
+            other = [n for n in self.methods if REGISTRY[n].family != "perturbation"]
+            if other:
+                raise StreetlampError(
+                    f"{KL} needs the unedited run and perturbed inputs: perturbation methods only "
+                    f"(occlusion, shap, lime), not {', '.join(other)}"
+                )
+        if self.contrast_prompt is not None:
+            if not self.contrast_prompt.strip():
+                raise StreetlampError("empty --contrast-prompt")
+            if self.quantity != "logprob":
+                raise StreetlampError("--contrast-prompt is a difference of log-probabilities: use --quantity logprob")
 
     def validate(self, adapter: ModelAdapter) -> None:
-        if adapter.kind not in ("causal_lm", "seq2seq"):
+        from ...methods.base import ENCODER_DECODER
+
+        if adapter.kind not in ("causal_lm", ENCODER_DECODER):
             raise StreetlampError(
                 f"explain-generation needs a causal LM or an encoder-decoder; {adapter.name} is a {adapter.kind}"
             )
+        if adapter.kind == ENCODER_DECODER:
+            if (
+                self.contrast_token
+                or self.contrast_prompt
+                or self.chat
+                or self.granularity != "token"
+                or self.quantity == KL
+            ):
+                raise StreetlampError(
+                    "--contrast-token, --contrast-prompt, --chat, --granularity and kl_divergence are for causal LMs"
+                )
+            from ...methods.registry import REGISTRY
+            from ...models.seq2seq import refusal
 
-
-def run_generation(adapter: ModelAdapter, s: GenerationSettings, out: Any, opts: Any) -> Any:
-    from ...models.memory import check_memory
-    from .generation import explain_generation
-
-    length = len(adapter.encode(s.prompt + s.continuation).input_ids[0]) if s.continuation and not s.chat else None
-    n = length if length is not None else max(adapter.encode(s.prompt).lengths) + s.new_tokens
-    check_memory(adapter, n, opts.force, record_attention=False)
-    return explain_generation(
-        adapter,
-        s.prompt,
-        out,
-        new_tokens=s.new_tokens,
-        continuation=s.continuation,
-        methods=s.methods,
-        quantity=s.quantity,
-        batch_size=s.batch_size,
-        seed=s.seed,
-        ig_params=s.ig_params,
-        method_params=s.method_params,
-        contrast_token=s.contrast_token,
-        contrast_prompt=s.contrast_prompt,
-        chat=s.chat,
-        granularity=s.granularity,
-    )
+            for name in self.methods:
+                if ENCODER_DECODER not in REGISTRY[name].kinds:
+                    raise StreetlampError(refusal(name, adapter.name))
+        elif self.contrast_token is not None:
+            ids = adapter.tokenizer(self.contrast_token, add_special_tokens=False)["input_ids"]
+            if len(ids) != 1:
+                raise StreetlampError(
+                    f"--contrast-token {self.contrast_token!r} is {len(ids)} tokens for this tokenizer; give one token"
+                )
 
 
 EXPLAIN = Command(
     "explain",
     "explain one text: attention of every layer and head, methods, figures",
     ExplainSettings,
-    run_explain,
+    lazy(__name__ + ".run", "run_explain"),
     shared=Shared(out="output folder (default runs/explain-<time>)", force=True),
     views=("explain", "explain_long"),
+)
+ATTENTION_ROW = Command(
+    "attention-row",
+    "print one attention row (or column) of a long-context explain run",
+    RowSettings,
+    lazy(__name__ + ".long", "run_row"),
+    needs_model=False,
+    writes=None,
+    shared=NONE,
 )
 EXPLAIN_GENERATION = Command(
     "explain-generation",
     "causal LM or encoder-decoder (T5, BART): attribution of every generated (or given) token over the "
     "prompt (source) and earlier tokens, with any method (default integrated gradients, one shared path)",
     GenerationSettings,
-    run_generation,
+    lazy(__name__ + ".generation", "run_generation"),
     shared=Shared(model="smollm2-135m", out="output folder (default runs/generation-<time>)", force=True),
     out_kind="generation",
     views=("explain-generation",),

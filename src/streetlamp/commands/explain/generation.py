@@ -18,33 +18,36 @@ are those of :mod:`.generation_files`. Other methods refuse in one line (:func:`
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 
 from ...errors import StreetlampError
 from ...methods.base import ENCODER_DECODER, Method, ViewAttribution
-from ...methods.granularity import LEVELS, aggregate, units
+from ...methods.granularity import aggregate, units
 from ...methods.ig import IntegratedGradients
 from ...methods.prefixes import per_prefix
-from ...methods.registry import REGISTRY, get_method
+from ...methods.registry import get_method
 from ...methods.views import Seq2SeqView
 from ...models.adapter import Inputs, ModelAdapter, Target
-from ...models.seq2seq import Seq2SeqAdapter, refusal
+from ...models.seq2seq import Seq2SeqAdapter
 from ...results import Explanation
 from ...store.run_folder import RunFolder
+from . import MAX_NEW_TOKENS
 from .generation_files import IG, figure, figure_name, write_encdec
 from .steps import StepFunction, chat_continuation_ids, chat_prompt_ids
+
+if TYPE_CHECKING:
+    from . import GenerationSettings
 
 GENERATION_IG: dict[str, Any] = {"rule": "panels", "max_steps": 1024}
 # a causal LM's IG baseline here: the document-start token (<|endoftext|> on SmolLM2), chosen by the
 # baseline study in docs/decoder.md
 CAUSAL_IG_BASELINE: dict[str, Any] = {"baseline": "document"}
-MAX_NEW_TOKENS = 64
 GRANULARITY_RULE = (
     "a unit's score is the sum of its tokens' scores; words from the tokenizer's leading-space / ## markers, "
     "sentences after . ! ? and whitespace, paragraphs after a blank line; special tokens are units of their own"
@@ -71,7 +74,7 @@ class GenerationResult:
         return iframe_html(self.out)
 
 
-def continuation_ids(adapter: ModelAdapter, prompt: str, text: str) -> list[int]:
+def text_ids(adapter: ModelAdapter, prompt: str, text: str) -> list[int]:
     """The ids of ``text`` as the tokenizer splits ``prompt + text``; an error when that split does not
     start with the prompt's own ids (the continuation would merge into the prompt's last token)."""
     if not text:
@@ -96,29 +99,18 @@ def build_methods(
     method_params: dict[str, dict[str, Any]] | None,
     ig_params: dict[str, Any] | None,
     ig_defaults: dict[str, Any],
-    check_names: Callable[[list[str]], None] | None = None,
 ) -> dict[str, Method]:
     """The methods of ``explain-generation`` (both model kinds), built with their parameters: ``ig_defaults`` under
-    ``--ig-params`` / ``--method-params``' IG entry (given once). A name twice, an unknown name or parameter
-    (or one ``check_names`` refuses): an error before anything runs."""
+    ``--ig-params`` / ``--method-params``' IG entry (the settings' check() refuses them given twice)."""
     methods = list(methods or [IG])
-    if len(set(methods)) != len(methods):
-        raise StreetlampError(f"a method is named twice in {','.join(methods)}")
-    if check_names is not None:
-        check_names(methods)
     mp = dict(method_params or {})
-    if ig_params and IG in mp:
-        raise StreetlampError("integrated gradients' parameters given twice (--ig-params and --method-params)")
     mp[IG] = {**ig_defaults, **(ig_params or mp.get(IG) or {})}
     return {name: get_method(name, **mp.get(name, {})) for name in methods}
 
 
-def check_length(adapter: ModelAdapter, new_tokens: int, continuation: list[int] | None) -> None:
-    """``--new-tokens`` (when generating) or the forced continuation: 1..MAX_NEW_TOKENS tokens of the vocabulary."""
-    if continuation is None:
-        if not 1 <= new_tokens <= MAX_NEW_TOKENS:
-            raise StreetlampError(f"--new-tokens must be 1..{MAX_NEW_TOKENS} (got {new_tokens})")
-        return
+def check_length(adapter: ModelAdapter, continuation: list[int]) -> None:
+    """A forced continuation (ids, or a text as this tokenizer splits it): 1..MAX_NEW_TOKENS tokens of the
+    vocabulary (``--new-tokens`` is declared 1..MAX_NEW_TOKENS with its field)."""
     if not 1 <= len(continuation) <= MAX_NEW_TOKENS:
         raise StreetlampError(f"the continuation must be 1..{MAX_NEW_TOKENS} tokens (got {len(continuation)})")
     bad = [t for t in continuation if not 0 <= int(t) < adapter.n_outputs]
@@ -126,50 +118,45 @@ def check_length(adapter: ModelAdapter, new_tokens: int, continuation: list[int]
         raise StreetlampError(f"token id {bad[0]} out of range: the vocabulary has {adapter.n_outputs} ids")
 
 
+def run_generation(
+    adapter: ModelAdapter, s: GenerationSettings, out: RunFolder | Path, options: Any = None
+) -> GenerationResult:
+    """``streetlamp explain-generation``: the memory check, then :func:`explain_generation`."""
+    from ...models.memory import check_memory
+
+    cont = s.continuation
+    length = len(adapter.encode(s.prompt + cont).input_ids[0]) if cont and not s.chat else None
+    n = length if length is not None else max(adapter.encode(s.prompt).lengths) + s.new_tokens
+    check_memory(adapter, n, bool(options.force) if options is not None else False, record_attention=False)
+    return explain_generation(adapter, s, out)
+
+
 def explain_generation(
     adapter: ModelAdapter,
-    prompt: str,
+    s: GenerationSettings,
     out: RunFolder | Path,
     *,
-    new_tokens: int = 8,
-    continuation: list[int] | str | None = None,
-    methods: list[str] | None = None,
-    quantity: str = "logprob",
-    overwrite: bool = False,
-    batch_size: int | None = None,
-    seed: int = 0,
-    ig_params: dict[str, Any] | None = None,
-    method_params: dict[str, dict[str, Any]] | None = None,
-    contrast_token: str | None = None,
-    contrast_prompt: str | None = None,
-    chat: bool = False,
-    granularity: str = "token",
+    continuation_ids: Sequence[int] | None = None,
 ) -> GenerationResult:
-    """Each method's attribution of each generated token (greedy, or the forced ``continuation``: ids,
-    or a text re-tokenised after the prompt) over the prompt and earlier tokens.
+    """Each method of ``s.methods`` attributing each generated token (greedy, ``s.new_tokens``, or the forced
+    ``s.continuation``: a text re-tokenised after the prompt; or, from Python, ``continuation_ids``) over the
+    prompt and earlier tokens. The settings are checked and validated before (``check``/``validate``).
 
     Step functions (:mod:`.steps`): ``quantity`` prob / logprob / logit, ``kl_divergence`` (perturbation
     methods), minus a ``contrast_token``'s, or minus the log-prob after a ``contrast_prompt``. ``chat``
     applies the tokenizer's chat template to the prompt; ``granularity`` adds word / sentence / paragraph
     matrices (sums over each unit's tokens, :mod:`~streetlamp.methods.granularity`)."""
+    prompt, new_tokens, methods, quantity = s.prompt, s.new_tokens, s.methods, s.quantity
+    batch_size, seed = s.batch_size, s.seed
+    ig_params, method_params = s.ig_params, s.method_params
+    contrast_token, contrast_prompt = s.contrast_token, s.contrast_prompt
+    chat, granularity = s.chat, s.granularity
+    continuation: list[int] | str | None = list(continuation_ids) if continuation_ids is not None else s.continuation
+    rf = RunFolder.of(out, "explain-generation")
     if adapter.kind == ENCODER_DECODER:  # source -> target: the same matrices and files, over the seq2seq view
-        if contrast_token or contrast_prompt or chat or granularity != "token" or quantity == "kl_divergence":
-            raise StreetlampError(
-                "--contrast-token, --contrast-prompt, --chat, --granularity and kl_divergence are for causal LMs"
-            )
-        rf = RunFolder.of(out, "explain-generation", overwrite)
         return _encoder_decoder(
             adapter, prompt, rf, new_tokens, continuation, methods, quantity, batch_size, seed, ig_params, method_params
         )
-    rf = RunFolder.of(out, "explain-generation", overwrite)
-    if adapter.kind != "causal_lm":
-        raise StreetlampError(f"explain-generation needs a causal LM; {adapter.name} is a {adapter.kind}")
-    if not prompt or not prompt.strip():
-        raise StreetlampError("empty prompt")
-    if granularity not in LEVELS:
-        raise StreetlampError(f"unknown granularity {granularity!r}; choose one of {', '.join(LEVELS)}")
-    if continuation is None:
-        check_length(adapter, new_tokens, None)
     # defaults for this command: a causal LM's IG integrands have narrow spikes and the shared path
     # must converge for its hardest target (SmolLM2 IOI prompt, 6 tokens: Clenshaw–Curtis left a
     # relative completeness error of 7.8 after 256 steps; panels reached 2e-4 with 845 evaluations)
@@ -177,7 +164,7 @@ def explain_generation(
     methods = list(built)
     for m in built.values():
         m.check(adapter)
-    step = StepFunction.build(adapter, quantity, contrast_token, contrast_prompt, built, chat)
+    step = StepFunction.build(adapter, quantity, contrast_token, contrast_prompt, chat)
     prompt_ids = chat_prompt_ids(adapter, prompt) if chat else adapter.encode(prompt).input_ids[0]
     prompt_len = len(prompt_ids)
     forced = continuation is not None
@@ -185,8 +172,9 @@ def explain_generation(
         if chat:
             continuation = chat_continuation_ids(adapter, prompt, prompt_ids.tolist(), continuation)
         else:
-            continuation = continuation_ids(adapter, prompt, continuation)
-    check_length(adapter, new_tokens, continuation)
+            continuation = text_ids(adapter, prompt, continuation)
+    if continuation is not None:
+        check_length(adapter, continuation)
     if prompt_len + (len(continuation) if continuation else new_tokens) > adapter.max_positions:
         raise StreetlampError(f"prompt and continuation exceed the model's {adapter.max_positions} positions")
     t0 = time.time()
@@ -378,17 +366,7 @@ def _encoder_decoder(
 ) -> GenerationResult:
     """explain-generation on an encoder-decoder: each method's ``attribute_view`` over the source and the target."""
     s2s = cast(Seq2SeqAdapter, adapter)
-    if not source or not source.strip():
-        raise StreetlampError("empty source text")
-    if continuation is None:
-        check_length(adapter, new_tokens, None)
-
-    def check_names(names: list[str]) -> None:
-        for name in names:
-            if name in REGISTRY and ENCODER_DECODER not in REGISTRY[name].kinds:
-                raise StreetlampError(refusal(name, adapter.name))
-
-    built = build_methods(methods, method_params, ig_params, GENERATION_IG, check_names)
+    built = build_methods(methods, method_params, ig_params, GENERATION_IG)
     src = adapter.encode(source).input_ids[0]
     target = Target(quantity=cast(Any, quantity))
     probe = Seq2SeqView(s2s, src, [s2s.decoder_start_token_id], target)  # the kind's checks, before decoding
@@ -397,7 +375,8 @@ def _encoder_decoder(
     forced = continuation is not None
     if isinstance(continuation, str):
         continuation = s2s.target_ids(continuation)
-    check_length(adapter, new_tokens, continuation)
+    if continuation is not None:
+        check_length(adapter, continuation)
     if len(continuation or []) > adapter.max_positions or new_tokens > adapter.max_positions:
         raise StreetlampError(f"the target exceeds the model's {adapter.max_positions} positions")
     t0 = time.time()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -30,6 +30,10 @@ from ...readings import ATTENTION_FAMILY, attention_sink, sink_line
 from ...specs import parse_indices, parse_rows  # the user-string parsers, in one low module
 from ...store.files import folder_file
 from ...store.run_folder import RunFolder
+from ..base import Lines
+
+if TYPE_CHECKING:
+    from . import ExplainSettings, RowSettings
 
 
 def check_methods(methods: list[str] | None) -> list[str]:
@@ -160,25 +164,22 @@ def _ranges(xs: list[int]) -> str:
 
 def explain_long(
     adapter: ModelAdapter,
-    text: str,
+    s: ExplainSettings,
     out: RunFolder | Path,
     *,
-    layers: str | None = None,
-    heads: str | None = None,
-    rows: str | None = None,
-    methods: list[str] | None = None,
-    target: Target = Target(),
-    truncate: bool = False,
     fusion: str = "mean",
     chunk: int | None = None,
-    overwrite: bool = False,
-    occlusion_window: int | None = None,
-    occlusion_replacement: str = "mask",
 ) -> LongResult:
-    """Record the asked rows, store q/k, and give each asked method's explained row through its long-input
-    implementation (span occlusion: ``occlusion_window`` tokens a span, default n/32); all checked first."""
-    rf = RunFolder.of(out, "explain", overwrite)
-    methods = check_methods(methods)
+    """Record the rows ``s.rows`` / ``s.layers`` / ``s.heads`` ask for, store q/k, and give each asked method's
+    explained row through its long-input implementation (span occlusion: ``s.occlusion_window`` tokens a span,
+    default n/32); the settings checked before (``check``/``validate``). ``fusion``/``chunk``: rollout's head
+    fusion and the attention chunk (library knobs, no flags)."""
+    rf = RunFolder.of(out, "explain")
+    text, layers, heads, rows, truncate = s.text, s.layers, s.heads, s.rows, s.truncate
+    occlusion_window = s.occlusion_window
+    occlusion_replacement = s.method_params.get("occlusion", {}).get("replacement", "mask")
+    target = s.explained_target(adapter)
+    methods = check_methods(s.methods)  # the default: the first long-input method
     inputs = adapter.encode(text, truncate=truncate)
     n = inputs.lengths[0]
     pos = adapter.explained_position(n)
@@ -187,8 +188,6 @@ def explain_long(
         parse_indices(heads, adapter.n_heads, "--heads", "head"),
         parse_rows(rows, n, pos),
     )
-    if "occlusion" not in methods and occlusion_window is not None:
-        raise StreetlampError("--occlusion-window applies to --methods occlusion")
     params = {
         "rollout": {"fusion": fusion},
         "flow": {"fusion": fusion},
@@ -254,8 +253,14 @@ def explain_long(
     return res
 
 
-def print_row(folder: Path, layer: int, row: str, heads: str | None, column: bool = False) -> int:
+def run_row(adapter: None, s: RowSettings, out: None, options: Any = None) -> Lines:
     """``streetlamp attention-row``: one row (or column) as tab-separated text, one line per position."""
+    print_row(Path(s.dir), s.layer, s.row, s.heads, s.column)  # prints as it reads
+    return Lines()
+
+
+def print_row(folder: Path, layer: int, row: str, heads: str | None, column: bool = False) -> int:
+    """One row (or column) of the recording in ``folder``, printed as tab-separated text."""
     import json
 
     store = QKStore(folder)

@@ -5,20 +5,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 
-from ...errors import StreetlampError
 from ...methods.attention import record_attention
 from ...methods.registry import get_method
 from ...models.adapter import Inputs, ModelAdapter, Target
 from ...readings import ATTENTION_FAMILY, attention_sink, position_skew, sink_line, skew_line
 from ...report import heatmaps
 from ...results import Explanation
-from ...settings import check_head, check_layer
 from ...store.run_folder import RunFolder, RunWriter
+
+if TYPE_CHECKING:
+    from . import ExplainSettings
 
 
 @dataclass
@@ -60,36 +61,36 @@ def parse_target(adapter: ModelAdapter, spec: str | None) -> int | None:
     return adapter.parse_label(spec)
 
 
-def explain(
-    adapter: ModelAdapter,
-    text: str,
-    out: RunFolder | Path,
-    *,
-    target: Target = Target(),
-    layer: int | None = None,
-    head: int | None = None,
-    methods: list[str] | None = None,
-    overwrite: bool = False,
-    truncate: bool = False,
-    seed: int = 0,
-    batch_size: int | None = None,
-    method_params: dict[str, dict[str, Any]] | None = None,
-) -> ExplainResult:
-    rf = RunFolder.of(out, "explain", overwrite)  # refuse before any work
-    check_layer(adapter, layer)
-    check_head(adapter, head)
-    if head is not None and layer is None:
-        raise StreetlampError("--head needs --layer")
-    inputs = adapter.encode(text, truncate=truncate)
+def run_explain(adapter: ModelAdapter, s: ExplainSettings, out: RunFolder | Path, options: Any = None) -> Any:
+    """``streetlamp explain``: the whole attention tensor and the methods (:func:`explain`), or with
+    ``--rows/--layers/--heads`` the long-input recording (:func:`~.long.explain_long`)."""
+    if s.long:
+        from .long import explain_long
+
+        return explain_long(adapter, s, out)
+    from ...models.memory import check_memory
+
+    force = bool(options.force) if options is not None else False
+    check_memory(adapter, max(adapter.encode(s.text, truncate=s.truncate).lengths), force)
+    return explain(adapter, s, out)
+
+
+def explain(adapter: ModelAdapter, s: ExplainSettings, out: RunFolder | Path) -> ExplainResult:
+    """One text (``s.text``) explained: attention of every layer and head, ``s.methods`` (default
+    :func:`default_methods`), figures and the manifest, written into ``out``."""
+    rf = RunFolder.of(out, "explain")  # refuse before any work
+    target = s.explained_target(adapter)
+    layer, head, truncate, seed, batch_size = s.layer, s.head, s.truncate, s.seed, s.batch_size
+    inputs = adapter.encode(s.text, truncate=truncate)
     res = compute(
         adapter,
         inputs,
         rf.out,
         target=target,
-        methods=methods,
+        methods=s.methods or default_methods(),
         seed=seed,
         batch_size=batch_size,
-        method_params=method_params,
+        method_params=s.method_params,
     )
     with rf.staging() as w:
         write_outputs(adapter, res, w, target, layer, head, seed, truncate, inputs.truncated[0], batch_size)

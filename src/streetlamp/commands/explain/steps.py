@@ -24,7 +24,6 @@ import numpy as np
 import torch
 
 from ...errors import StreetlampError
-from ...methods.base import Method
 from ...models.adapter import KL, ModelAdapter
 
 
@@ -77,35 +76,14 @@ class StepFunction:
         quantity: str,
         contrast_token: str | None,
         contrast_prompt: str | None,
-        methods: dict[str, Method],
         chat: bool,
     ) -> StepFunction:
-        """Checked before anything is written: one token, one kind of contrast, KL with perturbation methods."""
-        if quantity not in ("prob", "logprob", "logit", KL):
-            raise StreetlampError(f"unknown quantity {quantity!r}; choose prob, logprob, logit or {KL}")
-        if contrast_token is not None and contrast_prompt is not None:
-            raise StreetlampError("give --contrast-token or --contrast-prompt, not both")
-        if quantity == KL:
-            if contrast_token is not None or contrast_prompt is not None:
-                raise StreetlampError(f"{KL} compares with the unedited run: no contrast")
-            other = [n for n, m in methods.items() if m.family != "perturbation"]
-            if other:
-                raise StreetlampError(
-                    f"{KL} needs the unedited run and perturbed inputs: perturbation methods only "
-                    f"(occlusion, shap, lime), not {', '.join(other)}"
-                )
+        """The step function of checked settings (``GenerationSettings.check_step``/``validate``: one kind of
+        contrast, KL with perturbation methods, one contrast token)."""
         if contrast_token is not None:
             ids = adapter.tokenizer(contrast_token, add_special_tokens=False)["input_ids"]
-            if len(ids) != 1:
-                raise StreetlampError(
-                    f"--contrast-token {contrast_token!r} is {len(ids)} tokens for this tokenizer; give one token"
-                )
             return cls(quantity, contrast=int(ids[0]))
         if contrast_prompt is not None:
-            if not contrast_prompt.strip():
-                raise StreetlampError("empty --contrast-prompt")
-            if quantity != "logprob":
-                raise StreetlampError("--contrast-prompt is a difference of log-probabilities: use --quantity logprob")
             ids = chat_prompt_ids(adapter, contrast_prompt) if chat else adapter.encode(contrast_prompt).input_ids[0]
             return cls(quantity, contrast_prompt_ids=tuple(int(i) for i in ids), contrast_text=contrast_prompt)
         return cls(quantity)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ...errors import StreetlampError
-from ...settings import Settings, Shared, at_least, option
+from ...settings import Settings, Shared, option
 from ...specs import split_list
-from ..base import Command
+from ..base import Command, lazy
 
 if TYPE_CHECKING:
     from ...models.adapter import ModelAdapter
@@ -28,9 +28,9 @@ class HeadsSettings(Settings):
         help="mean/resample use the --data texts, or with a single TEXT a built-in set of 12 sentences",
     )
     target: str | None = option(None, help="class/token whose probability is F (default: prediction)")
-    limit: int | None = option(None, help="use only the first N texts of --data")
+    limit: int | None = option(None, ge=1, help="use only the first N texts of --data")
     sample: int | None = option(
-        None, help="use N texts of --data drawn with --seed (files sorted by label make --limit one-sided)"
+        None, ge=1, help="use N texts of --data drawn with --seed (files sorted by label make --limit one-sided)"
     )
     attribution: bool = option(True, flag="--no-attribution", help="skip the (slow) Hao attribution column")
 
@@ -40,28 +40,14 @@ class HeadsSettings(Settings):
             raise StreetlampError("give a TEXT or --data FILE")
         if self.limit is not None and self.sample is not None:
             raise StreetlampError("give --limit (the first N) or --sample (N drawn with --seed), not both")
-        at_least(self.limit, 1, "--limit")
-        at_least(self.sample, 1, "--sample")
 
-
-def run_heads(adapter: ModelAdapter, s: HeadsSettings, out: Any, opts: Any) -> Any:
-    from ...models.adapter import Target
-    from ..explain.run import parse_target
-    from .run import run_heads as run
-
-    return run(
-        adapter,
-        out,
-        text=s.text,
-        data=s.data,
-        ablation=s.ablation,
-        target=Target(parse_target(adapter, s.target), None, "prob"),
-        seed=s.seed,
-        limit=s.limit,
-        attribution=s.attribution,
-        sample=s.sample,
-        batch_size=s.batch_size,
-    )
+    def validate(self, adapter: ModelAdapter) -> None:
+        if adapter.modality == "image" and self.data is None and self.ablation != "zero":
+            raise StreetlampError(
+                f"--ablation {self.ablation} averages a head over reference inputs, and the built-in ones are "
+                "sentences: on an image model give --data (a CSV whose text column names image files) or use "
+                "--ablation zero"
+            )
 
 
 @dataclass
@@ -78,45 +64,26 @@ class PruneSettings(Settings):
         parse=split_list,
         help="comma-separated: importance, attribution, attention, random",
     )
-    seeds: int = option(3, help="random orders to draw")
-    step: int = option(1, help="heads removed per step")
-    limit: int | None = option(None)
+    seeds: int = option(3, ge=0, help="random orders to draw")
+    step: int = option(1, ge=1, help="heads removed per step")
+    limit: int | None = option(None, ge=4)
 
     def check(self) -> None:
         super().check()
         bad = [o for o in self.orders if o not in PRUNE_ORDERS]
         if bad or not self.orders:
             raise StreetlampError(f"unknown order {bad[0] if bad else ''!r}; choose {', '.join(PRUNE_ORDERS)}")
-        at_least(self.seeds, 0, "--seeds")
-        at_least(self.step, 1, "--step")
-        at_least(self.limit, 4, "--limit")
 
     def validate(self, adapter: ModelAdapter) -> None:
         if adapter.kind != "classifier":
             raise StreetlampError("pruning measures accuracy: it needs a classifier")
 
 
-def run_prune(adapter: ModelAdapter, s: PruneSettings, out: Any, opts: Any) -> Any:
-    from .run import run_prune as run
-
-    return run(
-        adapter,
-        out,
-        data=s.data,
-        orders=s.orders,
-        seeds=s.seeds,
-        step=s.step,
-        limit=s.limit,
-        seed=s.seed,
-        batch_size=s.batch_size,
-    )
-
-
 HEADS = Command(
     "heads",
     "ablate every head (zero/mean/resample); with --data also importance, attention attribution and attention mass",
     HeadsSettings,
-    run_heads,
+    lazy(__name__ + ".run", "run_heads"),
     shared=Shared(out="output folder (default runs/heads-<time>)"),
     views=("heads",),
 )
@@ -124,7 +91,7 @@ PRUNE = Command(
     "prune",
     "remove heads one by one in a score order; held-out accuracy curves",
     PruneSettings,
-    run_prune,
+    lazy(__name__ + ".run", "run_prune"),
     shared=Shared(out="output folder (default runs/prune-<time>)"),
     views=("prune",),
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy.stats import spearmanr
@@ -16,6 +16,10 @@ from ...interventions import heads as H
 from ...models.adapter import Inputs, ModelAdapter, Target
 from ...report import heads as fig
 from ...store.run_folder import RunFolder
+from ..explain.run import parse_target
+
+if TYPE_CHECKING:
+    from . import HeadsSettings, PruneSettings
 
 # Default reference set for mean/resample ablation of a single TEXT (documented in the help).
 REFERENCE_TEXTS = (
@@ -108,36 +112,17 @@ def texts_per_batch(inputs: Inputs, batch_size: int | None, repeat: int = 1) -> 
 
 
 def run_heads(
-    adapter: ModelAdapter,
-    out: RunFolder | Path,
-    *,
-    text: str | None = None,
-    data: str | None = None,
-    ablation: str = "zero",
-    target: Target = Target(),
-    seed: int = 0,
-    limit: int | None = None,
-    overwrite: bool = False,
-    progress: bool = True,
-    attribution: bool = True,
-    sample: int | None = None,
-    batch_size: int | None = None,
+    adapter: ModelAdapter, s: HeadsSettings, out: RunFolder | Path, options: Any = None, *, progress: bool = True
 ) -> HeadsResult:
-    """Ablate every head; with ``data`` also Michel importance, Hao attribution, attention mass."""
-    rf = RunFolder.of(out, "heads", overwrite)
-    if (text is None) == (data is None):
-        raise StreetlampError("give either TEXT or --data")
-    if adapter.modality == "image" and data is None and ablation != "zero":
-        raise StreetlampError(
-            f"--ablation {ablation} averages a head over reference inputs, and the built-in ones are sentences: on an "
-            "image model give --data (a CSV whose text column names image files) or use --ablation zero"
-        )
+    """Ablate every head; with ``s.data`` also Michel importance, Hao attribution, attention mass."""
+    rf = RunFolder.of(out, "heads")
+    text, data, ablation, seed, limit, sample = s.text, s.data, s.ablation, s.seed, s.limit, s.sample
+    attribution, batch_size = s.attribution, s.batch_size
+    target = Target(parse_target(adapter, s.target), None, "prob")
     labels = None
     if data is not None:
         texts, raw = load_texts(data)
         if sample is not None:
-            if limit is not None:
-                raise StreetlampError("give --limit (the first N) or --sample (N drawn with --seed), not both")
             keep = sample_indices(len(texts), sample, seed)
             texts, raw = [texts[i] for i in keep], ([raw[i] for i in keep] if raw else raw)
         texts = texts[:limit] if limit else texts
@@ -285,25 +270,16 @@ def claim_stats(arrays: dict[str, np.ndarray], q: float = 0.25) -> dict:
 
 
 def run_prune(
-    adapter: ModelAdapter,
-    out: RunFolder | Path,
-    *,
-    data: str,
-    orders: list[str],
-    seeds: int = 3,
-    step: int = 1,
-    limit: int | None = None,
-    overwrite: bool = False,
-    seed: int = 0,
-    progress: bool = True,
-    batch_size: int | None = None,
+    adapter: ModelAdapter, s: PruneSettings, out: RunFolder | Path, options: Any = None, *, progress: bool = True
 ) -> PruneResult:
     """Score heads on one half of the data, prune on the held-out other half.
 
     The examples are shuffled with ``seed`` before ``limit`` and the split: data files are often
     sorted by label (gensim's movie sentences are), and an unshuffled split would hold out one
     class only."""
-    rf = RunFolder.of(out, "prune", overwrite)
+    data, orders, seeds, step, limit = s.data, s.orders, s.seeds, s.step, s.limit
+    seed, batch_size = s.seed, s.batch_size
+    rf = RunFolder.of(out, "prune")
     texts, raw = load_texts(data)
     if not raw:
         raise StreetlampError("pruning needs labels: give a .csv/.jsonl with a 'label' column or a labelled dataset")
@@ -330,12 +306,10 @@ def run_prune(
             notes["attribution"] = why
             if hao is not None:
                 scores[o] = np.abs(hao).mean(0)
-        elif o != "random":
-            raise StreetlampError(f"unknown order {o!r}; choose importance, attribution, attention, random")
     curves: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     per_batch = texts_per_batch(eval_in, batch_size)
-    for name, s in scores.items():
-        curves[name] = H.prune_curve(adapter, eval_in, ev_labels, H.order_from_scores(s), step, progress, **per_batch)
+    for name, sc in scores.items():
+        curves[name] = H.prune_curve(adapter, eval_in, ev_labels, H.order_from_scores(sc), step, progress, **per_batch)
     if "random" in orders:
         for k in range(seeds):
             curves[f"random_seed{k}"] = H.prune_curve(

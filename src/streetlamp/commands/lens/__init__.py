@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...errors import StreetlampError
 from ...settings import Settings, Shared, option
 from ...specs import lens_spec
-from ..base import Command
+from ..base import Command, lazy
 
 if TYPE_CHECKING:
     from ...models.adapter import ModelAdapter
@@ -19,9 +20,9 @@ class LensSettings(Settings):
     text: str = option("", positional=True)
     target: str | None = option(None, help="token whose logit is explained; default: the prediction")
     head: str | None = option(None, help="LAYER.HEAD for the QK attribution table, e.g. 9.6")
-    query: int | None = option(None, help="query position for --head (default: last)")
-    types_length: int = option(20, help="random tokens per head-type sequence (repeated)")
-    types_seqs: int = option(4, help="random sequences for the head types")
+    query: int | None = option(None, ge=0, help="query position for --head (default: last)")
+    types_length: int = option(20, ge=2, help="random tokens per head-type sequence (repeated)")
+    types_seqs: int = option(4, ge=1, help="random sequences for the head types")
     lens: tuple[str, str | None] = option(
         ("logit", None),
         parse=lens_spec,
@@ -65,8 +66,14 @@ class LensSettings(Settings):
 
     def check(self) -> None:
         super().check()
-        from ...errors import StreetlampError
-
+        if not self.text.strip():
+            raise StreetlampError("empty text: give the prompt whose next token the lens explains")
+        for flag, v in (("--target", self.target), ("--neutral", self.neutral)):
+            if v is not None and not v.strip():  # not a silent fall-back to the default
+                raise StreetlampError(f"{flag} is empty: give a token (or leave {flag} out for the default)")
+        self.head_pair()
+        if self.query is not None and self.head is None:
+            raise StreetlampError("--query needs --head")
         if self.ablate is not None and self.swap is not None:
             raise StreetlampError("--ablate and --swap: give one coordinate intervention per run")
         if self.swap is not None and len(self.swap.split(",")) != 2:
@@ -81,6 +88,16 @@ class LensSettings(Settings):
                 "--baseline mean needs --lens tuned:DIR or jacobian:DIR (the logit lens has no fit corpus)"
             )
 
+    def head_pair(self) -> tuple[int, int] | None:
+        """``--head LAYER.HEAD`` as (layer, head); its range is checked against the model in validate()."""
+        if self.head is None:
+            return None
+        try:
+            l, h = (int(x) for x in self.head.strip().split("."))
+        except ValueError:
+            raise StreetlampError(f"bad --head {self.head!r}: write LAYER.HEAD, e.g. 9.6") from None
+        return l, h
+
     def coords(self, adapter: ModelAdapter) -> tuple[str, list[int]] | None:
         """``--ablate`` / ``--swap`` as (kind, token ids), each token checked (one token of the vocabulary)."""
         if self.ablate is not None:
@@ -88,21 +105,34 @@ class LensSettings(Settings):
         if self.swap is not None:
             ids = [adapter.parse_label(t) for t in self.swap.split(",")]
             if ids[0] == ids[1]:
-                from ...errors import StreetlampError
-
                 raise StreetlampError(f"--swap {self.swap!r}: source and target are the same token")
             return ("swap", ids)
         return None
 
     def validate(self, adapter: ModelAdapter) -> None:
+        from ...models.readout import check_lens
+
+        check_lens(adapter)
+        lh = self.head_pair()
+        if lh is not None and not (0 <= lh[0] < adapter.n_layers and 0 <= lh[1] < adapter.n_heads):
+            raise StreetlampError(
+                f"--head {self.head} out of range: layers 0..{adapter.n_layers - 1}, heads 0..{adapter.n_heads - 1}"
+            )
+        if self.query is not None:
+            n = adapter.encode(self.text).lengths[0]
+            if self.query >= n:
+                raise StreetlampError(f"--query {self.query} out of range: the text has positions 0..{n - 1}")
+        if 2 * self.types_length > adapter.max_positions:
+            raise StreetlampError(
+                f"--types-length {self.types_length}: each head-type sequence is repeated (2 x {self.types_length} "
+                f"tokens), over the model's {adapter.max_positions} positions"
+            )
         self.coords(adapter)
         if self.lens[1] is not None:
             from ...interventions.lenses.store import load_lens
 
             lens = load_lens(self.lens[1], adapter, self.lens[0], self.allow_pt)  # refused before anything is written
             if self.baseline == "mean" and self.check_variant in ("baseline", "both") and lens.mean is None:
-                from ...errors import StreetlampError
-
                 raise StreetlampError(
                     f"--baseline mean: the lens folder {self.lens[1]} stores no mean residuals (a converted or older "
                     "folder); refit it with lens-fit, or use --baseline neutral"
@@ -127,39 +157,12 @@ class LensResult:
         return [*out, "", f"output: {self.out}/"]
 
 
-def run_lens(adapter: ModelAdapter, s: LensSettings, out: Any, opts: Any) -> LensResult:
-    from ..explain.run import parse_target
-    from .run import run_lens as run
-
-    res = run(
-        adapter,
-        out,
-        text=s.text,
-        index=parse_target(adapter, s.target),
-        head=s.head,
-        query=s.query,
-        types_length=s.types_length,
-        types_seqs=s.types_seqs,
-        lens_choice=s.lens,
-        allow_pt=s.allow_pt,
-        check=s.intervention_check,
-        check_variant=s.check_variant,
-        baseline=s.baseline,
-        coords=s.coords(adapter),
-        alpha=s.alpha,
-        neutral=s.neutral,
-        seed=s.seed,
-        overwrite=opts.overwrite,
-    )
-    return LensResult(Path(out.out), res)
-
-
 LENS = Command(
     "lens",
     "causal LM: logit lens, direct logit attribution, head types; with --head "
     "also why that head attends where it does (QK attribution, ablation)",
     LensSettings,
-    run_lens,
+    lazy(__name__ + ".run", "run_lens"),
     shared=Shared(model="smollm2-135m", out="output folder (default runs/lens-<time>)"),
     views=("lens",),
 )

@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ...errors import StreetlampError
 from ...interventions.lenses.base import Lens, row_label
 from ...interventions.lenses.check import (
     BASELINE_COLUMNS,
@@ -39,8 +38,6 @@ def variants_of(variant: str | None, check: bool) -> list[str]:
     """The variants run: none without ``--check`` / ``--check-variant``; ``--check`` alone is ``patch``."""
     if variant is None:
         return ["patch"] if check else []
-    if variant not in VARIANTS:
-        raise StreetlampError(f"--check-variant takes patch, baseline or both (got {variant!r})")
     return ["patch", "baseline"] if variant == "both" else [variant]
 
 
@@ -49,13 +46,7 @@ def baseline_vectors(adapter: ModelAdapter, lens: Lens, which: str, neutral: lis
     mean residual per row over its fit corpus (refused where the lens has none)."""
     if which == "neutral":
         return neutral_rows(adapter, neutral)
-    if which != "mean":
-        raise StreetlampError(f"--baseline takes neutral or mean (got {which!r})")
-    if lens.mean is None:
-        raise StreetlampError(
-            "--baseline mean needs a lens folder that stores the mean residuals of its fit corpus "
-            "(--lens tuned:DIR or jacobian:DIR from this streetlamp's lens-fit); this lens has none"
-        )
+    assert which == "mean" and lens.mean is not None, "LensSettings.check/validate refuse it"
     return lens.mean
 
 

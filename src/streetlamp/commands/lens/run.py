@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from ...errors import StreetlampError
 from ...interventions.head_types import TYPES, detect_head_types
 from ...interventions.lens import direct_logit_attribution, logit_lens
 from ...interventions.lenses.base import Lens
@@ -20,22 +20,14 @@ from ...interventions.lenses.check import neutral_ids
 from ...interventions.lenses.store import load_lens
 from ...interventions.qk import head_table
 from ...models.adapter import ModelAdapter
-from ...models.readout import check_lens
 from ...report import heads as fig
 from ...store.run_folder import RunFolder
+from ..explain.run import parse_target
+from . import LensResult
 from .check import run_checks, run_coords, variants_of, view_section
 
-
-def parse_head(adapter: ModelAdapter, spec: str) -> tuple[int, int]:
-    try:
-        l, h = (int(x) for x in spec.strip().split("."))
-    except ValueError:
-        raise StreetlampError(f"bad --head {spec!r}: write LAYER.HEAD, e.g. 9.6") from None
-    if not (0 <= l < adapter.n_layers and 0 <= h < adapter.n_heads):
-        raise StreetlampError(
-            f"--head {spec} out of range: layers 0..{adapter.n_layers - 1}, heads 0..{adapter.n_heads - 1}"
-        )
-    return l, h
+if TYPE_CHECKING:
+    from . import LensSettings
 
 
 def _top(values: np.ndarray, names: list[str], k: int) -> list[list]:
@@ -43,43 +35,22 @@ def _top(values: np.ndarray, names: list[str], k: int) -> list[list]:
     return [[names[i], float(values[i])] for i in order]
 
 
-def run_lens(
-    adapter: ModelAdapter,
-    out: RunFolder | Path,
-    *,
-    text: str,
-    index: int | None = None,
-    head: str | None = None,
-    query: int | None = None,
-    types_length: int = 20,
-    types_seqs: int = 4,
-    lens_choice: tuple[str, str | None] = ("logit", None),
-    allow_pt: bool = False,
-    check: bool = False,
-    check_variant: str | None = None,
-    baseline: str = "neutral",
-    coords: tuple[str, list[int]] | None = None,
-    alpha: float = 1.0,
-    neutral: str | None = None,
-    seed: int = 0,
-    top: int = 10,
-    overwrite: bool = False,
-) -> dict:
-    rf = RunFolder.of(out, "lens", overwrite)
-    check_lens(adapter)
-    kind, folder = lens_choice
+def run_lens(adapter: ModelAdapter, s: LensSettings, out: RunFolder | Path, options: Any = None) -> LensResult:
+    rf = RunFolder.of(out, "lens")
+    text, head, query, types_length, types_seqs = s.text, s.head, s.query, s.types_length, s.types_seqs
+    allow_pt, check, check_variant, baseline = s.allow_pt, s.intervention_check, s.check_variant, s.baseline
+    alpha, neutral, seed, top = s.alpha, s.neutral, s.seed, 10
+    kind, folder = s.lens
+    coords = s.coords(adapter)
+    index = parse_target(adapter, s.target)
     the_lens = Lens.logit(adapter) if folder is None else load_lens(folder, adapter, kind, allow_pt)
     neutral_tokens = neutral_ids(adapter, neutral) if check or check_variant else None
     inputs = adapter.encode(text)
     ids = inputs.input_ids[0]
     n = ids.shape[0]
     labels = inputs.labels[0]
-    lh = parse_head(adapter, head) if head is not None else None
-    if query is not None and lh is None:
-        raise StreetlampError("--query needs --head")
+    lh = s.head_pair()
     q = n - 1 if query is None else query
-    if not 0 <= q < n:
-        raise StreetlampError(f"--query {q} out of range: the text has positions 0..{n - 1}")
     if index is None:
         with torch.no_grad():
             index = int(adapter.forward(inputs).logits[0].argmax())
@@ -296,7 +267,7 @@ def run_lens(
                 "seed": seed,
             }
         )
-    return {
+    values = {
         "lens": lens,
         "dla": dla,
         "types": types,
@@ -305,3 +276,4 @@ def run_lens(
         "check": checked,
         "check_baseline": checks.results.get("baseline"),
     }
+    return LensResult(rf.out, values)

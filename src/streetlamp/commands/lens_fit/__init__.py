@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ...errors import StreetlampError
-from ...settings import Settings, Shared, at_least, option
-from ..base import Command
+from ...settings import Settings, Shared, option
+from ..base import Command, lazy
 
 if TYPE_CHECKING:
     from ...models.adapter import ModelAdapter
@@ -21,19 +21,21 @@ class LensFitSettings(Settings):
         required=True,
         help="the corpus: movies, tweets, drugs, recall, or a .csv/.tsv/.jsonl file with a text column",
     )
-    seq_len: int = option(128, help="tokens per sequence (the texts are packed, each after the document separator)")
-    heldout: int = option(8, help="sequences held out for the per-layer KL")
-    max_seqs: int | None = option(None, help="use at most N training sequences (default: all the rest)")
-    steps: int = option(250, help="tuned: Adam steps")
-    lr: float = option(1e-3, help="tuned: Adam learning rate")
-    batch_seqs: int = option(4, help="tuned: sequences per step")
+    seq_len: int = option(
+        128, ge=2, help="tokens per sequence (the texts are packed, each after the document separator)"
+    )
+    heldout: int = option(8, ge=1, help="sequences held out for the per-layer KL")
+    max_seqs: int | None = option(None, ge=1, help="use at most N training sequences (default: all the rest)")
+    steps: int = option(250, ge=0, help="tuned: Adam steps")
+    lr: float = option(1e-3, gt=0, help="tuned: Adam learning rate")
+    batch_seqs: int = option(4, ge=1, help="tuned: sequences per step")
     probes: int = option(
-        0, help="jacobian: 0 = exact (d one-hot VJPs per sequence), k = k Rademacher probes per sequence"
+        0, ge=0, help="jacobian: 0 = exact (d one-hot VJPs per sequence), k = k Rademacher probes per sequence"
     )
     skip_first: int = option(
-        16, help="jacobian: source and target positions before this are left out (attention sinks)"
+        16, ge=0, help="jacobian: source and target positions before this are left out (attention sinks)"
     )
-    dim_batch: int = option(32, help="jacobian: cotangents per backward pass (rows of one batch)")
+    dim_batch: int = option(32, ge=1, help="jacobian: cotangents per backward pass (rows of one batch)")
     convert: str | None = option(
         None,
         help="instead of fitting, convert the lens folder DIR (the tuned-lens package's config.json + params.pt, or "
@@ -43,19 +45,6 @@ class LensFitSettings(Settings):
 
     def check(self) -> None:
         super().check()
-        for v, m, f in (
-            (self.seq_len, 2, "--seq-len"),
-            (self.heldout, 1, "--heldout"),
-            (self.max_seqs, 1, "--max-seqs"),
-            (self.steps, 0, "--steps"),
-            (self.batch_seqs, 1, "--batch-seqs"),
-            (self.probes, 0, "--probes"),
-            (self.skip_first, 0, "--skip-first"),
-            (self.dim_batch, 1, "--dim-batch"),
-        ):
-            at_least(v, m, f)
-        if not self.lr > 0:
-            raise StreetlampError(f"--lr must be positive (got {self.lr})")
         if self.lens == "jacobian" and self.skip_first >= self.seq_len:
             raise StreetlampError(f"--skip-first {self.skip_first} leaves no position of --seq-len {self.seq_len}")
 
@@ -71,18 +60,12 @@ class LensFitSettings(Settings):
             load_lens(self.convert, adapter, self.lens, allow_pt=True)  # refused before anything is written
 
 
-def run_lens_fit(adapter: ModelAdapter, s: LensFitSettings, out: Any, opts: Any) -> Any:
-    from .run import run_lens_fit as run
-
-    return run(adapter, out, s, overwrite=opts.overwrite)
-
-
 LENS_FIT = Command(
     "lens-fit",
     "causal LM: fit a tuned lens (Adam on KL to the final output) or a Jacobian lens (corpus-averaged "
     "Jacobian, VJPs) on a corpus; held-out KL per layer; the folder is read by lens --lens KIND:DIR",
     LensFitSettings,
-    run_lens_fit,
+    lazy(__name__ + ".run", "run_lens_fit"),
     shared=Shared(model="smollm2-135m", out="the lens folder (default runs/lens-fit-<time>)"),
     views=("generic",),
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -20,8 +20,10 @@ from ...interventions.lenses.base import Lens, row_label
 from ...interventions.lenses.fit import corpus_sequences, fit_dtype, fit_jacobian, fit_tuned, heldout_kl, row_means
 from ...interventions.lenses.store import LENS_FILE, LENS_JSON, save_lens
 from ...models.adapter import ModelAdapter
-from ...models.readout import check_lens
 from ...store.run_folder import RunFolder
+
+if TYPE_CHECKING:
+    from . import LensFitSettings
 
 ESTIMATOR = {
     "tuned": "Adam on sum over rows of mean-token KL(p_final || W_U norm_f(h + W_r h + b_r)), W_r = b_r = 0 at the start",
@@ -53,10 +55,11 @@ class LensFitResult:
         return [*head, *body, "", f"lens folder: {self.out}/ (use: streetlamp lens TEXT --lens {v['kind']}:{self.out})"]
 
 
-def run_lens_fit(adapter: ModelAdapter, out: RunFolder | Path, s: Any, overwrite: bool = False) -> LensFitResult:
-    """Fit the lens ``s.lens`` (a :class:`~streetlamp.commands.lens_fit.LensFitSettings`) and write the lens folder."""
-    rf = RunFolder.of(out, "lens-fit", overwrite)
-    check_lens(adapter)
+def run_lens_fit(
+    adapter: ModelAdapter, s: LensFitSettings, out: RunFolder | Path, options: Any = None
+) -> LensFitResult:
+    """Fit the lens ``s.lens`` and write the lens folder (the settings checked and validated before)."""
+    rf = RunFolder.of(out, "lens-fit")
     dtype = fit_dtype(adapter)
     ds = load_dataset(s.data)
     seqs = corpus_sequences(adapter, [e.text for e in ds.examples], s.seq_len, s.seed)

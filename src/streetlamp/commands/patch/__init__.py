@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ...errors import StreetlampError
-from ...settings import Settings, Shared, at_least, option
+from ...settings import Settings, Shared, option
 from ...specs import parse_heads, split_list
-from ..base import Command
+from ..base import Command, lazy
 
 if TYPE_CHECKING:
     from ...models.adapter import ModelAdapter
@@ -45,48 +45,18 @@ class PatchSettings(Settings):
             parse_heads(self.receiver, adapter.n_layers, adapter.n_heads)
 
 
-def run_patch(adapter: ModelAdapter, s: PatchSettings, out: Any, opts: Any) -> Any:
-    from ..explain.run import parse_target
-    from .run import run_patch as run
-
-    return run(
-        adapter,
-        out,
-        clean=s.clean,
-        corrupt=s.corrupt,
-        answer=parse_target(adapter, s.answer),
-        wrong=parse_target(adapter, s.wrong),
-        paths=s.paths,
-        receivers=s.receiver,
-        receiver_pos=s.receiver_pos,
-        approx=s.approx,
-        kinds=tuple(s.sites),
-        batch_size=s.batch_size,
-    )
-
-
 @dataclass
 class MediateSettings(Settings):
-    prompts: int = option(8, help="number of template x profession prompts")
+    prompts: int = option(8, ge=1, help="number of template x profession prompts")
     component: str = option(
         "attn.pattern",
         choices=("attn.pattern", "attn.z"),
         help="head site: attention weights (as Vig et al.) or the head's output",
     )
 
-    def check(self) -> None:
-        super().check()
-        at_least(self.prompts, 1, "--prompts")
-
     def validate(self, adapter: ModelAdapter) -> None:
         if adapter.kind != "causal_lm":
             raise StreetlampError("mediation compares next-token probabilities of pronouns: it needs a causal LM")
-
-
-def run_mediate(adapter: ModelAdapter, s: MediateSettings, out: Any, opts: Any) -> Any:
-    from .run import run_mediate as run
-
-    return run(adapter, out, n_prompts=s.prompts, head_site=s.component, batch_size=s.batch_size)
 
 
 PATCH = Command(
@@ -94,7 +64,7 @@ PATCH = Command(
     "activation patching (+ --paths path patching, --approx attribution patching); "
     "clean and corrupted texts must have the same token length",
     PatchSettings,
-    run_patch,
+    lazy(__name__ + ".run", "run_patch"),
     shared=Shared(out="output folder (default runs/patch-<time>)", seed=False),
     views=("patch",),
 )
@@ -102,7 +72,7 @@ MEDIATE = Command(
     "mediate",
     "causal mediation (Vig et al. 2020): TE, NIE, NDE per head and layer",
     MediateSettings,
-    run_mediate,
+    lazy(__name__ + ".run", "run_mediate"),
     shared=Shared(model="smollm2-135m", out="output folder (default runs/mediate-<time>)", seed=False),
     views=("mediate",),
 )

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ... import specs
-from ...errors import StreetlampError
 from ...interventions import mediation as M
 from ...interventions import patching as P
 from ...models.adapter import ModelAdapter
 from ...report import heads as fig
 from ...store.run_folder import RunFolder
+from ..explain.run import parse_target
+
+if TYPE_CHECKING:
+    from . import MediateSettings, PatchSettings
 
 
 @dataclass
@@ -73,23 +76,12 @@ def parse_heads(adapter: ModelAdapter, spec: str) -> list[tuple[int, int]] | Non
 
 
 def run_patch(
-    adapter: ModelAdapter,
-    out: RunFolder | Path,
-    *,
-    clean: str,
-    corrupt: str,
-    answer: int | None = None,
-    wrong: int | None = None,
-    paths: bool = False,
-    receivers: str = "logits",
-    receiver_pos: int | None = None,
-    approx: bool = False,
-    overwrite: bool = False,
-    progress: bool = True,
-    kinds: tuple[str, ...] = P.KINDS + ("heads",),
-    batch_size: int | None = None,
+    adapter: ModelAdapter, s: PatchSettings, out: RunFolder | Path, options: Any = None, *, progress: bool = True
 ) -> PatchResult:
-    rf = RunFolder.of(out, "patch", overwrite)
+    rf = RunFolder.of(out, "patch")
+    clean, corrupt, paths, receivers, receiver_pos = s.clean, s.corrupt, s.paths, s.receiver, s.receiver_pos
+    approx, kinds, batch_size = s.approx, tuple(s.sites), s.batch_size
+    answer, wrong = parse_target(adapter, s.answer), parse_target(adapter, s.wrong)
     pair = P.make_pair(adapter, clean, corrupt, answer, wrong)
     rec = parse_heads(adapter, receivers) if paths else None
     real = P.activation_patching(adapter, pair, progress=progress, kinds=kinds, batch_size=batch_size)
@@ -201,18 +193,16 @@ def run_patch(
 
 def run_mediate(
     adapter: ModelAdapter,
+    s: MediateSettings,
     out: RunFolder | Path,
+    options: Any = None,
     *,
-    n_prompts: int | None = 8,
-    head_site: str = "attn.pattern",
-    overwrite: bool = False,
     progress: bool = True,
     prompts: list[M.Prompt] | None = None,
-    batch_size: int | None = None,
 ) -> MediateResult:
-    rf = RunFolder.of(out, "mediate", overwrite)
-    if adapter.kind != "causal_lm":
-        raise StreetlampError("mediation compares next-token probabilities of pronouns: it needs a causal LM")
+    """Causal mediation over ``s.prompts`` built-in prompts, or (the library) the given ``prompts``."""
+    rf = RunFolder.of(out, "mediate")
+    n_prompts, head_site, batch_size = s.prompts, s.component, s.batch_size
     prompts = prompts or M.default_prompts(adapter, n_prompts)
     res = M.mediation(adapter, prompts, head_site=head_site, progress=progress, batch_size=batch_size)
     described = {
