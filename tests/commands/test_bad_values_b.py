@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import streetlamp
+from streetlamp import api
 from streetlamp.cli import main
 from streetlamp.errors import StreetlampError
 from streetlamp.models.tiny import WORDS, save_tiny
@@ -34,6 +35,12 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"dir": t, "llama": save_tiny("llama", t / "llama", seed=1)}
 
 
+def api_of(command: str) -> Any:
+    """``streetlamp.<command>``, from the registry (``streetlamp.cot`` is also the name of a subpackage: once
+    ``streetlamp.cot.prompts`` is imported the package attribute is that module, not the API function)."""
+    return api.function_of(api.names()[command.replace("-", "_")])
+
+
 def refused(capsys: pytest.CaptureFixture, tmp_path: Path, command: str, argv: list[str], api: dict[str, Any]) -> str:
     """The CLI's line (exit 2) and the API's StreetlampError for the same value: equal, one line, no folder.
     Returns the message."""
@@ -44,7 +51,7 @@ def refused(capsys: pytest.CaptureFixture, tmp_path: Path, command: str, argv: l
     assert not out.exists()
     out = tmp_path / "api"
     with pytest.raises(StreetlampError) as e:
-        getattr(streetlamp, command.replace("-", "_"))(**api, out=str(out))
+        api_of(command)(**api, out=str(out))
     assert str(e.value) == err.removeprefix("streetlamp: error: ") and not out.exists()
     return str(e.value)
 
@@ -53,7 +60,7 @@ def api_refused(tmp_path: Path, command: str, api: dict[str, Any]) -> str:
     """A value only the API can give (not a string): one line, no raw TypeError, no folder."""
     out = tmp_path / "api"
     with pytest.raises(StreetlampError) as e:
-        getattr(streetlamp, command)(**api, out=str(out))
+        api_of(command)(**api, out=str(out))
     assert "\n" not in str(e.value) and not out.exists()
     return str(e.value)
 
@@ -210,3 +217,128 @@ def test_atlas_bad_values(
 def test_atlas_api_wrong_types(tmp_path: Path) -> None:
     assert api_refused(tmp_path, "atlas", {"data": None}) == "--data must be given (got None)"
     assert api_refused(tmp_path, "atlas", {"data": ["movies"]}) == "--data must be a string (got ['movies'])"
+
+
+# -- evaluate --------------------------------------------------------------------------------------------
+def test_evaluate_api_method_params_list(tmp_path: Path) -> None:
+    msg = api_refused(tmp_path, "evaluate", {"data": "movies", "method_params": [1, 2]})
+    assert msg == "--method-params must be a JSON object (got [1, 2])"
+
+
+def test_evaluate_api_takes_the_strings_the_cli_takes(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``evaluate(soft_pi='0.5')`` (refused with a wrong message before) builds the very settings
+    ``--soft-pi 0.5`` builds; so do the other numbers given as the CLI's strings."""
+    import streetlamp.commands.evaluate.run as R
+    from streetlamp.commands.base import Lines
+
+    got: list[Any] = []
+
+    def record(adapter: Any, s: Any, out: Any, opts: Any) -> Lines:
+        got.append(s)
+        return Lines(["recorded"])
+
+    monkeypatch.setattr(R, "evaluate", record)  # the command's run, looked up when it runs
+    strings = {"soft_pi": "0.5", "eps": "0.02", "permutations": "3", "limit": "4", "soft": "false"}
+    argv = ["--soft-pi", "0.5", "--eps", "0.02", "--permutations", "3", "--limit", "4", "--no-soft"]
+    assert main(["evaluate", "--data", "movies", *argv, "--out", str(tmp_path / "cli")]) == 0
+    streetlamp.evaluate(data="movies", **strings, out=str(tmp_path / "api"))
+    cli, api = got
+    assert cli == api and (api.soft_pi, api.eps, api.permutations, api.limit, api.soft) == (0.5, 0.02, 3, 4, False)
+    assert not (tmp_path / "cli").exists() and not (tmp_path / "api").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, api, message",
+    [
+        (["--soft-pi", "0"], {"soft_pi": 0}, "--soft-pi must be greater than 0 (got 0)"),
+        (["--soft-pi", "1.5"], {"soft_pi": "1.5"}, "--soft-pi must be at most 1 (got 1.5)"),
+        (["--answer-tokens", "65"], {"answer_tokens": 65}, "--answer-tokens must be at most 64 (got 65)"),
+        (["--limit", "0"], {"limit": 0}, "--limit must be at least 1 (got 0)"),
+        (["--ffidelity-lr", "-1"], {"ffidelity_lr": -1}, "--ffidelity-lr must be greater than 0 (got -1)"),
+        (["--efficient-mprt-bins", "1"], {"efficient_mprt_bins": 1}, "--efficient-mprt-bins must be at least 2"),
+        (["--randomisation-target", "x"], {"randomisation_target": "x"}, "--randomisation-target must be one of"),
+    ],
+)
+def test_evaluate_bad_values(
+    tmp_path: Path, capsys: pytest.CaptureFixture, argv: list[str], api: dict[str, Any], message: str
+) -> None:
+    got = refused(capsys, tmp_path, "evaluate", ["--data", "movies", *argv], {"data": "movies", **api})
+    assert got.startswith(message)
+
+
+def test_evaluate_stored_settings_keep_the_layout_of_older_stores() -> None:
+    """The record a store keeps is the settings' own fields in the layout stores made before the command
+    packages have (the adversarial search nested under ``counterfactual``, options added later left out at
+    their old behaviour), so such a store resumes; the command's own fields (data, limit, engine) are not in
+    it (the run records ``limit``/``chunk_size`` beside it, as before)."""
+    from streetlamp.commands.evaluate import EvaluateSettings
+
+    old = {  # the settings of `evaluate --data movies` as a store made by streetlamp before this change holds them
+        "methods": ["attention"],
+        "method_params": {},
+        "seed": 0,
+        "batch_size": None,
+        "replacement": "delete",
+        "flip_layers": "last",
+        "cf_layers": "last",
+        "counterfactual": {"eps": 0.01, "n_permutations": 10, "steps": 40, "lr": 0.2, "lam": 50.0, "js_threshold": 0.5},
+        "truncate": False,
+        "soft": True,
+        "soft_samples": 10,
+        "soft_pi": 0.5,
+    }
+    assert EvaluateSettings.from_values(data="movies").to_dict() == old
+    s = EvaluateSettings.from_values(
+        data="movies", ffidelity_train="tweets", answer_tokens="2", adv_steps="3", smooth_mprt="2", randomisation="both"
+    ).to_dict()
+    assert s["ffidelity"] == {
+        "train": "tweets",
+        "beta": 0.5,
+        "epochs": 2,
+        "lr": 3e-5,
+        "batch": 16,
+        "samples": 4,
+        "max_train": 1000,
+    }
+    assert s["answer_tokens"] == 2 and s["counterfactual"]["steps"] == 3 and s["smooth_mprt_stages"] == "all"
+
+
+# -- cot, probe, replicate -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "command, argv, api, message",
+    [
+        ("cot", ["--data", "bbh:x", "--limit", "0"], {"data": "bbh:x", "limit": 0}, "--limit must be at least 1"),
+        (
+            "cot",
+            ["--data", "bbh:x", "--max-new-tokens", "5000"],
+            {"data": "bbh:x", "max_new_tokens": 5000},
+            "--max-new-tokens must be at most 4096 (got 5000)",
+        ),
+        ("cot", ["--data", "bbh:x", "--points", "0"], {"data": "bbh:x", "points": 0}, "--points must be at least 1"),
+        (
+            "cot",
+            ["--data", "bbh:x", "--temperature", "-1"],
+            {"data": "bbh:x", "temperature": -1},
+            "--temperature must be at least 0 (got -1)",
+        ),
+        (
+            "cot",
+            ["--data", "bbh:x", "--endpoint", "http://127.0.0.1:9/v1", "--engine", "ray"],
+            {"data": "bbh:x", "endpoint": "http://127.0.0.1:9/v1", "engine": "ray"},
+            "--engine ray fans a local --model out over Ray actors",
+        ),
+        ("probe", ["--task", "pos", "--limit", "0"], {"task": "pos", "limit": 0}, "--limit must be at least 1 (got 0)"),
+        ("probe", ["--task", "pos", "--hidden", "0"], {"task": "pos", "hidden": 0}, "--hidden must be at least 1"),
+        ("probe", ["--task", "pos", "--pool", "max"], {"task": "pos", "pool": "max"}, "--pool must be one of"),
+        ("replicate", ["--limit", "0"], {"limit": 0}, "--limit must be at least 1 (got 0)"),
+        ("replicate", ["--head-examples", "-2"], {"head_examples": -2}, "--head-examples must be at least -1"),
+        ("replicate", ["--zero-rows", "first"], {"zero_rows": "first"}, "--zero-rows must be one of all, explained"),
+    ],
+)
+def test_resumable_commands_bad_values(
+    tmp_path: Path, capsys: pytest.CaptureFixture, command: str, argv: list[str], api: dict[str, Any], message: str
+) -> None:
+    """Refused by the declared constraint before any model or data is read (the runners re-check nothing)."""
+    assert refused(capsys, tmp_path, command, argv, api).startswith(message)
