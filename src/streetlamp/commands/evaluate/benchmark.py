@@ -143,7 +143,7 @@ def score_method(
     }
 
 
-def run(adapter: None, s: BenchmarkSettings, out: RunFolder | Path, opts: RunOptions) -> BenchmarkResult:
+def run(adapter: ModelAdapter | None, s: BenchmarkSettings, out: RunFolder | Path, opts: RunOptions) -> BenchmarkResult:
     """``streetlamp benchmark``: every task's normal and deceptive model, every method (``s.methods``, default
     every registered), scored against the planted tokens; the circuit leaderboard beside them."""
     from ...methods.registry import list_methods

@@ -41,7 +41,7 @@ class ProbeSettings:
         (0.6, 0.2, 0.2), parse=parse_split, help="train,dev,test fractions of the texts"
     )
     limit: int | None = option(None, ge=1, help="first N texts only")
-    n_examples: int = option(300, help="generated texts for deciding:TASK / negated / category")
+    n_examples: int = option(300, ge=2, help="generated texts for deciding:TASK / negated / category")
     sweep: str | None = option(
         "hidden:4,16,64,256,1024",
         help="capacity sweep KIND:v1,v2,.. (hidden, rank, weight_decay, dropout) or none",

@@ -62,8 +62,6 @@ def build_task(s: ProbeSettings, adapter: ModelAdapter) -> tuple[ProbeTask, str]
     if name.endswith(".jsonl") or name.endswith(".csv") or Path(name).is_file():
         task = load_task_file(name)
     elif name.startswith("deciding:") or name in ("negated", "category"):
-        if s.n_examples < 2:
-            raise StreetlampError("--n-examples must be at least 2")
         task = planted_task(name, s.n_examples, s.seed)
     elif name in ("pos", "upos", "sentiment"):
         ds = load_dataset(s.data)
