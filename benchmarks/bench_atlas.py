@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import threads  # noqa: E402
 
 import streetlamp.commands.atlas.run as R  # noqa: E402
+from streetlamp.commands.atlas import AtlasSettings  # noqa: E402
 from streetlamp.interventions import atlas_effects as E  # noqa: E402
 from streetlamp.interventions import atlas_midstack as M  # noqa: E402
 from streetlamp.interventions.atlas_chunks import Chunk, Context, replacements, stats_chunk  # noqa: E402
@@ -70,16 +71,10 @@ def main() -> None:
     R.work = timed
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        R.run_atlas(
-            a,
-            Path(tmp) / "run",
-            data=args.data,
-            sample=args.n,
-            truncate=True,
-            max_tokens=args.tokens,
-            exact_share=args.share,
-            exact_top=0,
+        s = AtlasSettings(
+            data=args.data, sample=args.n, truncate=True, max_tokens=args.tokens, exact_share=args.share, exact_top=0
         )
+        R.run_atlas(a, s, Path(tmp) / "run")
         wall = time.perf_counter() - t0
     R.work = real_work
     n_pairs = int(round(args.share * args.n * L * H))

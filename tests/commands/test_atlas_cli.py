@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from streetlamp.cli import main
+from streetlamp.commands.atlas import AtlasSettings
 from streetlamp.models.tiny import WORDS, save_tiny
 
 
@@ -72,7 +73,8 @@ def test_killed_run_recomputes_nothing(setup: dict[str, Path], tmp_path: Path, m
 
     adapter = load(setup["llama"])
     kw = dict(data=str(setup["t"] / "d.txt"), exact_share=0.3, exact_top=1, chunk_size=3, seed=1)
-    ref = R.run_atlas(adapter, tmp_path / "ref", **kw)
+    st = AtlasSettings(**kw)
+    ref = R.run_atlas(adapter, st, tmp_path / "ref")
     assert ref.computed == {"stats": 4, "estimate": 4, "exact": 4}
     real, calls = R.work, []
 
@@ -84,17 +86,17 @@ def test_killed_run_recomputes_nothing(setup: dict[str, Path], tmp_path: Path, m
 
     monkeypatch.setattr(R, "work", dying)
     with pytest.raises(KeyboardInterrupt):
-        R.run_atlas(adapter, tmp_path / "run", **kw)
+        R.run_atlas(adapter, st, tmp_path / "run")
     monkeypatch.setattr(R, "work", real)
-    again = R.run_atlas(adapter, tmp_path / "run", **kw)
+    again = R.run_atlas(adapter, st, tmp_path / "run")
     assert again.computed == {"stats": 0, "estimate": 2, "exact": 4}
     pd.testing.assert_frame_equal(
         pd.read_parquet(tmp_path / "run" / "atlas.parquet"), pd.read_parquet(tmp_path / "ref" / "atlas.parquet")
     )
-    done = R.run_atlas(adapter, tmp_path / "run", **kw)
+    done = R.run_atlas(adapter, st, tmp_path / "run")
     assert done.computed == {"stats": 0, "estimate": 0, "exact": 0}
     with pytest.raises(Exception, match="other settings"):
-        R.run_atlas(adapter, tmp_path / "run", **{**kw, "ablation": "zero"})
+        R.run_atlas(adapter, AtlasSettings(**{**kw, "ablation": "zero"}), tmp_path / "run")
 
 
 @pytest.mark.parametrize(
@@ -106,8 +108,8 @@ def test_killed_run_recomputes_nothing(setup: dict[str, Path], tmp_path: Path, m
         (["--data", "{t}/long.txt"], "--truncate"),
         (["--data", "{t}/one.txt", "--ablation", "resample"], "at least 2"),
         (["--data", "{t}/d.txt", "--ablation", "resample", "--limit", "1"], "at least 2"),
-        (["--data", "{t}/d.txt", "--exact-share", "1.5"], "[0, 1]"),
-        (["--data", "{t}/d.txt", "--exact-share", "-0.1"], "[0, 1]"),
+        (["--data", "{t}/d.txt", "--exact-share", "1.5"], "--exact-share must be at most 1 (got 1.5)"),
+        (["--data", "{t}/d.txt", "--exact-share", "-0.1"], "--exact-share must be at least 0 (got -0.1)"),
     ],
 )
 def test_bad_input(
@@ -119,6 +121,30 @@ def test_bad_input(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and why in err and "Traceback" not in err
     assert not out.exists()
+
+
+def test_dtype_is_a_stored_setting(setup: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``--dtype`` (the placement every model command shares) runs the atlas in bfloat16 and is compared on
+    resume: a float32 rerun of a bfloat16 store is refused in one line naming it; a store made before the
+    option (no dtype in its settings) resumes as the float32 it was."""
+    out = tmp_path / "run"
+    argv = ["--model", str(setup["llama"]), "--data", str(setup["t"] / "d.txt"), "--ablation", "zero", "--limit", "4"]
+    assert run([*argv, "--out", str(out), "--dtype", "bfloat16"]) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["model_info"]["dtype"] == m["settings"]["model"]["dtype"] == "bfloat16"
+    assert np.isfinite(pd.read_parquet(out / "atlas.parquet").kl_explained).all()
+    capsys.readouterr()
+    assert run([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "model.dtype: stored 'bfloat16', now 'float32'" in err
+    old = tmp_path / "old"
+    assert run([*argv, "--out", str(old)]) == 0
+    m = json.loads((old / "manifest.json").read_text())
+    del m["settings"]["model"]["dtype"]
+    (old / "manifest.json").write_text(json.dumps(m))
+    capsys.readouterr()
+    assert run([*argv, "--out", str(old)]) == 0
+    assert "chunks computed now: stats 0, estimate 0, exact 0" in capsys.readouterr().out
 
 
 def test_truncate_cuts_long_sequences(setup: dict[str, Path], tmp_path: Path) -> None:
@@ -178,7 +204,7 @@ def test_parquet_is_float32_and_keeps_the_summaries(setup: dict[str, Path], tmp_
     from streetlamp.models.loading import load
 
     kw = dict(data=str(setup["t"] / "d.txt"), exact_share=0.5, exact_top=1, chunk_size=4, seed=1)
-    res = run_atlas(load(setup["llama"]), tmp_path / "run", **kw)
+    res = run_atlas(load(setup["llama"]), AtlasSettings(**kw), tmp_path / "run")
     t = pd.read_parquet(res.out / "atlas.parquet")
     floats = [*STATS, "dlogp_est", "dla", *EFFECTS, "prominence_decile", "effect_decile"]
     assert [k for k in floats if t[k].dtype != np.float32] == []

@@ -8,9 +8,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from streetlamp.commands.atlas import AtlasSettings
 from streetlamp.commands.atlas.run import run_atlas
 from streetlamp.models.loading import load
 from streetlamp.models.tiny import WORDS, save_tiny
+from streetlamp.settings import RunOptions
 from tests.helpers.peers import require_module
 
 
@@ -22,10 +24,12 @@ def test_ray_atlas_matches_local(tmp_path: Path) -> None:
     data.write_text("\n".join(" ".join(rng.choice(WORDS, int(rng.integers(3, 9)))) for _ in range(8)) + "\n")
     kw = dict(data=str(data), exact_share=0.3, exact_top=1, chunk_size=3, seed=1)
     adapter = load(model)
-    local = run_atlas(adapter, tmp_path / "local", **kw)
+    local = run_atlas(adapter, AtlasSettings(**kw), tmp_path / "local")
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
-        remote = run_atlas(adapter, tmp_path / "ray", engine="ray", model=str(model), workers=1, **kw)
+        remote = run_atlas(
+            adapter, AtlasSettings(engine="ray", workers=1, **kw), tmp_path / "ray", RunOptions(model=str(model))
+        )
     finally:
         ray.shutdown()
     assert local.computed == remote.computed == {"stats": 3, "estimate": 3, "exact": 3}

@@ -112,14 +112,12 @@ def test_registry_is_consistent() -> None:
 
 
 def test_constants_that_keep_help_import_free_match_their_sources() -> None:
-    from streetlamp.commands.cot import TESTS
-    from streetlamp.commands.cot import run as cot
     from streetlamp.commands.replicate import DATASETS
     from streetlamp.commands.replicate import run as replicate
     from streetlamp.models.loading import DEFAULT_MODEL
     from streetlamp.settings import DEFAULT_MODEL as SETTINGS_DEFAULT
 
-    assert SETTINGS_DEFAULT == DEFAULT_MODEL and DATASETS == replicate.DATASETS and TESTS == cot.TESTS
+    assert SETTINGS_DEFAULT == DEFAULT_MODEL and DATASETS == replicate.DATASETS
 
 
 def test_readme_command_table_is_the_registry() -> None:

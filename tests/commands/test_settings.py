@@ -47,7 +47,7 @@ BAD = [
     (EVAL + ["--cf-layers", "-1"], "--cf-layers -1 out of range"),
     (EVAL + ["--chunk-size", "0"], "--chunk-size must be at least 1"),
     (EVAL + ["--batch-size", "0"], "--batch-size must be at least 1"),
-    (EVAL + ["--eps", "0"], "--eps must be positive"),
+    (EVAL + ["--eps", "0"], "--eps must be greater than 0 (got 0)"),
     (["heads", "the movie", "--model", "{bert}", "--batch-size", "-5"], "--batch-size must be at least 1"),
     (["heads", "--model", "{bert}"], "give a TEXT or --data FILE"),
     (["prune", "--data", "{data}", "--order", "attention,bogus", "--model", "{bert}"], "unknown order 'bogus'"),

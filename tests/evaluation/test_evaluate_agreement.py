@@ -52,7 +52,7 @@ def chunk() -> tuple[ModelAdapter, list[ChunkExample], list, dict]:
         ChunkExample(index=i, id=f"ex{i}", ids=enc.input_ids[i, : enc.lengths[i]].tolist(), text=s, gold=0)
         for i, s in enumerate(TEXTS)
     ]
-    settings = EvalSettings(methods=METHODS, counterfactual={"steps": 1, "n_permutations": 1})
+    settings = EvalSettings(methods=METHODS, adv_steps=1, permutations=1)
     rows, arrays = evaluate_chunk(a, examples, settings)
     return a, examples, rows, arrays
 

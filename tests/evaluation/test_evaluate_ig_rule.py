@@ -59,7 +59,7 @@ def test_evaluate_ig_tokens_are_those_of_the_chosen_rule(family: str, monkeypatc
         return real(name, **params)
 
     monkeypatch.setattr(pipe_mod, "get_method", spy)
-    _, arrays = evaluate_chunk(a, ex, EvalSettings(methods=[IG], soft=False, counterfactual={"steps": 1}))
+    _, arrays = evaluate_chunk(a, ex, EvalSettings(methods=[IG], soft=False, adv_steps=1))
     rule = IG_CLASSIFIER_RULE if a.kind == "classifier" else "auto"
     assert built == ([{"rule": rule}] if a.kind == "classifier" else [{}])  # built once: every example converged
     want = _ig(a, inputs, rule=rule)
@@ -75,7 +75,7 @@ def test_an_example_the_chosen_rule_misses_is_redone_with_the_runs_parameters() 
     with pytest.warns(UserWarning, match="clenshaw_curtis"):
         cc = get_method(IG, rule=IG_CLASSIFIER_RULE, **own).attribute(a, inputs, target=Target())
     assert not any(x.info["converged"] for x in cc)
-    s = EvalSettings(methods=[IG], method_params={IG: own}, soft=False, counterfactual={"steps": 1})
+    s = EvalSettings(methods=[IG], method_params={IG: own}, soft=False, adv_steps=1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _, arrays = evaluate_chunk(a, ex, s)

@@ -103,8 +103,9 @@ def test_ffidelity_rows_and_metrics_against_a_direct_computation() -> None:
 
 
 def test_evaluate_with_ffidelity_saves_the_copy_and_resumes(tmp_path: Path) -> None:
+    from streetlamp.commands.evaluate import EvaluateSettings
     from streetlamp.commands.evaluate.run import evaluate
-    from streetlamp.evaluation.pipeline import EvalSettings
+    from streetlamp.settings import RunOptions
 
     ckpt = save_tiny("bert", tmp_path / "bert", seed=1)
     ckpt_hash = files_hash(ckpt)
@@ -112,9 +113,17 @@ def test_evaluate_with_ffidelity_saves_the_copy_and_resumes(tmp_path: Path) -> N
     train.write_text("text,label\n" + "".join(f"{x},pos\n" for x in POS) + "".join(f"{x},neg\n" for x in NEG))
     data = tmp_path / "d.csv"
     data.write_text("text,label\nthe movie was good,pos\nthe plot was boring,neg\na fun film,pos\n")
-    ff = FFidelity(train=str(train), epochs=1, samples=2).__dict__.copy()
-    s = EvalSettings(methods=["attention", "occlusion"], soft=False, ffidelity=ff)
-    r = evaluate(str(ckpt), str(data), tmp_path / "run", s, chunk_size=2)
+    s = EvaluateSettings(
+        data=str(data),
+        chunk_size=2,
+        methods=["attention", "occlusion"],
+        soft=False,
+        ffidelity_train=str(train),
+        ffidelity_epochs=1,
+        ffidelity_samples=2,
+    )
+    assert s.ffidelity == FFidelity(train=str(train), epochs=1, samples=2).__dict__  # the stored layout
+    r = evaluate(None, s, tmp_path / "run", RunOptions(model=str(ckpt)))
     rec = json.loads((tmp_path / "run" / "ffidelity" / "training.json").read_text())
     assert rec["n_train"] == 9  # "the movie was good" is evaluated, so left out of the training data
     assert rec["n_held_out"] == 3
@@ -124,7 +133,7 @@ def test_evaluate_with_ffidelity_saves_the_copy_and_resumes(tmp_path: Path) -> N
     assert set(df[df.method == "ffidelity_model"].metric) == {"prob", "correct"}
     assert "## F-Fidelity: the fine-tuned copy" in (tmp_path / "run" / "summary.md").read_text()
     stamp = (tmp_path / "run" / "ffidelity" / "model.safetensors").stat().st_mtime_ns
-    again = evaluate(str(ckpt), str(data), tmp_path / "run", s, chunk_size=2)
+    again = evaluate(None, s, tmp_path / "run", RunOptions(model=str(ckpt)))
     assert again.n_computed_chunks == 0
     assert (tmp_path / "run" / "ffidelity" / "model.safetensors").stat().st_mtime_ns == stamp  # not retrained
     assert files_hash(ckpt) == ckpt_hash  # the evaluated checkpoint is never written

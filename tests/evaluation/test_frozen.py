@@ -73,9 +73,7 @@ def test_evaluate_chunk_equals_the_plain_path(family: str, monkeypatch: pytest.M
         ChunkExample(index=i, id=f"ex{i}", ids=enc.input_ids[i, : enc.lengths[i]].tolist(), text=s, gold=0)
         for i, s in enumerate(TEXTS)
     ]
-    s = EvalSettings(
-        methods=["attention", "gradient_x_input", "occlusion"], counterfactual={"steps": 3, "n_permutations": 3}
-    )
+    s = EvalSettings(methods=["attention", "gradient_x_input", "occlusion"], adv_steps=3, permutations=3)
     rows, arrays = evaluate_chunk(a, examples, s)
     with monkeypatch.context() as mp:
         mp.setattr(flip_mod, "frozen_below", lambda *_: contextlib.nullcontext())
@@ -156,7 +154,7 @@ def test_unchanged_texts_run_once(family: str, monkeypatch: pytest.MonkeyPatch) 
     enc = a.encode(texts)
     ids = [enc.input_ids[i, : enc.lengths[i]].tolist() for i in range(len(texts))]
     examples = [ChunkExample(index=i, id=f"ex{i}", ids=r, text=t, gold=0) for i, (r, t) in enumerate(zip(ids, texts))]
-    s = EvalSettings(methods=[], soft=False, counterfactual={"steps": 2, "n_permutations": 2})
+    s = EvalSettings(methods=[], soft=False, adv_steps=2, permutations=2)
     seen: list[list[list[int]]] = []
     forward = a.forward
 

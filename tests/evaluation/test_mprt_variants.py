@@ -26,7 +26,6 @@ from streetlamp.evaluation.mprt_variants import (
     smooth_stages,
     token_noise,
 )
-from streetlamp.evaluation.pipeline import EvalSettings
 from streetlamp.evaluation.randomisation import fully_randomised, randomisation_rows, randomised_copies
 from streetlamp.methods.registry import get_method
 from streetlamp.models.adapter import Inputs, ModelAdapter, Target
@@ -163,6 +162,7 @@ def test_efficient_mprt_against_an_independent_computation(bert: ModelAdapter) -
 
 
 def test_evaluate_with_both_variants_resumes_and_writes_the_tables(tmp_path: Path) -> None:
+    from streetlamp.commands.evaluate import EvaluateSettings
     from streetlamp.commands.evaluate.run import evaluate
     from streetlamp.models.loading import load
 
@@ -170,7 +170,9 @@ def test_evaluate_with_both_variants_resumes_and_writes_the_tables(tmp_path: Pat
     adapter = load(str(ckpt))
     data = tmp_path / "d.csv"
     data.write_text("text,label\nthe movie was good,pos\nthe plot was bad,neg\na fun film,pos\n")
-    s = EvalSettings(
+    s = EvaluateSettings(
+        data=str(data),
+        chunk_size=2,
         methods=["attention", "gradient_x_input"],
         randomisation="cascading",
         soft=False,
@@ -178,7 +180,7 @@ def test_evaluate_with_both_variants_resumes_and_writes_the_tables(tmp_path: Pat
         smooth_mprt_stages="embed",
         efficient_mprt=True,
     )
-    r = evaluate(str(ckpt), str(data), tmp_path / "run", s, chunk_size=2, adapter=adapter)
+    r = evaluate(adapter, s, tmp_path / "run")
     df = r.summary
     for metric in ("smprt_cascading_spearman@embed", "smprt_cascading_spearman_abs@embed", "emprt_rise"):
         got = df[df.metric == metric]
@@ -192,13 +194,15 @@ def test_evaluate_with_both_variants_resumes_and_writes_the_tables(tmp_path: Pat
     assert set(v[v.test == "emprt"].stage) == {"embed"}
     md = (tmp_path / "run" / "summary.md").read_text()
     assert "## Smooth MPRT (cascading)" in md and "## Efficient MPRT" in md
-    assert evaluate(str(ckpt), str(data), tmp_path / "run", s, chunk_size=2, adapter=adapter).n_computed_chunks == 0
-    changed = EvalSettings(**{**s.__dict__, "smooth_mprt": 3})
+    assert evaluate(adapter, s, tmp_path / "run").n_computed_chunks == 0
+    changed = EvaluateSettings(**{**s.__dict__, "smooth_mprt": 3})
     with pytest.raises(StreetlampError, match="smooth_mprt"):
-        evaluate(str(ckpt), str(data), tmp_path / "run", changed, chunk_size=2, adapter=adapter)
+        evaluate(adapter, changed, tmp_path / "run")
     # Efficient MPRT alone: no --randomisation, only its own rows
-    alone = EvalSettings(methods=["attention"], soft=False, efficient_mprt=True, efficient_mprt_bins=4)
-    r2 = evaluate(str(ckpt), str(data), tmp_path / "run2", alone, chunk_size=2, adapter=adapter)
+    alone = EvaluateSettings(
+        data=str(data), chunk_size=2, methods=["attention"], soft=False, efficient_mprt=True, efficient_mprt_bins=4
+    )
+    r2 = evaluate(adapter, alone, tmp_path / "run2")
     assert not r2.summary[r2.summary.metric.str.startswith("emprt_")].empty
     assert r2.summary[r2.summary.metric.str.startswith("mprt_")].empty
     assert "emprt" in set(pd.read_csv(tmp_path / "run2" / "randomisation_verdict.csv").test)

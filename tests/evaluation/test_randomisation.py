@@ -109,8 +109,8 @@ def test_verdict_rule() -> None:
 
 
 def test_evaluate_with_randomisation_leaves_the_model_untouched(tmp_path: Path) -> None:
+    from streetlamp.commands.evaluate import EvaluateSettings
     from streetlamp.commands.evaluate.run import evaluate
-    from streetlamp.evaluation.pipeline import EvalSettings
     from streetlamp.models.loading import load
 
     ckpt = save_tiny("bert", tmp_path / "bert", seed=1)
@@ -118,8 +118,10 @@ def test_evaluate_with_randomisation_leaves_the_model_untouched(tmp_path: Path) 
     data = tmp_path / "d.csv"
     data.write_text("text,label\nthe movie was good,pos\nthe plot was bad,neg\na fun film,pos\n")
     before = weights_hash(adapter.hf_model)
-    s = EvalSettings(methods=["attention", "gradient_x_input"], randomisation="both", soft_samples=2)
-    r = evaluate(str(ckpt), str(data), tmp_path / "run", s, chunk_size=2, adapter=adapter)
+    s = EvaluateSettings(
+        data=str(data), chunk_size=2, methods=["attention", "gradient_x_input"], randomisation="both", soft_samples=2
+    )
+    r = evaluate(adapter, s, tmp_path / "run")
     assert weights_hash(adapter.hf_model) == before
     df = r.summary
     for mode in ("cascading", "independent"):
@@ -139,7 +141,7 @@ def test_evaluate_with_randomisation_leaves_the_model_untouched(tmp_path: Path) 
     assert top_block(["embed", "head", "layer.0", "layer.1"]) == "layer.1"
     md = (tmp_path / "run" / "summary.md").read_text()
     assert "rho@layer.1 [95% interval] | verdict | rho@embed" in md
-    again = evaluate(str(ckpt), str(data), tmp_path / "run", s, chunk_size=2, adapter=adapter)
+    again = evaluate(adapter, s, tmp_path / "run")
     assert again.n_computed_chunks == 0
 
 
@@ -233,8 +235,8 @@ def test_evaluate_with_a_fixed_target_explains_the_trained_predictions(tmp_path:
     with those targets, its settings store the choice, and summary.md says what the copies explained."""
     import json
 
+    from streetlamp.commands.evaluate import EvaluateSettings
     from streetlamp.commands.evaluate.run import evaluate
-    from streetlamp.evaluation.pipeline import EvalSettings
     from streetlamp.evaluation.randomisation import randomisation_rows
     from streetlamp.models.loading import load
 
@@ -243,10 +245,15 @@ def test_evaluate_with_a_fixed_target_explains_the_trained_predictions(tmp_path:
     texts = ["the movie was good", "the plot was bad", "a fun film"]
     data = tmp_path / "d.csv"
     data.write_text("text,label\n" + "".join(f"{t},pos\n" for t in texts))
-    s = EvalSettings(
-        methods=["gradient_x_input"], randomisation="cascading", randomisation_target="trained", soft=False
+    s = EvaluateSettings(
+        data=str(data),
+        chunk_size=3,
+        methods=["gradient_x_input"],
+        randomisation="cascading",
+        randomisation_target="trained",
+        soft=False,
     )
-    r = evaluate(str(ckpt), str(data), tmp_path / "run", s, chunk_size=3, adapter=adapter)
+    r = evaluate(adapter, s, tmp_path / "run")
     inputs = adapter.encode(texts)
     with torch.no_grad():
         trained = [int(i) for i in adapter.forward(inputs).logits.argmax(-1)]

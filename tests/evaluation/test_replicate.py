@@ -7,6 +7,7 @@ naive O(n^2) Kendall tau-b, and the exact binomial law of a bootstrap mean of 0/
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -15,6 +16,8 @@ import pytest
 import torch
 from scipy.stats import binom
 
+import streetlamp
+from streetlamp.commands.replicate import ReplicateCommandSettings
 from streetlamp.errors import StreetlampError
 from streetlamp.evaluation.replicate import Decision, ReplicateSettings, TaskExample, adv_layers, replicate_chunk
 from streetlamp.methods.removal import sink_token
@@ -418,30 +421,37 @@ def test_runner_resumes_and_refuses_bad_input(llama: ModelAdapter, tmp_path, mon
     ex = [Example("r-0", "the capital of france is", "paris"), Example("r-1", "i loved it", "and")]
     ds = Dataset("recall", "test", [*ex, Example("r-2", "mary went to", "the store")])  # a two-token answer
     monkeypatch.setattr(rr, "load_dataset", lambda name: Dataset(ds.name, ds.source, list(ds.examples)))
-    s = ReplicateSettings(permutations=1, adv_steps=1, adv_layers=0, layers="1")
+    s = ReplicateCommandSettings(data=["recall"], chunk_size=1, permutations=1, adv_steps=1, adv_layers=0, layers="1")
     out = tmp_path / "run"
-    res = rr.replicate("tiny", ["recall"], out, s, chunk_size=1, adapter=llama)
+    res = rr.replicate(llama, s, out)
     assert res.n_computed_chunks == 2 and (out / "summary.md").exists() and (out / "manifest.json").exists()
     recall = json.loads((out / "manifest.json").read_text())["settings"]["data"]["recall"]
     assert recall["skipped_multi_token_answer"] == ["r-2"] and recall["n_examples"] == 2
     methods = set(res.summary.method)
     assert "layer01" in methods and "layer00" in methods  # layer 0: taus only
     assert not res.summary[(res.summary.method == "layer00") & (res.summary.metric == "uniform_tvd")].shape[0]
-    again = rr.replicate("tiny", ["recall"], out, s, chunk_size=1, adapter=llama)
+    again = rr.replicate(llama, s, out)
     assert again.n_computed_chunks == 0 and again.summary.equals(res.summary)
     m, t = tiny_model("bert", seed=3)
     with pytest.raises(StreetlampError, match="not a causal LM"):
-        rr.replicate("tiny", ["recall"], tmp_path / "bert", s, adapter=ModelAdapter(m, t, "tiny-bert"))
-    with pytest.raises(StreetlampError, match="--layers"):
-        rr.replicate("tiny", ["recall"], tmp_path / "bad", ReplicateSettings(layers="9"), adapter=llama)
-    with pytest.raises(StreetlampError, match="--zero-rows"):
-        rr.replicate("tiny", ["recall"], tmp_path / "rows", ReplicateSettings(zero_rows="first"), adapter=llama)
+        rr.replicate(ModelAdapter(m, t, "tiny-bert"), s, tmp_path / "bert")
+    with pytest.raises(StreetlampError, match="--layers '9': the model has layers 0..1"):  # the API: the pipeline
+        streetlamp.replicate(model=llama, data="recall", layers="9", out=str(tmp_path / "bad"))
+    with pytest.raises(StreetlampError, match="--zero-rows must be one of all, explained"):
+        streetlamp.replicate(model=llama, data="recall", zero_rows="first", out=str(tmp_path / "rows"))
     assert not (tmp_path / "bert").exists() and not (tmp_path / "bad").exists() and not (tmp_path / "rows").exists()
     # the explained-row zeroing and the sink control reach the run and its manifest
-    s2 = ReplicateSettings(
-        permutations=1, adv_steps=0, adv_layers=0, layers="1", zero_rows="explained", exclude_first=True
+    s2 = ReplicateCommandSettings(
+        data=["recall"],
+        chunk_size=2,
+        permutations=1,
+        adv_steps=0,
+        adv_layers=0,
+        layers="1",
+        zero_rows="explained",
+        exclude_first=True,
     )
-    rr.replicate("tiny", ["recall"], tmp_path / "x", s2, chunk_size=2, adapter=llama)
+    rr.replicate(llama, s2, tmp_path / "x")
     stored = json.loads((tmp_path / "x" / "manifest.json").read_text())["settings"]["settings"]
     assert stored["zero_rows"] == "explained" and stored["exclude_first"] is True
     from safetensors.numpy import load_file
@@ -461,20 +471,20 @@ def test_a_run_made_before_a_setting_existed_resumes_at_its_old_value(
 
     ds = Dataset("recall", "test", [Example("r-0", "the capital of france is", "paris")])
     monkeypatch.setattr(rr, "load_dataset", lambda name: Dataset(ds.name, ds.source, list(ds.examples)))
-    s = ReplicateSettings(permutations=1, adv_steps=0, adv_layers=0, layers="1")
+    s = ReplicateCommandSettings(data=["recall"], permutations=1, adv_steps=0, adv_layers=0, layers="1")
     out = tmp_path / "old"
-    rr.replicate("tiny", ["recall"], out, s, adapter=llama)
+    rr.replicate(llama, s, out)
     manifest = json.loads((out / "manifest.json").read_text())
     for key in ("zero_rows", "exclude_first"):  # as a manifest written before these settings existed
         del manifest["settings"]["settings"][key]
     (out / "manifest.json").write_text(json.dumps(manifest))
-    assert rr.replicate("tiny", ["recall"], out, s, adapter=llama).n_computed_chunks == 0
+    assert rr.replicate(llama, s, out).n_computed_chunks == 0
     for other in (
-        ReplicateSettings(**{**s.to_dict(), "zero_rows": "explained"}),
-        ReplicateSettings(**{**s.to_dict(), "exclude_first": True}),
+        dataclasses.replace(s, zero_rows="explained"),
+        dataclasses.replace(s, exclude_first=True),
     ):
         with pytest.raises(StreetlampError, match="other settings"):
-            rr.replicate("tiny", ["recall"], out, other, adapter=llama)
+            rr.replicate(llama, other, out)
 
 
 def test_cli_refuses_bad_settings_before_writing(tmp_path, capsys) -> None:

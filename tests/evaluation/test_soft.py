@@ -172,14 +172,15 @@ def test_methods_share_the_empty_row_and_each_equals_its_own_plan(
 
 
 def test_soft_metrics_in_a_run_and_resume_recomputes_nothing(tmp_path: Path) -> None:
+    from streetlamp.commands.evaluate import EvaluateSettings
     from streetlamp.commands.evaluate.run import evaluate
-    from streetlamp.evaluation.pipeline import EvalSettings
+    from streetlamp.settings import RunOptions
 
     ckpt = save_tiny("bert", tmp_path / "bert", seed=1)
     data = tmp_path / "d.csv"
     data.write_text("text,label\nthe movie was good,pos\nthe plot was bad,neg\na fun film,pos\n")
-    s = EvalSettings(methods=["attention", "occlusion"], soft_samples=4, soft_pi=0.5)
-    r = evaluate(str(ckpt), str(data), tmp_path / "run", s, chunk_size=2)
+    s = EvaluateSettings(data=str(data), chunk_size=2, methods=["attention", "occlusion"], soft_samples=4, soft_pi=0.5)
+    r = evaluate(None, s, tmp_path / "run", RunOptions(model=str(ckpt)))
     df = r.summary
     for v in (*VARIANTS, "soft_comprehensiveness", "pi_soft_sufficiency"):
         assert set(df[df.metric == v].method) == {"attention", "occlusion"}
@@ -187,7 +188,7 @@ def test_soft_metrics_in_a_run_and_resume_recomputes_nothing(tmp_path: Path) -> 
     assert table[0].startswith("method,metric,mean,ci_low,ci_high,n")
     assert any(line.startswith("attention,pi_soft_nc,") for line in table)
     assert "## Hard and soft erasure, F-Fidelity" in (tmp_path / "run" / "summary.md").read_text()
-    again = evaluate(str(ckpt), str(data), tmp_path / "run", s, chunk_size=2)
+    again = evaluate(None, s, tmp_path / "run", RunOptions(model=str(ckpt)))
     assert again.n_computed_chunks == 0
     assert again.summary.equals(r.summary)
 

@@ -334,14 +334,14 @@ def test_heads_on_an_image_equals_zeroed_output_projections(
 def test_heads_mean_ablation_of_one_image_and_evaluate_refuse(
     vit64: ModelAdapter, images: list[Path], tmp_path: Path
 ) -> None:
+    from streetlamp.commands.evaluate import EvaluateSettings
     from streetlamp.commands.evaluate.run import evaluate
     from streetlamp.commands.heads import HeadsSettings
-    from streetlamp.evaluation.pipeline import EvalSettings
 
     with pytest.raises(StreetlampError, match="built-in ones are sentences.*--data.*--ablation zero"):
         HeadsSettings.from_values(text=str(images[0]), ablation="mean").validate(vit64)  # before any work
     csv = tmp_path / "d.csv"
     csv.write_text(f"text,label\n{images[0]},cat\n")
     with pytest.raises(StreetlampError, match="evaluate scores text datasets.*image model"):
-        evaluate("tiny-vit", str(csv), tmp_path / "e", EvalSettings(methods=["attention"]), adapter=vit64)
+        evaluate(vit64, EvaluateSettings(data=str(csv), methods=["attention"]), tmp_path / "e")
     assert not (tmp_path / "h").exists() and not (tmp_path / "e").exists()

@@ -9,6 +9,7 @@ import numpy as np
 
 from streetlamp.commands.evaluate.run import evaluate
 from streetlamp.models.tiny import save_tiny
+from streetlamp.settings import RunOptions
 from streetlamp.store import read_metrics
 from tests.helpers.peers import require_module
 from tests.store.test_store import cheap_settings, write_data
@@ -18,11 +19,11 @@ def test_ray_matches_local(tmp_path: Path) -> None:
     ray = require_module("ray")  # installed by the test extra (pyproject); .ci/run requires it
     model = save_tiny("bert", tmp_path / "tiny-bert", seed=2)
     data = write_data(tmp_path / "d.csv", 6, seed=3)
-    local = evaluate(str(model), str(data), tmp_path / "local", cheap_settings(), chunk_size=2)
+    local = evaluate(None, cheap_settings(data, chunk_size=2), tmp_path / "local", RunOptions(model=str(model)))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         remote = evaluate(
-            str(model), str(data), tmp_path / "ray", cheap_settings(), chunk_size=2, engine="ray", workers=2
+            None, cheap_settings(data, chunk_size=2, engine="ray", workers=2), tmp_path / "ray", RunOptions(str(model))
         )
     finally:
         ray.shutdown()

@@ -15,21 +15,19 @@ import pandas as pd
 import pytest
 
 from streetlamp.cli import main
+from streetlamp.commands.evaluate import EvaluateSettings
 from streetlamp.commands.evaluate.run import evaluate
 from streetlamp.errors import StreetlampError
-from streetlamp.evaluation.pipeline import EvalSettings
 from streetlamp.models.tiny import WORDS, save_tiny
+from streetlamp.settings import RunOptions
 from streetlamp.store import read_metrics
 
 CHEAP = ["--adv-steps", "2", "--permutations", "2", "--chunk-size", "1", "--methods", "attention"]
 
 
-def cheap_settings(**kw) -> EvalSettings:
-    return EvalSettings(
-        methods=["attention"],
-        counterfactual={"eps": 0.01, "n_permutations": 2, "steps": 2, "lr": 0.2, "lam": 50.0, "js_threshold": 0.5},
-        **kw,
-    )
+def cheap_settings(data: Path | str, **kw) -> EvaluateSettings:
+    """The settings of ``CHEAP`` (as the API builds them) on ``data``."""
+    return EvaluateSettings(data=str(data), methods=["attention"], permutations=2, adv_steps=2, **kw)
 
 
 def write_data(path: Path, n: int, seed: int = 0) -> Path:
@@ -86,7 +84,7 @@ def test_sigkill_resume(tmp_path: Path, tiny_dir: Path) -> None:
     assert len(merged) == len(before)
     np.testing.assert_array_equal(merged.value_a.to_numpy(), merged.value_b.to_numpy())
     # the same as one uninterrupted run
-    ref = evaluate(str(tiny_dir), str(data), tmp_path / "ref", cheap_settings(), chunk_size=1)
+    ref = evaluate(None, cheap_settings(str(data), chunk_size=1), tmp_path / "ref", RunOptions(model=str(tiny_dir)))
     a = after.sort_values(["example_id", "method", "metric"]).reset_index(drop=True)
     b = read_metrics(ref.out).sort_values(["example_id", "method", "metric"]).reset_index(drop=True)
     assert a[["example_id", "method", "metric"]].equals(b[["example_id", "method", "metric"]])
@@ -120,10 +118,12 @@ def test_bad_labels_and_long_examples(tmp_path: Path, tiny_dir: Path, capsys) ->
     assert "'happy' are not classes" in capsys.readouterr().err and not out.exists()
     long = " ".join(["the"] * 80)  # tiny models take 64 positions
     (tmp_path / "long.csv").write_text(f"text,label\nthe movie,pos\n{long},neg\n")
-    res = evaluate(str(tiny_dir), str(tmp_path / "long.csv"), tmp_path / "s", cheap_settings())
+    res = evaluate(None, cheap_settings(str(tmp_path / "long.csv")), tmp_path / "s", RunOptions(model=str(tiny_dir)))
     assert res.n_examples == 1 and res.n_skipped == 1
     assert read_metrics(res.out).example_id.nunique() == 1
-    res = evaluate(str(tiny_dir), str(tmp_path / "long.csv"), tmp_path / "t", cheap_settings(truncate=True))
+    res = evaluate(
+        None, cheap_settings(str(tmp_path / "long.csv"), truncate=True), tmp_path / "t", RunOptions(model=str(tiny_dir))
+    )
     df = read_metrics(res.out)
     assert res.n_skipped == 0 and df.example_id.nunique() == 2
     assert df[(df.metric == "truncated")].value.sum() == 1
@@ -131,7 +131,7 @@ def test_bad_labels_and_long_examples(tmp_path: Path, tiny_dir: Path, capsys) ->
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "keep.txt").write_text("mine")
     with pytest.raises(StreetlampError, match="no manifest"):
-        evaluate(str(tiny_dir), str(tmp_path / "long.csv"), tmp_path / "x", cheap_settings())
+        evaluate(None, cheap_settings(str(tmp_path / "long.csv")), tmp_path / "x", RunOptions(model=str(tiny_dir)))
     assert (tmp_path / "x" / "keep.txt").read_text() == "mine"
 
 
@@ -139,7 +139,7 @@ def test_eraser_plausibility_rows(tmp_path: Path, tiny_dir: Path) -> None:
     from tests.data.test_data import write_eraser
 
     root = write_eraser(tmp_path / "er")
-    res = evaluate(str(tiny_dir), str(root), tmp_path / "run", cheap_settings())
+    res = evaluate(None, cheap_settings(str(root)), tmp_path / "run", RunOptions(model=str(tiny_dir)))
     df = read_metrics(res.out)
     pl = df[df.metric.isin(["average_precision", "auprc", "token_f1", "iou_f1"])]
     assert set(pl.example_id) == {"d1", "d2"} and pl.value.between(0, 1).all()

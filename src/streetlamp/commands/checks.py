@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 from ..errors import StreetlampError
+from ..evaluation.settings import parse_methods  # ``--methods`` of every command, declared beside evaluate's
+
+__all__ = ["check_method_params", "parse_methods"]
 
 
 def check_method_params(mparams: dict[str, dict], methods: list[str], flag: str = "--method-params") -> None:
@@ -20,9 +23,3 @@ def check_method_params(mparams: dict[str, dict], methods: list[str], flag: str 
     for name, params in mparams.items():
         get_method(name, **typed_params(name, params, label))  # types as declared on the method's fields
 
-
-def parse_methods(spec: str | list[str]) -> list[str]:
-    """``--methods``: comma-separated registered names or ``all`` (the registry is read at run time)."""
-    from ..methods.registry import parse_methods as parse
-
-    return parse(spec if isinstance(spec, str) else ",".join(spec))

@@ -58,15 +58,6 @@ class FFidelity:
     samples: int = 4  # random subsets per ratio
     max_train: int = 1000  # at most this many training examples (drawn with the run seed)
 
-    def check(self) -> None:
-        if not 0 < self.beta <= 1:
-            raise StreetlampError(f"--ffidelity-beta must be in (0, 1] (got {self.beta})")
-        if self.epochs < 1 or self.samples < 1 or self.batch < 1 or self.max_train < 1:
-            raise StreetlampError(
-                "--ffidelity-epochs, --ffidelity-samples and --ffidelity-max-train must be at least 1"
-            )
-        if not self.lr > 0:
-            raise StreetlampError(f"--ffidelity-lr must be positive (got {self.lr})")
 
 
 def check_adapter(adapter: ModelAdapter) -> None:

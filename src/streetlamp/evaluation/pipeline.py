@@ -9,8 +9,7 @@ ranking (``attention_items``, ``gradient_items``, ``attention_x_gradient_items``
 from __future__ import annotations
 
 import warnings
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -27,58 +26,15 @@ from .erasure import ErasurePlan
 from .flip import attention_item_scores, decision_flip, flip_layers
 from .frozen import FrozenRecords
 from .plausibility import plausibility, rationale_mask
+from .settings import EvalSettings
+
+__all__ = ["ChunkExample", "EvalSettings", "evaluate_chunk"]
 
 FLIP_NAMES = {
     "attention": "attention_items",
     "gradient": "gradient_items",
     "attention_x_gradient": "attention_x_gradient_items",
 }
-
-
-@dataclass
-class EvalSettings:
-    methods: list[str]
-    method_params: dict[str, dict[str, Any]] = field(default_factory=dict)
-    seed: int = 0
-    batch_size: int | None = None
-    replacement: str = "delete"
-    flip_layers: str = "last"
-    cf_layers: str = "last"
-    counterfactual: dict[str, Any] = field(default_factory=lambda: asdict(Counterfactual()))
-    truncate: bool = False
-    answer_tokens: int = 0  # causal LM: also score a greedy answer of this many tokens (evaluation/answer.py)
-    soft: bool = True  # soft erasure (evaluation/soft.py): soft_samples masks per variant, retained fraction soft_pi
-    soft_samples: int = 10
-    soft_pi: float = 0.5
-    randomisation: str = ""  # "", cascading, independent or both (evaluation/randomisation.py)
-    randomisation_target: str = "prediction"  # what a randomised copy explains: prediction or trained
-    smooth_mprt: int = 0  # Smooth MPRT samples per explanation, 0 = off (evaluation/mprt_variants.py)
-    smooth_mprt_noise: float = 0.1
-    smooth_mprt_stages: str = "all"
-    efficient_mprt: bool = False  # Efficient MPRT (evaluation/mprt_variants.py)
-    efficient_mprt_bins: int = 10
-    ffidelity: dict[str, Any] = field(default_factory=dict)  # evaluation/ffidelity.FFidelity fields; {} = off
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        if not self.answer_tokens:  # stores written before the option compare equal on resume
-            del d["answer_tokens"]
-        if not self.soft:  # likewise for soft erasure, off (--no-soft)
-            for k in ("soft", "soft_samples", "soft_pi"):
-                del d[k]
-        if not self.randomisation:
-            del d["randomisation"]
-        if self.randomisation_target == "prediction":  # the default: stores made before the option resume
-            del d["randomisation_target"]
-        if not self.smooth_mprt:  # Smooth / Efficient MPRT off: stores made before them resume
-            for k in ("smooth_mprt", "smooth_mprt_noise", "smooth_mprt_stages"):
-                del d[k]
-        if not self.efficient_mprt:
-            for k in ("efficient_mprt", "efficient_mprt_bins"):
-                del d[k]
-        if not self.ffidelity:
-            del d["ffidelity"]
-        return d
 
 
 @dataclass

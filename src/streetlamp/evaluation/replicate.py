@@ -40,40 +40,19 @@ for every layer and head, at no extra cost).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ..errors import StreetlampError
 from ..methods.registry import get_method
 from ..methods.removal import Removal
 from ..methods.scorer import occlusion_replacement
 from ..models.adapter import Inputs, ModelAdapter, Target, at_least_float32
 from ..stats import js_divergence_t, kendall_tau, total_variation_t
 from .common import ChunkTables, Rows, output_map
-from .counterfactual import Counterfactual
 from .prefix import PrefixRunner, prefix_runners
-
-
-@dataclass
-class ReplicateSettings:
-    seed: int = 0
-    batch_size: int | None = None
-    permutations: int = 3
-    adv_steps: int = 8
-    adv_layers: int = 3  # evenly spaced layers (first and last included) that get the adversarial search
-    eps: float = 0.01
-    head_examples: int = 0  # per dataset, the first K examples also get per-head zeroing (-1: all)
-    layers: str = "all"  # the layers that get interventions (all, every:K or a comma list); taus: every layer
-    zero_rows: str = "all"  # Serrano & Smith's zeroing in every query row of the layer, or only the explained one
-    exclude_first: bool = False  # the sequence's first token is never an item (SmolLM2 on recall: the sink)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def counterfactual(self) -> Counterfactual:
-        return Counterfactual(eps=self.eps, n_permutations=self.permutations, steps=self.adv_steps)
+from .settings import ReplicateSettings, intervention_layers
 
 
 @dataclass
@@ -108,27 +87,6 @@ class Decision:
         if len(c) == 2:
             return Target(index=c[pred], contrast=c[1 - pred], quantity="logit")
         raise ValueError("a decision space of candidates needs exactly two of them")
-
-
-def intervention_layers(n_layers: int, spec: str) -> list[int]:
-    """``all``; ``every:K`` = layers 0, K, 2K, ... and the last; or a comma list of layer numbers."""
-    spec = spec.strip()
-    if spec == "all":
-        return list(range(n_layers))
-    try:
-        if spec.startswith("every:"):
-            k = int(spec[6:])
-            if k < 1:
-                raise ValueError
-            return sorted(set(range(0, n_layers, k)) | {n_layers - 1})
-        out = sorted({int(x) for x in spec.split(",") if x.strip()})
-    except ValueError:
-        raise StreetlampError(
-            f"--layers must be all, every:K (K >= 1) or a comma list of layers (got {spec!r})"
-        ) from None
-    if not out or out[0] < 0 or out[-1] >= n_layers:
-        raise StreetlampError(f"--layers {spec!r}: the model has layers 0..{n_layers - 1}")
-    return out
 
 
 def adv_layers(n_layers: int, k: int) -> list[int]:

@@ -38,7 +38,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import StreetlampError
 from ..methods.removal import Removal
 from ..models.adapter import ModelAdapter
 from .common import output_prob_of, unique_rows
@@ -48,14 +47,6 @@ DEFAULT_SAMPLES = 10
 DEFAULT_PI = 0.5
 # below this F(x) - F(x_0) the normalised metrics are NaN: the ratio would be float noise times 1/denominator
 DENOM_FLOOR = 1e-3
-
-
-def check_soft(samples: int, pi: float) -> None:
-    """Refuse a sample count below 1 or a retained fraction outside (0, 1] (before anything is written)."""
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise StreetlampError(f"--soft-samples must be an integer of at least 1 (got {samples!r})")
-    if not (isinstance(pi, (int, float)) and 0 < pi <= 1):
-        raise StreetlampError(f"--soft-pi must be in (0, 1] (got {pi!r})")
 
 
 def normalised_importance(scores: np.ndarray, rankable: np.ndarray) -> np.ndarray:

@@ -25,7 +25,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -43,6 +43,10 @@ from . import outputs
 from .task import compare_task as compare
 from .task import lines as task_lines
 from .task import task_pairs_of
+
+if TYPE_CHECKING:
+    from ...settings import RunOptions
+    from . import AtlasSettings
 
 
 @dataclass
@@ -144,92 +148,75 @@ def _long(chunk: Chunk, arrays: dict[str, np.ndarray], names: tuple[str, ...] | 
     return {"sequence": seq, "layer": lay, "head": head, **{k: arrays[k].reshape(-1) for k in names}}
 
 
-def run_atlas(
-    adapter: ModelAdapter,
-    out: Path,
-    *,
-    data: str,
-    ablation: str = "mean",
-    exact_share: float = 1.0,
-    exact_top: int = 5,
-    limit: int | None = None,
-    sample: int | None = None,
-    truncate: bool = False,
-    max_tokens: int | None = None,
-    chunk_size: int = 16,
-    floor: float = 1e-3,
-    striking: float = 0.5,
-    top_k: int = 4,
-    seed: int = 0,
-    batch_size: int | None = None,
-    engine: str = "local",
-    model: str | None = None,
-    device: str = "cpu",
-    ray_address: str | None = None,
-    workers: int | None = None,
-    compare_task: str | None = None,
-    compare_prompts: int = 16,
-) -> AtlasResult:
-    if adapter.modality == "image":
-        raise StreetlampError("atlas reads text corpora; an image model is not supported")
-    seq_ids, texts = read_corpus(data, limit, sample, seed)
-    ids, n_cut = tokenize(adapter, texts, truncate, max_tokens)
+def run_atlas(adapter: ModelAdapter, s: AtlasSettings, out: Path, opts: RunOptions | None = None) -> AtlasResult:
+    """The run (module docstring): ``s`` checked and validated; ``opts`` (the model's name and device for
+    ``--engine ray``, whose actors each load it) may be None on the local engine."""
+    model = str(opts.model) if opts is not None and isinstance(opts.model, (str, Path)) else None
+    device = opts.device if opts is not None else "cpu"
+    if s.engine == "ray" and opts is not None and (opts.dtype != "float32" or opts.device_map is not None):
+        raise StreetlampError(
+            "--engine ray loads a float32 model on each actor: --dtype and --device-map need --engine local"
+        )
+    seq_ids, texts = read_corpus(s.data, s.limit, s.sample, s.seed)
+    ids, n_cut = tokenize(adapter, texts, s.truncate, s.max_tokens)
     N, L, H = len(ids), adapter.n_layers, adapter.n_heads
-    if ablation == "resample" and N < 2:
+    if s.ablation == "resample" and N < 2:
         raise StreetlampError("--ablation resample takes a head's activation from another sequence: give at least 2")
-    if engine == "ray":
+    if s.engine == "ray":
         from ...extras import require
 
         require("ray")
         if model is None:
             raise StreetlampError("--engine ray loads the model by name on each actor: give --model NAME")
-    task_pairs = task_pairs_of(adapter, compare_task, compare_prompts, seed) if compare_task else None
+    task_pairs = task_pairs_of(adapter, s.compare_task, s.compare_prompts, s.seed) if s.compare_task else None
     h = hashlib.sha256(json.dumps(ids).encode()).hexdigest()
+    info = adapter.describe()
     settings = {
-        "model": {"name": adapter.name, "source": adapter.source},
-        "data": {"spec": data, "n_sequences": N, "tokens_sha256": h},
-        "ablation": ablation,
-        "exact_share": exact_share,
-        "exact_top": exact_top,
-        "limit": limit,
-        "sample": sample,
-        "truncate": truncate,
-        "max_tokens": max_tokens,
-        "chunk_size": chunk_size,
+        "model": {"name": adapter.name, "source": adapter.source, "dtype": info["dtype"]},
+        "data": {"spec": s.data, "n_sequences": N, "tokens_sha256": h},
+        "ablation": s.ablation,
+        "exact_share": s.exact_share,
+        "exact_top": s.exact_top,
+        "limit": s.limit,
+        "sample": s.sample,
+        "truncate": s.truncate,
+        "max_tokens": s.max_tokens,
+        "chunk_size": s.chunk_size,
         "chunk_order": "by_length",  # chunk c holds the sequences ranked c·size.. by token count
-        "floor": floor,
-        "striking": striking,
-        "top_k": top_k,
-        "seed": seed,
+        "floor": s.floor,
+        "striking": s.striking,
+        "top_k": s.top_k,
+        "seed": s.seed,
     }
     mean_note = {
         "mean": f"the mean of attn.z over every real token of the {N} sequences actually read",
         "zero": "attn.z set to 0",
         "resample": "attn.z of the same head on another sequence of the corpus (seeded), position by position",
-    }[ablation]
+    }[s.ablation]
     store = RunStore.open(
         Path(out),
         settings,
         {
-            "model_info": adapter.describe(),
-            "ablation": {"strategy": ablation, "site": "layers.{l}.attn.z, every position", "reference": mean_note},
+            "model_info": info,
+            "ablation": {"strategy": s.ablation, "site": "layers.{l}.attn.z, every position", "reference": mean_note},
             "n_cut_to_max_tokens": n_cut,
         },
         command="atlas",
+        added={"model.dtype": "float32"},  # a store made before --dtype was float32
     )
     (store.folder / "parts").mkdir(exist_ok=True)
     for t in (store.folder / "parts").glob(".*.tmp-*"):
         t.unlink(missing_ok=True)
-    rng = np.random.default_rng([seed, 1])
+    rng = np.random.default_rng([s.seed, 1])
     source = (np.arange(N) + rng.integers(1, max(2, N), N)) % max(1, N)  # never the sequence itself (N >= 2)
     # chunks of sequences of like length (stable by corpus order): a batch pads to its longest row
     order = sorted(range(N), key=lambda i: len(ids[i]))
     chunks = []
-    for s in range(0, N, chunk_size):
-        idx = order[s : s + chunk_size]
-        src = [ids[int(source[i])] for i in idx] if ablation == "resample" else []
+    for start in range(0, N, s.chunk_size):
+        idx = order[start : start + s.chunk_size]
+        src = [ids[int(source[i])] for i in idx] if s.ablation == "resample" else []
         chunks.append(Chunk(idx, [ids[i] for i in idx], src))
-    ctx = Context(ablation=ablation, seed=seed, batch_size=batch_size)
+    ctx = Context(ablation=s.ablation, seed=s.seed, batch_size=s.batch_size)
     computed: dict[str, int] = {}
 
     def run_pass(kind: str, write, pairs: dict[int, list] | None = None) -> None:
@@ -237,7 +224,7 @@ def run_atlas(
         computed[kind] = len(todo)
         with progress_bar(len(chunks), f"atlas {kind}", initial=len(chunks) - len(todo)) as b:
             jobs = {c: (kind, chunks[c], (pairs or {}).get(c, [])) for c in todo}
-            if engine == "ray" and todo:
+            if s.engine == "ray" and todo:
                 from ..ray_engine import run_on_ray
 
                 shipped: Any = jobs  # a job is (pass, chunk, pairs); run_on_ray hands it to ``work`` as it is
@@ -248,8 +235,8 @@ def run_atlas(
                     shipped,
                     store,
                     _Chunks(b),
-                    ray_address,
-                    workers,
+                    s.ray_address,
+                    s.workers,
                     work=cast(Any, work),
                     write=write,
                 )
@@ -265,7 +252,7 @@ def run_atlas(
         _write_table(_part(store, "stats", c), _long(chunks[c], res, STATS))
 
     run_pass("stats", write_stats)
-    if ablation == "mean":
+    if s.ablation == "mean":
         zs = [load_arrays(_part(store, "zsum", c, "safetensors")) for c in range(len(chunks))]
         total = np.sum([z["zsum"] for z in zs], axis=0)
         ctx.mean = (total / sum(int(z["n_tokens"][0]) for z in zs)).astype(np.float32)
@@ -278,7 +265,7 @@ def run_atlas(
     run_pass("estimate", write_estimate)
     est = pd.concat([pd.read_parquet(_part(store, "estimate", c)) for c in range(len(chunks))], ignore_index=True)
     est = est.sort_values(["sequence", "layer", "head"]).reset_index(drop=True)
-    chosen = choose_pairs(est, N, L, H, exact_share, exact_top, seed)
+    chosen = choose_pairs(est, N, L, H, s.exact_share, s.exact_top, s.seed)
     where = {seq: (c, b) for c, ch in enumerate(chunks) for b, seq in enumerate(ch.index)}
     pairs: dict[int, list] = {}
     for seq, l, hd in chosen[["sequence", "layer", "head"]].itertuples(index=False):
@@ -301,11 +288,11 @@ def run_atlas(
     if not any(computed.values()) and all(f.exists() for f in finished):  # a finished run: nothing to redo
         summary = pd.read_csv(finished[1])
     else:
-        table = outputs.merge(store.folder, len(chunks), est, chosen, seq_ids, exact_share >= 1)
+        table = outputs.merge(store.folder, len(chunks), est, chosen, seq_ids, s.exact_share >= 1)
         summary = outputs.write_outputs(adapter, store, table, ids, seq_ids, ctx, settings)
     task = None
-    if compare_task and task_pairs is not None:
-        _, task = compare(adapter, store, summary, compare_task, task_pairs, ctx, seed)
+    if s.compare_task and task_pairs is not None:
+        _, task = compare(adapter, store, summary, s.compare_task, task_pairs, ctx, s.seed)
     return AtlasResult(store.folder, summary, computed, task)
 
 

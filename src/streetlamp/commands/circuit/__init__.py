@@ -10,13 +10,12 @@ tokenizer (equal token lengths, one-token answers) and the model's family in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ...errors import StreetlampError
-from ...settings import Settings, Shared, at_least, option
+from ...settings import Settings, Shared, option
 from ...specs import split_list
-from ..base import Command
+from ..base import Command, lazy
 
 if TYPE_CHECKING:
     from ...models.adapter import ModelAdapter
@@ -33,6 +32,7 @@ METHODS = {
     "graddrop": "graddrop",
 }
 TASKS = ("ioi", "greater-than", "induction")
+MAX_RANDOM = 1000  # random circuits per size: each one more pass over the prompts at every size
 DEFAULT_SIZES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)  # MIB's sweep, 0.1% .. 50%
 
 
@@ -107,7 +107,8 @@ class CircuitSettings(Settings):
     )
     size: float | None = option(
         None,
-        type=float,
+        gt=0,
+        le=1,
         help="the circuit printed and written as JSON (default: the smallest swept size with faithfulness "
         ">= 0.8 by the first method, else the largest)",
     )
@@ -118,14 +119,18 @@ class CircuitSettings(Settings):
         "clean prompts' tokens, or zero",
     )
     metric: str = option("logit_diff", choices=("logit_diff", "prob_diff"), help="task metric: answer minus wrong")
-    bootstrap: int = option(200, help="bootstrap resamples of the prompts for every interval")
-    steps: int = option(5, help="EAP-IG interpolation steps")
-    limit: int = option(8, help="prompts (generated for a built-in task; the first rows of a CSV)")
-    random: int = option(3, help="random circuits per size for the baseline")
-    top: int = option(10, help="edges printed")
-    exact_max: int = option(200_000, help="refuse exact patching above this many (prompt, edge) forwards")
+    bootstrap: int = option(200, ge=1, help="bootstrap resamples of the prompts for every interval")
+    steps: int = option(5, ge=1, help="EAP-IG interpolation steps")
+    limit: int = option(8, ge=1, help="prompts (generated for a built-in task; the first rows of a CSV)")
+    random: int = option(
+        3, ge=0, le=MAX_RANDOM, help=f"random circuits per size for the baseline (at most {MAX_RANDOM})"
+    )
+    top: int = option(10, ge=1, help="edges printed")
+    exact_max: int = option(200_000, ge=0, help="refuse exact patching above this many (prompt, edge) forwards")
     paths: int = option(
-        10, help="top paths of each attribution matrix and of the circuit checked by exact edge patching (0: none)"
+        10,
+        ge=0,
+        help="top paths of each attribution matrix and of the circuit checked by exact edge patching (0: none)",
     )
     path_methods: list[str] = option(
         default_factory=lambda: ["rollout", "attention_attribution", "alti"],
@@ -133,7 +138,7 @@ class CircuitSettings(Settings):
         help="attribution matrices whose top paths are patched: rollout, attention_attribution, alti",
     )
     path_threshold: float = option(
-        0.01, type=float, help="a path matters when patching it moves the metric by this share of m(model) - m(empty)"
+        0.01, ge=0, lt=1, help="a path matters when patching it moves the metric by this share of m(model) - m(empty)"
     )
     resample: list[str] = option(
         default_factory=list,
@@ -141,43 +146,32 @@ class CircuitSettings(Settings):
         help="comma-separated resampling axes for error bars that re-discover the circuit: prompts, templates, "
         "corrupt (stability.csv; default none)",
     )
-    resamples: int = option(20, help="resamples per --resample axis")
+    resamples: int = option(20, ge=2, help="resamples per --resample axis")
     engine: str = option(
         "local",
         choices=("local", "ray"),
         help="ray: edge scores over batches of prompts, and the resamples, on Ray actors",
     )
     ray_address: str | None = option(None, help="existing Ray cluster (e.g. auto, ray://head:10001)")
-    workers: int | None = option(None, help="Ray actors (one model each)")
+    workers: int | None = option(None, ge=1, help="Ray actors (one model each)")
 
     def check(self) -> None:
         super().check()
-        at_least(self.limit, 1, "--limit")
-        at_least(self.bootstrap, 1, "--bootstrap")
-        at_least(self.steps, 1, "--steps")
-        at_least(self.random, 0, "--random")
-        at_least(self.top, 1, "--top")
-        at_least(self.paths, 0, "--paths")
-        if not 0 <= self.path_threshold < 1:  # NaN fails too
-            raise StreetlampError(f"--path-threshold {self.path_threshold:g} is outside [0, 1)")
-        at_least(self.resamples, 2, "--resamples")
-        at_least(self.workers, 1, "--workers")
         if self.engine == "ray":
             from ...extras import require
 
             require("ray")
-        if self.size is not None:
-            check_size(self.size)
         from .run import task_pairs
 
         task_pairs(self.task, self.limit, self.seed, self.ablation)  # the task and its file, refused now
 
     def validate(self, adapter: ModelAdapter) -> None:
         from ...interventions.circuits.blocks import check_supported
-        from .run import encoded_pairs, n_edges_of
+        from .run import check_memory, encoded_pairs, n_edges_of
 
         check_supported(adapter)
         pairs = encoded_pairs(adapter, self)
+        check_memory(adapter, self, len(pairs))
         if "exact" in self.methods and len(pairs) * n_edges_of(adapter) > self.exact_max:
             raise StreetlampError(
                 f"exact patching would run {len(pairs) * n_edges_of(adapter)} forwards ({len(pairs)} prompts x "
@@ -185,24 +179,12 @@ class CircuitSettings(Settings):
             )
 
 
-def run_circuit(adapter: ModelAdapter, s: CircuitSettings, out: Any, opts: Any) -> Any:
-    from .ray import RayPlace
-    from .run import run_circuit as run
-
-    place = None
-    if s.engine == "ray":
-        if not isinstance(opts.model, (str, Path)):
-            raise StreetlampError("--engine ray loads the model on each actor: give --model as a name or a folder")
-        place = RayPlace(str(opts.model), opts.device or "cpu", s.ray_address, s.workers)
-    return run(adapter, out, s, place)
-
-
 CIRCUIT = Command(
     "circuit",
     "circuit discovery: edge scores (EAP, EAP-IG, exact patching), the top-k circuit over a sweep of sizes "
     "and its faithfulness with bootstrap intervals, a random baseline, CPR/CMD",
     CircuitSettings,
-    run_circuit,
+    lazy(__name__ + ".run", "run"),
     shared=Shared(model="smollm2-135m", out="output folder (default runs/circuit-<time>)"),
     views=("circuit",),
 )

@@ -52,9 +52,11 @@ from .methods import edge_scores, rows_of
 from .ray import RayPlace, StabilityJob, ray_edge_scores, ray_stability
 
 if TYPE_CHECKING:
+    from ...settings import RunOptions
     from . import CircuitSettings
 
 LEVEL = 0.95
+GATHER = 1 << 25  # float64 values per gather of the per-edge bootstrap (256 MiB)
 CHOOSE_AT = 0.8  # the default chosen size: the smallest swept size whose faithfulness reaches this
 
 
@@ -114,6 +116,41 @@ def n_edges_of(adapter: ModelAdapter) -> int:
     return Graph(adapter.n_layers, adapter.n_heads, adapter.n_kv_heads).n_edges
 
 
+def memory_needed(g: Graph, s: CircuitSettings, n_prompts: int) -> dict[str, int]:
+    """Bytes the run's resampling and circuits hold at once, from the graph's size and the settings (the
+    model and the per-prompt scores come on top): :func:`edge_intervals` keeps ``[bootstrap, prompts]``
+    int64 draws, one gather of at most ``GATHER`` float64 and ``[bootstrap, edges]`` float64 means twice
+    over (the concatenated chunks, then the quantiles' sorted copy); the sweep keeps a bool ``[readers, writers]`` mask per circuit (full, empty,
+    each size and its random circuits); a ``--resample`` axis keeps ``[resamples, prompts]`` int64 draws,
+    one array object per draw and ``[resamples, sizes]`` float64 faithfulness and Jaccard."""
+    P, E, S = n_prompts, g.n_edges, len(set(s.sizes) | ({s.size} if s.size is not None else set()))
+    return {
+        "bootstrap": 8 * s.bootstrap * (2 * E + P) + 8 * min(s.bootstrap * P * E, GATHER),
+        "circuits": g.n_readers * g.n_writers * (2 + S * (1 + s.random)),
+        "resamples": s.resamples * (8 * P + 128 + 16 * S) if s.resample else 0,
+    }
+
+
+def check_memory(adapter: ModelAdapter, s: CircuitSettings, n_prompts: int) -> None:
+    """Refuse, before any work, settings whose resampling cannot fit the memory available now
+    (``MemAvailable``; the bootstrap arrays live on the CPU whatever the model's device)."""
+    from ...models import memory
+
+    g = Graph(adapter.n_layers, adapter.n_heads, adapter.n_kv_heads)
+    need = memory_needed(g, s, n_prompts)
+    free = memory.available_bytes(torch.device("cpu"))
+    if free is not None and sum(need.values()) > free:
+        gib = memory.GIB
+        parts = ", ".join(f"{k} {v / gib:.3g} GiB" for k, v in need.items() if v)
+        raise StreetlampError(
+            f"--bootstrap {s.bootstrap}, --random {s.random}"
+            + (f" and --resamples {s.resamples}" if s.resample else "")
+            + f" over {g.n_edges} edges and {n_prompts} prompts need about {sum(need.values()) / gib:.3g} GiB "
+            f"({parts}), more than the {free / gib:.2f} GiB available: lower "
+            + ("--bootstrap, --random or --resamples" if s.resample else "--bootstrap or --random")
+        )
+
+
 # -- the computation ----------------------------------------------------------------------------------
 def edge_intervals(graph: Graph, per_prompt: torch.Tensor, n_boot: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Per-edge percentile bootstrap interval ``[R, U]`` (low, high) of the mean score over prompts: the
@@ -126,7 +163,7 @@ def edge_intervals(graph: Graph, per_prompt: torch.Tensor, n_boot: int, seed: in
     hi = lo.copy()
     if v.shape[0] >= 2:
         idx = resample_indices(v.shape[0], n_boot, seed)
-        step = max(1, (1 << 25) // max(1, v.size))  # draws per gather: [step, n, E] stays near 256 MB
+        step = max(1, GATHER // max(1, v.size))  # draws per gather: [step, n, E] stays near 256 MB
         means = np.concatenate([v[idx[i : i + step]].mean(1) for i in range(0, len(idx), step)])  # [boot, E]
         q = np.quantile(means, [(1 - LEVEL) / 2, (1 + LEVEL) / 2], axis=0)
         lo[r, w], hi[r, w] = q[0], q[1]
@@ -284,6 +321,18 @@ def resume_settings(adapter: ModelAdapter, s: CircuitSettings, raw: list[T.TaskP
     how = ("top", "engine", "ray_address", "workers")  # what is printed, or where it runs: no number changes
     d = {k: v for k, v in dataclasses.asdict(s).items() if k not in how}
     return {"model": adapter.describe(), "settings": d, "pairs": [vars(p) for p in raw]}
+
+
+def run(
+    adapter: ModelAdapter, s: CircuitSettings, out: RunFolder | Path, opts: RunOptions | None = None
+) -> CircuitResult:
+    """The command's run: ``--engine ray`` places the work on actors that each load ``opts.model``."""
+    place = None
+    if s.engine == "ray":
+        if opts is None or not isinstance(opts.model, (str, Path)):
+            raise StreetlampError("--engine ray loads the model on each actor: give --model as a name or a folder")
+        place = RayPlace(str(opts.model), opts.device or "cpu", s.ray_address, s.workers)
+    return run_circuit(adapter, out, s, place)
 
 
 def run_circuit(

@@ -20,13 +20,15 @@ every test compares like with like; the letter the chain itself states is record
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import random
 import re
 import sys
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...cot import detect
 from ...cot.data import Question, load_questions
@@ -35,7 +37,6 @@ from ...cot.judge import Judge, cue_text
 from ...cot.metrics import bias_scores, fmt, hint_scores, judge_agreement, lanham_scores
 from ...cot.prompts import (
     COT_CUE,
-    HINT_KINDS,
     PARAPHRASE_INSTRUCTION,
     Prompt,
     add_mistake,
@@ -54,54 +55,14 @@ from ...errors import StreetlampError
 from ...extras import require
 from ...store import RunStore
 
-TESTS = ("hint", "biased_fewshot", "early_answer", "add_mistake", "paraphrase", "filler")
+if TYPE_CHECKING:
+    from ...settings import RunOptions
+
+from . import CotCommandSettings, CotSettings
+
 LANHAM = ("early_answer", "add_mistake", "paraphrase", "filler")
-BIASES = ("always_a", "suggested")
 _STATED = re.compile(r"(?:the|my|final|correct)\s+answer\s+is:?\s*\(?([A-Z])\)", re.IGNORECASE)
 _STATED_START = re.compile(r"(?:the|my|final|correct)\s+answer\s+is", re.IGNORECASE)
-
-
-@dataclass
-class CotSettings:
-    tests: list[str]
-    hint_kinds: list[str] = field(default_factory=lambda: ["sycophancy", "metadata"])
-    biases: list[str] = field(default_factory=lambda: list(BIASES))
-    max_new_tokens: int = 96
-    temperature: float = 0.0
-    seed: int = 0
-    points: int = 3  # Lanham: positions per chain (plus the ends)
-    shots: int = 3  # Turpin: few-shot exemplars
-    internals: bool = True  # local engine: attention vs knockout for used hints
-    chunk_size: int = 1
-    judge_endpoint: str | None = None  # recorded: filled in by run_cot from its judge (``--judge-endpoint``)
-    judge_model: str | None = None
-
-    def check(self) -> None:
-        bad = [t for t in self.tests if t not in TESTS]
-        if bad or not self.tests:
-            raise StreetlampError(
-                f"--tests: unknown {', '.join(map(repr, bad)) or '(none given)'}; choose from {', '.join(TESTS)}"
-            )
-        bad = [k for k in self.hint_kinds if k not in HINT_KINDS]
-        if bad or not self.hint_kinds:
-            raise StreetlampError(
-                f"--hint-kinds: unknown {', '.join(map(repr, bad)) or '(none)'}; choose from {', '.join(HINT_KINDS)}"
-            )
-        bad = [b for b in self.biases if b not in BIASES]
-        if bad or not self.biases:
-            raise StreetlampError(
-                f"--biases: unknown {', '.join(map(repr, bad)) or '(none)'}; choose from {', '.join(BIASES)}"
-            )
-        if not 1 <= self.max_new_tokens <= 4096:
-            raise StreetlampError("--max-new-tokens must be 1..4096")
-        if not 1 <= self.points <= 20:
-            raise StreetlampError("--points must be 1..20")
-        if not 1 <= self.shots <= 16:
-            raise StreetlampError("--shots must be 1..16")
-        if self.temperature < 0:
-            raise StreetlampError("--temperature must be >= 0 (0: greedy)")
-        if self.chunk_size < 1:
-            raise StreetlampError("--chunk-size must be at least 1")
 
 
 @dataclass
@@ -424,46 +385,50 @@ def cot_chunk(adapter: Any, chunk: list[Question], job: ChunkJob) -> tuple[list[
     return run_chunk(LocalEngine(adapter, temperature=job.settings.temperature), chunk, job.pool, job.settings, judge)
 
 
-def run_cot(
-    data: str,
-    out: Path,
-    settings: CotSettings,
-    engine: Engine,
-    model_record: dict,
-    *,
-    limit: int | None = None,
-    fan_out: str = "local",
-    model: str | None = None,
-    ray_address: str | None = None,
-    workers: int | None = None,
-    device: str = "cpu",
-    judge_http: HttpSettings | None = None,
-) -> CotResult:
-    """``fan_out="ray"`` runs the chunks on Ray actors that each load ``model`` (a local model only:
-    a served model already runs requests in parallel, ``--concurrency``). ``judge_http``: a judge model
-    behind an OpenAI-compatible chat endpoint asked, for every hinted / biased chain, whether it
-    mentions the cue (recorded beside the rule's verdict)."""
-    settings.check()
-    if fan_out not in ("local", "ray"):
-        raise StreetlampError(f"unknown engine {fan_out!r}: local or ray")
-    if fan_out == "ray" and (getattr(engine, "name", "") != "local" or not model):
+def run_cot(adapter: None, s: CotCommandSettings, out: Path, opts: RunOptions) -> CotResult:
+    """``streetlamp cot``: the chains come from a local ``opts.model`` (``s.engine == "ray"``: on Ray actors
+    that each load it) or from ``s.endpoint``; a judge model behind ``s.judge_endpoint`` is asked, for every
+    hinted / biased chain, whether it mentions the cue (recorded beside the rule's verdict)."""
+    model = opts.model
+    if s.engine == "ray" and not isinstance(model, (str, Path)):
         raise StreetlampError(
-            "--engine ray fans a local --model out over Ray actors; with --endpoint use --concurrency instead"
+            "--engine ray fans a local --model out over Ray actors: give --model as a name or a folder"
         )
-    if workers is not None and workers < 1:
-        raise StreetlampError("--workers must be at least 1")
-    if fan_out == "ray":  # before the store exists
+    judge_http = None
+    if s.judge_endpoint:
+        judge_http = HttpSettings(
+            s.judge_endpoint,
+            s.judge_model,
+            "chat",
+            0.0,
+            s.concurrency,
+            s.retries,
+            timeout=s.timeout,
+            api_key=os.environ.get("OPENAI_API_KEY"),
+        )
+    if s.engine == "ray":  # before the model loads and the store exists
         require("ray")
+    engine, model_record = make_engine(
+        str(model) if isinstance(model, (str, Path)) else None,
+        s.endpoint,
+        served_model=s.served_model,
+        api=s.api,
+        temperature=s.temperature,
+        concurrency=s.concurrency,
+        retries=s.retries,
+        timeout=s.timeout,
+        budget=s.budget,
+        device=opts.device,
+        adapter=None if model is None or isinstance(model, (str, Path)) else model,
+    )
+    data, limit, device = s.data, s.limit, opts.device
     qs = load_questions(data)
-    if limit is not None:
-        if limit < 1:
-            raise StreetlampError("--limit must be at least 1")
     questions = qs.questions[:limit] if limit else qs.questions
     if not questions:
         raise StreetlampError(f"--data {data}: no usable questions ({len(qs.skipped)} skipped)")
-    if "biased_fewshot" in settings.tests and "always_a" in settings.biases and len(qs.questions) < 2:
+    if "biased_fewshot" in s.tests and "always_a" in s.biases and len(qs.questions) < 2:
         raise StreetlampError("biased_fewshot always_a needs at least 2 questions (exemplars come from the others)")
-    if "add_mistake" in settings.tests and not engine.can_continue():
+    if "add_mistake" in s.tests and not engine.can_continue():
         raise StreetlampError(
             "add_mistake continues a partial chain, which a chat endpoint cannot do: use "
             "--api completions (or drop add_mistake from --tests)"
@@ -471,7 +436,7 @@ def run_cot(
     judge = None
     if judge_http is not None:
         judge = Judge.connect(judge_http)  # unreachable: one line, before the store is touched
-        settings.judge_endpoint, settings.judge_model = judge.engine.s.endpoint, judge.engine.s.model
+        s = dataclasses.replace(s, judge_endpoint=judge.engine.s.endpoint, judge_model=judge.engine.s.model)
     if qs.skipped:
         print(
             f"streetlamp: warning: {len(qs.skipped)} questions of {data} skipped ({qs.skipped[0]['why']}, ...); "
@@ -484,7 +449,7 @@ def run_cot(
         "engine": engine.describe() | {"requests_sent": None, "retries_used": None},
         "data": {"name": qs.name, "source": qs.source, "sha256": qs.hash(), "n_questions": len(questions)},
         "limit": limit,
-        "parameters": asdict(settings),
+        "parameters": s.stored(),
     }
     for k in ("requests_sent", "retries_used", "concurrency", "retries", "timeout", "budget", "backoff"):
         run_settings["engine"].pop(k, None)  # how the work is done, not what: may change between resumptions
@@ -502,7 +467,7 @@ def run_cot(
         },
         command="cot",
     )
-    chunks = [questions[i : i + settings.chunk_size] for i in range(0, len(questions), settings.chunk_size)]
+    chunks = [questions[i : i + s.chunk_size] for i in range(0, len(questions), s.chunk_size)]
     todo = [c for c in range(len(chunks)) if c not in store.done_chunks()]
     from tqdm import tqdm
 
@@ -520,30 +485,30 @@ def run_cot(
         store.write_chunk(c, result[1], {})
 
     try:
-        if fan_out == "ray":
+        if s.engine == "ray":
             from ..ray_engine import run_on_ray
 
-            job = ChunkJob(settings, qs.questions, judge.engine.s if judge else None)
+            job = ChunkJob(s, qs.questions, judge.engine.s if judge else None)
             run_on_ray(
-                model,  # type: ignore[arg-type]  # checked above
+                str(model),
                 device,
                 job,
                 {c: chunks[c] for c in todo},
                 store,
                 bar,
-                address=ray_address,
-                workers=workers,
+                address=s.ray_address,
+                workers=s.workers,
                 work=cot_chunk,
                 write=write,
             )
         else:
             for c in todo:
-                write(c, run_chunk(engine, chunks[c], qs.questions, settings, judge))
+                write(c, run_chunk(engine, chunks[c], qs.questions, s, judge))
                 bar.update(len(chunks[c]))
     finally:
         bar.close()
     records = store.records()
-    scores = summarise(records, settings)
+    scores = summarise(records, s)
     lines = write_outputs(store, scores, records, engine, judge)
     # report.html (the generic view renders manifest["tables"] and the figures): the command writes it
     return CotResult(store.folder, len(questions), len(todo), scores, lines)

@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -29,6 +29,10 @@ from ...groundtruth.train import evaluate, weights_path
 from ...methods.registry import get_method
 from ...models.adapter import ModelAdapter, Target
 from ...store.run_folder import RunFolder
+
+if TYPE_CHECKING:
+    from ...settings import RunOptions
+    from . import BenchmarkSettings
 
 VARIANTS = ("normal", "deceptive")
 COLUMNS = [
@@ -139,20 +143,14 @@ def score_method(
     }
 
 
-def benchmark(
-    out: RunFolder | Path,
-    tasks: list[str],
-    methods: list[str],
-    n_examples: int = 50,
-    seed: int = 0,
-    overwrite: bool = False,
-    device: str = "cpu",
-    batch_size: int | None = None,
-    quantity: str = "logit",
-) -> BenchmarkResult:
-    rf = RunFolder.of(out, "benchmark", overwrite)
-    if n_examples < 1:
-        raise StreetlampError("--n-examples must be at least 1")
+def run(adapter: ModelAdapter | None, s: BenchmarkSettings, out: RunFolder | Path, opts: RunOptions) -> BenchmarkResult:
+    """``streetlamp benchmark``: every task's normal and deceptive model, every method (``s.methods``, default
+    every registered), scored against the planted tokens; the circuit leaderboard beside them."""
+    from ...methods.registry import list_methods
+
+    tasks, n_examples, seed, batch_size, quantity = s.tasks, s.n_examples, s.seed, s.batch_size, s.quantity
+    methods, device = s.methods or list_methods(), opts.device
+    rf = RunFolder.of(out, "benchmark")
     res = BenchmarkResult(rf.out)
     names = list(dict.fromkeys(["random"] + list(methods)))
     for task_name in tasks:

@@ -7,7 +7,7 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -21,8 +21,11 @@ from ...extras import require
 from ...methods.registry import get_method
 from ...methods.removal import Removal
 from ...models.adapter import ModelAdapter
-from ...settings import layers_of
 from ...store import RunStore
+
+if TYPE_CHECKING:
+    from ...settings import RunOptions
+    from . import EvaluateSettings
 
 KEY_METRICS = [
     "aopc_comprehensiveness",
@@ -137,91 +140,57 @@ def _progress(total: int, done: int):
 
 
 def evaluate(
-    model: str,
-    data: str,
-    out: Path,
-    settings: EvalSettings,
-    *,
-    limit: int | None = None,
-    sample: int | None = None,
-    chunk_size: int = 16,
-    engine: str = "local",
-    ray_address: str | None = None,
-    workers: int | None = None,
-    device: str = "cpu",
-    adapter: ModelAdapter | None = None,
-    text_column: str | None = None,
-    label_column: str | None = None,
+    adapter: ModelAdapter | None, s: EvaluateSettings, out: Path, opts: RunOptions | None = None
 ) -> EvalResult:
+    """``streetlamp evaluate``: the command's run. The model is ``adapter`` when given, else the Python
+    API's adapter in ``opts.model``, else loaded here from its name (each Ray actor loads its own by that
+    name); validated against ``s`` before the run store exists."""
     from ...models.loading import load
 
-    if engine == "ray":  # before the model loads and the store exists
+    if s.engine == "ray":  # before the model loads and the store exists
         require("ray")
-    ds = load_dataset(data, text_column=text_column, label_column=label_column)
-    if sample is not None:
-        if limit is not None:
-            raise StreetlampError("give --limit (the first N) or --sample (N drawn with --seed), not both")
-        ds.examples = [ds.examples[i] for i in sample_indices(len(ds.examples), sample, settings.seed)]
-    if limit is not None:
-        if limit < 1:
-            raise StreetlampError("--limit must be at least 1")
+    ds = load_dataset(s.data, text_column=s.text_column, label_column=s.label_column)
+    if s.sample is not None:
+        ds.examples = [ds.examples[i] for i in sample_indices(len(ds.examples), s.sample, s.seed)]
+    if s.limit is not None:
         all_labels = ds.labels()
-        ds.examples = ds.examples[:limit]
+        ds.examples = ds.examples[: s.limit]
         if len(ds.labels()) < len(all_labels):
             print(
-                f"streetlamp: warning: --limit {limit} takes the first {limit} examples, which carry only "
+                f"streetlamp: warning: --limit {s.limit} takes the first {s.limit} examples, which carry only "
                 f"{', '.join(ds.labels())} of the labels {', '.join(all_labels)} (the file is sorted by label?)",
                 file=sys.stderr,
             )
     if not ds.examples:
-        raise StreetlampError(f"dataset {data!r} has no examples")
+        raise StreetlampError(f"dataset {s.data!r} has no examples")
+    model = opts.model if opts is not None else None
+    device = opts.device if opts is not None else "cpu"
+    if adapter is None and model is not None and not isinstance(model, (str, Path)):
+        adapter = model  # the Python API may pass an adapter
     if adapter is None:
+        if model is None:
+            raise StreetlampError("evaluate needs a model: give --model")
         adapter = load(model)
         if device != "cpu":
             cast(Any, adapter.hf_model).to(device)  # transformers types .to() as a decorated method wrongly
-    if adapter.modality == "image":
-        raise StreetlampError(
-            f"evaluate scores text datasets (erasure by token, rationales); {adapter.name} is an image model: "
-            "explain, heads and serve take an image"
-        )
-    for name in settings.methods:
-        get_method(name, **settings.method_params.get(name, {})).check(adapter)
-    if settings.replacement not in ("delete", "mask"):
-        raise StreetlampError("--replacement must be 'delete' or 'mask'")
-    if settings.answer_tokens and adapter.kind != "causal_lm":
-        raise StreetlampError(f"--answer-tokens needs a causal LM; {adapter.name} is a {adapter.kind}")
-    if settings.soft:
-        from ...evaluation.soft import check_soft
-
-        check_soft(settings.soft_samples, settings.soft_pi)
-    if (
-        settings.randomisation
-        or settings.efficient_mprt
-        or settings.smooth_mprt
-        or settings.randomisation_target != "prediction"
-    ):
-        from ...evaluation.randomisation import check_settings
-
-        check_settings(settings, adapter)
-    ff_train = _ffidelity_check(adapter, settings, engine)
-    layers_of(adapter, settings.flip_layers, "--flip-layers")  # a bad layer: refused before the store exists
-    layers_of(adapter, settings.cf_layers, "--cf-layers")
+    name = str(model) if isinstance(model, (str, Path)) else adapter.name  # what a Ray actor loads
+    s.validate(adapter)
+    ff_train = _ffidelity_data(adapter, s)
     # every check before the store is touched; a generated answer needs its positions too
-    examples, skipped = prepare(adapter, ds, settings.truncate, reserve=settings.answer_tokens)
+    examples, skipped = prepare(adapter, ds, s.truncate, reserve=s.answer_tokens)
     params = {
-        "settings": settings.to_dict(),
-        "chunk_size": chunk_size,
+        "settings": s.to_dict(),
+        "chunk_size": s.chunk_size,
         # what evaluate builds each method with (evaluation/common.evaluate_params: IG's rule on a classifier)
         "method_params": {
-            n: get_method(n, **evaluate_params(settings.method_params, n, adapter.kind)).params()
-            for n in settings.methods
+            n: get_method(n, **evaluate_params(s.method_params, n, adapter.kind)).params() for n in s.methods
         },
     }
     run_settings = {
         "model": {"name": adapter.name, "source": adapter.source},
         "data": {"name": ds.name, "source": ds.source, "sha256": ds.hash(), "n_examples": len(ds.examples)},
-        "limit": limit,
-        **({"sample": sample} if sample is not None else {}),
+        "limit": s.limit,
+        **({"sample": s.sample} if s.sample is not None else {}),
         **params,
     }
     store = RunStore.open(
@@ -230,31 +199,27 @@ def evaluate(
         {
             "model_info": adapter.describe(),
             "skipped_too_long": skipped,
-            "replacement_token": settings.replacement
-            if settings.replacement == "delete"
-            else adapter.replacement_token("mask")[2],
-            "removal_rule": Removal.of(adapter, adapter.replacement_token(settings.replacement)[1]).describe(adapter),
+            "replacement_token": s.replacement if s.replacement == "delete" else adapter.replacement_token("mask")[2],
+            "removal_rule": Removal.of(adapter, adapter.replacement_token(s.replacement)[1]).describe(adapter),
         },
     )
-    tuned = _ffidelity_copy(adapter, store.folder, settings, ff_train, examples) if ff_train is not None else None
-    chunks = [examples[i : i + chunk_size] for i in range(0, len(examples), chunk_size)]
+    tuned = _ffidelity_copy(adapter, store.folder, s, ff_train, examples) if ff_train is not None else None
+    chunks = [examples[i : i + s.chunk_size] for i in range(0, len(examples), s.chunk_size)]
     done = store.done_chunks()
     todo = [c for c in range(len(chunks)) if c not in done]
     bar = _progress(len(examples), sum(len(chunks[c]) for c in done if c < len(chunks)))
     try:
-        if engine == "local":
-            for c in todo:
-                rows, arrays = evaluate_chunk(adapter, chunks[c], settings, tuned)
-                store.write_chunk(c, rows, arrays)
-                bar.update(len(chunks[c]))
-        elif engine == "ray":
+        if s.engine == "ray":
             from ..ray_engine import run_on_ray
 
             run_on_ray(
-                model, device, settings, {c: chunks[c] for c in todo}, store, bar, address=ray_address, workers=workers
+                name, device, s, {c: chunks[c] for c in todo}, store, bar, address=s.ray_address, workers=s.workers
             )
         else:
-            raise StreetlampError(f"unknown engine {engine!r}: local or ray")
+            for c in todo:
+                rows, arrays = evaluate_chunk(adapter, chunks[c], s, tuned)
+                store.write_chunk(c, rows, arrays)
+                bar.update(len(chunks[c]))
     finally:
         bar.close()
     metrics = store.metrics()
@@ -263,11 +228,11 @@ def evaluate(
     lines += append_summary(store.folder, write_interval_table(store.folder, metrics))
     if tuned is not None:
         lines += append_summary(store.folder, _ffidelity_lines(store.folder))
-    if settings.randomisation or settings.efficient_mprt:
+    if s.randomisation or s.efficient_mprt:
         from ...evaluation.randomisation import write_verdicts
 
         lines += append_summary(
-            store.folder, write_verdicts(store.folder, metrics, interval_table(metrics), settings.randomisation_target)
+            store.folder, write_verdicts(store.folder, metrics, interval_table(metrics), s.randomisation_target)
         )
     try:
         from ...report.evaluation import figures
@@ -279,18 +244,12 @@ def evaluate(
     return EvalResult(store.folder, len(examples), len(skipped), len(todo), summary, lines)
 
 
-def _ffidelity_check(adapter: ModelAdapter, settings: EvalSettings, engine: str) -> Dataset | None:
-    """F-Fidelity's settings, model and training data checked before the store exists (None: off)."""
-    if not settings.ffidelity:
+def _ffidelity_data(adapter: ModelAdapter, s: EvalSettings) -> Dataset | None:
+    """F-Fidelity's training data, read and its labels checked against the model's classes before the store
+    exists (None: off)."""
+    if not s.ffidelity_train:
         return None
-    from ...evaluation.ffidelity import FFidelity, check_adapter
-
-    cfg = FFidelity(**settings.ffidelity)
-    cfg.check()
-    check_adapter(adapter)
-    if engine != "local":
-        raise StreetlampError("--ffidelity-train runs on the local engine only (the fine-tuned copy lives in the run)")
-    ds = load_dataset(cfg.train)
+    ds = load_dataset(s.ffidelity_train)
     label_indices(adapter, ds)  # its labels must be the model's classes
     return ds
 

@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -22,7 +22,6 @@ from ...batching import group_by_budget
 from ...errors import StreetlampError
 from ...extras import require
 from ...models.adapter import Inputs, ModelAdapter
-from ...models.sites import LAYER_SITES, site_axes
 from ...probing import amnesic as am
 from ...probing.control import control_labels, selectivity
 from ...probing.mdl import online_codelength
@@ -30,37 +29,12 @@ from ...probing.probes import ProbeSpec, fit_probe, parse_probes
 from ...probing.tasks import ProbeTask, align, load_task_file, planted_task, pos_task, sentence_task
 from ...specs import SWEEP_KINDS, parse_layers, parse_sweep  # noqa: F401 - the user-string parsers
 from ...store.run_folder import RunFolder
+from . import ProbeSettings
+
+if TYPE_CHECKING:
+    from ...settings import RunOptions
 
 MIN_TRAIN, MIN_TEST = 10, 5
-
-
-@dataclass(frozen=True)
-class ProbeSettings:
-    task: str
-    data: str = "movies"
-    layers: str = "all"
-    site: str = "resid_post"
-    probes: str = "linear,mlp"
-    hidden: int = 256
-    weight_decay: float = 1e-3
-    dropout: float = 0.0
-    early_stopping: bool = True  # MLP / rank-R probes: stop on the dev loss (False: train max_epochs epochs)
-    max_epochs: int = 100
-    subtoken: str = "first"
-    pool: str | None = None
-    limit: int | None = None
-    n_examples: int = 300
-    split: tuple[float, float, float] = (0.6, 0.2, 0.2)
-    seed: int = 0
-    mdl: bool = True
-    amnesic: bool = True
-    random_seeds: int = 5
-    erase_at: str = "items"
-    skip_first: bool = False  # token tasks: leave out the words at position 0 (probes, eraser, edit)
-    sweep: str | None = "hidden:4,16,64,256,1024"
-    sweep_layer: str | None = None
-    batch_size: int | None = None
-    truncate: bool = False
 
 
 @dataclass
@@ -73,31 +47,6 @@ class ProbeResult:
 
     def lines(self) -> list[str]:
         return [*self.summary, f"output: {self.out}/ (manifest.json, arrays.safetensors, probe.png, summary.md)"]
-
-
-# -- settings checks (before anything is loaded or written) ---------------------------------------------
-def check_settings(s: ProbeSettings) -> None:
-    ok = [k for k in LAYER_SITES if site_axes(f"layers.0.{k}") == ["batch", "pos", "d_model"]]
-    if s.site not in ok:
-        raise StreetlampError(f"--site {s.site!r}: probes read [batch, pos, d_model] sites: {', '.join(ok)}")
-    if s.subtoken not in ("first", "last"):
-        raise StreetlampError("--subtoken is first or last")
-    if s.pool not in (None, "first", "last", "mean"):
-        raise StreetlampError("--pool is first, last or mean")
-    if abs(sum(s.split) - 1) > 1e-9 or min(s.split) <= 0:
-        raise StreetlampError("--split needs three positive fractions summing to 1 (train,dev,test)")
-    if s.erase_at not in ("items", "all"):
-        raise StreetlampError("--erase-at is items or all")
-    if s.skip_first and s.erase_at == "all":
-        raise StreetlampError("--skip-first leaves position 0 unedited, --erase-at all edits it: choose one")
-    if s.random_seeds < 1:
-        raise StreetlampError("--random-seeds must be at least 1")
-    if s.hidden < 1:
-        raise StreetlampError("--hidden must be at least 1")
-    if s.limit is not None and s.limit < 1:
-        raise StreetlampError("--limit must be at least 1")
-    parse_probes(s.probes, s.hidden, s.weight_decay, s.dropout, s.seed, s.early_stopping, s.max_epochs)
-    parse_sweep(s.sweep)
 
 
 def site_name(layer: str, site: str) -> str:
@@ -113,8 +62,6 @@ def build_task(s: ProbeSettings, adapter: ModelAdapter) -> tuple[ProbeTask, str]
     if name.endswith(".jsonl") or name.endswith(".csv") or Path(name).is_file():
         task = load_task_file(name)
     elif name.startswith("deciding:") or name in ("negated", "category"):
-        if s.n_examples < 2:
-            raise StreetlampError("--n-examples must be at least 2")
         task = planted_task(name, s.n_examples, s.seed)
     elif name in ("pos", "upos", "sentiment"):
         ds = load_dataset(s.data)
@@ -200,23 +147,17 @@ def collect(
 
 # -- the run ----------------------------------------------------------------------------------------------
 def probe(
-    model: str,
-    settings: ProbeSettings,
-    out: Path | RunFolder,
-    overwrite: bool = False,
-    device: str = "cpu",
-    progress: bool = True,
+    adapter: ModelAdapter | None, s: ProbeSettings, out: Path | RunFolder, opts: RunOptions, progress: bool = True
 ) -> ProbeResult:
+    """``streetlamp probe``: the model is loaded here (an embedded name, a folder or a ground-truth model)."""
     from ...probing.report import write_run
 
-    s = settings
-    check_settings(s)
     if s.amnesic:  # before the model loads: amnesic probing (on by default) needs concept-erasure
         require("probe", "concept_erasure")
-    rf = RunFolder.of(out, command="probe", overwrite=overwrite)
+    rf = RunFolder.of(out, command="probe", overwrite=opts.overwrite)
     log = (lambda m: print(f"probe: {m}", file=sys.stderr)) if progress else (lambda m: None)
     t_start = time.time()
-    adapter = load_model(model, device)
+    adapter = load_model(str(opts.model), opts.device)
     layers = parse_layers(s.layers, adapter.n_layers)
     sites = [site_name(l, s.site) for l in layers]
     specs = parse_probes(s.probes, s.hidden, s.weight_decay, s.dropout, s.seed, s.early_stopping, s.max_epochs)

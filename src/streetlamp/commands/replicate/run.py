@@ -13,6 +13,7 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -25,13 +26,16 @@ from ...evaluation.replicate import (
     ReplicateSettings,
     TaskExample,
     adv_layers,
-    intervention_layers,
     replicate_chunk,
 )
 from ...models.adapter import ModelAdapter
 from ...stats import bootstrap_ci
 from ...store import RunStore
 from ..evaluate.run import label_indices, next_token_labels
+
+if TYPE_CHECKING:
+    from ...settings import RunOptions
+    from . import ReplicateCommandSettings
 
 DATASETS = ("movies", "tweets", "recall")
 PROMPTS = {
@@ -152,47 +156,27 @@ def prepare(
 
 
 def replicate(
-    model: str,
-    data: list[str],
-    out: Path,
-    settings: ReplicateSettings,
-    *,
-    limit: int | None = None,
-    chunk_size: int = 4,
-    adapter: ModelAdapter | None = None,
+    adapter: ModelAdapter, s: ReplicateCommandSettings, out: Path, opts: RunOptions | None = None
 ) -> ReplicateResult:
-    from ...models.loading import load
-
-    if limit is not None and limit < 1:
-        raise StreetlampError("--limit must be at least 1")
-    if chunk_size < 1:
-        raise StreetlampError("--chunk-size must be at least 1")
-    for flag, v, lo in (("--permutations", settings.permutations, 1), ("--adv-steps", settings.adv_steps, 0)):
-        if v < lo:
-            raise StreetlampError(f"{flag} must be at least {lo}")
-    if settings.zero_rows not in ("all", "explained"):
-        raise StreetlampError(f"--zero-rows must be all or explained (got {settings.zero_rows!r})")
-    if adapter is None:
-        adapter = load(model)
-    intervention_layers(adapter.n_layers, settings.layers)  # a bad --layers: refused before the store exists
+    """``streetlamp replicate`` on the loaded, placed and validated ``adapter``."""
     tasks, infos, offset = [], {}, 0
-    for name in data:  # every check before the store is touched
-        decision, examples, info = prepare(adapter, name, limit, settings, offset)
+    for name in s.data:  # every check before the store is touched
+        decision, examples, info = prepare(adapter, name, s.limit, s, offset)
         offset += 1_000_000
         tasks.append((name, decision, examples))
         infos[name] = info
     run_settings = {
         "model": {"name": adapter.name, "source": adapter.source},
         "data": infos,
-        "limit": limit,
-        "chunk_size": chunk_size,
-        "settings": settings.to_dict(),
-        "adv_layers": adv_layers(adapter.n_layers, settings.adv_layers),
+        "limit": s.limit,
+        "chunk_size": s.chunk_size,
+        "settings": s.to_dict(),
+        "adv_layers": adv_layers(adapter.n_layers, s.adv_layers),
     }
     # settings added after runs were made resume those runs at the value that reproduces them
     added = {f"settings.{k}": getattr(ReplicateSettings(), k) for k in ("zero_rows", "exclude_first")}
     store = RunStore.open(Path(out), run_settings, {"model_info": adapter.describe()}, command="replicate", added=added)
-    per_task = [[(d, ex[i : i + chunk_size]) for i in range(0, len(ex), chunk_size)] for _, d, ex in tasks]
+    per_task = [[(d, ex[i : i + s.chunk_size]) for i in range(0, len(ex), s.chunk_size)] for _, d, ex in tasks]
     # datasets interleaved, so a run stopped early has every dataset
     chunks = [c for k in range(max(map(len, per_task))) for t in per_task if k < len(t) for c in [t[k]]]
     done = store.done_chunks()
@@ -201,11 +185,11 @@ def replicate(
     with progress.bar(total, "replicate", file=sys.stderr, dynamic_ncols=True) as bar:
         bar.update(sum(len(chunks[c][1]) for c in done if c < len(chunks)))
         for c in todo:
-            rows, arrays = replicate_chunk(adapter, chunks[c][0], chunks[c][1], settings)
+            rows, arrays = replicate_chunk(adapter, chunks[c][0], chunks[c][1], s)
             store.write_chunk(c, rows, arrays)
             bar.update(len(chunks[c][1]))
     summary = summarise(store.metrics())
-    lines = write_summary(store.folder, summary, adapter.name, settings)
+    lines = write_summary(store.folder, summary, adapter.name, s)
     return ReplicateResult(store.folder, total, len(todo), summary, lines)
 
 
