@@ -163,7 +163,7 @@ class GenerationSettings(Settings):
             raise StreetlampError(f"--new-tokens must be 1..64 (got {self.new_tokens})")
 
     def validate(self, adapter: ModelAdapter) -> None:
-        if adapter.kind not in ("causal_lm", "seq2seq"):
+        if not adapter.kind.generative:
             raise StreetlampError(
                 f"explain-generation needs a causal LM or an encoder-decoder; {adapter.name} is a {adapter.kind}"
             )

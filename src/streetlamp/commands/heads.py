@@ -92,7 +92,7 @@ class PruneSettings(Settings):
         at_least(self.limit, 4, "--limit")
 
     def validate(self, adapter: ModelAdapter) -> None:
-        if adapter.kind != "classifier":
+        if not adapter.kind.labels:
             raise StreetlampError("pruning measures accuracy: it needs a classifier")
 
 

@@ -62,7 +62,7 @@ def label_indices(adapter: ModelAdapter, ds: Dataset) -> dict[str, int]:
 
     For a causal LM a label is the expected next token: ``" " + label`` if that is one token of the
     vocabulary (the usual form after a prompt), else ``label`` itself; anything else is refused."""
-    if adapter.kind == "causal_lm":
+    if adapter.kind.causal:
         return next_token_labels(adapter, ds.labels())
     out, bad = {}, []
     for lab in ds.labels():
@@ -188,7 +188,7 @@ def evaluate(
         get_method(name, **settings.method_params.get(name, {})).check(adapter)
     if settings.replacement not in ("delete", "mask"):
         raise StreetlampError("--replacement must be 'delete' or 'mask'")
-    if settings.answer_tokens and adapter.kind != "causal_lm":
+    if settings.answer_tokens and not adapter.kind.causal:
         raise StreetlampError(f"--answer-tokens needs a causal LM; {adapter.name} is a {adapter.kind}")
     if settings.soft:
         from ..evaluation.soft import check_soft

@@ -152,7 +152,7 @@ def explain_generation(
     methods), minus a ``contrast_token``'s, or minus the log-prob after a ``contrast_prompt``. ``chat``
     applies the tokenizer's chat template to the prompt; ``granularity`` adds word / sentence / paragraph
     matrices (sums over each unit's tokens, :mod:`~streetlamp.methods.granularity`)."""
-    if adapter.kind == ENCODER_DECODER:  # source -> target: the same matrices and files, over the seq2seq view
+    if adapter.kind.view == "source_target":  # the same matrices and files, over the seq2seq view
         if contrast_token or contrast_prompt or chat or granularity != "token" or quantity == "kl_divergence":
             raise StreetlampError(
                 "--contrast-token, --contrast-prompt, --chat, --granularity and kl_divergence are for causal LMs"
@@ -162,7 +162,7 @@ def explain_generation(
             adapter, prompt, rf, new_tokens, continuation, methods, quantity, batch_size, seed, ig_params, method_params
         )
     rf = RunFolder.of(out, "explain-generation", overwrite)
-    if adapter.kind != "causal_lm":
+    if not adapter.kind.causal:
         raise StreetlampError(f"explain-generation needs a causal LM; {adapter.name} is a {adapter.kind}")
     if not prompt or not prompt.strip():
         raise StreetlampError("empty prompt")

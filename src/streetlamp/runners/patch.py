@@ -211,7 +211,7 @@ def run_mediate(
     batch_size: int | None = None,
 ) -> MediateResult:
     rf = RunFolder.of(out, "mediate", overwrite)
-    if adapter.kind != "causal_lm":
+    if not adapter.kind.causal:
         raise StreetlampError("mediation compares next-token probabilities of pronouns: it needs a causal LM")
     prompts = prompts or M.default_prompts(adapter, n_prompts)
     res = M.mediation(adapter, prompts, head_site=head_site, progress=progress, batch_size=batch_size)
