@@ -14,6 +14,7 @@ from streetlamp.evaluation.common import IG_CLASSIFIER_RULE, evaluate_params
 from streetlamp.evaluation.pipeline import ChunkExample, EvalSettings, evaluate_chunk
 from streetlamp.methods.registry import get_method
 from streetlamp.models.adapter import Inputs, ModelAdapter, Target
+from streetlamp.models.kinds import CAUSAL_LM, CLASSIFIER, ENCODER_DECODER
 from streetlamp.models.tiny import tiny_model
 
 TEXTS = ["the movie was not good , but the acting was great .", "i loved it a lot"]
@@ -27,13 +28,13 @@ def adapter_of(family: str) -> ModelAdapter:
 
 def test_evaluate_params_choose_the_rule_only_for_ig_on_a_classifier_without_one() -> None:
     run = {IG: {"tolerance": 1e-4}, "occlusion": {"window": 2}}
-    assert evaluate_params(run, IG, "classifier") == {"tolerance": 1e-4, "rule": IG_CLASSIFIER_RULE}
+    assert evaluate_params(run, IG, CLASSIFIER) == {"tolerance": 1e-4, "rule": IG_CLASSIFIER_RULE}
     assert run[IG] == {"tolerance": 1e-4}  # the run's settings are not touched
-    assert evaluate_params({IG: {"rule": "auto"}}, IG, "classifier") == {"rule": "auto"}
-    assert evaluate_params(run, IG, "causal_lm") == {"tolerance": 1e-4}
-    assert evaluate_params(run, IG, "seq2seq") == {"tolerance": 1e-4}
-    assert evaluate_params(run, "occlusion", "classifier") == {"window": 2}
-    assert evaluate_params({}, IG, "classifier") == {"rule": IG_CLASSIFIER_RULE}
+    assert evaluate_params({IG: {"rule": "auto"}}, IG, CLASSIFIER) == {"rule": "auto"}
+    assert evaluate_params(run, IG, CAUSAL_LM) == {"tolerance": 1e-4}
+    assert evaluate_params(run, IG, ENCODER_DECODER) == {"tolerance": 1e-4}
+    assert evaluate_params(run, "occlusion", CLASSIFIER) == {"window": 2}
+    assert evaluate_params({}, IG, CLASSIFIER) == {"rule": IG_CLASSIFIER_RULE}
 
 
 def _examples(a: ModelAdapter) -> tuple[list[ChunkExample], Inputs]:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from streetlamp.errors import StreetlampError
-from streetlamp.interventions.circuits.blocks import SUPPORTED, Blocks
+from streetlamp.interventions.circuits.blocks import Blocks, supported
 from streetlamp.interventions.circuits.forward import run_graph
 from streetlamp.interventions.circuits.graph import Graph
 from streetlamp.interventions.circuits.scores import ablation_values
@@ -35,7 +35,7 @@ def tol(a: ModelAdapter, scale: float) -> float:
     return F64_TOL * max(1.0, scale) if a.family.name == "gpt2" else f32_tol(a.n_layers + 1, scale)
 
 
-@pytest.mark.parametrize("family", SUPPORTED)
+@pytest.mark.parametrize("family", supported())
 def test_full_graph_is_the_model_and_empty_graph_is_the_corrupted_run(family: str) -> None:
     model, tok = tiny_model(family, seed=1)
     a = ModelAdapter(model.double(), tok, f"tiny-{family}")
@@ -162,3 +162,28 @@ def test_sparse_masks_are_the_dense_sum(family: str) -> None:
     tw = tol(a, float(full.writers.abs().max()))
     torch.testing.assert_close(sparse.writers, dense.writers.detach(), rtol=0, atol=tw)
     assert float((sparse.logits - full.logits).abs().max()) > 1e3 * t  # the ablated edges changed the output
+
+
+def test_circuit_support_is_read_from_the_family_object(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A family registered at test time (Llama's facts under another model type: one object, one registry
+    line) is accepted and its circuit forward is the model; the same object without its circuit wiring,
+    or marked post-LN, is refused with the reason its object gives. No family name is read."""
+    import dataclasses
+
+    from streetlamp.models.families import FAMILIES, NormPlacement
+    from tests.models.test_sites import _toy_family
+
+    monkeypatch.setitem(FAMILIES, "toy-llama", _toy_family())
+    assert "toy-llama" in supported()
+    test_full_graph_is_the_model_and_empty_graph_is_the_corrupted_run("toy-llama")
+    model, tok = tiny_model("toy-llama", seed=1)
+    a = ModelAdapter(model, tok, "tiny-toy-llama")
+    monkeypatch.setitem(FAMILIES, "toy-llama", dataclasses.replace(_toy_family(), circuit=None))
+    assert "toy-llama" not in supported()
+    with pytest.raises(StreetlampError, match=r"\(toy-llama\) is not supported: not wired"):
+        Blocks(ModelAdapter(model, tok, "tiny-toy-llama"))
+    post = dataclasses.replace(_toy_family(), norm=NormPlacement("post", "input_layernorm", "rmsnorm"))
+    monkeypatch.setitem(FAMILIES, "toy-llama", post)
+    with pytest.raises(StreetlampError, match="post-LN"):
+        Blocks(ModelAdapter(model, tok, "tiny-toy-llama"))
+    assert a.family.circuit is not None

@@ -13,12 +13,12 @@ import streetlamp
 from streetlamp.errors import StreetlampError
 from streetlamp.methods.registry import REGISTRY, get_method
 from streetlamp.models.seq2seq import SEQ2SEQ_METHODS, Seq2SeqAdapter, seq2seq_site_names
-from streetlamp.models.tiny import save_tiny, tiny_model, tiny_seq2seq
+from streetlamp.models.tiny import ENCODER_DECODER_FAMILY_KINDS, save_tiny, tiny_model, tiny_seq2seq
 from tests.conftest import F64_TOL
 
 SOURCE = "the movie was not good , but the acting was great ."
 TARGET = [5, 9, 7, 11, 8]  # forced target ids (any tokens of the tiny vocabulary)
-FAMILIES = ["bart", "t5"]
+FAMILIES = sorted(ENCODER_DECODER_FAMILY_KINDS)  # the registry's encoder-decoders: bart, t5
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -71,7 +71,7 @@ def test_every_site_family_equals_hf_eager(pair: tuple[Seq2SeqAdapter, torch.nn.
                 o = layers[l].get_submodule(adapter.seq2seq.cross_o if k == "cross_attn" else adapter.seq2seq.self_o)
                 assert (o(z.flatten(2)) - c[f"{pre}.out"]).abs().max() <= F64_TOL
             h = c[f"{stack}.layers.{l}.resid_post"]
-            if l == n - 1 and adapter.seq2seq.name == "t5":  # HF's last hidden state is after T5's final norm
+            if l == n - 1 and adapter.family.name == "t5":  # HF's last hidden state is after T5's final norm
                 h = getattr(adapter.hf_model, stack).final_layer_norm(h)
             assert (h - hidden[l + 1]).abs().max() <= F64_TOL
 
@@ -198,3 +198,30 @@ def test_unroutable_encoder_decoder_is_one_line() -> None:
     with pytest.raises(StreetlampError) as e:
         Seq2SeqAdapter(OwnAttentionBartForConditionalGeneration(model.config), tok, "own")
     assert "attention cannot be routed" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_encoder_decoders_are_registry_families_of_their_kind() -> None:
+    """T5 and BART are family objects in FAMILIES (two stacks, the encoder-decoder kind): the loader picks
+    their adapter from the object, the single-stack adapter refuses them in one line, the unsupported-type
+    message lists them from the registry, and the tiny recipe is the family's."""
+    from streetlamp.models.adapter import ModelAdapter
+    from streetlamp.models.families import FAMILIES as REGISTRY
+    from streetlamp.models.families import unsupported_message
+    from streetlamp.models.kinds import ENCODER_DECODER
+    from streetlamp.models.loading import adapter_for
+    from streetlamp.models.seq2seq import SEQ2SEQ_FAMILIES
+
+    assert FAMILIES == sorted(n for n, f in REGISTRY.items() if f.encoder_decoder is not None) == ["bart", "t5"]
+    for fam in FAMILIES:
+        f = REGISTRY[fam]
+        assert f.stacks == 2 and f.tiny is not None and f.tiny.kind is ENCODER_DECODER
+        assert SEQ2SEQ_FAMILIES[fam] is f.encoder_decoder
+        model, tok = tiny_model(fam, seed=2)
+        a = adapter_for(model, tok, f"tiny-{fam}", "")
+        assert isinstance(a, Seq2SeqAdapter) and a.family is f and a.kind is ENCODER_DECODER
+        with pytest.raises(StreetlampError, match=f"^{fam} is an encoder-decoder: it runs through Seq2SeqAdapter"):
+            ModelAdapter(model, tok, "x")
+    msg = unsupported_message("nope")
+    assert msg.endswith("; encoder-decoder: bart, t5") and "t5," not in msg.split("; encoder-decoder")[0]
+    with pytest.raises(ValueError, match="no tiny encoder-decoder for family 'gpt2'"):
+        tiny_seq2seq("gpt2")

@@ -13,10 +13,11 @@ from streetlamp.methods.lrp import RULE_FAMILIES
 from streetlamp.models.adapter import ModelAdapter
 from streetlamp.models.attention_block import DECOMPOSE
 from streetlamp.models.families import FAMILIES, Family, TinySpec
+from streetlamp.models.kinds import ENCODER_DECODER
 from streetlamp.models.readout import READOUT
 from streetlamp.models.relevance import GATED_FAMILIES
 from streetlamp.models.sites import site_axes
-from streetlamp.models.tiny import FAMILY_KINDS, IMAGE_FAMILY_KINDS, tiny_model
+from streetlamp.models.tiny import ENCODER_DECODER_FAMILY_KINDS, FAMILY_KINDS, IMAGE_FAMILY_KINDS, tiny_model
 from tests.conftest import TEXTS
 
 PINNED = ["embed"] + [
@@ -139,15 +140,23 @@ def test_a_family_without_rules_is_refused_by_attnlrp_from_its_object(monkeypatc
 
 def test_every_registered_family_is_complete() -> None:
     """Each registry entry is its model type's family, with a tiny recipe (so the tiny-model tests, the site
-    pins and the conformance suite cover it), and the per-fact tables are views of the objects."""
+    pins and the conformance suite cover it), and the per-fact tables are views of the objects. The
+    encoder-decoders (two stacks) are in the registry too, outside the single-stack tables."""
     for name, f in FAMILIES.items():
-        assert f.name == name and f.tiny is not None and f.norm is not None
+        assert f.name == name and f.tiny is not None
+        if f.stacks == 2:
+            assert f.encoder_decoder is not None and f.tiny.kind is ENCODER_DECODER and f.norm is None
+            assert name in ENCODER_DECODER_FAMILY_KINDS and name not in FAMILY_KINDS and name not in RULE_FAMILIES
+            continue
+        assert f.norm is not None and f.tiny.kind.stacks == 1 and name not in ENCODER_DECODER_FAMILY_KINDS
         assert (name in FAMILY_KINDS) == (f.modality == "text") and (name in IMAGE_FAMILY_KINDS) == (
             f.modality == "image"
         )
         assert DECOMPOSE[name] is f.norm and READOUT.get(name) is f.readout
         assert (name in GATED_FAMILIES) == f.gated_mlp and (name in RULE_FAMILIES) == (f.attnlrp_refusal is None)
         assert f.normed_attention_output == (f.norm.placement == "sandwich")
-    assert sorted(FAMILY_KINDS) == sorted(n for n in FAMILIES if n != "vit")  # every text family has a tiny model
+    # every single-stack text family has a tiny model
+    assert sorted(FAMILY_KINDS) == sorted(n for n in FAMILIES if n != "vit" and FAMILIES[n].stacks == 1)
+    assert sorted(ENCODER_DECODER_FAMILY_KINDS) == ["bart", "t5"]
     assert [n for n in FAMILIES if FAMILIES[n].attention_hooks] == ["deberta-v2"]
     assert [n for n in FAMILIES if FAMILIES[n].embed_hook] == ["vit"]

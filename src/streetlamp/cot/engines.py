@@ -77,7 +77,7 @@ class LocalEngine:
     name = "local"
 
     def __init__(self, adapter: Any, temperature: float = 0.0, top_p: float = 1.0) -> None:
-        if adapter.kind != "causal_lm":
+        if not adapter.kind.causal:
             raise StreetlampError(f"cot needs a causal LM; {adapter.name} is a {adapter.kind}")
         self.adapter = adapter
         self.temperature = float(temperature)

@@ -11,6 +11,7 @@ import torch
 from ..batching import group_by_budget
 from ..models.adapter import Inputs, ModelAdapter
 from ..models.context import fused_attention
+from ..models.kinds import ModelKind
 
 # Integrated gradients inside evaluate on a classifier, when the run gives no rule: Clenshaw–Curtis (the default
 # before issue 28) reaches the tolerance in fewer gradient evaluations there than ``auto``, whose coarse pass sends
@@ -20,11 +21,11 @@ from ..models.context import fused_attention
 IG_CLASSIFIER_RULE = "clenshaw_curtis"
 
 
-def evaluate_params(params: Mapping[str, Mapping[str, Any]], name: str, kind: str) -> dict[str, Any]:
+def evaluate_params(params: Mapping[str, Mapping[str, Any]], name: str, kind: ModelKind) -> dict[str, Any]:
     """The parameters evaluate builds method ``name`` with on a model of ``kind``: the run's ``params[name]``, and
     :data:`IG_CLASSIFIER_RULE` for integrated gradients on a classifier when they name no rule."""
     p = dict(params.get(name, {}))
-    if name == "integrated_gradients" and kind == "classifier" and "rule" not in p:
+    if name == "integrated_gradients" and kind.labels and "rule" not in p:
         p["rule"] = IG_CLASSIFIER_RULE
     return p
 

@@ -61,7 +61,7 @@ class FFidelity:
 
 
 def check_adapter(adapter: ModelAdapter) -> None:
-    if adapter.kind != "classifier" or adapter.modality != "text":
+    if not adapter.kind.labels or adapter.modality != "text":
         raise StreetlampError(f"--ffidelity-train fine-tunes a text classifier; {adapter.name} is a {adapter.kind}")
 
 

@@ -73,6 +73,6 @@ class PrefixRunner:
 
 def prefix_runners(adapter: ModelAdapter, rows: Sequence[Sequence[int]], enabled: bool) -> list[PrefixRunner] | None:
     """One runner per text on a causal LM when ``enabled``, else None (the full-row path)."""
-    if not enabled or adapter.kind != "causal_lm":
+    if not enabled or not adapter.kind.causal:
         return None
     return [PrefixRunner(adapter, r) for r in rows]

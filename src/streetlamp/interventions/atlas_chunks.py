@@ -72,7 +72,7 @@ def stats_chunk(adapter: ModelAdapter, chunk: Chunk, ctx: Context) -> dict[str, 
         for k, i in enumerate(group):
             n = len(chunk.ids[i])
             st = pattern_stats(
-                pat[k, :, :, :n, :n], np.array(chunk.ids[i]), adapter.explained_position(n), adapter.kind == "causal_lm"
+                pat[k, :, :, :n, :n], np.array(chunk.ids[i]), adapter.explained_position(n), adapter.kind.causal
             )
             for name in STATS:
                 out[name][i] = st[name]

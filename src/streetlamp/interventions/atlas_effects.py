@@ -49,7 +49,7 @@ def z_sites(adapter: ModelAdapter) -> list[str]:
 
 def _logp(adapter: ModelAdapter, inputs: Inputs, edits: dict | None = None, record: Sequence[str] = ()):
     """``(log p at the explained position [B, V], log p at every position [B, n, V] or None, cache)``."""
-    if adapter.kind != "causal_lm":
+    if not adapter.kind.causal:
         fwd = adapter.forward(inputs, record=record, edit=edits)
         return torch.log_softmax(at_least_float32(fwd.logits), -1), None, fwd.cache
     dev = adapter.device
@@ -221,7 +221,7 @@ def exact(
     if key not in _ARITY:
         _ARITY[key] = layer_output_arity(adapter, inputs)
     arity = _ARITY[key]
-    names = EXACT if adapter.kind == "causal_lm" else EXACT[:3]
+    names = EXACT if adapter.kind.causal else EXACT[:3]
     out = {k: np.full(len(pairs), np.nan) for k in names}
     by_layer: dict[int, list[int]] = {}
     for i, (_, l, _) in enumerate(pairs):

@@ -123,7 +123,7 @@ def activation_patching(
     out = {k: np.zeros((L, P), np.float32) for k in KINDS if k in kinds}
     if "heads" in kinds:
         out["heads"] = np.zeros((L, H), np.float32)
-    start = first_difference(pair) if adapter.kind == "causal_lm" else 0
+    start = first_difference(pair) if adapter.kind.causal else 0
     positions = list(range(start, P))
     by_pos = engine.repeat_inputs(pair.corrupt, len(positions))
     by_head = engine.repeat_inputs(pair.corrupt, H)

@@ -11,7 +11,7 @@ import torch
 from ..errors import StreetlampError
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..results import Explanation
-from .base import ENCODER_DECODER, Method, ViewAttribution
+from .base import CAUSAL_LM, CLASSIFIER, ENCODER_DECODER, Method, ViewAttribution
 from .views import SequenceView, View
 
 
@@ -37,7 +37,7 @@ class Attention(Method):
     name = "attention"
     family = "attention"
     description = "raw attention weights from the explained position (the heatmap's claim)"
-    kinds = ("classifier", "causal_lm", ENCODER_DECODER)
+    kinds = (CLASSIFIER, CAUSAL_LM, ENCODER_DECODER)
 
     def check(self, adapter: ModelAdapter) -> None:
         super().check(adapter)

@@ -33,13 +33,14 @@ import numpy as np
 
 from ..errors import StreetlampError
 from ..models.adapter import Inputs, ModelAdapter, Target
+from ..models.kinds import CAUSAL_LM, CLASSIFIER, ENCODER_DECODER, ModelKind
 from ..results import Explanation
 
 if TYPE_CHECKING:
     from .long_input import LongInput, LongRow
     from .views import View
 
-ENCODER_DECODER = "seq2seq"  # the encoder-decoder kind (``Seq2SeqAdapter.kind``)
+__all__ = ["CAUSAL_LM", "CLASSIFIER", "ENCODER_DECODER", "Method", "ViewAttribution"]
 
 
 @dataclass
@@ -61,7 +62,7 @@ class Method(ABC):
     needs_gradients: ClassVar[bool] = False
     reports_completeness: ClassVar[bool] = False
     stochastic: ClassVar[bool] = False
-    kinds: ClassVar[tuple[str, ...]] = ("classifier", "causal_lm")
+    kinds: ClassVar[tuple[ModelKind, ...]] = (CLASSIFIER, CAUSAL_LM)
     long_input: ClassVar[bool] = False
     long_needs_graph: ClassVar[bool] = False  # the long recording keeps the last layer's graph for this method
     uses_weights: ClassVar[bool] = True  # reads the model's weights (evaluate's randomisation check needs it)
@@ -71,7 +72,7 @@ class Method(ABC):
 
     def check(self, adapter: ModelAdapter) -> None:
         """Raise a StreetlampError saying why this method cannot apply to ``adapter``."""
-        if adapter.kind == "seq2seq":
+        if adapter.kind.stacks > 1:  # attribute() runs one stack; a method over the view has check_view
             from ..models.seq2seq import refusal
 
             raise StreetlampError(refusal(self.name, adapter.name))
@@ -82,7 +83,7 @@ class Method(ABC):
         """Raise a StreetlampError saying why this method cannot attribute over ``view``."""
         kind = view.adapter.kind
         if kind not in self.kinds:
-            if kind == ENCODER_DECODER:
+            if kind.stacks > 1:
                 from ..models.seq2seq import refusal
 
                 raise StreetlampError(refusal(self.name, view.adapter.name))

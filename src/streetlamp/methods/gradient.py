@@ -22,7 +22,7 @@ import torch
 from ..batching import chunks
 from ..models.adapter import Inputs, ModelAdapter, Target, at_least_float32
 from ..results import Explanation
-from .base import ENCODER_DECODER, Method, ViewAttribution
+from .base import CAUSAL_LM, CLASSIFIER, ENCODER_DECODER, Method, ViewAttribution
 from .views import SequenceView, View, ids_inputs
 
 
@@ -69,7 +69,7 @@ def resolve_one(adapter: ModelAdapter, ids: torch.Tensor, target: Target, logits
 class _PlainGradient(Method):
     family = "gradient"
     needs_gradients = True
-    kinds = ("classifier", "causal_lm", ENCODER_DECODER)
+    kinds = (CLASSIFIER, CAUSAL_LM, ENCODER_DECODER)
 
     def _per_token(self, e: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

@@ -29,7 +29,7 @@ import torch
 from ..errors import StreetlampError
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..results import Explanation
-from .base import ENCODER_DECODER, Method, ViewAttribution
+from .base import CAUSAL_LM, CLASSIFIER, ENCODER_DECODER, Method, ViewAttribution
 from .gradient import embed_ids, ids_inputs
 from .quadrature import RULES, PathCache, first_nodes, integrate_adaptive
 from .views import PrefixView, SequenceView, View, per_target_grads
@@ -70,7 +70,7 @@ class IntegratedGradients(Method):
     description = "integrated gradients over token embeddings, completeness error recorded, adaptive steps"
     needs_gradients = True
     reports_completeness = True
-    kinds = ("classifier", "causal_lm", ENCODER_DECODER)
+    kinds = (CLASSIFIER, CAUSAL_LM, ENCODER_DECODER)
 
     def check(self, adapter: ModelAdapter) -> None:
         super().check(adapter)
@@ -82,7 +82,7 @@ class IntegratedGradients(Method):
 
     def _check_model(self, adapter: ModelAdapter) -> None:
         self.check_params()
-        if self.baseline == "document" and adapter.kind != "causal_lm":
+        if self.baseline == "document" and not adapter.kind.causal:
             raise StreetlampError("IG baseline 'document' (the document-start token) is for causal LMs")
 
     def check_params(self) -> None:
@@ -260,7 +260,7 @@ class IntegratedGradients(Method):
         the quantity and an optional contrast; its ``index`` is ignored.
         """
         self.check(adapter)
-        if adapter.kind != "causal_lm":
+        if not adapter.kind.causal:
             raise StreetlampError("attribute_sequence needs a causal LM")
         prompt_ids = adapter.encode(prompt).input_ids[0].to(adapter.device)
         cont = adapter.generate(prompt_ids, continuation) if isinstance(continuation, int) else list(continuation)

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import StreetlampError
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..results import Explanation
-from .base import ENCODER_DECODER, Method, ViewAttribution
+from .base import CAUSAL_LM, CLASSIFIER, ENCODER_DECODER, Method, ViewAttribution
 from .long_input import LongInput, LongRow
 from .long_occlusion import check_window, occlusion_spans
 from .scorer import REPLACEMENTS, check_replacement, explanation_common, occlusion_replacement
@@ -48,7 +48,7 @@ class Occlusion(Method):
     name = "occlusion"
     family = "perturbation"
     description = "leave-one-out: F(x) - F(x with the token replaced by [MASK]/[UNK]/[PAD] or deleted)"
-    kinds = ("classifier", "causal_lm", ENCODER_DECODER)
+    kinds = (CLASSIFIER, CAUSAL_LM, ENCODER_DECODER)
     long_input = True
 
     def check(self, adapter: ModelAdapter) -> None:

@@ -54,7 +54,7 @@ def long_methods() -> list[str]:
     return [name for name, cls in REGISTRY.items() if cls.long_input]
 
 
-def methods_of_kind(kind: str) -> list[str]:
+def methods_of_kind(kind: str) -> list[str]:  # a kind's name, or the kind (it is its name)
     """The methods that declare the model kind ``kind`` (e.g. ``seq2seq``, the encoder-decoder kind)."""
     return [name for name, cls in REGISTRY.items() if kind in cls.kinds]
 

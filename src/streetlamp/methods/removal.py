@@ -52,7 +52,7 @@ class Removal:
 
     @classmethod
     def of(cls, adapter: ModelAdapter, token_id: int | None) -> Removal:
-        if token_id is None and adapter.kind == "causal_lm":
+        if token_id is None and adapter.kind.removal == "causal":
             return cls(None, sink_token(adapter), True)
         return cls(token_id)
 

@@ -62,7 +62,7 @@ def occlusion_replacement(adapter: ModelAdapter, replacement: str) -> tuple[str,
     the other tokens, so deletion is well defined there (SHAP/LIME, whose coalitions can remove
     every token, keep the token fallback).
     """
-    if replacement == "mask" and adapter.tokenizer.mask_token_id is None and adapter.kind == "causal_lm":
+    if replacement == "mask" and adapter.tokenizer.mask_token_id is None and adapter.kind.removal == "causal":
         return "delete", None, None
     return adapter.replacement_token(replacement)
 
@@ -101,7 +101,7 @@ class Scorer:
     plan: Literal["auto", "shared", "packed"] = "auto"
 
     def __post_init__(self) -> None:
-        self.use_cache = self.use_cache and self.adapter.kind == "causal_lm"
+        self.use_cache = self.use_cache and self.adapter.kind.causal
         self.budget = self.budget if self.budget is not None else default_budget(self.adapter.device)
         self.n_rows = 0  # perturbed rows evaluated (for the record)
         self.n_positions = 0  # token positions computed (for the record)

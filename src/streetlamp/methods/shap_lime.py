@@ -33,7 +33,7 @@ import numpy as np
 from ..errors import StreetlampError
 from ..models.adapter import Inputs, ModelAdapter, Target
 from ..results import Explanation
-from .base import ENCODER_DECODER, Method, ViewAttribution
+from .base import CAUSAL_LM, CLASSIFIER, ENCODER_DECODER, Method, ViewAttribution
 from .scorer import check_replacement, explanation_common
 from .views import SequenceView, View
 
@@ -123,7 +123,7 @@ class _Sampled(Method):
 
     family = "perturbation"
     stochastic = True
-    kinds = ("classifier", "causal_lm", ENCODER_DECODER)
+    kinds = (CLASSIFIER, CAUSAL_LM, ENCODER_DECODER)
 
     def check(self, adapter: ModelAdapter) -> None:
         super().check(adapter)

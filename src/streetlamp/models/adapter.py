@@ -24,12 +24,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import StreetlampError
 from . import attention, readout
+from .families import single_stack
 from .images import PatchVocabulary, looks_like_image_file, read_image, token_embeddings
+from .kinds import CAUSAL_LM, CLASSIFIER, ModelKind
 from .relevance import relevance_rules
 from .sites import FAMILIES, Family, site_names
 from .trace import Edit, Session
 
-Kind = Literal["classifier", "causal_lm", "seq2seq"]
 Modality = Literal["text", "image"]
 Quantity = Literal["prob", "logit", "logprob", "kl_divergence"]
 # ``kl_divergence``: F(x') = -KL(p(.|x) || p(.|x')) of the unedited input x, read only by the perturbation
@@ -208,19 +209,22 @@ class ModelAdapter:
     ) -> None:
         model_type = hf_model.config.model_type
         if model_type not in FAMILIES:
-            raise StreetlampError(f"unsupported model type {model_type!r}; supported: {', '.join(sorted(FAMILIES))}")
+            raise StreetlampError(f"unsupported model type {model_type!r}; supported: {', '.join(single_stack())}")
         self.family: Family = FAMILIES[model_type]
+        if self.family.stacks > 1:
+            raise StreetlampError(
+                f"{model_type} is an encoder-decoder: it runs through Seq2SeqAdapter (streetlamp.load picks it)"
+            )
         arch = type(hf_model).__name__
         self.modality: Modality = "text"
-        if arch.endswith("ForImageClassification"):
-            self.kind: Kind = "classifier"
-            self.modality = "image"
-            if not isinstance(tokenizer, PatchVocabulary):  # an image processor; a vocabulary is shared as is
-                tokenizer = PatchVocabulary(tokenizer, hf_model.config)
-        elif arch.endswith("ForSequenceClassification"):
-            self.kind = "classifier"
-        elif arch.endswith("ForCausalLM") or arch.endswith("LMHeadModel"):
-            self.kind = "causal_lm"
+        # the kind (models/kinds.py) this class loads as; the encoder-decoders have their own adapter (seq2seq.py)
+        kind = next((k for k in (CLASSIFIER, CAUSAL_LM) if k.loads(arch)), None)
+        if kind is not None:
+            self.kind: ModelKind = kind
+            if arch.endswith("ForImageClassification"):
+                self.modality = "image"
+                if not isinstance(tokenizer, PatchVocabulary):  # an image processor; a vocabulary is shared as is
+                    tokenizer = PatchVocabulary(tokenizer, hf_model.config)
         else:
             raise StreetlampError(
                 f"unsupported architecture {arch}; supported: *ForSequenceClassification "
@@ -307,10 +311,10 @@ class ModelAdapter:
     @property
     def n_outputs(self) -> int:
         cfg: Any = self.hf_model.config
-        return int(cfg.num_labels if self.kind == "classifier" else cfg.vocab_size)
+        return int(cfg.num_labels if self.kind.labels else cfg.vocab_size)
 
     def output_label(self, index: int) -> str:
-        if self.kind == "classifier":
+        if self.kind.labels:
             cfg: Any = self.hf_model.config
             return str(cfg.id2label.get(index, index))
         return cast(str, self.tokenizer.decode([index]))  # one id list decodes to one str
@@ -318,7 +322,7 @@ class ModelAdapter:
     def parse_label(self, label: str) -> int:
         """An output index from a class name (any case) or id (classifier), or a one-token string
         (causal LM). The one parser of labels and targets given by a user or a data file."""
-        if self.kind != "classifier":
+        if not self.kind.labels:
             return self.token_id(label)
         cfg: Any = self.hf_model.config
         names = {str(v).lower(): int(k) for k, v in cfg.id2label.items()}
@@ -336,7 +340,7 @@ class ModelAdapter:
 
     def explained_position(self, length: int) -> int:
         """The position whose output is explained: [CLS] (0) for BERT-style classifiers, else the last token."""
-        if self.kind == "classifier" and self.family.reads_cls:
+        if self.kind.labels and self.family.reads_cls:
             return 0
         return length - 1
 
@@ -395,7 +399,7 @@ class ModelAdapter:
         return {
             "name": self.name,
             "source": self.source,
-            "kind": self.kind,
+            "kind": self.kind.name,
             "modality": self.modality,
             **(self.patch_grid() if self.modality == "image" else {}),
             "family": self.family.name,
@@ -405,7 +409,7 @@ class ModelAdapter:
             "kv_heads": self.n_kv_heads,
             "d_model": self.d_model,
             "max_positions": self.max_positions,
-            "labels": ({str(k): v for k, v in cfg.id2label.items()} if self.kind == "classifier" else None),
+            "labels": ({str(k): v for k, v in cfg.id2label.items()} if self.kind.labels else None),
             "device": str(self.device),
             **({"device_map": {k: str(v) for k, v in dmap.items()}} if dmap else {}),
             "dtype": str(next(self.hf_model.parameters()).dtype).replace("torch.", ""),
@@ -523,7 +527,7 @@ class ModelAdapter:
         """Run the model; return the explained logits ``[batch, n_outputs]`` and recorded sites."""
         dev = self.device
         kw = {}
-        if self.kind == "causal_lm":
+        if self.kind.causal:
             # the LM head only at the explained positions (each row's last real token), not at every
             # position: on SmolLM2 it would add ~20% to a forward pass and hold [rows, length, vocab]
             last = inputs.attention_mask.sum(1) - 1
@@ -540,14 +544,14 @@ class ModelAdapter:
                 out = self.hf_model(
                     input_ids=inputs.input_ids.to(dev), attention_mask=inputs.attention_mask.to(dev), **kw
                 )
-        if self.kind == "classifier":
+        if self.kind.labels:
             return Forward(out.logits, s.cache)
         col = torch.searchsorted(keep, last).to(out.logits.device)
         return Forward(out.logits[torch.arange(out.logits.shape[0], device=out.logits.device), col], s.cache)
 
     def select_logits(self, logits: torch.Tensor, inputs: Inputs) -> torch.Tensor:
         """The explained logits from a model's full output ``[batch, (pos,) n]`` (e.g. an independent copy)."""
-        if self.kind == "classifier":
+        if self.kind.labels:
             return logits
         last = inputs.attention_mask.sum(1).to(logits.device) - 1
         return logits[torch.arange(logits.shape[0], device=logits.device), last]
@@ -632,7 +636,7 @@ class ModelAdapter:
     ) -> tuple[torch.Tensor, list]:
         from transformers import DynamicCache
 
-        if self.kind != "causal_lm":
+        if not self.kind.causal:
             raise StreetlampError("prefix_forward needs a causal LM")
         dev = self.device
         ids, mask = inputs.input_ids, inputs.attention_mask

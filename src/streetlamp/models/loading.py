@@ -26,8 +26,10 @@ from transformers import (
 from ..errors import StreetlampError
 from . import attention
 from .adapter import ModelAdapter
+from .families import single_stack
+from .kinds import ENCODER_DECODER
 from .minilm import MissingPackageError, build_minilm_classifier, package_dir
-from .seq2seq import SEQ2SEQ_FAMILIES, Seq2SeqAdapter
+from .seq2seq import Seq2SeqAdapter
 from .sites import FAMILIES, unsupported_message
 
 SMOLLM_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -104,10 +106,10 @@ def load_gguf(gguf: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str
             config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         except (ValueError, OSError, KeyError) as e:
             raise StreetlampError(f"cannot read {gguf} as a GGUF model: {e}".splitlines()[0]) from None
-        if config.model_type not in FAMILIES:
+        if config.model_type not in single_stack():
             raise StreetlampError(
                 f"{gguf.name}: model type {config.model_type!r} is not supported; "
-                f"supported: {', '.join(sorted(FAMILIES))}"
+                f"supported: {', '.join(single_stack())}"
             )
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -153,11 +155,11 @@ def load_checkpoint(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
         config = AutoConfig.from_pretrained(str(path))
     except (ValueError, OSError) as e:
         raise StreetlampError(f"cannot read {path / 'config.json'}: {e}".splitlines()[0]) from None
-    if config.model_type not in FAMILIES and config.model_type not in SEQ2SEQ_FAMILIES:
+    if config.model_type not in FAMILIES:
         raise StreetlampError(unsupported_message(config.model_type))
     archs = config.architectures or []
-    if config.model_type in SEQ2SEQ_FAMILIES:
-        if not any(a.endswith("ForConditionalGeneration") for a in archs):
+    if FAMILIES[config.model_type].stacks > 1:
+        if not any(ENCODER_DECODER.loads(a) for a in archs):
             raise StreetlampError(
                 f"architecture {archs or 'unknown'} is not supported; encoder-decoders load as *ForConditionalGeneration"
             )
@@ -292,6 +294,7 @@ def load(name_or_path: str | os.PathLike = DEFAULT_MODEL) -> ModelAdapter:
 
 def adapter_for(model: PreTrainedModel, tok: PreTrainedTokenizerBase, name: str, source: str) -> ModelAdapter:
     """The adapter of a loaded model: :class:`Seq2SeqAdapter` for T5 / BART, else :class:`ModelAdapter`."""
-    if model.config.model_type in SEQ2SEQ_FAMILIES:
+    family = FAMILIES.get(model.config.model_type)
+    if family is not None and family.stacks > 1:
         return Seq2SeqAdapter(model, tok, name, source)
     return ModelAdapter(model, tok, name, source)

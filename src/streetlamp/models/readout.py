@@ -41,7 +41,7 @@ FINAL_NORM: FamilyTable[str] = FamilyTable(
 
 
 def check_lens(adapter: ModelAdapter) -> None:
-    if adapter.kind != "causal_lm" or adapter.family.readout is None:
+    if not adapter.kind.causal or adapter.family.readout is None:
         raise StreetlampError(
             f"lenses need a pre-norm causal LM ({', '.join(sorted(FINAL_NORM))}); "
             f"{adapter.name} is a {adapter.family.name} {adapter.kind}"
@@ -121,7 +121,7 @@ def output_norms(adapter: ModelAdapter, layer: int) -> tuple[Norm | None, Norm |
 def final_softcap(adapter: ModelAdapter) -> float | None:
     """The LM head's soft-cap ``cap`` (Gemma 2 and 3: ``logits = cap · tanh(l / cap)``), or None."""
     cap = getattr(adapter.hf_model.config, "final_logit_softcapping", None)
-    return float(cap) if cap and adapter.kind == "causal_lm" else None
+    return float(cap) if cap and adapter.kind.causal else None
 
 
 def lm_head_logits(adapter: ModelAdapter, hidden: torch.Tensor) -> torch.Tensor:
@@ -184,7 +184,7 @@ def query_key(
     Per-head q/k norms (Qwen3, Gemma 3: RMSNorm over ``d_head`` before RoPE) are linearised with the
     scale of the query / key of ``full`` (the layer's whole normalised input; default ``z`` itself, which
     gives the exact q and k of ``z``), so the q and k of parts of ``full`` sum to those of ``full``."""
-    readout = _readout(adapter)
+    check_lens(adapter)
     attn: Any = adapter.attn_modules[layer]
     z = z.double()
     q, k = _project(adapter, attn, z, bias)
@@ -196,7 +196,7 @@ def query_key(
         q, k = qn.linear(q, qn.scale(qf)), kn.linear(k, kn.scale(kf))
     H = adapter.n_heads
     k = k.repeat_interleave(H // k.shape[1], dim=1)
-    if not readout.rotary:
+    if not adapter.family.rotary:
         return q.detach(), k.detach()
     rot: Any = adapter.hf_model.base_model.rotary_emb
     pos = torch.arange(z.shape[0], device=z.device)[None]
@@ -215,9 +215,11 @@ def query_key(
 
 def _project(adapter: ModelAdapter, attn: Any, z: torch.Tensor, bias: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """``W_Q z (+ b_Q)`` ``[pos, head, d_head]`` and ``W_K z (+ b_K)`` ``[pos, kv_head, d_head]``, float64:
-    GPT-2's fused ``c_attn`` (Conv1D), Phi-3's fused ``qkv_proj`` or separate ``q_proj`` / ``k_proj``."""
+    GPT-2's fused ``c_attn`` (Conv1D), a fused linear (Phi-3's ``qkv_proj``) or separate ``q_proj`` / ``k_proj``
+    (the family's :attr:`~streetlamp.models.families.Family.qkv`)."""
+    check_lens(adapter)
     n, H, KV = z.shape[0], adapter.n_heads, adapter.n_kv_heads
-    qkv = _readout(adapter).qkv
+    qkv = adapter.family.qkv
     if qkv == "c_attn":
         w, b = attn.c_attn.weight.double(), attn.c_attn.bias.double()  # Conv1D: [d, 3d]
         d = adapter.d_model
@@ -231,10 +233,11 @@ def _project(adapter: ModelAdapter, attn: Any, z: torch.Tensor, bias: bool) -> t
             w, b = w[rows], (b[rows] if b is not None else None)
         return lin(z, w, b)
 
-    if qkv == "qkv_proj":  # Phi-3: rows [q (H·dh), k (KV·dh), v]
+    if qkv != "q_proj":  # one fused linear (Phi-3's qkv_proj): rows [q (H·dh), k (KV·dh), v]
+        fused = getattr(attn, qkv)
         dq, dk = H * attn.head_dim, KV * attn.head_dim
         return (
-            proj(attn.qkv_proj, slice(0, dq)).reshape(n, H, -1),
-            proj(attn.qkv_proj, slice(dq, dq + dk)).reshape(n, KV, -1),
+            proj(fused, slice(0, dq)).reshape(n, H, -1),
+            proj(fused, slice(dq, dq + dk)).reshape(n, KV, -1),
         )
     return proj(attn.q_proj).reshape(n, H, -1), proj(attn.k_proj).reshape(n, KV, -1)

@@ -204,7 +204,7 @@ def relevance_rules(adapter: ModelAdapter) -> Iterator[None]:
             if mb is not None and ma is not None:
                 handles.extend(_functional_pair(mb, ma))
         cap = getattr(model.config, "final_logit_softcapping", None)
-        if cap and adapter.kind == "causal_lm":
+        if cap and adapter.kind.causal:
             handles.extend(_final_cap(model, float(cap)))
         yield
 

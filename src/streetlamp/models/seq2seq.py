@@ -1,6 +1,6 @@
 """Encoder-decoder models (T5, BART): two stacks, three attention site families.
 
-Sites (module paths per family in :data:`SEQ2SEQ_FAMILIES`; shapes as in :mod:`streetlamp.models.sites`):
+Sites (module paths: each encoder-decoder family's ``encoder_decoder`` stacks, :mod:`.families`; shapes as in :mod:`streetlamp.models.sites`):
 
 =======================================  =====================================================================
 name                                     what
@@ -37,55 +37,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import StreetlampError
 from .adapter import ModelAdapter, eos_ids, route_attention, submodule
-from .sites import Family
+from .families import FAMILIES, EncoderDecoder, FamilyTable
+from .kinds import ENCODER_DECODER
 from .trace import Edit, Session
 
-
-@dataclass(frozen=True)
-class Seq2SeqFamily:
-    """Module paths of an encoder-decoder, relative to the ``*ForConditionalGeneration`` model."""
-
-    name: str
-    encoder_layers: str
-    decoder_layers: str
-    self_attn: str  # relative to a layer of either stack
-    self_o: str
-    cross_attn: str  # relative to a decoder layer
-    cross_o: str
-    encoder_mlp_out: str
-    decoder_mlp_out: str
-    encoder_embed: str
-    decoder_embed: str
-
-
-SEQ2SEQ_FAMILIES: dict[str, Seq2SeqFamily] = {
-    "t5": Seq2SeqFamily(
-        "t5",
-        encoder_layers="encoder.block",
-        decoder_layers="decoder.block",
-        self_attn="layer.0.SelfAttention",
-        self_o="layer.0.SelfAttention.o",
-        cross_attn="layer.1.EncDecAttention",
-        cross_o="layer.1.EncDecAttention.o",
-        encoder_mlp_out="layer.1.DenseReluDense.wo",
-        decoder_mlp_out="layer.2.DenseReluDense.wo",
-        encoder_embed="encoder.embed_tokens",
-        decoder_embed="decoder.embed_tokens",
-    ),
-    "bart": Seq2SeqFamily(
-        "bart",
-        encoder_layers="model.encoder.layers",
-        decoder_layers="model.decoder.layers",
-        self_attn="self_attn",
-        self_o="self_attn.out_proj",
-        cross_attn="encoder_attn",
-        cross_o="encoder_attn.out_proj",
-        encoder_mlp_out="fc2",
-        decoder_mlp_out="fc2",
-        encoder_embed="model.encoder.embed_tokens",
-        decoder_embed="model.decoder.embed_tokens",
-    ),
-}
+# model type -> its two stacks (the ``encoder_decoder`` of each encoder-decoder family object)
+SEQ2SEQ_FAMILIES: FamilyTable[EncoderDecoder] = FamilyTable(lambda f: f.encoder_decoder)
 ATTN_SITES = ("v", "pattern", "z", "out")
 ENCODER_SITES = tuple(f"attn.{s}" for s in ATTN_SITES) + ("mlp.out", "resid_post")
 DECODER_SITES = tuple(f"{k}.{s}" for k in ("self_attn", "cross_attn") for s in ATTN_SITES) + ("mlp.out", "resid_post")
@@ -145,7 +102,7 @@ def refusal(method: str, model: str) -> str:
 
 def require_one_stack(adapter: ModelAdapter, command: str) -> None:
     """One line for a command that reads one stack of layers when given an encoder-decoder."""
-    if adapter.kind == "seq2seq":
+    if adapter.kind.stacks > 1:
         raise StreetlampError(
             f"{command} reads one stack of layers; {adapter.name} is an encoder-decoder ({adapter.family.name}): "
             "only explain-generation runs on it"
@@ -230,8 +187,9 @@ class Seq2SeqAdapter(ModelAdapter):
             raise StreetlampError(
                 f"unsupported architecture {arch}; encoder-decoders load as *ForConditionalGeneration"
             )
-        self.seq2seq = f = SEQ2SEQ_FAMILIES[model_type]
-        self.kind = "seq2seq"
+        self.family = FAMILIES[model_type]
+        self.seq2seq = f = cast(EncoderDecoder, self.family.encoder_decoder)
+        self.kind = ENCODER_DECODER
         self.modality = "text"
         route_attention(hf_model)
         hf_model.eval()
@@ -243,7 +201,6 @@ class Seq2SeqAdapter(ModelAdapter):
         self.layer_modules, self.attn_modules, self.o_proj_modules, self.mlp_out_modules = [], [], [], []
         self.embed_module = submodule(hf_model, f.encoder_embed)
         self.decoder_embed_module = submodule(hf_model, f.decoder_embed)
-        self.family = Family(model_type, f.encoder_layers, f.self_attn, f.self_o, f.encoder_mlp_out, f.encoder_embed)
         cfg: Any = hf_model.config
         self.n_encoder_layers, self.n_decoder_layers = len(self.encoder_layers), len(self.decoder_layers)
         self.n_layers = self.n_encoder_layers + self.n_decoder_layers  # for memory estimates

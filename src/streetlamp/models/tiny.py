@@ -7,26 +7,19 @@ regular Hugging Face checkpoint folder (safetensors) that :func:`streetlamp.load
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import (
-    BartConfig,
-    BartForConditionalGeneration,
-    PreTrainedModel,
-    PreTrainedTokenizerFast,
-    T5Config,
-    T5ForConditionalGeneration,
-)
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from .families import FAMILIES, TINY_WINDOW, Family, FamilyTable
 from .families.vit import TINY_IMAGE_SIZE, TINY_PATCH
 
 __all__ = [
+    "ENCODER_DECODER_FAMILY_KINDS",
     "FAMILY_KINDS",
     "IMAGE_FAMILY_KINDS",
-    "SEQ2SEQ_SPECIALS",
     "TINY_IMAGE_SIZE",
     "TINY_PATCH",
     "TINY_WINDOW",
@@ -46,9 +39,15 @@ WORDS = (
 )
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 # Each family's tiny recipe is its ``tiny`` (models/families); these tables are views of the registry.
-# text families (the tests that feed text iterate this) and image families (tests/test_vit*.py run them)
-FAMILY_KINDS: FamilyTable[str] = FamilyTable(lambda f: f.tiny.kind if f.tiny and f.modality == "text" else None)
+# single-stack text families (the tests that feed text iterate this), image families (tests/test_vit*.py run
+# them) and encoder-decoders (tests/models/test_encdec.py)
+FAMILY_KINDS: FamilyTable[str] = FamilyTable(
+    lambda f: f.tiny.kind if f.tiny and f.modality == "text" and f.stacks == 1 else None
+)
 IMAGE_FAMILY_KINDS: FamilyTable[str] = FamilyTable(lambda f: f.tiny.kind if f.tiny and f.modality == "image" else None)
+ENCODER_DECODER_FAMILY_KINDS: FamilyTable[str] = FamilyTable(
+    lambda f: f.tiny.kind if f.tiny and f.stacks == 2 else None
+)
 
 
 def tiny_tokenizer(encoder: bool) -> PreTrainedTokenizerFast:
@@ -82,8 +81,8 @@ def family_tokenizer(family: str) -> PreTrainedTokenizerFast:
     generic tiny layout where it has none (``[CLS] text [SEP]`` for classifiers)."""
     fam = _tiny_family(family)
     if fam.specials is None:
-        return tiny_tokenizer(encoder=fam.tiny is not None and fam.tiny.kind == "classifier")
-    names, prepend_bos = dict(fam.specials.names), fam.specials.prepend_bos
+        return tiny_tokenizer(encoder=fam.tiny is not None and fam.tiny.kind.labels)
+    names, prepend_bos, template = dict(fam.specials.names), fam.specials.prepend_bos, fam.specials.template
     specials = list(dict.fromkeys(names.values()))
     # words the tokenizer cannot split go to an unknown id; families without <unk> still need one
     # for the word-level model, kept as an ordinary (non-special) vocabulary entry
@@ -93,7 +92,12 @@ def family_tokenizer(family: str) -> PreTrainedTokenizerFast:
     }
     tok = Tokenizer(models.WordLevel(vocab, unk_token=unk))
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace()])
-    if prepend_bos:
+    if template is not None:  # the specials the template names (T5's $A </s>, BART's <s> $A </s>)
+        used = [t for t in specials if t in template]
+        tok.post_processor = processors.TemplateProcessing(
+            single=template, special_tokens=[(t, vocab[t]) for t in used]
+        )
+    elif prepend_bos:
         tok.post_processor = processors.TemplateProcessing(
             single=f"{names['bos']} $A", special_tokens=[(names["bos"], vocab[names["bos"]])]
         )
@@ -112,7 +116,8 @@ def tiny_model(
     family: str, seed: int = 0, layers: int = 2, heads: int = 4, d_model: int = 32, attn_implementation: str = "eager"
 ) -> tuple[PreTrainedModel, Any]:
     """A randomly initialised model of ``family`` (its ``tiny`` recipe: a classifier for the encoders and
-    ViT, a causal LM for the decoders) and its tokenizer (ViT: its image processor)."""
+    ViT, a causal LM for the decoders, a ``*ForConditionalGeneration`` for the encoder-decoders) and its
+    tokenizer (ViT: its image processor)."""
     torch.manual_seed(seed)
     spec = _tiny_family(family).tiny
     assert spec is not None
@@ -122,88 +127,29 @@ def tiny_model(
     return model.eval(), tok
 
 
-# Encoder-decoders (kind "seq2seq"), kept apart from the registry: the single-stack tests iterate that.
-# Special tokens as the published tokenizers lay them out: T5 appends </s> (no BOS; <pad> also starts
-# the decoder), BART wraps a text in <s> ... </s> and starts the decoder with </s>.
-SEQ2SEQ_SPECIALS: dict[str, tuple[dict[str, str], str]] = {
-    "t5": ({"pad": "<pad>", "eos": "</s>", "unk": "<unk>"}, "$A </s>"),
-    "bart": ({"bos": "<s>", "pad": "<pad>", "eos": "</s>", "unk": "<unk>", "mask": "<mask>"}, "<s> $A </s>"),
-}
-
-
 def seq2seq_tokenizer(family: str) -> PreTrainedTokenizerFast:
-    """The tiny word-level tokenizer with ``family``'s special tokens and template (SEQ2SEQ_SPECIALS)."""
-    names, template = SEQ2SEQ_SPECIALS[family]
-    vocab = {t: i for i, t in enumerate(list(names.values()) + list(WORDS) + [",", ".", "!"])}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token=names["unk"]))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace()])
-    used = [t for t in names.values() if t in template]
-    tok.post_processor = processors.TemplateProcessing(single=template, special_tokens=[(t, vocab[t]) for t in used])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, **{f"{k}_token": v for k, v in names.items()})
+    """The tiny word-level tokenizer of the encoder-decoder ``family`` (its special tokens and template)."""
+    _encoder_decoder(family)
+    return family_tokenizer(family)
 
 
 def tiny_seq2seq(
     family: str, seed: int = 0, layers: int = 2, heads: int = 4, d_model: int = 32, attn_implementation: str = "eager"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-    """A random T5ForConditionalGeneration or BartForConditionalGeneration at toy size.
+    """:func:`tiny_model` of an encoder-decoder family (a T5ForConditionalGeneration or
+    BartForConditionalGeneration at toy size; recipes in ``models/families/t5.py`` and ``bart.py``)."""
+    _encoder_decoder(family)
+    return tiny_model(family, seed, layers, heads, d_model, attn_implementation)
 
-    T5: relative position buckets few enough (8, max distance 16) that the test texts fill several, a
-    bias only in the first layer of each stack (as T5 has it), no query scaling (T5's), tied embeddings
-    (so the LM head is scaled by d_model^-0.5). BART: learned positions, scaled embeddings
-    (``scale_embedding``) and initializer_range 0.2, so the patterns are far from uniform."""
-    if family not in SEQ2SEQ_SPECIALS:
-        raise ValueError(f"no tiny encoder-decoder for family {family!r}; have {sorted(SEQ2SEQ_SPECIALS)}")
-    torch.manual_seed(seed)
-    tok = seq2seq_tokenizer(family)
-    model: PreTrainedModel
-    if family == "t5":
-        cfg: Any = cast(Any, T5Config)(  # decoder_start_token_id is a PretrainedConfig keyword
-            vocab_size=len(tok),
-            d_model=d_model,
-            d_kv=d_model // heads,
-            d_ff=2 * d_model,
-            num_layers=layers,
-            num_decoder_layers=layers,
-            num_heads=heads,
-            relative_attention_num_buckets=8,
-            relative_attention_max_distance=16,
-            dropout_rate=0.0,
-            feed_forward_proj="relu",
-            pad_token_id=tok.pad_token_id,
-            eos_token_id=tok.eos_token_id,
-            decoder_start_token_id=tok.pad_token_id,
-        )
-        model = T5ForConditionalGeneration(cfg)
-    else:
-        cfg = cast(Any, BartConfig)(
-            vocab_size=len(tok),
-            d_model=d_model,
-            encoder_layers=layers,
-            decoder_layers=layers,
-            encoder_attention_heads=heads,
-            decoder_attention_heads=heads,
-            encoder_ffn_dim=2 * d_model,
-            decoder_ffn_dim=2 * d_model,
-            max_position_embeddings=64,
-            init_std=0.2,
-            dropout=0.0,
-            attention_dropout=0.0,
-            activation_dropout=0.0,
-            scale_embedding=True,
-            pad_token_id=tok.pad_token_id,
-            bos_token_id=tok.bos_token_id,
-            eos_token_id=tok.eos_token_id,
-            decoder_start_token_id=tok.eos_token_id,
-        )
-        model = BartForConditionalGeneration(cfg)
-    model.set_attn_implementation(attn_implementation)
-    return model.eval(), tok
+
+def _encoder_decoder(family: str) -> None:
+    if family not in ENCODER_DECODER_FAMILY_KINDS:
+        raise ValueError(f"no tiny encoder-decoder for family {family!r}; have {sorted(ENCODER_DECODER_FAMILY_KINDS)}")
 
 
 def save_tiny(family: str, path: str | Path, seed: int = 0, **kw: Any) -> Path:
-    """Save ``tiny_model(family)`` (``tiny_seq2seq`` for T5/BART) and its tokenizer (image processor for
-    ViT) as a checkpoint folder."""
-    model, tok = (tiny_seq2seq if family in SEQ2SEQ_SPECIALS else tiny_model)(family, seed=seed, **kw)
+    """Save ``tiny_model(family)`` and its tokenizer (image processor for ViT) as a checkpoint folder."""
+    model, tok = tiny_model(family, seed=seed, **kw)
     path = Path(path)
     model.save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)

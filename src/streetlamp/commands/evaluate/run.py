@@ -65,7 +65,7 @@ def label_indices(adapter: ModelAdapter, ds: Dataset) -> dict[str, int]:
 
     For a causal LM a label is the expected next token: ``" " + label`` if that is one token of the
     vocabulary (the usual form after a prompt), else ``label`` itself; anything else is refused."""
-    if adapter.kind == "causal_lm":
+    if adapter.kind.causal:
         return next_token_labels(adapter, ds.labels())
     out, bad = {}, []
     for lab in ds.labels():

@@ -183,9 +183,7 @@ class GenerationSettings(Settings):
                 raise StreetlampError("--contrast-prompt is a difference of log-probabilities: use --quantity logprob")
 
     def validate(self, adapter: ModelAdapter) -> None:
-        from ...methods.base import ENCODER_DECODER
-
-        if adapter.kind not in ("causal_lm", ENCODER_DECODER):
+        if not adapter.kind.generative:
             raise StreetlampError(
                 f"explain-generation needs a causal LM or an encoder-decoder; {adapter.name} is a {adapter.kind}"
             )

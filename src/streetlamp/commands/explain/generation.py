@@ -153,7 +153,7 @@ def explain_generation(
     chat, granularity = s.chat, s.granularity
     continuation: list[int] | str | None = list(continuation_ids) if continuation_ids is not None else s.continuation
     rf = RunFolder.of(out, "explain-generation")
-    if adapter.kind == ENCODER_DECODER:  # source -> target: the same matrices and files, over the seq2seq view
+    if adapter.kind.view == "source_target":  # source -> target: the same matrices and files, over the seq2seq view
         return _encoder_decoder(
             adapter, prompt, rf, new_tokens, continuation, methods, quantity, batch_size, seed, ig_params, method_params
         )

@@ -223,7 +223,7 @@ def explain_long(
         long.logits = None  # the graph is no longer needed
         w.add_array("probs", probs, axes=["output"], meaning="softmax of the explained logits")
         for name, tokens in res.rows.items():
-            sink = long_sink(name, tokens, inputs.labels[0], pos, adapter.kind == "causal_lm")
+            sink = long_sink(name, tokens, inputs.labels[0], pos, adapter.kind.causal)
             note: dict[str, Any] = {"attention_sink": sink} if sink else {}
             w.add_array(f"{name}.tokens", tokens.astype(np.float32), axes=["token"], meaning=meaning[name], **note)
             res.sinks[name] = sink

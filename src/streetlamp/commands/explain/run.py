@@ -221,7 +221,7 @@ def write_outputs(
                 "index": res.position,
                 "token": res.labels[res.position],
                 "why": "[CLS] feeds the classifier"
-                if res.position == 0 and adapter.kind == "classifier"
+                if res.position == 0 and adapter.kind.labels
                 else "the last token predicts the next one",
             },
             "target": {
@@ -239,7 +239,7 @@ def write_outputs(
             },
             "masks": {
                 "allowed": "arrays.safetensors:allowed",
-                "kind": "causal + padding" if adapter.kind == "causal_lm" else "padding (bidirectional)",
+                "kind": "causal + padding" if adapter.kind.causal else "padding (bidirectional)",
             },
             "colour_scales": {"attention": heatmaps.ATTENTION_SCALE},
             "parameters": {

@@ -75,7 +75,7 @@ class PruneSettings(Settings):
             raise StreetlampError(f"unknown order {bad[0] if bad else ''!r}; choose {', '.join(PRUNE_ORDERS)}")
 
     def validate(self, adapter: ModelAdapter) -> None:
-        if adapter.kind != "classifier":
+        if not adapter.kind.labels:
             raise StreetlampError("pruning measures accuracy: it needs a classifier")
 
 

@@ -98,7 +98,7 @@ def load_texts(spec: str) -> tuple[list[str], list[str] | None]:
 
 def label_ids(adapter: ModelAdapter, labels: list[str]) -> list[int]:
     """Class ids of ``labels`` (names in any case, or numbers): :meth:`ModelAdapter.parse_label`."""
-    if adapter.kind != "classifier":
+    if not adapter.kind.labels:
         raise StreetlampError("labels and accuracy need a classifier")
     return [adapter.parse_label(s.strip()) for s in labels]
 
@@ -126,7 +126,7 @@ def run_heads(
             keep = sample_indices(len(texts), sample, seed)
             texts, raw = [texts[i] for i in keep], ([raw[i] for i in keep] if raw else raw)
         texts = texts[:limit] if limit else texts
-        labels = label_ids(adapter, raw[: len(texts)]) if raw and adapter.kind == "classifier" else None
+        labels = label_ids(adapter, raw[: len(texts)]) if raw and adapter.kind.labels else None
     else:
         texts = [text]  # type: ignore[list-item]
     inputs = adapter.encode(texts, truncate=True)

@@ -55,7 +55,7 @@ class MediateSettings(Settings):
     )
 
     def validate(self, adapter: ModelAdapter) -> None:
-        if adapter.kind != "causal_lm":
+        if not adapter.kind.causal:
             raise StreetlampError("mediation compares next-token probabilities of pronouns: it needs a causal LM")
 
 

@@ -88,13 +88,13 @@ def build_task(s: ProbeSettings, adapter: ModelAdapter) -> tuple[ProbeTask, str]
         task.targets = task.targets[: len(keep)] if task.targets else None
     if len(task.classes) < 2:
         raise StreetlampError(f"task {task.name!r} has a single class ({task.classes[0]!r}): nothing to probe")
-    pool = "token" if task.level == "token" else (s.pool or ("first" if adapter.kind == "classifier" else "last"))
+    pool = "token" if task.level == "token" else (s.pool or ("first" if adapter.kind.labels else "last"))
     return task, pool
 
 
 def gold_targets(adapter: ModelAdapter, labels: list[str]) -> list[int] | None:
     """Gold output index per text when the classifier's classes are the data set's labels."""
-    if adapter.kind != "classifier":
+    if not adapter.kind.labels:
         return None
     cfg: Any = adapter.hf_model.config  # a classifier config always has id2label
     names = {str(v): int(k) for k, v in cfg.id2label.items()}

@@ -111,7 +111,7 @@ def prepare(
     """One dataset's decision space and examples (``limit`` drawn with the settings' seed, in file order)."""
     seed, head_examples = settings.seed, settings.head_examples
     ds = load_dataset(name)
-    causal = adapter.kind == "causal_lm"
+    causal = adapter.kind.causal
     if name == "recall" and not causal:
         raise StreetlampError(f"recall is a next-token task: {adapter.name} is not a causal LM (use movies,tweets)")
     dropped: list[str] = []

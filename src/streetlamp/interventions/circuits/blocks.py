@@ -7,52 +7,62 @@ circuit forward (:mod:`.forward`) calls these pieces itself; ``tests/interventio
 that with every edge present it reproduces ``adapter.forward`` and the ``attn.head_out`` / ``mlp.out``
 sites on every supported family.
 
-Supported: the pre-norm decoders GPT-2 (LayerNorm, fused ``c_attn``), Llama, Mistral (sliding
-window), Qwen2 (q/k/v biases), Qwen3 (per-head q/k RMSNorm), Phi-3 (fused ``qkv_proj``, partial RoPE),
-as causal LMs or sequence classifiers (readout at the last real token), and the pre-norm encoder
-ModernBERT (bidirectional, alternating global and local layers; the ``embed`` writer is its embedding
-module's output, after the embedding norm; readout: final norm, [CLS] or mean pooling, head, classifier).
-Not supported, with the reason as the error: post-LN encoders (BERT, RoBERTa, DistilBERT, DeBERTa: a
-post-LN residual stream is no sum of writers), Gemma's sandwich norms (each layer's heads are normalised
-together before they join the stream), ViT (not wired yet), encoder-decoders.
+Which families it runs on, and how, are facts of each family object (:class:`~streetlamp.models.families.Family`):
+its :class:`~streetlamp.models.families.Circuit` (MLP and final norms, the ``embed`` writer, learned
+positions, the readout), the attention norm of its :class:`~streetlamp.models.families.NormPlacement`, its
+q/k/v layout (``qkv``), ``rotary`` and ``bidirectional``; no family is named here. Supported today: the
+pre-norm decoders GPT-2, Llama, Mistral, Qwen2, Qwen3 and Phi-3, as causal LMs or sequence classifiers
+(readout at the last real token), and the pre-norm encoder ModernBERT (bidirectional, alternating global
+and local layers). Refused, with the reason as the error: post-LN encoders (a post-LN residual stream is no
+sum of writers), sandwich norms (each layer's heads are normalised together before they join the stream),
+image models, encoder-decoders and any family without a ``circuit``.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, cast
 
 import torch
 from torch import nn
 
 from ...errors import StreetlampError
-from ...models.adapter import ModelAdapter
+from ...models.adapter import ModelAdapter, submodule
+from ...models.families import FAMILIES, Circuit, Family
 from ...models.readout import sliding_window
 from ...models.sites import output_matrix
 from .graph import Graph
 
-SUPPORTED = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "modernbert")
 _WHY = {
-    "bert": "post-LN",
-    "roberta": "post-LN",
-    "distilbert": "post-LN",
-    "deberta-v2": "post-LN",
-    "gemma2": "sandwich",
-    "gemma3_text": "sandwich",
+    "post": "its residual stream is normalised after each block (post-LN), so it is no sum of writers",
+    "sandwich": "it normalises each layer's heads together before they join the residual stream",
 }
 
 
+def circuit_of(family: Family) -> Circuit | None:
+    """The family's circuit wiring when the engine accepts it: a pre-norm family that has one."""
+    if family.circuit is None or family.norm is None or family.norm.placement != "pre":
+        return None
+    return family.circuit
+
+
+def supported() -> list[str]:
+    """The registered families ``circuit`` accepts (read from :data:`FAMILIES` at each call)."""
+    return [name for name, f in FAMILIES.items() if f.modality == "text" and circuit_of(f) is not None]
+
+
 def check_supported(adapter: ModelAdapter) -> None:
-    fam = adapter.family.name
-    if fam in SUPPORTED and adapter.modality == "text":
-        if fam == "gpt2" and getattr(adapter.hf_model.config, "scale_attn_by_inverse_layer_idx", False):
-            raise StreetlampError("circuits: GPT-2 with scale_attn_by_inverse_layer_idx is not supported")
+    fam = adapter.family
+    if circuit_of(fam) is not None and adapter.modality == "text":
+        if getattr(adapter.hf_model.config, "scale_attn_by_inverse_layer_idx", False):
+            raise StreetlampError(f"circuits: {fam.name} with scale_attn_by_inverse_layer_idx is not supported")
         return
-    why = {
-        "post-LN": "its residual stream is normalised after each block (post-LN), so it is no sum of writers",
-        "sandwich": "it normalises each layer's heads together before they join the residual stream",
-    }.get(_WHY.get(fam, ""), "not wired into the circuit engine yet")
+    placement = fam.norm.placement if fam.norm is not None else ""
+    why = _WHY.get(placement, "not wired into the circuit engine yet")
+    if adapter.modality != "text":
+        why = f"it is an {adapter.modality} model (the circuit engine reads token ids)"
     raise StreetlampError(
-        f"circuits: {adapter.name} ({fam}) is not supported: {why}; supported: {', '.join(SUPPORTED)}"
+        f"circuits: {adapter.name} ({fam.name}) is not supported: {why}; supported: {', '.join(supported())}"
     )
 
 
@@ -63,7 +73,8 @@ class Blocks:
         check_supported(adapter)
         self.adapter = adapter
         self.graph = Graph(adapter.n_layers, adapter.n_heads, adapter.n_kv_heads)
-        self.fam = adapter.family.name
+        self.family = adapter.family
+        self.circuit = cast(Circuit, circuit_of(adapter.family))
         self.base: Any = adapter.hf_model.base_model
         self.layers: list[Any] = list(adapter.layer_modules)
         self.H, self.KV = adapter.n_heads, adapter.n_kv_heads
@@ -72,28 +83,28 @@ class Blocks:
 
     # -- embeddings ----------------------------------------------------------------------------
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """The ``embed`` writer ``[b, s, d]``: token embeddings (GPT-2: plus the learned positions)."""
-        if self.fam == "modernbert":
-            return self.base.embeddings(input_ids=ids)
+        """The ``embed`` writer ``[b, s, d]``: token embeddings (plus learned positions where the family adds
+        them: GPT-2), or the output of the family's embedding module (ModernBERT: after its norm)."""
+        c = self.circuit
+        if c.embeddings is not None:
+            return submodule(self.base, c.embeddings)(input_ids=ids)
         e = self.adapter.embed_module(ids)
-        if self.fam == "gpt2":
-            e = e + self.base.wpe(torch.arange(ids.shape[1], device=ids.device))[None]
+        if c.positions is not None:
+            e = e + submodule(self.base, c.positions)(torch.arange(ids.shape[1], device=ids.device))[None]
         return e
 
     # -- attention ---------------------------------------------------------------------------------
     def _norms(self, l: int) -> tuple[nn.Module, nn.Module]:
+        """Layer ``l``'s norms before the attention and before the MLP."""
         layer = self.layers[l]
-        if self.fam == "gpt2":
-            return layer.ln_1, layer.ln_2
-        if self.fam == "modernbert":
-            return layer.attn_norm, layer.mlp_norm
-        return layer.input_layernorm, layer.post_attention_layernorm
+        return submodule(layer, cast(Any, self.family.norm).attn_norm), submodule(layer, self.circuit.mlp_norm)
 
     def _qkv_weights(self, l: int) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """``[(W [n, d, dh], b [n, dh] | None)]`` for q (n = heads), k and v (n = kv groups)."""
         attn: Any = self.adapter.attn_modules[l]
         H, KV, dh = self.H, self.KV, self.dh
-        if self.fam == "gpt2":  # Conv1D: y = x W + b, W [d, 3d]
+        qkv = self.family.qkv
+        if qkv == "c_attn":  # Conv1D: y = x W + b, W [d, 3d]
             w, b = attn.c_attn.weight, attn.c_attn.bias
             d = w.shape[0]
             return [
@@ -104,8 +115,8 @@ class Blocks:
         def lin(w: torch.Tensor, b: torch.Tensor | None, n: int):
             return w.reshape(n, dh, -1).transpose(1, 2), (b.reshape(n, dh) if b is not None else None)
 
-        fused = getattr(attn, "qkv_proj", None) or getattr(attn, "Wqkv", None)
-        if fused is not None:  # Phi-3's qkv_proj, ModernBERT's Wqkv: rows [q (H·dh), k (KV·dh), v (KV·dh)]
+        if qkv != "q_proj":  # one fused linear (Phi-3's qkv_proj, ModernBERT's Wqkv): rows [q (H·dh), k, v (KV·dh)]
+            fused = getattr(attn, qkv)
             w, b = fused.weight, fused.bias
             cuts = [0, H * dh, (H + KV) * dh, (H + 2 * KV) * dh]
             return [
@@ -115,21 +126,22 @@ class Blocks:
         return [lin(m.weight, m.bias, n) for m, n in ((attn.q_proj, H), (attn.k_proj, KV), (attn.v_proj, KV))]
 
     def rotary(self, x: torch.Tensor, l: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Layer ``l``'s cos, sin ``[s, r]`` (r rotary dimensions of a head), or None (GPT-2: no RoPE)."""
-        if self.fam == "gpt2":
+        """Layer ``l``'s cos, sin ``[s, r]`` (r rotary dimensions of a head), or None (no RoPE: GPT-2)."""
+        if not self.family.rotary:
             return None
         pos = torch.arange(x.shape[1], device=x.device)[None]
-        if self.fam == "modernbert":  # global and local layers rotate with their own base
-            cos, sin = self.base.rotary_emb(x, pos, self.layers[l].attention_type)
+        rot = self.base.rotary_emb
+        if "layer_type" in inspect.signature(rot.forward).parameters:  # per layer type (ModernBERT's global, local)
+            cos, sin = rot(x, pos, self.layers[l].attention_type)
         else:
-            cos, sin = self.base.rotary_emb(x, pos)
+            cos, sin = rot(x, pos)
         return cos[0], sin[0]
 
     def allowed(self, l: int, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         """``[b, query, key]`` bool: which keys layer ``l``'s queries see (padding keys never)."""
         s = x.shape[1]
         i = torch.arange(s, device=x.device)
-        if self.fam == "modernbert":  # bidirectional; local layers: the window transformers' own mask builder draws
+        if self.family.bidirectional:  # local layers: the window transformers' own mask builder draws
             from transformers import masking_utils
 
             build = (
@@ -246,11 +258,12 @@ class Blocks:
     def readout(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         """Explained logits ``[b, n_outputs]`` from the logits reader's input ``x`` ``[b, s, d]``:
         the final norm and the LM head (or a decoder classifier's score head) at each row's last real
-        token; ModernBERT: the final norm, its pooling ([CLS] or the mean over real tokens), head and
-        classifier."""
+        token; a pooled readout (ModernBERT): the final norm, its pooling ([CLS] or the mean over real
+        tokens), head and classifier."""
         hf: Any = self.adapter.hf_model
-        if self.fam == "modernbert":
-            h = self.base.final_norm(x)
+        norm = submodule(self.base, self.circuit.final_norm)
+        if self.circuit.readout == "pooled":
+            h = norm(x)
             if hf.config.classifier_pooling == "cls":
                 h = h[:, 0]
             else:
@@ -258,7 +271,6 @@ class Blocks:
                 h = (h * km).sum(1) / km.sum(1)
             return hf.classifier(hf.head(h))
         last = key_mask.sum(1) - 1
-        norm = self.base.ln_f if self.fam == "gpt2" else self.base.norm
         h = norm(x[torch.arange(x.shape[0], device=x.device), last])
-        head = hf.score if self.adapter.kind == "classifier" else hf.get_output_embeddings()
+        head = hf.score if self.adapter.kind.labels else hf.get_output_embeddings()
         return head(h)

@@ -162,7 +162,7 @@ def read_pairs(path: str | Path) -> list[TaskPair]:
 
 
 def _one_token(adapter: ModelAdapter, s: str, i: int, what: str) -> int:
-    if adapter.kind == "classifier":
+    if adapter.kind.labels:
         return adapter.parse_label(s.strip())
     ids = adapter.tokenizer(s, add_special_tokens=False)["input_ids"]
     if len(ids) != 1:

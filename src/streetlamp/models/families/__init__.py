@@ -1,11 +1,13 @@
 """The registry of single-stack architecture families: one frozen :class:`Family` per model type.
 
 Adding a family is one file here (its :class:`Family` object: module paths, norm placement, readout,
-gated MLP, norm offset, AttnLRP status, special-token layout, extra hooks, tiny-model recipe) plus one
+gated MLP, norm offset, q/k/v layout, rotary, bidirectional, circuit wiring, AttnLRP status, special-token layout, extra hooks, tiny-model recipe) plus one
 line in :data:`FAMILIES`. Everything else reads the object: the adapter finds the modules, the session
-installs the family's extra hooks, the context-mixing methods find the norm, the lenses the readout,
+installs the family's extra hooks, the context-mixing methods find the norm, the lenses the readout, the circuit engine its wiring,
 AttnLRP its rules, and the tests (site names, conformance, tiny models) iterate the registry. The
-encoder-decoders (T5, BART) are described in :mod:`streetlamp.models.seq2seq`.
+encoder-decoders (T5, BART) are families too, of the encoder-decoder kind (their ``encoder_decoder``
+stacks; sites in :mod:`streetlamp.models.seq2seq`); :func:`single_stack` and :func:`encoder_decoders`
+name each group.
 """
 
 from __future__ import annotations
@@ -13,7 +15,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Generic, TypeVar
 
-from .base import NO_RULES_YET, TINY_WINDOW, Family, NormPlacement, Readout, SpecialTokens, TinySpec
+from .bart import BART
+from .base import (
+    NO_RULES_YET,
+    QKV,
+    TINY_WINDOW,
+    Circuit,
+    EncoderDecoder,
+    Family,
+    NormPlacement,
+    Readout,
+    SpecialTokens,
+    TinySpec,
+)
 from .bert import BERT, ROBERTA
 from .deberta import DEBERTA_V2
 from .distilbert import DISTILBERT
@@ -23,19 +37,25 @@ from .llama import LLAMA, MISTRAL
 from .modernbert import MODERNBERT
 from .phi3 import PHI3
 from .qwen import QWEN2, QWEN3
+from .t5 import T5
 from .vit import VIT
 
 __all__ = [
     "FAMILIES",
     "NO_RULES_YET",
+    "QKV",
     "TINY_WINDOW",
     "UNSUPPORTED",
+    "Circuit",
+    "EncoderDecoder",
     "Family",
     "FamilyTable",
     "NormPlacement",
     "Readout",
     "SpecialTokens",
     "TinySpec",
+    "encoder_decoders",
+    "single_stack",
     "unsupported_message",
 ]
 
@@ -57,6 +77,8 @@ FAMILIES: dict[str, Family] = {
         MODERNBERT,
         DEBERTA_V2,
         VIT,
+        T5,
+        BART,
     )
 }
 
@@ -69,11 +91,24 @@ UNSUPPORTED: dict[str, str] = {
 }
 
 
+def single_stack() -> list[str]:
+    """The registered single-stack families (classifiers, causal LMs, image classifiers), sorted."""
+    return sorted(n for n, f in FAMILIES.items() if f.stacks == 1)
+
+
+def encoder_decoders() -> list[str]:
+    """The registered encoder-decoder families, sorted."""
+    return sorted(n for n, f in FAMILIES.items() if f.stacks == 2)
+
+
 def unsupported_message(model_type: str) -> str:
     """One line: why ``model_type`` cannot be loaded, and the supported families."""
     why = UNSUPPORTED.get(model_type, "not supported")
-    # the encoder-decoders (models/seq2seq.py) after the single-stack families
-    return f"model type {model_type!r}: {why}; supported: {', '.join(sorted(FAMILIES))}; encoder-decoder: bart, t5"
+    # the encoder-decoders after the single-stack families
+    return (
+        f"model type {model_type!r}: {why}; supported: {', '.join(single_stack())}; "
+        f"encoder-decoder: {', '.join(encoder_decoders())}"
+    )
 
 
 T = TypeVar("T")

@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..kinds import ModelKind, kind_named
+
 if TYPE_CHECKING:
     from torch import nn
     from torch.utils.hooks import RemovableHandle
@@ -45,45 +47,99 @@ class Readout:
 
     Module paths of the norms around the residual stream (final norm relative to the base model, the
     others relative to a layer); ``attn_out`` / ``mlp_out``: Gemma's sandwich norms, applied to the
-    attention / MLP output before it joins the residual stream. ``qkv``: how queries and keys are
-    projected (``q_proj``: separate ``q_proj`` / ``k_proj``; ``qkv_proj``: Phi-3's fused rows
-    ``[q, k, v]``; ``c_attn``: GPT-2's fused Conv1D); ``rotary``: RoPE applied to them."""
+    attention / MLP output before it joins the residual stream. How queries and keys are projected and
+    rotated is the family's :attr:`Family.qkv` and :attr:`Family.rotary`."""
 
     final_norm: str
     attn_in: str
     attn_out: str | None = None
     mlp_out: str | None = None
-    qkv: Literal["q_proj", "qkv_proj", "c_attn"] = "q_proj"
-    rotary: bool = True
+
+
+# How a layer projects queries, keys and values: ``q_proj``: separate ``q_proj`` / ``k_proj`` / ``v_proj``
+# linears; ``qkv_proj`` (Phi-3) and ``Wqkv`` (ModernBERT): one fused linear of that name whose rows are
+# ``[q (heads x d_head), k (kv heads x d_head), v (kv heads x d_head)]``; ``c_attn``: GPT-2's fused Conv1D
+# (``y = x W + b``, ``W`` ``[d, 3d]``, columns ``[q, k, v]``).
+QKV = Literal["q_proj", "qkv_proj", "Wqkv", "c_attn"]
+
+
+@dataclass(frozen=True)
+class Circuit:
+    """What the circuit engine (``interventions/circuits/blocks.py``) reads to run a pre-norm family's
+    forward piece by piece, besides the facts every engine reads (:attr:`Family.norm`'s ``attn_norm``,
+    :attr:`Family.qkv`, :attr:`Family.rotary`, :attr:`Family.bidirectional`): a family with one is
+    accepted by ``circuit``, whose test checks its forward against the model's own.
+
+    ``mlp_norm``: the norm before the MLP (relative to a layer); ``final_norm``: relative to the base
+    model; ``embeddings``: the module whose output is the ``embed`` writer when it does more than the token
+    lookup (ModernBERT's embedding norm), relative to the base model, else None (the ``embed`` lookup);
+    ``positions``: learned absolute positions added to the lookup (GPT-2's ``wpe``), or None;
+    ``readout``: ``last``: the final norm at each row's last real token, then the LM head (the score head of
+    a sequence classifier); ``pooled``: the final norm, the classifier's pooling (``config.classifier_pooling``:
+    [CLS] or the mean over real tokens), then its ``head`` and ``classifier`` (ModernBERT)."""
+
+    mlp_norm: str
+    final_norm: str
+    embeddings: str | None = None
+    positions: str | None = None
+    readout: Literal["last", "pooled"] = "last"
 
 
 @dataclass(frozen=True)
 class SpecialTokens:
     """The special-token layout of a family's published tokenizer: which of bos/eos/pad/unk/mask exist
-    (role -> token string) and whether the tokenizer prepends BOS. The tiny tokenizer copies it, so the
+    (role -> token string) and whether the tokenizer prepends BOS, or the ``template`` it wraps a text in
+    (``$A`` the text: T5's ``$A </s>``, BART's ``<s> $A </s>``). The tiny tokenizer copies it, so the
     methods' fallbacks (a [MASK] stand-in, the pad token, BOS as the empty context) run as on the real
     models. A family without one gets the generic tiny layout (``[CLS] text [SEP]`` for classifiers)."""
 
     names: Mapping[str, str]
     prepend_bos: bool = False
+    template: str | None = None
 
 
 @dataclass(frozen=True)
 class TinySpec:
-    """The family's tiny random model (tests, examples): ``kind`` (``classifier`` or ``causal_lm``) and
-    ``build(tokenizer, layers, heads, d_model)`` -> an untrained ``PreTrainedModel`` (seeded by the
-    caller). ``tokenizer``: the family's own stand-in for a tokenizer (ViT: its image processor); by
-    default the word-level tokenizer with the family's :class:`SpecialTokens`."""
+    """The family's tiny random model (tests, examples): its model ``kind`` (a name in
+    :data:`~streetlamp.models.kinds.KINDS`, held as the kind object) and ``build(tokenizer, layers, heads,
+    d_model)`` -> an untrained ``PreTrainedModel`` (seeded by the caller). ``tokenizer``: the family's own
+    stand-in for a tokenizer (ViT: its image processor); by default the word-level tokenizer with the
+    family's :class:`SpecialTokens`."""
 
-    kind: Literal["classifier", "causal_lm"]
+    kind: ModelKind
     build: Callable[[Any, int, int, int], Any]
     tokenizer: Callable[[], Any] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", kind_named(self.kind))
+
+
+@dataclass(frozen=True)
+class EncoderDecoder:
+    """The two stacks of an encoder-decoder (T5, BART), module paths relative to its
+    ``*ForConditionalGeneration`` model: each stack's layers, the self-attention (relative to a layer of
+    either stack) and its output projection, the decoder's cross-attention and its output projection, each
+    stack's MLP output linear and token embedding. Sites: :mod:`streetlamp.models.seq2seq`."""
+
+    encoder_layers: str
+    decoder_layers: str
+    self_attn: str
+    self_o: str
+    cross_attn: str
+    cross_o: str
+    encoder_mlp_out: str
+    decoder_mlp_out: str
+    encoder_embed: str
+    decoder_embed: str
 
 
 @dataclass(frozen=True)
 class Family:
     """Every fact streetlamp keeps about one architecture family; module paths relative to
-    ``model.base_model`` (``o_proj``, ``mlp_out``, ``attn`` relative to a layer)."""
+    ``model.base_model`` (``o_proj``, ``mlp_out``, ``attn`` relative to a layer). An encoder-decoder
+    (``encoder_decoder`` set) loads as the encoder-decoder kind only, through its own adapter
+    (:class:`~streetlamp.models.seq2seq.Seq2SeqAdapter`); its single-stack paths name its encoder's
+    modules, relative to the model, and no single-stack engine reads them."""
 
     name: str  # the config's model_type
     layers: str
@@ -95,6 +151,12 @@ class Family:
     norm: NormPlacement | None = None
     # pre-norm causal LMs: the residual-stream readout (lenses); None: lenses do not apply
     readout: Readout | None = None
+    qkv: QKV = "q_proj"  # how a layer projects queries, keys and values (see QKV)
+    rotary: bool = False  # rotary position embeddings on queries and keys (RoPE; partial RoPE allowed)
+    bidirectional: bool = False  # every position attends to every (unpadded) position: an encoder's attention
+    # the circuit engine's wiring; None: circuit refuses the family (the reason from its norm placement)
+    circuit: Circuit | None = None
+    encoder_decoder: EncoderDecoder | None = None  # the two stacks of an encoder-decoder; None: one stack
     gated_mlp: bool = False  # act(gate) * up before the MLP's last linear (AttnLRP halves its gradient)
     norm_offset: float = 0.0  # 1.0 where RMSNorm multiplies by (1 + w) (Gemma; q/k norms included)
     # None: AttnLRP's rules cover the family (its conservation test passes); else why it is refused
@@ -122,6 +184,11 @@ class Family:
         """Gemma 2/3's sandwich norms RMS-normalise a layer's attention output before the residual add: the
         output is then unchanged when all of a layer's attention is scaled by α > 0."""
         return self.norm is not None and self.norm.placement == "sandwich"
+
+    @property
+    def stacks(self) -> int:
+        """The stacks of layers a model of the family has (2: an encoder-decoder)."""
+        return 1 if self.encoder_decoder is None else 2
 
     @property
     def own_attention(self) -> bool:

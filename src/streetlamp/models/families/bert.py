@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..kinds import CLASSIFIER
 from .base import Family, NormPlacement, TinySpec, classifier_config
 
 PATHS: dict[str, Any] = dict(
@@ -42,7 +43,13 @@ def _tiny_roberta(tok: Any, layers: int, heads: int, d_model: int) -> Any:
 
 
 BERT = Family(
-    "bert", **PATHS, norm=POST_LN, attnlrp_refusal=None, reads_cls=True, tiny=TinySpec("classifier", _tiny_bert)
+    "bert",
+    **PATHS,
+    norm=POST_LN,
+    attnlrp_refusal=None,
+    bidirectional=True,
+    reads_cls=True,
+    tiny=TinySpec(CLASSIFIER, _tiny_bert),
 )
 ROBERTA = Family(
     "roberta",
@@ -51,7 +58,8 @@ ROBERTA = Family(
     attnlrp_refusal=None,
     # the classification head's tanh and the LM head's gelu are plain functions between these modules
     functional_activations=(("classifier.dense", "classifier.out_proj"), ("lm_head.dense", "lm_head.layer_norm")),
+    bidirectional=True,
     reads_cls=True,
     reserved_positions=2,  # RoBERTa numbers positions from padding_idx + 1
-    tiny=TinySpec("classifier", _tiny_roberta),
+    tiny=TinySpec(CLASSIFIER, _tiny_roberta),
 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from ..kinds import CLASSIFIER
 from .base import Family, TinySpec, classifier_config
 from .bert import PATHS, POST_LN
 
@@ -49,7 +50,8 @@ DEBERTA_V2 = Family(
     norm=POST_LN,
     attnlrp_refusal="its disentangled attention adds content-to-position scores, linear in the input, to the "
     "bilinear content-to-content score inside its own module; one uniform rule at the pattern would halve both",
+    bidirectional=True,
     reads_cls=True,  # the ContextPooler reads [CLS]
     attention_hooks=_hooks,
-    tiny=TinySpec("classifier", _tiny),
+    tiny=TinySpec(CLASSIFIER, _tiny),
 )

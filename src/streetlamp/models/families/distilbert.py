@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..kinds import CLASSIFIER
 from .base import Family, NormPlacement, TinySpec, classifier_config
 
 
@@ -30,6 +31,7 @@ DISTILBERT = Family(
     embed="embeddings.word_embeddings",
     norm=NormPlacement("post", "sa_layer_norm", "layernorm"),
     attnlrp_refusal=None,  # its inline nn.ReLU(): the identity rule equals the gradient
+    bidirectional=True,
     reads_cls=True,
-    tiny=TinySpec("classifier", _tiny),
+    tiny=TinySpec(CLASSIFIER, _tiny),
 )

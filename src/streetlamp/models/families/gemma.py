@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..kinds import CAUSAL_LM
 from .base import TINY_WINDOW, Family, NormPlacement, Readout, SpecialTokens, TinySpec, decoder_config
 from .llama import LLAMA_LIKE
 
@@ -33,7 +34,7 @@ def _tiny(family: str) -> TinySpec:
             return Gemma2ForCausalLM(Gemma2Config(attn_logit_softcapping=1.5, **gemma))
         return Gemma3ForCausalLM(Gemma3TextConfig(**gemma))
 
-    return TinySpec("causal_lm", build)
+    return TinySpec(CAUSAL_LM, build)
 
 
 GEMMA_LIKE: dict[str, Any] = dict(
@@ -41,6 +42,8 @@ GEMMA_LIKE: dict[str, Any] = dict(
         **LLAMA_LIKE,
         "norm": NormPlacement("sandwich", "post_attention_layernorm", "rmsnorm_1p"),
         "readout": Readout("norm", "input_layernorm", "post_attention_layernorm", "post_feedforward_layernorm"),
+        # each layer's heads are RMS-normalised together before they join the residual stream: no sum of writers
+        "circuit": None,
     },
     norm_offset=1.0,
     # Gemma prepends <bos> (its models expect it)

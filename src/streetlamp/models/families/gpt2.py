@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Family, NormPlacement, Readout, TinySpec
+from ..kinds import CAUSAL_LM
+from .base import Circuit, Family, NormPlacement, Readout, TinySpec
 
 
 def _tiny(tok: Any, layers: int, heads: int, d_model: int) -> Any:
@@ -31,7 +32,9 @@ GPT2 = Family(
     mlp_out="mlp.c_proj",
     embed="wte",
     norm=NormPlacement("pre", "ln_1", "layernorm"),
-    readout=Readout("ln_f", "ln_1", qkv="c_attn", rotary=False),
+    readout=Readout("ln_f", "ln_1"),
+    qkv="c_attn",
+    circuit=Circuit("ln_2", "ln_f", positions="wpe"),
     attnlrp_refusal=None,
-    tiny=TinySpec("causal_lm", _tiny),
+    tiny=TinySpec(CAUSAL_LM, _tiny),
 )

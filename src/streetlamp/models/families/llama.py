@@ -5,15 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import TINY_WINDOW, Family, NormPlacement, Readout, SpecialTokens, TinySpec, decoder_config
+from ..kinds import CAUSAL_LM
+from .base import TINY_WINDOW, Circuit, Family, NormPlacement, Readout, SpecialTokens, TinySpec, decoder_config
 
 PATHS: dict[str, Any] = dict(
     layers="layers", attn="self_attn", o_proj="self_attn.o_proj", mlp_out="mlp.down_proj", embed="embed_tokens"
 )
 PRE_RMS = NormPlacement("pre", "input_layernorm", "rmsnorm")
 READOUT = Readout("norm", "input_layernorm")
+CIRCUIT = Circuit("post_attention_layernorm", READOUT.final_norm)
 # what every Llama-like decoder shares (Qwen, Phi-3 and Gemma start from it too)
-LLAMA_LIKE: dict[str, Any] = dict(**PATHS, norm=PRE_RMS, readout=READOUT, gated_mlp=True, attnlrp_refusal=None)
+LLAMA_LIKE: dict[str, Any] = dict(
+    **PATHS, norm=PRE_RMS, readout=READOUT, rotary=True, circuit=CIRCUIT, gated_mlp=True, attnlrp_refusal=None
+)
 
 
 def _tiny_llama(tok: Any, layers: int, heads: int, d_model: int) -> Any:
@@ -42,11 +46,11 @@ def _tiny_mistral(tok: Any, layers: int, heads: int, d_model: int) -> Any:
     return MistralForCausalLM(MistralConfig(head_dim=d_model // heads, sliding_window=TINY_WINDOW, **cfg))
 
 
-LLAMA = Family("llama", **LLAMA_LIKE, tiny=TinySpec("causal_lm", _tiny_llama))
+LLAMA = Family("llama", **LLAMA_LIKE, tiny=TinySpec(CAUSAL_LM, _tiny_llama))
 MISTRAL = Family(
     "mistral",
     **LLAMA_LIKE,
     # Mistral prepends <s> and has no pad (the adapter pads with EOS)
     specials=SpecialTokens({"bos": "<s>", "eos": "</s>", "unk": "<unk>"}, prepend_bos=True),
-    tiny=TinySpec("causal_lm", _tiny_mistral),
+    tiny=TinySpec(CAUSAL_LM, _tiny_mistral),
 )

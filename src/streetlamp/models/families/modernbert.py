@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from .base import TINY_WINDOW, Family, NormPlacement, TinySpec, classifier_config
+from ..kinds import CLASSIFIER
+from .base import TINY_WINDOW, Circuit, Family, NormPlacement, TinySpec, classifier_config
 
 
 def _tiny(tok: Any, layers: int, heads: int, d_model: int) -> Any:
@@ -40,7 +41,12 @@ MODERNBERT = Family(
     mlp_out="mlp.Wo",
     embed="embeddings.tok_embeddings",
     norm=NormPlacement("pre", "attn_norm", "layernorm"),
+    qkv="Wqkv",
+    rotary=True,  # global and local layers rotate with their own base
+    bidirectional=True,
+    # the embed writer is the embedding module's output (after its norm)
+    circuit=Circuit("mlp_norm", "final_norm", embeddings="embeddings", readout="pooled"),
     gated_mlp=True,
     attnlrp_refusal=None,
-    tiny=TinySpec("classifier", _tiny),
+    tiny=TinySpec(CLASSIFIER, _tiny),
 )

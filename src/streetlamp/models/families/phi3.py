@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from .base import Family, Readout, SpecialTokens, TinySpec, decoder_config
+from ..kinds import CAUSAL_LM
+from .base import Family, SpecialTokens, TinySpec, decoder_config
 from .llama import LLAMA_LIKE
 
 
@@ -19,8 +20,9 @@ def _tiny(tok: Any, layers: int, heads: int, d_model: int) -> Any:
 
 PHI3 = Family(
     "phi3",
-    **{**LLAMA_LIKE, "readout": Readout("norm", "input_layernorm", qkv="qkv_proj")},
+    **LLAMA_LIKE,
+    qkv="qkv_proj",
     # Phi-3 pads with <|endoftext|>
     specials=SpecialTokens({"bos": "<s>", "eos": "<|endoftext|>", "unk": "<unk>", "pad": "<|endoftext|>"}),
-    tiny=TinySpec("causal_lm", _tiny),
+    tiny=TinySpec(CAUSAL_LM, _tiny),
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..kinds import CAUSAL_LM
 from .base import Family, SpecialTokens, TinySpec, decoder_config
 from .llama import LLAMA_LIKE
 
@@ -25,5 +26,5 @@ def _tiny_qwen3(tok: Any, layers: int, heads: int, d_model: int) -> Any:
     return Qwen3ForCausalLM(Qwen3Config(head_dim=d_model // heads, **cfg))  # q/k RMSNorm: its default
 
 
-QWEN2 = Family("qwen2", **LLAMA_LIKE, specials=QWEN_SPECIALS, tiny=TinySpec("causal_lm", _tiny_qwen2))
-QWEN3 = Family("qwen3", **LLAMA_LIKE, specials=QWEN_SPECIALS, tiny=TinySpec("causal_lm", _tiny_qwen3))
+QWEN2 = Family("qwen2", **LLAMA_LIKE, specials=QWEN_SPECIALS, tiny=TinySpec(CAUSAL_LM, _tiny_qwen2))
+QWEN3 = Family("qwen3", **LLAMA_LIKE, specials=QWEN_SPECIALS, tiny=TinySpec(CAUSAL_LM, _tiny_qwen3))

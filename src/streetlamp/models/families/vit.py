@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from ..kinds import CLASSIFIER
 from .base import Family, NormPlacement, TinySpec
 
 # The tiny ViT: 32 x 32 RGB images cut into 8 x 8 patches, so [CLS] + 16 patch tokens.
@@ -61,8 +62,9 @@ VIT = Family(
     embed="embeddings",
     norm=NormPlacement("pre", "layernorm_before", "layernorm"),
     attnlrp_refusal=None,
+    bidirectional=True,
     reads_cls=True,
     modality="image",
     embed_hook=_embed_hook,
-    tiny=TinySpec("classifier", _tiny, tokenizer=_processor),
+    tiny=TinySpec(CLASSIFIER, _tiny, tokenizer=_processor),
 )
