@@ -22,4 +22,3 @@ def check_method_params(mparams: dict[str, dict], methods: list[str], flag: str 
     label = f"{flag} {{param}}" if flag == "--ig-params" else f"{flag} {{method}}.{{param}}"
     for name, params in mparams.items():
         get_method(name, **typed_params(name, params, label))  # types as declared on the method's fields
-

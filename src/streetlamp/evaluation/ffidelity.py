@@ -59,7 +59,6 @@ class FFidelity:
     max_train: int = 1000  # at most this many training examples (drawn with the run seed)
 
 
-
 def check_adapter(adapter: ModelAdapter) -> None:
     if not adapter.kind.labels or adapter.modality != "text":
         raise StreetlampError(f"--ffidelity-train fine-tunes a text classifier; {adapter.name} is a {adapter.kind}")

@@ -161,7 +161,7 @@ class EvalSettings(Settings):
             )
         for name in self.methods:
             get_method(name, **self.method_params.get(name, {})).check(adapter)
-        if self.answer_tokens and adapter.kind != "causal_lm":
+        if self.answer_tokens and not adapter.kind.causal:
             raise StreetlampError(f"--answer-tokens needs a causal LM; {adapter.name} is a {adapter.kind}")
         if self.randomisation or self.efficient_mprt or self.smooth_mprt or self.randomisation_target != "prediction":
             from .randomisation import check_settings

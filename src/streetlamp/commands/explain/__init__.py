@@ -187,7 +187,7 @@ class GenerationSettings(Settings):
             raise StreetlampError(
                 f"explain-generation needs a causal LM or an encoder-decoder; {adapter.name} is a {adapter.kind}"
             )
-        if adapter.kind == ENCODER_DECODER:
+        if adapter.kind.view == "source_target":
             if (
                 self.contrast_token
                 or self.contrast_prompt
@@ -199,6 +199,7 @@ class GenerationSettings(Settings):
                     "--contrast-token, --contrast-prompt, --chat, --granularity and kl_divergence are for causal LMs"
                 )
             from ...methods.registry import REGISTRY
+            from ...models.kinds import ENCODER_DECODER
             from ...models.seq2seq import refusal
 
             for name in self.methods:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ...errors import StreetlampError
-from ...methods.base import ENCODER_DECODER, Method, ViewAttribution
+from ...methods.base import Method, ViewAttribution
 from ...methods.granularity import aggregate, units
 from ...methods.ig import IntegratedGradients
 from ...methods.prefixes import per_prefix
