@@ -229,6 +229,9 @@ class ModelAdapter:
             )
         if not self.family.own_attention:  # DeBERTa-v2: hooks on its own module instead (models/deberta.py)
             route_attention(hf_model)
+        if self.family.experts is not None:
+            # the experts' reference loop (exact in any dtype, float64 included; models/moe.py calls it per expert)
+            hf_model.set_experts_implementation("eager")
         hf_model.eval()
         self.hf_model = hf_model
         self.tokenizer = tokenizer
@@ -249,7 +252,7 @@ class ModelAdapter:
         self.n_heads = int(cfg.num_attention_heads)
         self.n_kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
         self.d_model = int(cfg.hidden_size)
-        self.site_names = site_names(self.n_layers)
+        self.site_names = site_names(self.n_layers, self.family)
         max_pos = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or 10**9)
         # RoBERTa numbers positions from padding_idx + 1, so two position slots are never usable.
         self.max_positions = max_pos - self.family.reserved_positions

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Generic, TypeVar
 
-from .base import NO_RULES_YET, TINY_WINDOW, Family, NormPlacement, Readout, SpecialTokens, TinySpec
+from .base import NO_RULES_YET, TINY_WINDOW, Experts, Family, NormPlacement, Readout, SpecialTokens, TinySpec
 from .bert import BERT, ROBERTA
 from .deberta import DEBERTA_V2
 from .distilbert import DISTILBERT
@@ -22,11 +22,13 @@ from .gpt2 import GPT2
 from .llama import LLAMA, MISTRAL
 from .modernbert import MODERNBERT
 from .phi3 import PHI3
+from .moe import MIXTRAL, OLMOE, QWEN2_MOE, QWEN3_MOE
 from .qwen import QWEN2, QWEN3
 from .vit import VIT
 
 __all__ = [
     "FAMILIES",
+    "Experts",
     "NO_RULES_YET",
     "TINY_WINDOW",
     "UNSUPPORTED",
@@ -51,6 +53,10 @@ FAMILIES: dict[str, Family] = {
         MISTRAL,
         QWEN2,
         QWEN3,
+        MIXTRAL,
+        QWEN2_MOE,
+        QWEN3_MOE,
+        OLMOE,
         PHI3,
         GEMMA2,
         GEMMA3_TEXT,
