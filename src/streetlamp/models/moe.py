@@ -145,4 +145,3 @@ def expert_hooks(session: Session, layer: int, layer_module: nn.Module, spec: Ex
     if spec.shared_expert is not None and wants(names["shared_expert.out"]):
         handles.append(submodule(layer_module, spec.shared_expert).register_forward_hook(shared_hook))
     return handles
-

@@ -21,8 +21,8 @@ from .gemma import GEMMA2, GEMMA3_TEXT
 from .gpt2 import GPT2
 from .llama import LLAMA, MISTRAL
 from .modernbert import MODERNBERT
-from .phi3 import PHI3
 from .moe import MIXTRAL, OLMOE, QWEN2_MOE, QWEN3_MOE
+from .phi3 import PHI3
 from .qwen import QWEN2, QWEN3
 from .vit import VIT
 

@@ -29,7 +29,9 @@ def _moe_config(tok: Any, layers: int, heads: int, d_model: int) -> dict[str, An
 def _tiny_mixtral(tok: Any, layers: int, heads: int, d_model: int) -> Any:
     from transformers import MixtralConfig, MixtralForCausalLM
 
-    cfg = MixtralConfig(num_local_experts=TINY_EXPERTS, head_dim=d_model // heads, **_moe_config(tok, layers, heads, d_model))
+    cfg = MixtralConfig(
+        num_local_experts=TINY_EXPERTS, head_dim=d_model // heads, **_moe_config(tok, layers, heads, d_model)
+    )
     return MixtralForCausalLM(cfg)
 
 
