@@ -26,7 +26,7 @@ from ..errors import StreetlampError
 from . import attention, readout
 from .images import PatchVocabulary, looks_like_image_file, read_image, token_embeddings
 from .relevance import relevance_rules
-from .sites import FAMILIES, Family, site_names
+from .sites import FAMILIES, Family, site_names, submodule
 from .trace import Edit, Session
 
 Kind = Literal["classifier", "causal_lm", "seq2seq"]
@@ -72,14 +72,6 @@ def route_attention(hf_model: PreTrainedModel) -> None:
             f"attention modules do not call ALL_ATTENTION_FUNCTIONS; transformers kept attn_implementation={routed!r}), "
             "so streetlamp could neither record nor edit it"
         )
-
-
-def submodule(root: nn.Module, path: str) -> nn.Module:
-    """The module at a dotted ``path`` under ``root`` (digits index a ModuleList: ``layers.3.attn``)."""
-    m = root
-    for part in path.split("."):
-        m = m[int(part)] if part.isdigit() else getattr(m, part)  # type: ignore[index]
-    return m
 
 
 @dataclass

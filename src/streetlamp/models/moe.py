@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from .families import Experts
+from .sites import submodule
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
@@ -87,8 +88,6 @@ def _experts_per_expert(
 def expert_hooks(session: Session, layer: int, layer_module: nn.Module, spec: Experts) -> list[RemovableHandle]:
     """The hooks exposing layer ``layer``'s router and expert sites to ``session`` (only those it records or
     edits)."""
-    from .adapter import submodule
-
     prefix = f"layers.{layer}"
     wants = session.wants
     names = {s: f"{prefix}.{s}" for s in ("router.logits", "router.weights", "experts.out", "shared_expert.out")}

@@ -43,6 +43,7 @@ __all__ = [
     "site_axes",
     "layer_sites",
     "site_names",
+    "submodule",
     "unsupported_message",
 ]
 
@@ -102,6 +103,14 @@ def parse_site(name: str) -> tuple[int | None, str]:
         _, l, rest = name.split(".", 2)
         return int(l), rest
     return None, name
+
+
+def submodule(root: nn.Module, path: str) -> nn.Module:
+    """The module at a dotted ``path`` under ``root`` (digits index a ModuleList: ``layers.3.attn``)."""
+    m = root
+    for part in path.split("."):
+        m = m[int(part)] if part.isdigit() else getattr(m, part)  # type: ignore[index]
+    return m
 
 
 def output_matrix(o_proj: nn.Module, n_heads: int) -> torch.Tensor:
