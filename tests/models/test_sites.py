@@ -47,7 +47,7 @@ def test_site_names_pinned(tiny: ModelAdapter) -> None:
         "resid_post",
     )
     assert tiny.site_names == ["embed"] + [f"layers.{l}.{s}" for l in range(2) for s in order]
-    assert tiny.family.name in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")  # the MoE families, pinned
+    assert tiny.family.name in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")  # the MoE families, pinned
 
 
 def test_site_shapes(tiny: ModelAdapter) -> None:

@@ -21,7 +21,7 @@ from .gemma import GEMMA2, GEMMA3_TEXT
 from .gpt2 import GPT2
 from .llama import LLAMA, MISTRAL
 from .modernbert import MODERNBERT
-from .moe import MIXTRAL, OLMOE, QWEN2_MOE, QWEN3_MOE
+from .moe import GPT_OSS, MIXTRAL, OLMOE, QWEN2_MOE, QWEN3_MOE
 from .phi3 import PHI3
 from .qwen import QWEN2, QWEN3
 from .vit import VIT
@@ -57,6 +57,7 @@ FAMILIES: dict[str, Family] = {
         QWEN2_MOE,
         QWEN3_MOE,
         OLMOE,
+        GPT_OSS,
         PHI3,
         GEMMA2,
         GEMMA3_TEXT,

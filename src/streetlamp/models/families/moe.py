@@ -93,3 +93,37 @@ OLMOE = Family(
     specials=SpecialTokens({"eos": "<|endoftext|>", "pad": "<|padding|>"}),
     tiny=TinySpec("causal_lm", _tiny_olmoe),
 )
+
+
+def _tiny_gpt_oss(tok: Any, layers: int, heads: int, d_model: int) -> Any:
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    from .base import TINY_WINDOW
+
+    cfg = _moe_config(tok, layers, heads, d_model)
+    cfg = GptOssConfig(
+        num_local_experts=TINY_EXPERTS,
+        head_dim=d_model // heads,
+        sliding_window=TINY_WINDOW,
+        layer_types=["sliding_attention" if l % 2 == 0 else "full_attention" for l in range(layers)],
+        rope_parameters={"rope_type": "default", "rope_theta": 150000.0},  # no YaRN at a 64-token window
+        **cfg,
+    )
+    model = GptOssForCausalLM(cfg)
+    import torch
+
+    with torch.no_grad():  # the sinks start at 0 in transformers: give them sizes that matter
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0.0, 1.0)
+    return model
+
+
+# gpt-oss: learned attention sinks (one logit per head in every row's softmax), sliding-window layers alternating
+# with full ones, a router that takes the top-k logits before its softmax, experts with biases and a clamped SwiGLU
+GPT_OSS = Family(
+    "gpt_oss",
+    **MOE_LIKE,
+    experts=Experts(router="mlp.router", rule="topk_softmax"),
+    specials=SpecialTokens({"eos": "<|return|>", "pad": "<|endoftext|>"}),
+    tiny=TinySpec("causal_lm", _tiny_gpt_oss),
+)
