@@ -65,6 +65,9 @@ KEYS = {
     | {"arrays", "circuit_view", "figures", "files", "methods", "model", "parameters", "seed", "summary", "tables"}
     | {"task"},
     "atlas": HEADER | {"ablation", "arrays", "atlas", "files", "model_info", "n_cut_to_max_tokens", "settings"},
+    "experts": HEADER
+    | {"arrays", "effect", "forwards", "model", "n_texts", "n_tokens", "parameters", "removal", "streetlight"}
+    | {"tables"},
 }
 
 
@@ -98,6 +101,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "bert": save_tiny("bert", t / "bert", seed=1),
         "gpt2": save_tiny("gpt2", t / "gpt2", seed=1),
         "llama": save_tiny("llama", t / "llama", seed=1),
+        "mixtral": save_tiny("mixtral", t / "mixtral", seed=1),
         "data": data,
         "pairs": pairs,
     }
@@ -174,6 +178,8 @@ def argv(command: str, s: dict[str, Path]) -> list[str]:
         "circuit": ["circuit", "--model", str(s["llama"]), "--task", str(s["pairs"]), "--methods", "eap"]
         + ["--sizes", "0.1,1", "--bootstrap", "5"],
         "atlas": ["atlas", "--model", str(s["llama"]), "--data", str(s["data"]), "--limit", "3", "--top-k", "1"],
+        "experts": ["experts", "--model", str(s["mixtral"]), "--data", str(s["data"]), "--limit", "2"]
+        + ["--max-tokens", "4", "--bootstrap", "10"],
     }[command]
 
 

@@ -65,7 +65,10 @@ def check_against_eager(adapter: ModelAdapter, texts: list[str]) -> None:
             union |= ok
             assert torch.all(ours[:, ~ok] == 0), "forbidden cells must be exactly 0"
             assert torch.all(ours[:, ok] > 0), "allowed cells carry weight"
-            torch.testing.assert_close(ours.sum(-1), torch.ones_like(ours.sum(-1)), atol=1e-5, rtol=0)
+            if hasattr(adapter.attn_modules[l], "sinks"):  # gpt-oss: the sink takes its share of every row
+                assert bool((ours.sum(-1) < 1).all())
+            else:
+                torch.testing.assert_close(ours.sum(-1), torch.ones_like(ours.sum(-1)), atol=1e-5, rtol=0)
         assert torch.equal(allowed[b, :n, :n], union), "cache['allowed'] is the union of the layers' masks"
 
 

@@ -27,8 +27,28 @@ PINNED = ["embed"] + [
 ]
 
 
+MOE_SITES = ("router.logits", "router.weights", "experts.out")
+
+
 def test_site_names_pinned(tiny: ModelAdapter) -> None:
-    assert tiny.site_names == PINNED
+    moe = tiny.family.experts
+    if moe is None:
+        assert tiny.site_names == PINNED
+        return
+    extra = MOE_SITES + (("shared_expert.out",) if moe.shared_expert is not None else ())
+    order = (
+        "resid_pre",
+        "attn.v",
+        "attn.pattern",
+        "attn.z",
+        "attn.head_out",
+        "attn.out",
+        *extra,
+        "mlp.out",
+        "resid_post",
+    )
+    assert tiny.site_names == ["embed"] + [f"layers.{l}.{s}" for l in range(2) for s in order]
+    assert tiny.family.name in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")  # the MoE families, pinned
 
 
 def test_site_shapes(tiny: ModelAdapter) -> None:
@@ -48,7 +68,10 @@ def test_site_shapes(tiny: ModelAdapter) -> None:
         for k in ("attn.out", "mlp.out", "resid_post", "resid_pre"):
             assert f.cache[f"layers.{l}.{k}"].shape == (b, s, d)
     assert f.cache["embed"].shape == (b, s, d)
-    sizes = {"batch": b, "pos": s, "query": s, "key": s, "head": h, "d_head": d_head, "d_model": d}
+    n_exp = int(
+        getattr(tiny.hf_model.config, "num_experts", 0) or getattr(tiny.hf_model.config, "num_local_experts", 0)
+    )
+    sizes = {"batch": b, "pos": s, "query": s, "key": s, "head": h, "d_head": d_head, "d_model": d, "expert": n_exp}
     for name in tiny.site_names:  # the documented axes of every site are its real axes
         assert f.cache[name].shape == tuple(sizes[a] for a in site_axes(name)), name
     # resid_post of layer 0 is what enters layer 1

@@ -13,6 +13,7 @@ from .base import Command, Lines, execute
 from .circuit import CIRCUIT
 from .cot import COT
 from .evaluate import BENCHMARK, EVALUATE
+from .experts import EXPERTS
 from .explain import ATTENTION_ROW, EXPLAIN, EXPLAIN_GENERATION
 from .heads import HEADS, PRUNE
 from .lens import LENS
@@ -43,6 +44,7 @@ COMMANDS: list[Command] = [
     PROBE,
     CIRCUIT,
     ATLAS,
+    EXPERTS,
 ]
 
 

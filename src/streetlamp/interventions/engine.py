@@ -34,6 +34,8 @@ from ..models.sites import parse_site
 
 Strategy = Callable[[torch.Tensor], torch.Tensor]
 HEAD_SITES = ("attn.z", "attn.head_out", "attn.v", "attn.pattern")
+# a MoE layer's sites with an expert axis at 2 (``Intervention.head`` names the expert there)
+EXPERT_AXIS_SITES = ("router.logits", "router.weights", "experts.out")
 
 
 @dataclass
@@ -52,7 +54,7 @@ def axes_of(site: str) -> tuple[int | None, int]:
     _, kind = parse_site(site)
     if kind == "attn.pattern":
         return 1, 2
-    if kind in HEAD_SITES:
+    if kind in HEAD_SITES or kind in EXPERT_AXIS_SITES:
         return 2, 1
     return None, 1
 
@@ -63,7 +65,10 @@ def selection_mask(
     """Bool tensor broadcastable to ``a``: True where the intervention replaces values."""
     h_ax, p_ax = axes_of(site)
     if head is not None and h_ax is None:
-        raise StreetlampError(f"site {site} has no head axis; heads exist at attn.z/head_out/v/pattern")
+        raise StreetlampError(
+            f"site {site} has no head or expert axis; heads exist at attn.z/head_out/v/pattern, experts at "
+            "router.logits/router.weights/experts.out"
+        )
     shape = [1] * a.dim()
     mask = torch.ones(shape, dtype=torch.bool, device=a.device)
     if rows is not None:

@@ -28,7 +28,7 @@ from .families import single_stack
 from .images import PatchVocabulary, looks_like_image_file, read_image, token_embeddings
 from .kinds import CAUSAL_LM, CLASSIFIER, ModelKind
 from .relevance import relevance_rules
-from .sites import FAMILIES, Family, site_names
+from .sites import FAMILIES, Family, site_names, submodule
 from .trace import Edit, Session
 
 Modality = Literal["text", "image"]
@@ -73,14 +73,6 @@ def route_attention(hf_model: PreTrainedModel) -> None:
             f"attention modules do not call ALL_ATTENTION_FUNCTIONS; transformers kept attn_implementation={routed!r}), "
             "so streetlamp could neither record nor edit it"
         )
-
-
-def submodule(root: nn.Module, path: str) -> nn.Module:
-    """The module at a dotted ``path`` under ``root`` (digits index a ModuleList: ``layers.3.attn``)."""
-    m = root
-    for part in path.split("."):
-        m = m[int(part)] if part.isdigit() else getattr(m, part)  # type: ignore[index]
-    return m
 
 
 @dataclass
@@ -233,6 +225,9 @@ class ModelAdapter:
             )
         if not self.family.own_attention:  # DeBERTa-v2: hooks on its own module instead (models/deberta.py)
             route_attention(hf_model)
+        if self.family.experts is not None:
+            # the experts' reference loop (exact in any dtype, float64 included; models/moe.py calls it per expert)
+            hf_model.set_experts_implementation("eager")
         hf_model.eval()
         self.hf_model = hf_model
         self.tokenizer = tokenizer
@@ -253,7 +248,7 @@ class ModelAdapter:
         self.n_heads = int(cfg.num_attention_heads)
         self.n_kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
         self.d_model = int(cfg.hidden_size)
-        self.site_names = site_names(self.n_layers)
+        self.site_names = site_names(self.n_layers, self.family)
         max_pos = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or 10**9)
         # RoBERTa numbers positions from padding_idx + 1, so two position slots are never usable.
         self.max_positions = max_pos - self.family.reserved_positions

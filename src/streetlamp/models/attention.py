@@ -36,6 +36,8 @@ the session says which prefix a module's call belongs to.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 from transformers import AttentionInterface
@@ -87,8 +89,11 @@ def streetlamp_attention(
     session = active_session()
     where = session.attn_site(module) if session is not None else None
     layer, prefix = where if where is not None else (None, "")
+    sinks = kwargs.get("s_aux")  # gpt-oss's learned attention sinks: one logit per head, in every row's softmax
     recorder = active_recorder()
     if recorder is not None:  # long context: query chunks, selected rows and q/k to disk
+        if sinks is not None:
+            raise StreetlampError("long-context recording does not support learned attention sinks (gpt-oss) yet")
         if _needs_weights(session, prefix):
             raise StreetlampError("a long-context recording cannot also record or edit attention sites")
         if position_bias is not None:
@@ -97,7 +102,13 @@ def streetlamp_attention(
         return out, None
     key = repeat_kv(key, groups)
     value = repeat_kv(value, groups)
-    if fused_on() and softcap is None and position_bias is None and not _needs_weights(session, prefix):
+    if (
+        fused_on()
+        and softcap is None
+        and position_bias is None
+        and sinks is None
+        and not _needs_weights(session, prefix)
+    ):
         return sdpa(module, query, key, value, attention_mask, scaling, dropout, sliding_window), None
     if layer is not None:
         assert session is not None
@@ -123,10 +134,18 @@ def streetlamp_attention(
         allowed = rule if rule is not None else torch.ones(1, 1, q_len, k_len, dtype=torch.bool, device=query.device)
         if rule is not None:
             scores = scores.masked_fill(~rule, torch.finfo(scores.dtype).min)
-    # softmax in float32 (as Hugging Face's eager path), or float64 when the model runs in double
-    probs = nn.functional.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(
-        query.dtype
-    )
+    if sinks is not None:
+        # gpt-oss (as its eager path): the sink logit joins each row's softmax, its column is dropped, so a row
+        # sums to less than 1; the pattern site holds what the keys get
+        sink = cast(torch.Tensor, sinks).reshape(1, -1, 1, 1).expand(query.shape[0], -1, q_len, -1).to(scores.dtype)
+        both = torch.cat([scores, sink], dim=-1)
+        both = both - both.max(dim=-1, keepdim=True).values
+        probs = nn.functional.softmax(both, dim=-1, dtype=both.dtype)[..., :-1].to(query.dtype)
+    else:
+        # softmax in float32 (as Hugging Face's eager path), or float64 when the model runs in double
+        probs = nn.functional.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(
+            query.dtype
+        )
     probs = nn.functional.dropout(probs, p=dropout, training=module.training)
     if layer is not None:
         assert session is not None

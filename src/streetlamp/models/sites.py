@@ -13,7 +13,11 @@ name                            shape                               what
 ``layers.{l}.attn.z``           ``[batch, pos, head, d_head]``      per-head context, before W_O
 ``layers.{l}.attn.head_out``    ``[batch, pos, head, d_model]``     per-head output, z_h W_O,h
 ``layers.{l}.attn.out``         ``[batch, pos, d_model]``           attention block output (W_O)
-``layers.{l}.mlp.out``          ``[batch, pos, d_model]``           MLP output (last linear)
+``layers.{l}.router.logits``    ``[batch, pos, expert]``            a MoE router's logits (MoE families)
+``layers.{l}.router.weights``   ``[batch, pos, expert]``            weight each expert gets (0: not routed)
+``layers.{l}.experts.out``      ``[batch, pos, expert, d_model]``   each expert's weighted output
+``layers.{l}.shared_expert.out`` ``[batch, pos, d_model]``          Qwen-MoE's shared expert, before its gate
+``layers.{l}.mlp.out``          ``[batch, pos, d_model]``           MLP output (last linear; a MoE block's output)
 ``layers.{l}.resid_post``       ``[batch, pos, d_model]``           hidden state leaving layer l
 ==============================  ==================================  =============================
 """
@@ -29,6 +33,7 @@ from .families import FAMILIES, Family, unsupported_message
 
 __all__ = [
     "FAMILIES",
+    "EXPERT_SITES",
     "LAYER_SITES",
     "SITE_AXES",
     "Family",
@@ -36,11 +41,16 @@ __all__ = [
     "output_matrix",
     "parse_site",
     "site_axes",
+    "layer_sites",
     "site_names",
+    "submodule",
     "unsupported_message",
 ]
 
 LAYER_SITES = ("resid_pre", "attn.v", "attn.pattern", "attn.z", "attn.head_out", "attn.out", "mlp.out", "resid_post")
+# a mixture-of-experts layer's sites, between attn.out and mlp.out (forward order); shared_expert.out only where
+# the family has one
+EXPERT_SITES = ("router.logits", "router.weights", "experts.out", "shared_expert.out")
 SITE_AXES: dict[str, list[str]] = {
     "embed": ["batch", "pos", "d_model"],
     "resid_pre": ["batch", "pos", "d_model"],
@@ -50,6 +60,10 @@ SITE_AXES: dict[str, list[str]] = {
     "attn.head_out": ["batch", "pos", "head", "d_model"],
     "attn.out": ["batch", "pos", "d_model"],
     "mlp.out": ["batch", "pos", "d_model"],
+    "router.logits": ["batch", "pos", "expert"],
+    "router.weights": ["batch", "pos", "expert"],
+    "experts.out": ["batch", "pos", "expert", "d_model"],
+    "shared_expert.out": ["batch", "pos", "d_model"],
     "resid_post": ["batch", "pos", "d_model"],
 }
 
@@ -62,9 +76,20 @@ def norm_gain_offset(family: str) -> float:
     return f.norm_offset if f is not None else 0.0
 
 
-def site_names(n_layers: int) -> list[str]:
-    """Every site name of a model with ``n_layers`` layers, in forward order."""
-    return ["embed"] + [f"layers.{l}.{s}" for l in range(n_layers) for s in LAYER_SITES]
+def layer_sites(family: Family | None = None) -> tuple[str, ...]:
+    """The sites of one layer of ``family``, in forward order (a MoE family's router and expert sites before
+    ``mlp.out``)."""
+    moe = family.experts if family is not None else None
+    if moe is None:
+        return LAYER_SITES
+    extra = tuple(s for s in EXPERT_SITES if s != "shared_expert.out" or moe.shared_expert is not None)
+    i = LAYER_SITES.index("mlp.out")
+    return LAYER_SITES[:i] + extra + LAYER_SITES[i:]
+
+
+def site_names(n_layers: int, family: Family | None = None) -> list[str]:
+    """Every site name of a model with ``n_layers`` layers (of ``family``), in forward order."""
+    return ["embed"] + [f"layers.{l}.{s}" for l in range(n_layers) for s in layer_sites(family)]
 
 
 def site_axes(name: str) -> list[str]:
@@ -78,6 +103,14 @@ def parse_site(name: str) -> tuple[int | None, str]:
         _, l, rest = name.split(".", 2)
         return int(l), rest
     return None, name
+
+
+def submodule(root: nn.Module, path: str) -> nn.Module:
+    """The module at a dotted ``path`` under ``root`` (digits index a ModuleList: ``layers.3.attn``)."""
+    m = root
+    for part in path.split("."):
+        m = m[int(part)] if part.isdigit() else getattr(m, part)  # type: ignore[index]
+    return m
 
 
 def output_matrix(o_proj: nn.Module, n_heads: int) -> torch.Tensor:

@@ -106,8 +106,11 @@ class Session:
         return value
 
     # -- module hooks --------------------------------------------------------------------------
-    def _wants(self, name: str) -> bool:
+    def wants(self, name: str) -> bool:
+        """The session records or edits site ``name``."""
         return name in self.record or name in self.edits
+
+    _wants = wants
 
     def _out_hook(self, name: str) -> Callable:
         def hook(module: nn.Module, args: tuple, output: object) -> object:
@@ -164,6 +167,10 @@ class Session:
                     self._handles.append(o_proj.register_forward_hook(self._head_out_hook(l, o_proj)))
                 if self._wants(f"layers.{l}.attn.out"):
                     self._handles.append(o_proj.register_forward_hook(self._out_hook(f"layers.{l}.attn.out")))
+                if fam.experts is not None:
+                    from .moe import expert_hooks
+
+                    self._handles.extend(expert_hooks(self, l, layer, fam.experts))
                 if self._wants(f"layers.{l}.mlp.out"):
                     self._handles.append(
                         a.mlp_out_modules[l].register_forward_hook(self._out_hook(f"layers.{l}.mlp.out"))

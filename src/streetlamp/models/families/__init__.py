@@ -22,6 +22,7 @@ from .base import (
     TINY_WINDOW,
     Circuit,
     EncoderDecoder,
+    Experts,
     Family,
     NormPlacement,
     Readout,
@@ -35,6 +36,7 @@ from .gemma import GEMMA2, GEMMA3_TEXT
 from .gpt2 import GPT2
 from .llama import LLAMA, MISTRAL
 from .modernbert import MODERNBERT
+from .moe import GPT_OSS, MIXTRAL, OLMOE, QWEN2_MOE, QWEN3_MOE
 from .phi3 import PHI3
 from .qwen import QWEN2, QWEN3
 from .t5 import T5
@@ -42,6 +44,7 @@ from .vit import VIT
 
 __all__ = [
     "FAMILIES",
+    "Experts",
     "NO_RULES_YET",
     "QKV",
     "TINY_WINDOW",
@@ -71,6 +74,11 @@ FAMILIES: dict[str, Family] = {
         MISTRAL,
         QWEN2,
         QWEN3,
+        MIXTRAL,
+        QWEN2_MOE,
+        QWEN3_MOE,
+        OLMOE,
+        GPT_OSS,
         PHI3,
         GEMMA2,
         GEMMA3_TEXT,

@@ -134,6 +134,23 @@ class EncoderDecoder:
 
 
 @dataclass(frozen=True)
+class Experts:
+    """A mixture-of-experts MLP (paths relative to a layer): ``block`` (the sparse MLP block: its output is
+    ``mlp.out``), ``router`` (returns ``(logits [token, expert], top-k weights, top-k indices)``), ``experts``
+    (the fused experts, called as ``experts(hidden, indices, weights)``), ``shared_expert`` (Qwen-MoE's
+    always-on expert, gated by a sigmoid). ``rule``: how the router turns logits into weights:
+    ``softmax_topk`` (softmax over every expert, the top k kept, renormalised where the router's
+    ``norm_topk_prob`` says so or it has none: Mixtral) or ``topk_softmax`` (the top k logits, then a softmax
+    over them: gpt-oss)."""
+
+    block: str = "mlp"
+    router: str = "mlp.gate"
+    experts: str = "mlp.experts"
+    shared_expert: str | None = None
+    rule: Literal["softmax_topk", "topk_softmax"] = "softmax_topk"
+
+
+@dataclass(frozen=True)
 class Family:
     """Every fact streetlamp keeps about one architecture family; module paths relative to
     ``model.base_model`` (``o_proj``, ``mlp_out``, ``attn`` relative to a layer). An encoder-decoder
@@ -178,6 +195,7 @@ class Family:
         default=None, compare=False
     )
     tiny: TinySpec | None = field(default=None, compare=False)
+    experts: Experts | None = None  # a mixture-of-experts MLP: router and expert sites (models/moe.py)
 
     @property
     def normed_attention_output(self) -> bool:

@@ -1,0 +1,146 @@
+"""Mixture-of-experts sites: the router's logits and weights, each expert's output, the shared expert.
+
+A MoE block (transformers 5) routes the flattened hidden states ``[token, d_model]``: its router returns
+``(logits [token, expert], weights [token, k], indices [token, k])`` and its fused experts module computes
+``experts(hidden, indices, weights)``, looping over the experts hit and adding each one's weighted output
+per token in expert order. The hooks here expose that as named sites of shape ``[batch, pos, ...]``:
+
+- ``layers.{l}.router.logits``: editing them re-routes with the family's own rule (:func:`route`);
+- ``layers.{l}.router.weights``: the weight each expert gets (0 where not routed), dense over the experts;
+  an edit routes with exactly the edited weights (an expert with weight 0 is not computed, one with a
+  non-zero weight is, whether or not the router chose it);
+- ``layers.{l}.experts.out``: ``[batch, pos, expert, d_model]``, each expert's weighted output (0 where not
+  routed); computed by calling the experts module once per expert on the tokens routed to it, in the
+  module's own token order, so the sum over experts in expert order is the module's output bit for bit;
+- ``layers.{l}.shared_expert.out``: Qwen-MoE's shared expert's output before its sigmoid gate.
+
+With nothing edited the block's output is unchanged (the hooks return the module's own outputs).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from .families import Experts
+from .sites import submodule
+
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
+
+    from .trace import Session
+
+__all__ = ["dense_weights", "expert_hooks", "route", "sparse_weights"]
+
+
+def route(logits: torch.Tensor, top_k: int, rule: str, renormalise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(weights [token, k], indices [token, k])`` of router ``logits [token, expert]`` by the family's rule,
+    as its router computes them (``softmax_topk``: softmax in float32 over every expert, the top k, renormalised
+    when ``renormalise``; ``topk_softmax``: the top k logits, a softmax over them)."""
+    if rule == "topk_softmax":
+        top, idx = torch.topk(logits, top_k, dim=-1)
+        return torch.softmax(top, dim=1, dtype=top.dtype), idx
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+    top, idx = torch.topk(probs, top_k, dim=-1)
+    if renormalise:
+        top = top / top.sum(dim=-1, keepdim=True)
+    return top.to(logits.dtype), idx
+
+
+def dense_weights(weights: torch.Tensor, indices: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """``[token, expert]``: each expert's routing weight (0 where not routed)."""
+    return torch.zeros(weights.shape[0], n_experts, dtype=weights.dtype, device=weights.device).scatter(
+        1, indices, weights
+    )
+
+
+def sparse_weights(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(weights [token, k], indices [token, k])`` routing exactly ``dense [token, expert]``: every expert with a
+    non-zero weight, k the most any token has (at least 1); a token with fewer is padded with an expert at
+    weight 0, whose contribution is exactly 0."""
+    nz = dense != 0
+    k = max(1, int(nz.sum(-1).max())) if dense.numel() else 1
+    # non-zero experts first, each group in expert order (a stable sort of the flags)
+    order = torch.sort((~nz).to(torch.int8), dim=-1, stable=True).indices[:, :k]
+    return dense.gather(1, order), order
+
+
+def _experts_per_expert(
+    module: nn.Module, hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor, n_experts: int
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``[token, expert, d_model]`` weighted outputs, from the module's own forward once per expert on the tokens
+    routed to it (in the module's order: by top-k slot, then token), and the token rows of each expert."""
+    cols, rows = [], []
+    for e in range(n_experts):
+        slot, tok = torch.where(indices.t() == e)
+        rows.append(tok)
+        col = hidden.new_zeros(hidden.shape)
+        if tok.numel():
+            ids = torch.full((tok.numel(), 1), e, dtype=indices.dtype, device=indices.device)
+            out = module.forward(hidden[tok], ids, weights[tok, slot][:, None])
+            col = col.index_add(0, tok, out.to(col.dtype))
+        cols.append(col)
+    return torch.stack(cols, dim=1), rows
+
+
+def expert_hooks(session: Session, layer: int, layer_module: nn.Module, spec: Experts) -> list[RemovableHandle]:
+    """The hooks exposing layer ``layer``'s router and expert sites to ``session`` (only those it records or
+    edits)."""
+    prefix = f"layers.{layer}"
+    wants = session.wants
+    names = {s: f"{prefix}.{s}" for s in ("router.logits", "router.weights", "experts.out", "shared_expert.out")}
+    if not any(wants(n) for n in names.values()):
+        return []
+    block = submodule(layer_module, spec.block)
+    router = submodule(layer_module, spec.router)
+    experts = submodule(layer_module, spec.experts)
+    n_experts = int(getattr(experts, "num_experts", 0) or getattr(router, "num_experts", 0))
+    shape: dict[str, tuple[int, int]] = {}
+    handles = []
+
+    def block_pre(module: nn.Module, args: tuple) -> None:
+        shape["bp"] = tuple(args[0].shape[:2])  # type: ignore[assignment]
+
+    def as_site(x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(*shape["bp"], *x.shape[1:])
+
+    def router_hook(module: nn.Module, args: tuple, output: tuple) -> tuple:
+        logits, weights, indices = output
+        n = logits.shape[0]
+        if wants(names["router.logits"]):
+            new = session.site(names["router.logits"], as_site(logits)).reshape(n, -1)
+            if new is not as_site(logits) and not torch.equal(new, logits):
+                top_k = int(getattr(module, "top_k", indices.shape[-1]))
+                weights, indices = route(new, top_k, spec.rule, bool(getattr(module, "norm_topk_prob", True)))
+            logits = new
+        if wants(names["router.weights"]):
+            d = dense_weights(weights, indices, n_experts)
+            new = session.site(names["router.weights"], as_site(d)).reshape(n, -1)
+            if not torch.equal(new, d):
+                weights, indices = sparse_weights(new)
+        return logits, weights, indices
+
+    def experts_hook(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        hidden, indices, weights = args[:3]
+        per, _ = _experts_per_expert(module, hidden, indices, weights, n_experts)
+        new = session.site(names["experts.out"], as_site(per)).reshape(per.shape)
+        if new is per or torch.equal(new, per):
+            return output
+        out = torch.zeros_like(output)
+        for e in range(n_experts):  # expert order, as the module adds them
+            out = out + new[:, e].to(out.dtype)
+        return out
+
+    def shared_hook(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        return session.site(names["shared_expert.out"], as_site(output)).reshape(output.shape)
+
+    handles.append(block.register_forward_pre_hook(block_pre))
+    if wants(names["router.logits"]) or wants(names["router.weights"]):
+        handles.append(router.register_forward_hook(router_hook))
+    if wants(names["experts.out"]):
+        handles.append(experts.register_forward_hook(experts_hook))
+    if spec.shared_expert is not None and wants(names["shared_expert.out"]):
+        handles.append(submodule(layer_module, spec.shared_expert).register_forward_hook(shared_hook))
+    return handles

@@ -1,0 +1,209 @@
+"""Mixture-of-experts sites, expert interventions and the expert audit, against independent computations: a
+hand-written float64 MoE block (every token, every chosen expert, the model's own weights), weight surgery on the
+Hugging Face model, and a hand-written router hook."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from streetlamp.errors import StreetlampError
+from streetlamp.interventions import engine
+from streetlamp.interventions import experts as X
+from streetlamp.models.adapter import ModelAdapter
+from streetlamp.models.families import FAMILIES
+from streetlamp.models.tiny import tiny_model
+
+MOE = [n for n, f in FAMILIES.items() if f.experts is not None]
+TEXTS = ["the movie was good and the plot was fun", "a film with great acting"]
+
+
+def _adapter(family: str, dtype: torch.dtype = torch.float64) -> ModelAdapter:
+    model, tok = tiny_model(family, seed=3)
+    return ModelAdapter(model.to(dtype), tok, name=f"tiny-{family}")
+
+
+@pytest.fixture(scope="module", params=MOE)
+def moe(request: pytest.FixtureRequest) -> ModelAdapter:
+    return _adapter(request.param)
+
+
+def _block_input(a: ModelAdapter, f, l: int) -> torch.Tensor:
+    mid = f.cache[f"layers.{l}.resid_pre"] + f.cache[f"layers.{l}.attn.out"]
+    return a.layer_modules[l].post_attention_layernorm(mid)
+
+
+def _hand_block(a: ModelAdapter, x: torch.Tensor, l: int, dense: torch.Tensor | None = None) -> torch.Tensor:
+    """The MoE block's output, token by token, from its weights (float64; the routing probabilities in float32 as
+    every router computes them): softmax routing by the config's rule
+    unless ``dense`` [b, p, E] routing weights are given; each chosen expert's SwiGLU; plus Qwen's gated shared
+    expert."""
+    mlp = a.layer_modules[l].mlp
+    cfg = a.hf_model.config
+    k = int(cfg.num_experts_per_tok)
+    ex = mlp.experts
+    out = torch.zeros_like(x)
+    oss = a.family.name == "gpt_oss"
+    router = mlp.router if oss else mlp.gate
+    logits = x @ router.weight.t() + (router.bias if oss else 0)
+    for b in range(x.shape[0]):
+        for p in range(x.shape[1]):
+            if dense is None and oss:  # gpt-oss: the top-k logits, then a softmax over them (model dtype)
+                top, idx = torch.topk(logits[b, p], k)
+                pairs = list(zip(idx.tolist(), torch.softmax(top, -1).tolist(), strict=True))
+            elif dense is None:
+                probs = torch.softmax(logits[b, p].float(), -1)  # the routers' softmax is float32 in any dtype
+                top, idx = torch.topk(probs, k)
+                if getattr(mlp.gate, "norm_topk_prob", True):
+                    top = top / top.sum()
+                top = top.double()
+                pairs = list(zip(idx.tolist(), top.tolist(), strict=True))
+            else:
+                pairs = [(e, float(dense[b, p, e])) for e in range(dense.shape[-1]) if dense[b, p, e] != 0]
+            for e, wt in pairs:
+                if oss:  # interleaved gate/up rows, clamped, gate * sigmoid(alpha gate) * (up + 1), biases
+                    gu = x[b, p] @ ex.gate_up_proj[e] + ex.gate_up_proj_bias[e]
+                    gate, up = gu[::2].clamp(max=ex.limit), gu[1::2].clamp(-ex.limit, ex.limit)
+                    h = (up + 1) * gate * torch.sigmoid(gate * ex.alpha)
+                    out[b, p] += wt * (h @ ex.down_proj[e] + ex.down_proj_bias[e])
+                    continue
+                gate, up = (x[b, p] @ ex.gate_up_proj[e].t()).chunk(2)
+                h = ex.act_fn(gate) * up
+                out[b, p] += wt * (h @ ex.down_proj[e].t())
+            if getattr(mlp, "shared_expert", None) is not None:
+                se = mlp.shared_expert
+                s = se.down_proj(se.act_fn(se.gate_proj(x[b, p])) * se.up_proj(x[b, p]))
+                out[b, p] += torch.sigmoid(mlp.shared_expert_gate(x[b, p])) * s
+    return out
+
+
+def test_the_block_and_its_sites_equal_a_hand_written_moe(moe: ModelAdapter) -> None:
+    inputs = moe.encode(TEXTS)
+    f = moe.forward(inputs, record=["*"])
+    real = inputs.attention_mask.bool()
+    for l in range(moe.n_layers):
+        x = _block_input(moe, f, l)
+        want = _hand_block(moe, x, l)
+        torch.testing.assert_close(f.cache[f"layers.{l}.mlp.out"][real], want[real], rtol=0, atol=1e-12)
+        per = f.cache[f"layers.{l}.experts.out"]
+        routed = sum(per[:, :, e] for e in range(per.shape[2]))
+        if moe.family.experts.shared_expert is None:
+            assert torch.equal(routed, f.cache[f"layers.{l}.mlp.out"])  # expert order, bit for bit
+        w = f.cache[f"layers.{l}.router.weights"]
+        assert ((w != 0).sum(-1) == moe.hf_model.config.num_experts_per_tok).all()
+        # at every real token, an expert's output is zero exactly where it has no weight
+        assert torch.equal((per.abs().sum(-1) == 0)[real], (w == 0)[real])
+    torch.testing.assert_close(f.logits, moe.forward(inputs).logits, rtol=0, atol=0)  # recording changes nothing
+
+
+@pytest.mark.parametrize("renormalise", [False, True])
+def test_removing_an_expert_equals_the_hand_written_block_without_it(moe: ModelAdapter, renormalise: bool) -> None:
+    inputs = moe.encode(TEXTS)
+    l, e = 1, 2
+    site = f"layers.{l}.router.weights"
+    clean = moe.forward(inputs, record=[site])
+    if renormalise and bool(((clean.cache[site] != 0).sum(-1) == 1).any()):
+        pytest.skip("a token has a single expert")
+    f = engine.run(moe, inputs, [engine.Intervention(site, X.remove(e, renormalise))], record=["*"])
+    w0 = clean.cache[site]
+    dense = w0.clone()
+    dense[..., e] = 0
+    if renormalise:
+        dense = dense * (w0.sum(-1, keepdim=True) / dense.sum(-1, keepdim=True))
+        # the routers' weights are float32 in any model dtype: k products and a k-term sum, each rounded once
+        eps = torch.finfo(w0.dtype).eps
+        torch.testing.assert_close(f.cache[site].sum(-1), w0.sum(-1), rtol=0, atol=(2 * w0.shape[-1] + 1) * eps)
+    want = _hand_block(moe, _block_input(moe, f, l), l, dense)
+    real = inputs.attention_mask.bool()
+    torch.testing.assert_close(f.cache[f"layers.{l}.mlp.out"][real], want[real], rtol=0, atol=1e-12)
+
+
+def test_zeroing_an_experts_output_equals_weight_surgery(moe: ModelAdapter) -> None:
+    """Removing expert e without renormalisation = its down projection zeroed in the weights (independent)."""
+    inputs = moe.encode(TEXTS)
+    l, e = 0, 1
+    f = engine.run(moe, inputs, [engine.Intervention(f"layers.{l}.experts.out", engine.zero, head=e)])
+    g = engine.run(moe, inputs, [engine.Intervention(f"layers.{l}.router.weights", X.remove(e))])
+    ex = moe.layer_modules[l].mlp.experts
+    saved = ex.down_proj.data[e].clone()
+    bias = getattr(ex, "down_proj_bias", None)
+    saved_b = bias.data[e].clone() if bias is not None else None
+    try:
+        ex.down_proj.data[e] = 0
+        if bias is not None:
+            bias.data[e] = 0
+        want = moe.forward(inputs).logits
+    finally:
+        ex.down_proj.data[e] = saved
+        if bias is not None:
+            bias.data[e] = saved_b
+    torch.testing.assert_close(f.logits, want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(g.logits, want, rtol=0, atol=1e-12)
+
+
+def test_forced_routes() -> None:
+    w = torch.tensor([[[0.6, 0.0, 0.4, 0.0], [0.0, 0.7, 0.0, 0.3]]], dtype=torch.float64)
+    only = X.force(3, "only")(w)
+    assert torch.equal(only, torch.tensor([[[0.0, 0, 0, 1.0], [0, 0, 0, 1.0]]], dtype=torch.float64))
+    swap = X.force(0, "swap")(w)  # token 0 already has expert 0; token 1's lowest (expert 3) gives way
+    assert torch.equal(swap, torch.tensor([[[0.6, 0, 0.4, 0], [0.3, 0.7, 0, 0]]], dtype=torch.float64))
+    rem = X.remove(0, renormalise=True)(w)
+    assert torch.allclose(rem, torch.tensor([[[0, 0, 1.0, 0], [0, 0.7, 0, 0.3]]], dtype=torch.float64))
+    with pytest.raises(StreetlampError, match="only expert"):
+        X.remove(1, renormalise=True)(torch.tensor([[[0.0, 1.0, 0, 0]]]))
+
+
+def test_the_audit_against_weight_surgery_and_a_hand_written_router_hook() -> None:
+    a = _adapter("mixtral")
+    inputs = a.encode(TEXTS)
+    res = X.audit(a, inputs)
+    E, L = 4, a.n_layers
+    assert res.kl_per_text.shape == (len(TEXTS), L, E) and res.forwards > L * E
+    real = inputs.attention_mask.bool()
+    lp = torch.log_softmax(a.hf_model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask).logits, -1)
+    for l, e in [(0, 1), (1, 3)]:
+        ex = a.layer_modules[l].mlp.experts
+        saved = ex.down_proj.data[e].clone()
+        try:
+            ex.down_proj.data[e] = 0
+            lq = torch.log_softmax(
+                a.hf_model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask).logits, -1
+            )
+        finally:
+            ex.down_proj.data[e] = saved
+        kl = (lp.exp() * (lp - lq)).sum(-1) * real
+        want = kl.sum(1) / real.sum(1)
+        torch.testing.assert_close(torch.from_numpy(res.kl_per_text[:, l, e]), want, rtol=1e-9, atol=1e-12)
+    # one token's row against a hook on the Hugging Face router that drops the expert for that token alone
+    b, p, l, e, wt, kl_tok = res.token_rows[len(res.token_rows) // 2]
+    b, p, l, e = int(b), int(p), int(l), int(e)
+    one = inputs.select([b])
+    t = p  # flattened token index of a single row
+
+    def drop(module, args, output):
+        logits, weights, idx = output
+        weights = weights.clone()
+        weights[t][idx[t] == e] = 0
+        return logits, weights, idx
+
+    h = a.layer_modules[l].mlp.gate.register_forward_hook(drop)
+    try:
+        lq = torch.log_softmax(a.hf_model(input_ids=one.input_ids, attention_mask=one.attention_mask).logits, -1)
+    finally:
+        h.remove()
+    want = float((lp[b, p].exp() * (lp[b, p] - lq[0, p])).sum().detach())
+    assert abs(kl_tok - want) <= 1e-9 * max(1.0, abs(want)) and wt > 0
+
+
+def test_bad_expert_edits_are_one_line() -> None:
+    a = _adapter("olmoe", torch.float32)
+    with pytest.raises(StreetlampError, match="expert 9 out of range"):
+        X.check_expert(a, 0, 9)
+    with pytest.raises(StreetlampError, match="layer 5 out of range"):
+        X.check_expert(a, 5, 0)
+    dense = _adapter("llama", torch.float32) if "llama" in FAMILIES else None
+    if dense is not None:
+        with pytest.raises(StreetlampError, match="not a mixture of experts"):
+            X.n_experts_of(dense)
+    with pytest.raises(StreetlampError, match="no head or expert axis"):
+        engine.selection_mask(torch.zeros(1, 2, 3), "layers.0.mlp.out", 1, None, None)
