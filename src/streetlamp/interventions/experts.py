@@ -139,7 +139,7 @@ def audit(
     progress: bool = False,
 ) -> AuditResult:
     """The expert audit over ``inputs`` (a causal LM's next-token distributions; see the module docstring)."""
-    if adapter.kind != "causal_lm":
+    if not adapter.kind.causal:
         raise StreetlampError("the expert audit compares next-token distributions: it needs a causal LM")
     E, L = n_experts_of(adapter), adapter.n_layers
     sites = [f"layers.{l}.router.weights" for l in range(L)]

@@ -37,7 +37,7 @@ class ExpertsSettings(Settings):
     def validate(self, adapter: ModelAdapter) -> None:
         from ...interventions.experts import n_experts_of
 
-        if adapter.kind != "causal_lm":
+        if not adapter.kind.causal:
             raise StreetlampError("the expert audit compares next-token distributions: it needs a causal LM")
         n_experts_of(adapter)
 
