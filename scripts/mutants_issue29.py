@@ -149,8 +149,8 @@ MUTANTS = [
     ),
     Mutant(
         "probe_control_scored_against_task_labels",
-        "the probe's control accuracy",
-        "commands/probe/run.py",
+        "the probe's control accuracy (one function for the results and the sweep since issue 35)",
+        "probing/control.py",
         "acc_t, acc_c = pt.accuracy(X[te], y[te]), pc.accuracy(X[te], yc[te])",
         "acc_t, acc_c = pt.accuracy(X[te], y[te]), pc.accuracy(X[te], y[te])",
         ("tests/probing/test_probe_control.py",),
@@ -201,18 +201,20 @@ def apply(src: Path, m: Mutant) -> None:
     path.write_text(text.replace(m.old, m.new), encoding="utf-8")
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(mutants: list[Mutant] | None = None, doc: str | None = None) -> int:
+    """Run ``mutants`` (default: this issue's); ``doc``: the calling script's docstring, for ``--help``."""
+    mutants = MUTANTS if mutants is None else mutants
+    ap = argparse.ArgumentParser(description=(doc or __doc__).split("\n\n")[0])
     ap.add_argument("--only", nargs="*", help="mutant names (default: all)")
     ap.add_argument("--list", action="store_true", help="list the mutants and exit")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per test run")
     args = ap.parse_args()
-    chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
+    chosen = [m for m in mutants if not args.only or m.name in args.only]
     if args.list:
         for m in chosen:
             print(f"{m.name:<42} {m.file:<32} {m.issue_item}")
         return 0
-    with tempfile.TemporaryDirectory(prefix="mutants29-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
         clean = Path(tmp) / "clean"
         shutil.copytree(ROOT / "src", clean, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
         tests = tuple(sorted({t for m in chosen for t in m.tests}))

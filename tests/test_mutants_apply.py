@@ -1,5 +1,5 @@
-"""scripts/mutants_issue29.py stays runnable: every mutant's text is still in the code it edits, and every
-test file it names exists (a refactor that moves the code must move the mutant with it)."""
+"""scripts/mutants_issue29.py and mutants_issue35.py stay runnable: every mutant's text is still in the code
+it edits, and every test file it names exists (a refactor that moves the code must move the mutant with it)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MUTANTS = runpy.run_path(str(ROOT / "scripts" / "mutants_issue29.py"), run_name="mutants")["MUTANTS"]
+MUTANTS = [
+    m
+    for issue in ("29", "35")
+    for m in runpy.run_path(str(ROOT / "scripts" / f"mutants_issue{issue}.py"), run_name="mutants")["MUTANTS"]
+]
+
+
+def test_mutant_names_are_unique() -> None:
+    assert len({m.name for m in MUTANTS}) == len(MUTANTS)
 
 
 @pytest.mark.parametrize("m", MUTANTS, ids=lambda m: m.name)

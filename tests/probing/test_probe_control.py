@@ -4,7 +4,8 @@ the task's items aligned to tokens, the split by text, one control label per wor
 recorded at each probed site by our own forward pass, a linear probe refitted on the training items and
 scored on the test items **against the control labels**. Accuracies are counts over the test items:
 equal, exactly. The test also asserts that scoring that control probe against the task labels gives
-another number, so the mistake cannot pass."""
+another number, so the mistake cannot pass. Likewise the capacity sweep's rows (issue 35: its own copy of
+the scoring had the same bug), a rank sweep at layer 1 refitted with the sweep's documented probe."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ N, SEED = 60, 0
 def test_control_accuracy_is_a_refit_on_rebuilt_control_labels(tmp_path) -> None:
     out = tmp_path / "run"
     args = ["probe", "--model", GT, "--task", "category", "--n-examples", str(N), "--layers", "embed,0,1"]
-    args += ["--probes", "linear", "--no-mdl", "--no-amnesic", "--sweep", "none", "--seed", str(SEED)]
+    args += ["--probes", "linear", "--no-mdl", "--no-amnesic", "--sweep", "rank:1,4", "--sweep-layer", "1"]
+    args += ["--seed", str(SEED)]
     assert main([*args, "--out", str(out)]) == 0
     man = json.loads((out / "manifest.json").read_text())
     # rebuild the task, its items' token positions and the split by text (60/20/20, seeded)
@@ -51,7 +53,8 @@ def test_control_accuracy_is_a_refit_on_rebuilt_control_labels(tmp_path) -> None
     rows = {r["site"]: r for r in man["results"] if r["probe"] == "linear"}
     assert set(rows) == set(sites) and len(sites) == 3
     fwd = a.forward(enc, record=sites)
-    differs = 0
+    differs = sweep_differs = 0
+    X1 = np.zeros(0)
     for site in sites:
         X = np.stack([fwd.cache[site][it.text, q].detach().float().numpy() for it, q in zip(task.items, positions)])
         spec = ProbeSpec("linear", weight_decay=1e-3, seed=SEED)  # the runner's --probes linear
@@ -62,6 +65,23 @@ def test_control_accuracy_is_a_refit_on_rebuilt_control_labels(tmp_path) -> None
         pt = fit_probe(spec, X[tr], y[tr], K, X[dv], y[dv])
         assert rows[site]["task_accuracy"] == pt.accuracy(X[te], y[te]), site
         differs += abs(pc.accuracy(X[te], y[te]) - want) >= 1 / len(te)
+        if site == "layers.1.resid_post":
+            X1 = X
+    # the sweep: a rank-r linear probe (the sweep's MLP settings with kind linear, rank r, no dropout)
+    assert [(r["site"], r["value"]) for r in man["sweep"]] == [
+        ("layers.1.resid_post", 1.0),
+        ("layers.1.resid_post", 4.0),
+    ]
+    for r in man["sweep"]:
+        spec = ProbeSpec("linear", rank=int(r["value"]), weight_decay=1e-3, seed=SEED, max_epochs=100)
+        pc = fit_probe(spec, X1[tr], yc[tr], K, X1[dv], yc[dv])
+        want = pc.accuracy(X1[te], yc[te])
+        assert r["control_accuracy"] == want, r
+        assert r["control_train_accuracy"] == pc.accuracy(X1[tr], yc[tr]), r
+        pt = fit_probe(spec, X1[tr], y[tr], K, X1[dv], y[dv])
+        assert r["task_accuracy"] == pt.accuracy(X1[te], y[te]), r
+        assert r["selectivity"] == r["task_accuracy"] - r["control_accuracy"]
+        sweep_differs += abs(pc.accuracy(X1[te], y[te]) - want) >= 1 / len(te)
     # not vacuous: the control labels are not the task labels, and scoring against the wrong ones differs
     assert (yc[te] != y[te]).mean() > 0.1
-    assert differs > 0
+    assert differs > 0 and sweep_differs > 0

@@ -23,7 +23,7 @@ from ...errors import StreetlampError
 from ...extras import require
 from ...models.adapter import Inputs, ModelAdapter
 from ...probing import amnesic as am
-from ...probing.control import control_labels, selectivity
+from ...probing.control import control_labels, task_and_control
 from ...probing.mdl import online_codelength
 from ...probing.probes import ProbeSpec, fit_probe, parse_probes
 from ...probing.tasks import ProbeTask, align, load_task_file, planted_task, pos_task, sentence_task
@@ -223,21 +223,7 @@ def probe(
         X = feats[site]
         for spec in specs:
             log(f"{site} {spec.name}")
-            pt = fit_probe(spec, X[tr], y[tr], K, X[dv], y[dv])
-            pc = fit_probe(spec, X[tr], yc[tr], K, X[dv], yc[dv])
-            acc_t, acc_c = pt.accuracy(X[te], y[te]), pc.accuracy(X[te], yc[te])
-            res.rows.append(
-                {
-                    "site": site,
-                    "probe": spec.name,
-                    "task_accuracy": acc_t,
-                    "control_accuracy": acc_c,
-                    "selectivity": selectivity(acc_t, acc_c),
-                    "train_accuracy": pt.accuracy(X[tr], y[tr]),
-                    "control_train_accuracy": pc.accuracy(X[tr], yc[tr]),
-                    "epochs": pt.epochs,
-                }
-            )
+            res.rows.append({"site": site, **task_and_control(spec, X, y, yc, K, (tr, dv, te))})
         if s.mdl:
             log(f"{site} MDL")
             fit_idx = np.concatenate([tr, dv])
@@ -316,23 +302,8 @@ def probe(
         for v in values:
             spec = sweep_spec(kind, v, s)
             log(f"sweep {kind}={v:g} at {site}")
-            pt = fit_probe(spec, X[tr], y[tr], K, X[dv], y[dv])
-            pc = fit_probe(spec, X[tr], yc[tr], K, X[dv], yc[dv])
-            a_t, a_c = pt.accuracy(X[te], y[te]), pc.accuracy(X[te], yc[te])
             res.sweep.append(
-                {
-                    "site": site,
-                    "kind": kind,
-                    "value": v,
-                    "probe": spec.name,
-                    "task_accuracy": a_t,
-                    "control_accuracy": a_c,
-                    "selectivity": selectivity(a_t, a_c),
-                    "train_accuracy": pt.accuracy(X[tr], y[tr]),
-                    "control_train_accuracy": pc.accuracy(X[tr], yc[tr]),
-                    "epochs": pt.epochs,
-                    "control_epochs": pc.epochs,
-                }
+                {"site": site, "kind": kind, "value": v, **task_and_control(spec, X, y, yc, K, (tr, dv, te))}
             )
 
     info = {
