@@ -65,6 +65,9 @@ KEYS = {
     | {"arrays", "circuit_view", "figures", "files", "methods", "model", "parameters", "seed", "summary", "tables"}
     | {"task"},
     "atlas": HEADER | {"ablation", "arrays", "atlas", "files", "model_info", "n_cut_to_max_tokens", "settings"},
+    "cite": HEADER
+    | {"answer", "arrays", "contextcite", "methods", "model", "n_tokens", "parameters", "question", "seed", "sources"}
+    | {"files", "template", "tokens"},
 }
 
 
@@ -73,6 +76,7 @@ NOT_PINNED = {
     "replicate": "tests/evaluation/test_replicate.py",
     "probe": "tests/probing/test_probing.py",
     "cot": "tests/cot/test_cot_run.py",
+    "cite-bench": "tests/commands/test_cite.py",
 }
 
 
@@ -94,12 +98,15 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     )
     pairs = t / "pairs.csv"
     pairs.write_text("clean,corrupt,answer,wrong\nthe movie was good,the film was bad, good, bad\n")
+    sources = t / "sources.txt"
+    sources.write_text("the movie was good. mary went to the store. john hated the plot.")
     return {
         "bert": save_tiny("bert", t / "bert", seed=1),
         "gpt2": save_tiny("gpt2", t / "gpt2", seed=1),
         "llama": save_tiny("llama", t / "llama", seed=1),
         "data": data,
         "pairs": pairs,
+        "sources": sources,
     }
 
 
@@ -174,6 +181,8 @@ def argv(command: str, s: dict[str, Path]) -> list[str]:
         "circuit": ["circuit", "--model", str(s["llama"]), "--task", str(s["pairs"]), "--methods", "eap"]
         + ["--sizes", "0.1,1", "--bootstrap", "5"],
         "atlas": ["atlas", "--model", str(s["llama"]), "--data", str(s["data"]), "--limit", "3", "--top-k", "1"],
+        "cite": ["cite", "--model", str(s["llama"]), "--context", str(s["sources"]), "--question", "what is good"]
+        + ["--answer", "the movie", "--ablations", "4", "--held-out", "2", "--attntrace-samples", "2", "--ig-steps", "2"],
     }[command]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from .atlas import ATLAS
 from .base import Command, Lines, execute
 from .circuit import CIRCUIT
+from .cite import CITE, CITE_BENCH
 from .cot import COT
 from .evaluate import BENCHMARK, EVALUATE
 from .explain import EXPLAIN, EXPLAIN_GENERATION
@@ -43,6 +44,8 @@ COMMANDS: list[Command] = [
     PROBE,
     CIRCUIT,
     ATLAS,
+    CITE,
+    CITE_BENCH,
 ]
 
 
