@@ -224,7 +224,7 @@ def test_planted_benchmark_generator() -> None:
 def test_bench_resumes_and_counts_only_correct_answers(setup: dict[str, Path], tmp_path: Path, capsys) -> None:  # noqa: ANN001
     from streetlamp.commands.cite.run import judge
 
-    h = judge({"m": np.array([0.1, 0.9, 0.5, 0.2])}, [2, 3])["m"]
+    h = judge({"m": np.array([0.1, 0.9, 0.5, 0.05])}, [2, 3])["m"]
     assert h == {"top1_hit": 0.0, "top1_recall": 0.0, "top3_hit": 1.0, "top3_recall": 0.5}
     # a tiny model answers what it answers: make a benchmark whose expected answers are its own greedy ones
     from streetlamp.methods import citation as C

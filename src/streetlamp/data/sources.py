@@ -6,7 +6,8 @@
   white space), ``paragraphs`` (at blank lines) or ``lines``.
 
 The benchmark file (``--data``) is also JSONL: one question per line, ``{"sources": [...], "question": ...,
-"answer": ..., "planted": [source indices], "kind": ...}``, read by :func:`read_questions`.
+"answer": ..., "planted": [source indices], "kind": ..., "answer_prefix": ...}`` (the prefix, optional: the start
+of the answer after ``Answer:``, which the model continues), read by :func:`read_questions`.
 Every refusal is one :class:`~streetlamp.errors.StreetlampError` line.
 """
 

@@ -106,16 +106,15 @@ def _ids(adapter: ModelAdapter, text: str, special: bool = False) -> list[int]:
     return list(adapter.tokenizer(text, add_special_tokens=special)["input_ids"])
 
 
-def layout(adapter: ModelAdapter, sources: list[str], question: str, answer: list[int] | None = None) -> Layout:
+def layout(
+    adapter: ModelAdapter, sources: list[str], question: str, answer: list[int] | None = None, prefix: str = ""
+) -> Layout:
     """The context's layout: the head with the tokenizer's own specials (a BOS where it adds one), each
-    source as ``text + "\\n"``, the question's tail; ``answer`` token ids (empty until known)."""
+    source as ``text + "\\n"``, the question's tail (then ``prefix``, the answer's start the model continues:
+    ``Answer: The code word of Mira is``); ``answer`` token ids (empty until known)."""
     head = _ids(adapter, HEAD, special=True)
-    return Layout(
-        head,
-        [_ids(adapter, s + "\n") for s in sources],
-        _ids(adapter, TAIL.format(question=question)),
-        list(answer or []),
-    )
+    tail = TAIL.format(question=question) + (" " + prefix.strip() if prefix.strip() else "")
+    return Layout(head, [_ids(adapter, s + "\n") for s in sources], _ids(adapter, tail), list(answer or []))
 
 
 def answer_ids(adapter: ModelAdapter, answer: str) -> list[int]:

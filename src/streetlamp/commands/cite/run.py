@@ -56,10 +56,18 @@ def _answer_check(adapter: ModelAdapter, lay: C.Layout) -> tuple[list[float], li
     return logp[torch.arange(m), idx].tolist(), logp.argmax(-1).tolist()
 
 
-def cite(adapter: ModelAdapter, sources: list[str], question: str, answer: str | None, s: Any, scratch: Path) -> Cited:
+def cite(
+    adapter: ModelAdapter,
+    sources: list[str],
+    question: str,
+    answer: str | None,
+    s: Any,
+    scratch: Path,
+    prefix: str = "",
+) -> Cited:
     """Every method of ``s.methods`` on one question (``scratch``: a folder inside the run's staging folder
     for the attention recordings; emptied before returning)."""
-    lay = C.layout(adapter, sources, question)
+    lay = C.layout(adapter, sources, question, prefix=prefix)
     if answer is not None:
         lay.answer = C.answer_ids(adapter, answer)
     lay, cut = C.fit_window(adapter, lay, s.truncate, s.max_answer_tokens)
@@ -358,7 +366,8 @@ def run_bench(adapter: ModelAdapter, s: Any, out: Path, options: Any) -> Lines:
         rows: list[tuple[str, str, str, float]] = []
         records = []
         for q in qs[lo : lo + s.chunk_size]:
-            lay = C.layout(adapter, q.sources, q.question)
+            prefix = str(q.extra.get("answer_prefix", ""))
+            lay = C.layout(adapter, q.sources, q.question, prefix=prefix)
             try:
                 lay, cut = C.fit_window(adapter, lay, False, s.max_answer_tokens)
             except StreetlampError as e:
@@ -370,7 +379,7 @@ def run_bench(adapter: ModelAdapter, s: Any, out: Path, options: Any) -> Lines:
             rec.update({"planted": q.planted, "n_sources": lay.n_sources, "n_tokens": lay.n_tokens + 2})
             rows.append((q.id, "-", "correct", float(ok)))
             if ok:
-                res = cite(adapter, q.sources, q.question, q.answer, s, scratch)
+                res = cite(adapter, q.sources, q.question, q.answer, s, scratch, prefix)
                 rec["n_tokens"] = res.lay.n_tokens
                 for m, d in judge(res.scores, q.planted).items():
                     rows += [(q.id, m, k, v) for k, v in d.items()]
