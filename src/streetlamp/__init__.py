@@ -46,6 +46,8 @@ _API = (
     "probe",
     "circuit",
     "atlas",
+    "cite",
+    "cite_bench",
     "RunResult",
 )  # one function per command that runs (api.names(); the same list: tests/commands/test_cli_api.py)
 

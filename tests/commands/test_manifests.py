@@ -68,6 +68,9 @@ KEYS = {
     "experts": HEADER
     | {"arrays", "effect", "forwards", "model", "n_texts", "n_tokens", "parameters", "removal", "streetlight"}
     | {"tables"},
+    "cite": HEADER
+    | {"answer", "arrays", "contextcite", "methods", "model", "n_tokens", "parameters", "question", "seed", "sources"}
+    | {"files", "template", "tokens"},
 }
 
 
@@ -76,6 +79,7 @@ NOT_PINNED = {
     "replicate": "tests/evaluation/test_replicate.py",
     "probe": "tests/probing/test_probing.py",
     "cot": "tests/cot/test_cot_run.py",
+    "cite-bench": "tests/commands/test_cite.py",
 }
 
 
@@ -97,6 +101,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     )
     pairs = t / "pairs.csv"
     pairs.write_text("clean,corrupt,answer,wrong\nthe movie was good,the film was bad, good, bad\n")
+    sources = t / "sources.txt"
+    sources.write_text("the movie was good. mary went to the store. john hated the plot.")
     return {
         "bert": save_tiny("bert", t / "bert", seed=1),
         "gpt2": save_tiny("gpt2", t / "gpt2", seed=1),
@@ -104,6 +110,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "mixtral": save_tiny("mixtral", t / "mixtral", seed=1),
         "data": data,
         "pairs": pairs,
+        "sources": sources,
     }
 
 
@@ -180,6 +187,19 @@ def argv(command: str, s: dict[str, Path]) -> list[str]:
         "atlas": ["atlas", "--model", str(s["llama"]), "--data", str(s["data"]), "--limit", "3", "--top-k", "1"],
         "experts": ["experts", "--model", str(s["mixtral"]), "--data", str(s["data"]), "--limit", "2"]
         + ["--max-tokens", "4", "--bootstrap", "10"],
+        "cite": ["cite", "--model", str(s["llama"]), "--context", str(s["sources"]), "--question", "what is good"]
+        + [
+            "--answer",
+            "the movie",
+            "--ablations",
+            "4",
+            "--held-out",
+            "2",
+            "--attntrace-samples",
+            "2",
+            "--ig-steps",
+            "2",
+        ],
     }[command]
 
 

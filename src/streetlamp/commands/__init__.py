@@ -11,6 +11,7 @@ from __future__ import annotations
 from .atlas import ATLAS
 from .base import Command, Lines, execute
 from .circuit import CIRCUIT
+from .cite import CITE, CITE_BENCH
 from .cot import COT
 from .evaluate import BENCHMARK, EVALUATE
 from .experts import EXPERTS
@@ -45,6 +46,8 @@ COMMANDS: list[Command] = [
     CIRCUIT,
     ATLAS,
     EXPERTS,
+    CITE,
+    CITE_BENCH,
 ]
 
 

@@ -99,14 +99,30 @@ class Scorer:
     # the cache path's plan: ``auto`` (the cheaper by :meth:`_cost`), ``shared`` (blocks from one start) or
     # ``packed`` (suffixes end to end, where exact); the numbers are the same up to float rounding
     plan: Literal["auto", "shared", "packed"] = "auto"
+    # ``answer`` > 0: the text's last ``answer`` tokens are an answer, and ``F`` of a row is the answer's
+    # log-probability given what precedes it, ``sum_j log p(a_j | row[: len - answer + j])`` (the target is
+    # not read; every row must end with the same answer). Causal LMs only; cached blocks from one start.
+    answer: int = 0
 
     def __post_init__(self) -> None:
+        if self.answer:
+            if not self.adapter.kind.causal:
+                raise StreetlampError("an answer's log-probability needs a causal LM")
+            if not 0 < self.answer < len(self.ids):
+                raise StreetlampError(f"the answer needs 1..{len(self.ids) - 1} tokens (got {self.answer})")
+            self.use_cache, self.plan = True, "shared"
         self.use_cache = self.use_cache and self.adapter.kind.causal
         self.budget = self.budget if self.budget is not None else default_budget(self.adapter.device)
         self.n_rows = 0  # perturbed rows evaluated (for the record)
         self.n_positions = 0  # token positions computed (for the record)
         self.n_passes = 0  # forward passes over perturbed rows
         one = Inputs.from_ids(self.adapter, [self.ids], strings=False)
+        if self.answer:
+            logits, self.cache = self.adapter.prefix_forward(one, keep_cache=True, tail=self.answer + 1)
+            self.kl = False
+            self.index = self.ids[-self.answer :].clone()
+            self.base = float(self._answer_score(logits)[0])
+            return
         if self.use_cache:
             logits, self.cache = self.adapter.prefix_forward(one, keep_cache=True)
         else:
@@ -160,7 +176,10 @@ class Scorer:
             if start == 0 and not self.use_cache:
                 logits = self.adapter.forward(batch).logits
             else:
-                logits, _ = self.adapter.prefix_forward(batch, self.cache if start else None, start)
+                tail = self.answer + 1 if self.answer else None
+                logits, _ = self.adapter.prefix_forward(batch, self.cache if start else None, start, tail=tail)
+        if self.answer:
+            return self._answer_score(logits)
         if self.kl:
             ref = self.ref.to(logits.device)
             kl = (ref.exp() * (ref - torch.log_softmax(logits.double(), -1))).sum(-1)
@@ -168,15 +187,26 @@ class Scorer:
         index = self.index.expand(len(rows))
         return self.adapter.score(logits, index, self.target).double().cpu().numpy()
 
+    def _answer_score(self, logits: torch.Tensor) -> np.ndarray:
+        """The answer's log-probability per row from the logits ``[rows, answer + 1, vocab]`` of each row's
+        last ``answer + 1`` positions (the last one predicts past the answer and is not read)."""
+        logp = torch.log_softmax(logits[:, :-1].double(), -1)
+        idx = self.index.to(logp.device)[None, :, None].expand(logp.shape[0], -1, 1)
+        return logp.gather(2, idx)[..., 0].sum(1).cpu().numpy()
+
     def _first(self, rows: Sequence[torch.Tensor]) -> list[int]:
-        """Each row's first position that differs from the text (at least its last token is computed)."""
+        """Each row's first position that differs from the text (at least its last token is computed; with an
+        answer, the positions that predict it)."""
         n = len(self.ids)
+        keep = self.answer + 1 if self.answer else 1
         first = []
         for r in rows:
+            if self.answer and not torch.equal(r[-self.answer :], self.ids[-self.answer :]):
+                raise StreetlampError("every row must end with the answer")
             m = min(len(r), n)
             diff = torch.nonzero(r[:m] != self.ids[:m])
             p = int(diff[0]) if len(diff) else m
-            first.append(min(p, len(r) - 1))
+            first.append(max(0, min(p, len(r) - keep)))
         return first
 
     def _cache_blocks(self, rows: Sequence[torch.Tensor], first: list[int]) -> list[Block]:

@@ -608,7 +608,13 @@ class ModelAdapter:
         return out
 
     def prefix_forward(
-        self, inputs: Inputs, cache: list | None = None, start: int = 0, keep_cache: bool = False, grad: bool = False
+        self,
+        inputs: Inputs,
+        cache: list | None = None,
+        start: int = 0,
+        keep_cache: bool = False,
+        grad: bool = False,
+        tail: int | None = None,
     ) -> tuple[torch.Tensor, list]:
         """Causal LM only: next-token logits after each row's last real token, reusing a cached prefix.
 
@@ -620,14 +626,15 @@ class ModelAdapter:
         ``q_len < k_len`` (the causal mask is offset by the cache). Only the hidden state of each row's
         last real token goes through the LM head (not ``[rows, width, vocab]`` logits).
 
-        Returns the logits ``[rows, vocab]`` and, with ``keep_cache``, this call's cache as
+        Returns the logits ``[rows, vocab]`` (with ``tail``: ``[rows, tail, vocab]`` at each row's last ``tail``
+        real positions, which the suffix must hold) and, with ``keep_cache``, this call's cache as
         ``[(keys, values)]`` per layer (else ``[]``). ``grad``: keep the autograd graph (the cache is a constant).
         """
         with torch.set_grad_enabled(grad):
-            return self._prefix_forward(inputs, cache, start, keep_cache)
+            return self._prefix_forward(inputs, cache, start, keep_cache, tail)
 
     def _prefix_forward(
-        self, inputs: Inputs, cache: list | None, start: int, keep_cache: bool
+        self, inputs: Inputs, cache: list | None, start: int, keep_cache: bool, tail: int | None = None
     ) -> tuple[torch.Tensor, list]:
         from transformers import DynamicCache
 
@@ -661,7 +668,13 @@ class ModelAdapter:
             **{name: past},
         )
         last = mask.sum(1).to(dev) - 1
-        hidden = out.last_hidden_state[torch.arange(rows, device=dev), last]
+        if tail is None:
+            hidden = out.last_hidden_state[torch.arange(rows, device=dev), last]
+        else:
+            if int(last.min()) + 1 < tail:
+                raise StreetlampError(f"prefix_forward: a suffix is shorter than the {tail} positions asked for")
+            pos = last[:, None] - torch.arange(tail - 1, -1, -1, device=dev)[None]
+            hidden = out.last_hidden_state[torch.arange(rows, device=dev)[:, None], pos]
         logits = readout.lm_head_logits(self, hidden)  # with Gemma 2/3's final soft-cap
         new_cache = [(layer.keys, layer.values) for layer in getattr(out, name).layers] if keep_cache else []
         return logits, new_cache

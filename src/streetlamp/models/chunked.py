@@ -79,9 +79,16 @@ class Recorder:
     """Computes every layer's attention in query chunks; keeps the selected rows and q/k on disk."""
 
     def __init__(
-        self, adapter: ModelAdapter, folder: Path, selection: Selection, chunk: int | None = None, fused: bool = True
+        self,
+        adapter: ModelAdapter,
+        folder: Path,
+        selection: Selection,
+        chunk: int | None = None,
+        fused: bool = True,
+        keep_qk: bool = True,
     ) -> None:
         self.adapter = adapter
+        self.keep_qk = keep_qk  # False: only the kept rows' shards are written (no stored queries and keys)
         self.fused = fused
         self.scratch = Scratch()
         self.folder = Path(folder)
@@ -131,7 +138,8 @@ class Recorder:
         )
         self.rules[layer] = rule
         q, k = query[0].detach(), key[0].detach()
-        write_qk(self.folder, layer, q, k)
+        if self.keep_qk:
+            write_qk(self.folder, layer, q, k)
         kr = repeat_heads(key[0], groups)
         v = repeat_heads(value[0], groups)
         step = self.chunk or chunk_rows(query.shape[1], n, max(4, query.element_size()))
