@@ -60,7 +60,7 @@ class CiteMethodSettings(Settings):
     truncate: bool = option(False, help="drop sources from the end when the context is over the model's window")
 
     def validate(self, adapter: ModelAdapter) -> None:
-        if adapter.kind != "causal_lm":
+        if not adapter.kind.causal:
             raise StreetlampError(f"cite needs a causal LM ({adapter.name} is a {adapter.kind})")
 
 
