@@ -117,7 +117,7 @@ def test_tables_match_the_engine(run: tuple[Path, str], engine) -> None:
         t = ft[ft["method"] == name].sort_values("size_fraction")
         assert list(t["size_fraction"]) == SIZES
         assert t["faithfulness"].iloc[-1] == pytest.approx(1.0, abs=ftol)  # the full circuit is the model
-        k = max(1, round(SIZES[0] * g.n_edges))
+        k = int(SIZES[0] * g.n_edges)
         m = F.circuit(g, sc.mean, k)
         assert t["n_edges"].iloc[0] == int(m.sum())
         f0 = F.faithfulness(F.circuit_metrics(b, pairs, [m])[0], mv[1], mv[0])
@@ -125,9 +125,13 @@ def test_tables_match_the_engine(run: tuple[Path, str], engine) -> None:
         assert t["faithfulness"].iloc[0] == pytest.approx(f0, abs=ftol)
         assert np.all(t["ci_low"] <= t["faithfulness"] + ftol) and np.all(t["faithfulness"] <= t["ci_high"] + ftol)
         ar = pd.read_csv(out / "areas.csv").set_index("method").loc[name]
-        cpr, cmd = F.areas(np.array(SIZES), t["faithfulness"].to_numpy())
-        assert ar["cpr"] == pytest.approx(cpr, abs=1e-12) and ar["cmd"] == pytest.approx(cmd, abs=1e-12)
-        assert ar["cpr_ci_low"] <= ar["cpr_ci_high"] and ar["ablation"] == "patch"
+        # three sizes, not MIB's ten: MIB's raw-axis formula over them, under other names than cpr / cmd
+        under = F.areas(np.array(SIZES), t["faithfulness_signed"].to_numpy())[0]
+        from1 = F.areas(np.array(SIZES), t["faithfulness"].to_numpy())[1]
+        assert "cpr" not in ar.index and "cmd" not in ar.index
+        assert ar["area_under"] == pytest.approx(under, abs=1e-12)
+        assert ar["area_from_1"] == pytest.approx(from1, abs=1e-12)
+        assert ar["area_under_ci_low"] <= ar["area_under_ci_high"] and ar["ablation"] == "patch"
     m = json.loads((out / "manifest.json").read_text())
     chosen = m["parameters"]["size"]
     assert chosen in SIZES and m["task"]["n_prompts"] == 4 and m["methods"] == ["eap", "exact"] and m["seed"] == 3
@@ -135,7 +139,7 @@ def test_tables_match_the_engine(run: tuple[Path, str], engine) -> None:
     # inclusion frequency at the chosen size and membership
     e = edges[edges["method"] == "eap"]
     e1 = e.drop_duplicates("edge")
-    k = max(1, round(chosen * g.n_edges))
+    k = int(chosen * g.n_edges)
     inc = F.inclusion_frequency(g, want["eap"], k, BOOT, 3).numpy()[r, w]
     np.testing.assert_allclose(e1["inclusion"].to_numpy(), inc, atol=1e-12)
     np.testing.assert_array_equal(e1["in_circuit"].to_numpy(), F.circuit(g, want["eap"].mean, k).numpy()[r, w])

@@ -33,7 +33,7 @@ METHODS = {
     "graddrop": "graddrop",
 }
 TASKS = ("ioi", "greater-than", "induction")
-DEFAULT_SIZES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)  # MIB's sweep, 0.1% .. 50%
+DEFAULT_SIZES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # MIB's ten sizes (faithfulness.py)
 
 
 def parse_sizes(spec: str | list | tuple) -> list[float]:
@@ -103,7 +103,13 @@ class CircuitSettings(Settings):
     sizes: list[float] = option(
         default_factory=lambda: list(DEFAULT_SIZES),
         parse=parse_sizes,
-        help="circuit sizes as fractions of the edges, each in (0, 1] (default 0.001..0.5)",
+        help="circuit sizes as fractions of the edges, each in (0, 1] (default MIB's ten: 0.001..0.5 and 1)",
+    )
+    areas: str | None = option(
+        None,
+        choices=("mib", "sweep"),
+        help="mib: MIB's CPR and CMD over its ten sizes (--sizes must hold them); sweep: the same raw-axis "
+        "areas over --sizes, named area_under / area_from_1 (default: mib when --sizes holds MIB's ten, else sweep)",
     )
     size: float | None = option(
         None,
@@ -168,9 +174,20 @@ class CircuitSettings(Settings):
             require("ray")
         if self.size is not None:
             check_size(self.size)
+        from ..interventions.circuits.faithfulness import check_areas
+
+        check_areas(self.areas_mode(), self.sizes)
         from ..runners.circuit import task_pairs
 
         task_pairs(self.task, self.limit, self.seed, self.ablation)  # the task and its file, refused now
+
+    def areas_mode(self) -> str:
+        """``--areas``, or by default ``mib`` when the sizes hold MIB's ten, else ``sweep``."""
+        if self.areas is not None:
+            return self.areas
+        from ..interventions.circuits.faithfulness import default_areas
+
+        return default_areas(self.sizes)
 
     def validate(self, adapter: ModelAdapter) -> None:
         from ..interventions.circuits.blocks import check_supported

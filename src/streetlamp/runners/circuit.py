@@ -14,7 +14,10 @@ chooses, tabulates and writes. Files of the run folder (each described in ``mani
   ``edge`` (count and sum edges over unique ``edge``).
 * ``faithfulness.csv``: one row per method and size (``method``, ``size_fraction``, ``n_edges``,
   ``faithfulness``, ``ci_low``, ``ci_high``, the random baseline's columns, ablation, metric).
-* ``areas.csv``: CPR and CMD per method with intervals, the random baseline's CPR, m(M) and m(∅).
+* ``areas.csv``: per method, MIB's ``cpr`` and ``cmd`` (its ``evaluate_area_under_curve`` over its ten
+  sizes: :mod:`streetlamp.interventions.circuits.faithfulness`) with intervals, the random baseline's under
+  the same formula, m(M) and m(∅); with ``--areas sweep`` the same raw-axis areas over the swept sizes,
+  named ``area_under`` / ``area_from_1`` instead.
 * ``pairs.csv``: the prompts used.
 * ``circuit.<method>.json``: the chosen circuit in the MIB edge-dict format (the ``Graph.to_json`` of
   the EAP-IG / MIB circuit-track code: ``cfg``, ``nodes`` ``{name: {in_graph}}``, ``edges``
@@ -167,6 +170,44 @@ def mib_json(graph: Graph, scores: torch.Tensor, mask: torch.Tensor, d_model: in
     return {"cfg": cfg, "nodes": nodes, "edges": edges}
 
 
+AREAS_FILE = {
+    "mib": "MIB's CPR and CMD per method, in MIB's units (MIB_circuit_track/evaluation.py, "
+    "evaluate_area_under_curve, as print_results.py reads it): trapezoids on the raw fraction axis over its ten "
+    "sizes 0.001..1 of int(fraction x n_edges) edges, pruned; cpr = area under f with edges ranked by signed "
+    "score (most helpful first; f may exceed 1; f = 1 everywhere gives 0.999), cmd = area under |1 - f| with "
+    "edges ranked by |score| (0 is optimal); 95% bootstrap intervals over prompts; random_* the same formula for "
+    "random circuits (mean over the draws); n_edges_graph / n_edges_mib: this graph's edge count and MIB's "
+    "(a grouped k/v edge once per query head)",
+    "sweep": "per method, the raw-axis areas of MIB's formula over the swept sizes (not MIB's ten, so not its "
+    "CPR/CMD): area_under (f, signed ranking) and area_from_1 (|1 - f|, |score| ranking), 95% bootstrap "
+    "intervals, the random baseline's",
+}
+
+
+def area_row(name: str, sm: dict) -> dict:
+    """One method's row of ``areas.csv`` (column names from the sweep's area names)."""
+    a0, a1 = F.area_names(sm["areas"])
+    row: dict[str, Any] = {"method": name, "ablation": sm["ablation"], "metric": sm["metric"]}
+    for k in (a0, a1, f"random_{a0}", f"random_{a1}"):
+        row |= {k: sm[k], f"{k}_ci_low": sm[f"{k}_ci"][0], f"{k}_ci_high": sm[f"{k}_ci"][1]}
+    keep = ("m_full", "m_empty", "n_prompts", "n_boot", "n_edges_graph", "n_edges_mib")
+    return row | {k: sm[k] for k in keep}
+
+
+def area_line(name: str, sm: dict) -> str:
+    a0, a1 = F.area_names(sm["areas"])
+    label = (
+        ("CPR", "CMD", "MIB's units, ten sizes")
+        if sm["areas"] == "mib"
+        else ("area under f", "area from 1", "raw axis over the swept sizes: not MIB's CPR/CMD")
+    )
+    return (
+        f"{name}: {label[0]} {sm[a0]:.3f} [{sm[a0 + '_ci'][0]:.3f}, {sm[a0 + '_ci'][1]:.3f}], {label[1]} "
+        f"{sm[a1]:.3f} [{sm[a1 + '_ci'][0]:.3f}, {sm[a1 + '_ci'][1]:.3f}] (random {sm['random_' + a0]:.3f} / "
+        f"{sm['random_' + a1]:.3f}; {label[2]}; 95% bootstrap)"
+    )
+
+
 def choose_size(table: Any, size: float | None) -> float:
     """``size`` when given, else the smallest swept size whose faithfulness reaches CHOOSE_AT (else the largest)."""
     if size is not None:
@@ -213,11 +254,7 @@ class CircuitResult:
             f"metric {self.metric}: m(model) {s0['m_full']:.4g}, m(empty circuit) {s0['m_empty']:.4g}"
         ]
         for name, r in self.methods.items():
-            s = r.sweep.summary
-            out.append(
-                f"{name}: CPR {s['cpr']:.3f} [{s['cpr_ci'][0]:.3f}, {s['cpr_ci'][1]:.3f}], CMD {s['cmd']:.3f} "
-                f"[{s['cmd_ci'][0]:.3f}, {s['cmd_ci'][1]:.3f}] (random CPR {s['random_cpr']:.3f}; 95% bootstrap)"
-            )
+            out.append(area_line(name, r.sweep.summary))
         for name, r in self.methods.items():
             row = r.row
             out.append(
@@ -322,7 +359,8 @@ def run_circuit(
             sw = R.cached(
                 ck, 2 * i + 1,
                 lambda: F.sweep(
-                    blocks, pairs, sc, sizes, s.random, s.bootstrap, LEVEL, s.seed, rows_of(s.batch_size, pairs, 32)
+                    blocks, pairs, sc, sizes, s.random, s.bootstrap, LEVEL, s.seed, rows_of(s.batch_size, pairs, 32),
+                    areas_mode=s.areas_mode(),
                 ),
                 lambda v: (
                     {"stage": f"sweep {name}", "table": v.table.to_dict("list"), "summary": v.summary},
@@ -344,24 +382,7 @@ def run_circuit(
             methods[name] = MethodResult(sc, sw, mask, inc, table.iloc[j].to_dict(), lo, hi)
             tables.append(table)
             sm = sw.summary
-            areas.append(
-                {
-                    "method": name,
-                    "ablation": sm["ablation"],
-                    "metric": sm["metric"],
-                    "cpr": sm["cpr"],
-                    "cpr_ci_low": sm["cpr_ci"][0],
-                    "cpr_ci_high": sm["cpr_ci"][1],
-                    "cmd": sm["cmd"],
-                    "cmd_ci_low": sm["cmd_ci"][0],
-                    "cmd_ci_high": sm["cmd_ci"][1],
-                    "random_cpr": sm["random_cpr"],
-                    "m_full": sm["m_full"],
-                    "m_empty": sm["m_empty"],
-                    "n_prompts": sm["n_prompts"],
-                    "n_boot": sm["n_boot"],
-                }
-            )
+            areas.append(area_row(name, sm))
             edges.append(
                 g.edges_table(sc.mean, name, ci_low=lo, ci_high=hi, inclusion=inc.numpy(), in_circuit=mask.numpy())
             )
@@ -431,7 +452,7 @@ def run_circuit(
             "its 95% bootstrap interval, inclusion frequency and membership at the chosen size",
             "faithfulness.csv": "faithfulness f(C) = (m(C) - m(empty)) / (m(model) - m(empty)) per method and size, "
             "95% bootstrap interval over prompts, random-circuit baseline",
-            "areas.csv": "CPR (area under f) and CMD (area between f and 1) per method, with intervals",
+            "areas.csv": AREAS_FILE[s.areas_mode()],
             "pairs.csv": "the clean / corrupted prompts, answers and templates used",
         }
         if res.paths is not None:
@@ -464,6 +485,7 @@ def run_circuit(
                 "methods": list(s.methods),
                 "parameters": {
                     "sizes": sizes,
+                    "areas": s.areas_mode(),
                     "size": chosen,
                     "ablation": s.ablation,
                     "metric": s.metric,
