@@ -413,6 +413,8 @@ def test_mean_ablation_runs_without_corrupted_prompts(setup: dict[str, Path], tm
         (None, ["--paths", "-1"], "--paths"),
         (None, ["--limit", "0"], "--limit"),
         (None, ["--methods", "exact", "--exact-max", "10"], "above --exact-max 10"),
+        (None, ["--areas", "mib", "--sizes", "0.1,0.5"], "MIB's areas integrate up to 100% of the edges: add 1.0"),
+        (None, ["--areas", "mib", "--sizes", "0.1,1"], "MIB's areas need its ten sizes; --sizes lacks 0.001,"),
     ],
 )
 def test_bad_input(
