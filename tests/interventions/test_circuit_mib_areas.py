@@ -208,3 +208,38 @@ def test_sweep_areas_elsewhere_have_other_names(tiny) -> None:
     x = t["size_fraction"].to_numpy()
     assert sw.summary["area_under"] == pytest.approx(mib_loop(x, list(t["faithfulness_signed"]))[0], abs=1e-14)
     assert sw.summary["area_from_1"] == pytest.approx(mib_loop(x, list(t["faithfulness"]))[1], abs=1e-14)
+
+
+def test_bootstrapped_selection_is_inclusion_over_resamples() -> None:
+    """Against a direct recomputation: each resample's mean scores, its unpruned top k by the same ranking
+    (F.top_k), the share of resamples holding each edge; the circuit = the k edges of highest inclusion
+    (ties by the all-data ranking), pruned. Scores equal on every prompt: the plain circuit exactly."""
+    from streetlamp.stats import resample_indices
+
+    g = Graph(2, 2, 2)
+    r, w = g.edge_index()
+    rng = np.random.default_rng(4)
+    per = torch.full((6, g.n_readers, g.n_writers), float("nan"), dtype=torch.float64)
+    per[:, r, w] = torch.from_numpy(rng.normal(size=(6, len(r))) * 2 + rng.normal(size=len(r)) * 0.5)
+    sc = S.EdgeScores("eap", per, "patch", "logit_diff")
+    sel = F.BootstrapSelection(g, sc, n_boot=25, seed=2)
+    idx = resample_indices(6, 25, 2)
+    for k in (3, 10, 25):
+        for signed in (False, True):
+            inc = np.mean([F.top_k(g, per[torch.as_tensor(i)].mean(0), k, signed).numpy()[r, w] for i in idx], 0)
+            np.testing.assert_allclose(sel.inclusion(k, signed), inc, rtol=0, atol=1e-12)
+            tie = sc.mean.numpy()[r, w]
+            tie = -tie if signed else np.abs(tie)
+            best = sorted(range(len(r)), key=lambda e: (-inc[e], -tie[e], e))[:k]
+            m = torch.zeros(g.n_readers, g.n_writers, dtype=torch.bool)
+            m[r[best], w[best]] = True
+            assert torch.equal(sel(k, signed), F.prune(g, m))
+    inc10 = sel.inclusion(10)
+    assert ((inc10 > 0) & (inc10 < 1)).any()  # resamples disagree: not a test of constants
+    assert not torch.equal(sel(10), F.circuit(g, sc.mean, 10))  # nor of the plain top k
+    same = S.EdgeScores("eap", per[:1].expand(6, -1, -1).clone(), "patch", "logit_diff")
+    one = F.BootstrapSelection(g, same, n_boot=10, seed=0)
+    for k in (3, 10):
+        assert torch.equal(one(k), F.circuit(g, same.mean, k)) and torch.equal(
+            one(k, True), F.circuit(g, same.mean, k, True)
+        )

@@ -34,6 +34,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -277,12 +278,14 @@ def sweep(
     batch_size: int = 32,
     ablation: str | None = None,
     areas_mode: str | None = None,
+    select: Any = None,
 ) -> Sweep:
     """f over ``fractions`` for the circuits of ``scores`` ranked by |score| and by signed score, and for
     random circuits, with bootstrap intervals and the two areas (``areas_mode``: ``mib`` needs MIB's ten
     sizes, :func:`check_areas`; default :func:`default_areas`); ablation and metric are the scores' unless ``ablation`` is given. Each
     distinct edge set runs once: the 100 % circuit is the model's own run (f = 1 exactly), an empty one
-    (``int(fraction * n_edges)`` = 0) the empty circuit's."""
+    (``int(fraction * n_edges)`` = 0) the empty circuit's. ``select(k, signed)``: the circuit at size k
+    (default the pruned top k; :class:`BootstrapSelection` for bootstrapped selection)."""
     import pandas as pd
 
     x = check_fractions(fractions)
@@ -292,8 +295,13 @@ def sweep(
     ab = ablation or scores.ablation
     E = g.n_edges
     ks = [n_at(fr, E) for fr in x]
-    masks = [circuit(g, scores.mean, k) for k in ks]
-    signed = [circuit(g, scores.mean, k, signed=True) for k in ks]
+    if select is None:  # a circuit per size: the top k by the ranking, pruned (or a selector's, e.g. bootstrapped)
+
+        def select(k: int, signed: bool = False) -> torch.Tensor:
+            return circuit(g, scores.mean, k, signed)
+
+    masks = [select(k) for k in ks]
+    signed = [select(k, True) for k in ks]
     rng = np.random.default_rng(seed)
     rand = [[random_circuit(g, k, rng) for _ in range(n_random)] for k in ks]
     full, empty = g.valid(), torch.zeros_like(g.valid())
@@ -382,6 +390,44 @@ def inclusion_frequency(
         s = per[torch.as_tensor(i)].mean(0)
         acc += (circuit(graph, s, k) if pruned else top_k(graph, s, k)).double()
     return acc / len(idx)
+
+
+class BootstrapSelection:
+    """Bootstrapped edge selection (Nikankin et al. 2025, arXiv 2510.25786, MIB shared task): an edge is
+    chosen by how often it is among the top k over bootstrap resamples of the prompts, not by one run's
+    score. Each resample's scores are the mean of its prompts' per-prompt scores (no forward); at size k
+    the circuit is the k edges of highest **inclusion frequency** (the share of resamples whose unpruned
+    top k, by the same ranking, holds the edge; ties by the all-data ranking), then pruned like
+    :func:`circuit`. ``signed``: the signed ranking (CPR's), else |score| (CMD's)."""
+
+    def __init__(self, graph: Graph, scores: EdgeScores, n_boot: int = 200, seed: int = 0) -> None:
+        per = scores.per_prompt.sum(1) if scores.per_prompt.dim() == 4 else scores.per_prompt
+        r, w = graph.edge_index()
+        v = per.double().cpu().numpy()[:, r, w]  # [n, E]
+        idx = resample_indices(v.shape[0], n_boot, seed)
+        self.graph, self.r, self.w = graph, r, w
+        self.mean = np.nan_to_num(v.mean(0), nan=0.0)
+        self.ranks: dict[bool, np.ndarray] = {}
+        for signed in (False, True):
+            rk = np.empty((len(idx), v.shape[1]), np.int32)
+            for b, i in enumerate(idx):
+                m = np.nan_to_num(v[i].mean(0), nan=0.0)
+                key = -m if signed else np.abs(m)
+                order = np.argsort(-key, kind="stable")
+                rk[b, order] = np.arange(len(order), dtype=np.int32)
+            self.ranks[signed] = rk
+
+    def inclusion(self, k: int, signed: bool = False) -> np.ndarray:
+        """``[E]``: the share of resamples whose unpruned top k holds each edge (edge_index order)."""
+        return (self.ranks[signed] < k).mean(0)
+
+    def __call__(self, k: int, signed: bool = False) -> torch.Tensor:
+        inc = self.inclusion(k, signed)
+        tie = -self.mean if signed else np.abs(self.mean)
+        order = np.lexsort((-tie, -inc))[: max(0, min(k, len(inc)))]  # inclusion first, then the ranking
+        m = torch.zeros(self.graph.n_readers, self.graph.n_writers, dtype=torch.bool)
+        m[self.r[order], self.w[order]] = True
+        return prune(self.graph, m)
 
 
 def precision_recall(found: torch.Tensor, truth: torch.Tensor) -> tuple[float, float]:
