@@ -117,7 +117,7 @@ def test_tables_match_the_engine(run: tuple[Path, str], engine) -> None:
         t = ft[ft["method"] == name].sort_values("size_fraction")
         assert list(t["size_fraction"]) == SIZES
         assert t["faithfulness"].iloc[-1] == pytest.approx(1.0, abs=ftol)  # the full circuit is the model
-        k = max(1, round(SIZES[0] * g.n_edges))
+        k = int(SIZES[0] * g.n_edges)
         m = F.circuit(g, sc.mean, k)
         assert t["n_edges"].iloc[0] == int(m.sum())
         f0 = F.faithfulness(F.circuit_metrics(b, pairs, [m])[0], mv[1], mv[0])
@@ -125,9 +125,13 @@ def test_tables_match_the_engine(run: tuple[Path, str], engine) -> None:
         assert t["faithfulness"].iloc[0] == pytest.approx(f0, abs=ftol)
         assert np.all(t["ci_low"] <= t["faithfulness"] + ftol) and np.all(t["faithfulness"] <= t["ci_high"] + ftol)
         ar = pd.read_csv(out / "areas.csv").set_index("method").loc[name]
-        cpr, cmd = F.areas(np.array(SIZES), t["faithfulness"].to_numpy())
-        assert ar["cpr"] == pytest.approx(cpr, abs=1e-12) and ar["cmd"] == pytest.approx(cmd, abs=1e-12)
-        assert ar["cpr_ci_low"] <= ar["cpr_ci_high"] and ar["ablation"] == "patch"
+        # three sizes, not MIB's ten: MIB's raw-axis formula over them, under other names than cpr / cmd
+        under = F.areas(np.array(SIZES), t["faithfulness_signed"].to_numpy())[0]
+        from1 = F.areas(np.array(SIZES), t["faithfulness"].to_numpy())[1]
+        assert "cpr" not in ar.index and "cmd" not in ar.index
+        assert ar["area_under"] == pytest.approx(under, abs=1e-12)
+        assert ar["area_from_1"] == pytest.approx(from1, abs=1e-12)
+        assert ar["area_under_ci_low"] <= ar["area_under_ci_high"] and ar["ablation"] == "patch"
     m = json.loads((out / "manifest.json").read_text())
     chosen = m["parameters"]["size"]
     assert chosen in SIZES and m["task"]["n_prompts"] == 4 and m["methods"] == ["eap", "exact"] and m["seed"] == 3
@@ -135,7 +139,7 @@ def test_tables_match_the_engine(run: tuple[Path, str], engine) -> None:
     # inclusion frequency at the chosen size and membership
     e = edges[edges["method"] == "eap"]
     e1 = e.drop_duplicates("edge")
-    k = max(1, round(chosen * g.n_edges))
+    k = int(chosen * g.n_edges)
     inc = F.inclusion_frequency(g, want["eap"], k, BOOT, 3).numpy()[r, w]
     np.testing.assert_allclose(e1["inclusion"].to_numpy(), inc, atol=1e-12)
     np.testing.assert_array_equal(e1["in_circuit"].to_numpy(), F.circuit(g, want["eap"].mean, k).numpy()[r, w])
@@ -157,6 +161,8 @@ def test_tables_match_the_engine(run: tuple[Path, str], engine) -> None:
 
 
 def test_mib_json_is_the_parquet_circuit(run: tuple[Path, str], engine) -> None:
+    """The JSON circuit is the Parquet one in MIB's names, scores in MIB's sign (its attribution metric is
+    the loss -m, so its score is -(m(edge ablated) - m(model)) and its signed top-n keeps the highest)."""
     out, _ = run
     g = engine[1].graph
     edges = pd.read_parquet(out / "edges.parquet")
@@ -176,7 +182,7 @@ def test_mib_json_is_the_parquet_circuit(run: tuple[Path, str], engine) -> None:
     for x in e[e["in_circuit"]].itertuples():
         for t in mib(x.target):
             key = f"{mib(x.source)[0]}->{t}" + (f"<{x.input}>" if x.input in "qkv" else "")
-            assert d["edges"][key]["in_graph"] and d["edges"][key]["score"] == pytest.approx(x.score, abs=1e-12)
+            assert d["edges"][key]["in_graph"] and d["edges"][key]["score"] == pytest.approx(-x.score, abs=1e-12)
             names.add(key)
     assert names and {k for k, v in d["edges"].items() if v["in_graph"]} == names
     # MIB's ungrouped edge count: per layer 3 inputs per head + the MLP, and the logits
@@ -409,6 +415,8 @@ def test_mean_ablation_runs_without_corrupted_prompts(setup: dict[str, Path], tm
         (None, ["--paths", "-1"], "--paths"),
         (None, ["--limit", "0"], "--limit"),
         (None, ["--methods", "exact", "--exact-max", "10"], "above --exact-max 10"),
+        (None, ["--areas", "mib", "--sizes", "0.1,0.5"], "MIB's areas integrate up to 100% of the edges: add 1.0"),
+        (None, ["--areas", "mib", "--sizes", "0.1,1"], "MIB's areas need its ten sizes; --sizes lacks 0.001,"),
     ],
 )
 def test_bad_input(
@@ -478,3 +486,86 @@ def test_ioi_on_smollm2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert "L0.KV0" in set(e["kv_group"])  # SmolLM2: 9 heads in 3 key/value groups
     assert set(e[e["kv_group"] == "L0.KV0"]["target"]) == {"L0.H0", "L0.H1", "L0.H2"}
     assert "faithfulness" in capsys.readouterr().out
+
+
+def test_a_circuit_file_is_evaluated_as_mib_ranks_it(run: tuple[Path, str], setup: dict[str, Path], tmp_path: Path):
+    """--circuit-file reads a MIB JSON circuit (here the run's own EAP circuit, scores in MIB's sign): the
+    method 'file' has EAP's scores back, so the same circuits at every size and the same faithfulness."""
+    first, _ = run
+    out = tmp_path / "file"
+    args = ["circuit", "--model", str(setup["llama"]), "--task", str(setup["dir"] / "pairs.csv"), "--out", str(out)]
+    args += ["--methods", "eap", "--sizes", ",".join(map(str, SIZES)), "--bootstrap", "10", "--random", "0"]
+    assert main(args + ["--circuit-file", str(first / "circuit.eap.json"), "--paths", "0"]) == 0
+    ft = pd.read_csv(out / "faithfulness.csv")
+    a, b = ft[ft["method"] == "eap"].reset_index(), ft[ft["method"] == "file"].reset_index()
+    assert len(b) == len(SIZES)
+    cols = ["n_edges", "faithfulness", "n_edges_signed", "faithfulness_signed"]
+    pd.testing.assert_frame_equal(a[cols], b[cols], check_exact=True)
+    e = pd.read_parquet(out / "edges.parquet")
+    np.testing.assert_array_equal(e[e["method"] == "file"]["score"], e[e["method"] == "eap"]["score"])
+    assert json.loads((out / "manifest.json").read_text())["methods"] == ["eap", "file"]
+
+
+def _ioi_row(io: str, s: str, c: str) -> dict:
+    return {
+        "prompt": f"when {io.strip()} and {s.strip()} went to the store {s.strip()} gave a drink to",
+        "metadata": {"indirect_object": io, "subject": s, "random_c": c},
+        "s2_io_flip_counterfactual": {
+            "prompt": f"when {io.strip()} and {s.strip()} went to the store {io.strip()} gave a drink to"
+        },
+    }
+
+
+def test_mib_task_file_runs(setup: dict[str, Path], tmp_path: Path) -> None:
+    p = tmp_path / "ioi.jsonl"
+    p.write_text("\n".join(json.dumps(_ioi_row(*r)) for r in [("mary", "john", "tom"), ("john", "mary", "tom")]))
+    out = tmp_path / "mibrun"
+    args = ["circuit", "--model", str(setup["llama"]), "--task", str(p), "--mib-task", "ioi", "--out", str(out)]
+    more = ["--sizes", "0.2,1", "--bootstrap", "5", "--random", "0", "--paths", "0", "--bootstrap-selection"]
+    assert main(args + ["--methods", "eap", *more]) == 0
+    pr = pd.read_csv(out / "pairs.csv")
+    assert list(pr["answer"]) == [" mary", " john"] and list(pr["wrong"]) == [" john", " mary"]
+    # bootstrapped selection: its own curve and areas beside the plain top k
+    ft = pd.read_csv(out / "faithfulness.csv")
+    assert set(ft["method"]) == {"eap", "eap:bootstrapped"}
+    assert ft[ft["method"] == "eap:bootstrapped"]["faithfulness"].iloc[-1] == 1.0
+    assert set(pd.read_csv(out / "areas.csv")["method"]) == {"eap", "eap:bootstrapped"}
+
+
+@pytest.mark.parametrize("case", ["other-model", "no-field", "multi-token", "no-file"])
+def test_bad_mib_input(setup: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture, case: str) -> None:
+    """A circuit file for another model, a MIB file with a missing field or an answer of several tokens:
+    one line, exit 2, no folder."""
+    tok = load(setup["llama"]).tokenizer
+
+    def n(s: str) -> int:
+        return len(tok(s, add_special_tokens=False)["input_ids"])
+
+    args = ["circuit", "--model", str(setup["llama"]), "--methods", "eap", "--sizes", "0.2,1"]
+    rows = [_ioi_row("mary", "john", "tom")]
+    if case == "other-model":
+        c = tmp_path / "c.json"
+        c.write_text(json.dumps({"cfg": {"n_layers": 12, "n_heads": 12, "d_model": 768}, "nodes": {}, "edges": {}}))
+        args += ["--task", str(setup["dir"] / "pairs.csv"), "--circuit-file", str(c)]
+        message = "is for another model (n_layers 12, n_heads 12, d_model 768); this model has n_layers 2, n_heads 4"
+    elif case == "no-file":
+        args += ["--task", str(setup["dir"] / "pairs.csv"), "--circuit-file", str(tmp_path / "none.json")]
+        message = "does not exist"
+    else:
+        if case == "no-field":
+            del rows[0]["s2_io_flip_counterfactual"]
+            message = "row 1: no field 's2_io_flip_counterfactual.prompt'"
+        else:  # names of equal token length (MIB's filter keeps them) but more than one token each
+            trio = ["mary john", "john mary", "mary mary"]  # the tiny tokenizer reads words
+            assert n(" " + trio[0]) == n(" " + trio[1]) == n(" " + trio[2]) == 2
+            rows = [_ioi_row(*trio)]
+            message = f"the answer ' {trio[0]}' is {n(' ' + trio[0])} tokens"
+        f = tmp_path / "rows.jsonl"
+        f.write_text(json.dumps(rows[0]))
+        args += ["--task", str(f), "--mib-task", "ioi"]
+    out = tmp_path / "bad"
+    capsys.readouterr()  # loading the tokenizer above printed its progress
+    assert main(args + ["--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.strip().count("\n") == 0, err
+    assert not out.exists()

@@ -215,6 +215,13 @@ def test_light_against_use_flags_and_correlation() -> None:
     s = summarise(t, floor=1e-3, striking=0.5, n_boot=200)
     assert s.streetlight.tolist() == [True, False, False]
     assert s.unremarkable_used.tolist() == [False, True, False]
+    # Sink₁^ε's column: mean attention to the first token above 0.3 (its share over heads is Sink₁^0.3)
+    t2 = t.copy()
+    t2.loc[t2["head"] == 1, "sink"] = np.linspace(0.2, 0.5, int((t2["head"] == 1).sum()))  # mean 0.35
+    sink = t2.groupby(["layer", "head"]).sink.mean().to_numpy()
+    assert s.sink_head.tolist() == [False] * 3
+    assert summarise(t2, floor=1e-3, striking=0.5, n_boot=20).sink_head.tolist() == [bool(x > 0.3) for x in sink]
+    assert [bool(x > 0.3) for x in sink] == [False, True, False]
     g = t[t["head"] == 2]
     rho = spearmanr(g.prominence, g.kl_explained).statistic
     assert abs(s.rho[2] - rho) < F64_TOL and s.rho_low[2] <= rho <= s.rho_high[2] and rho > 0.9

@@ -133,10 +133,9 @@ def test_prune_keeps_only_edges_on_input_to_logits_paths() -> None:
 
 def test_areas_and_size_checks() -> None:
     x = np.array([0.1, 0.3, 0.5, 1.0])
-    cpr, cmd = F.areas(x, x)  # f = x: mean of x over [0.1, 1] = 0.55
-    assert cpr == pytest.approx(0.55, abs=1e-12) and cmd == pytest.approx(0.45, abs=1e-12)
-    assert F.areas(x, np.ones(4)) == (pytest.approx(1.0), pytest.approx(0.0))
-    assert F.areas(np.array([0.2]), np.array([0.7])) == (pytest.approx(0.7), pytest.approx(0.3))
+    under, from1 = F.areas(x, x)  # f = x on MIB's raw axis: the integral of x over [0.1, 1] = 0.495
+    assert under == pytest.approx(0.495, abs=1e-12) and from1 == pytest.approx(0.405, abs=1e-12)
+    assert F.areas(x, np.ones(4)) == (pytest.approx(0.9), pytest.approx(0.0))
     for bad in ([0.0], [1.5], [-0.1, 0.5], []):
         with pytest.raises(StreetlampError):
             F.check_fractions(bad)

@@ -87,7 +87,7 @@ def test_prompt_and_template_axes_match_a_hand_recomputation(axis: str) -> None:
     e = S.eap(b, pairs)
     n = 6
     res = RS.resample(b, pairs, e, SIZES, axis, n=n, seed=3)
-    ks = [max(1, round(fr * g.n_edges)) for fr in SIZES]
+    ks = [int(fr * g.n_edges) for fr in SIZES]
     per = e.per_prompt.double().numpy()
     if axis == "prompts":
         draws = list(resample_indices(len(pairs), n, 3))
@@ -106,14 +106,14 @@ def test_prompt_and_template_axes_match_a_hand_recomputation(axis: str) -> None:
     inc = sum(m.double() for m in last) / n
     torch.testing.assert_close(res.inclusion, inc, rtol=0, atol=0)
     x = np.array(SIZES)
-    cpr = [np.trapezoid(fr, x) / (x[-1] - x[0]) for fr in f]
-    cmd = [np.trapezoid(np.abs(1 - fr), x) / (x[-1] - x[0]) for fr in f]
-    np.testing.assert_allclose(res.cpr, cpr, atol=1e-12)
-    np.testing.assert_allclose(res.cmd, cmd, atol=1e-12)
+    under = [np.trapezoid(fr, x) for fr in f]  # MIB's raw fraction axis: no division by the sweep's width
+    from1 = [np.trapezoid(np.abs(1 - fr), x) for fr in f]
+    np.testing.assert_allclose(res.area_under, under, atol=1e-12)
+    np.testing.assert_allclose(res.area_from_1, from1, atol=1e-12)
     lo, hi = np.quantile(f[:, 1], [0.025, 0.975])
     t = res.table
     assert t["ci_low"].iloc[1] == pytest.approx(lo, abs=1e-12) and t["ci_high"].iloc[1] == pytest.approx(hi, abs=1e-12)
-    assert res.summary["cpr_ci"] == pytest.approx(tuple(np.quantile(cpr, [0.025, 0.975])), abs=1e-12)
+    assert res.summary["area_under_ci"] == pytest.approx(tuple(np.quantile(under, [0.025, 0.975])), abs=1e-12)
     assert res.summary["jaccard_mean"] == pytest.approx(jac[:, -1].mean(), abs=1e-12)
 
 
@@ -128,7 +128,7 @@ def test_corrupt_axis_rescores_each_draw_and_keeps_the_clean_run() -> None:
     assert any(not torch.equal(p.corrupt.input_ids, pairs.corrupt.input_ids) for p in sets)
     e = S.eap(b, pairs)
     res = RS.resample(b, pairs, e, SIZES, "corrupt", n=n, corrupt_sets=sets, score_fn=lambda p: S.eap(b, p))
-    ks = [max(1, round(fr * g.n_edges)) for fr in SIZES]
+    ks = [int(fr * g.n_edges) for fr in SIZES]
     BASE[:] = [_edge_set(_hand_circuit(g, np.nan_to_num(e.mean.double().numpy()), k)) for k in ks]
     full = F.circuit_metrics(b, pairs, [g.valid()])[0].mean()
     f, jac, last = _hand_axis(
@@ -240,7 +240,7 @@ def test_circuit_command_writes_stability_that_matches_the_engine(tmp_path) -> N
         assert main(args) == 0
     st = pd.read_csv(out / "stability.csv")
     assert len(st) == 3 * 3 * 2 and set(st["axis"]) == set(RS.AXES)
-    assert {"faithfulness_mean", "ci_low", "ci_high", "jaccard_mean", "cpr_ci_low", "stable"} <= set(st.columns)
+    assert {"faithfulness_mean", "ci_low", "ci_high", "jaccard_mean", "area_under_ci_low", "stable"} <= set(st.columns)
     printed = buf.getvalue()
     assert printed.count("resampled prompts") == 3 and "stable" in printed
     # the run's prompt-axis numbers are the engine's on the same model and pairs

@@ -20,6 +20,10 @@ mean or a correlation. Per head:
   ``< floor`` (a striking pattern whose removal is within noise of zero across the corpus);
   **unremarkable_used** = mean ``prominence`` below the median over heads, the effect's lower bound
   ``>= floor`` and its mean in the top quarter of heads;
+  **sink_head** = mean ``sink`` above :data:`SINK_EPS` (0.3): the share of heads so flagged is Gu et al.'s
+  Sink₁^ε (arXiv 2410.10781, ε = 0.3; theirs averages over every query, the first included, on 64-token
+  inputs, which adds up to ``(1 - sink) / n`` for ``n`` tokens: benchmarks/bench_circuit_mib.py computes
+  theirs exactly);
 * ``head_type``: the largest of the mean ``previous_token``, ``duplicate_token``, ``induction``, ``sink``
   scores when it is at least 0.5, else ``""``.
 """
@@ -60,6 +64,9 @@ def spearman_ci(a: np.ndarray, b: np.ndarray, n_boot: int, seed: int) -> tuple[f
     return rho, lo, hi
 
 
+SINK_EPS = 0.3  # Sink₁^ε's threshold (Gu et al. 2024)
+
+
 def summarise(df: pd.DataFrame, floor: float, striking: float, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """The per-head summary (module docstring), one row per (layer, head)."""
     rows = []
@@ -93,6 +100,7 @@ def summarise(df: pd.DataFrame, floor: float, striking: float, n_boot: int = 100
         rows.append(r)
     s = pd.DataFrame(rows)
     s["streetlight"] = (s.prominence >= striking) & (s.effect_high < floor)
+    s["sink_head"] = s["sink"] > SINK_EPS
     eff_q = np.nanquantile(s.effect, 0.75) if s.effect.notna().any() else np.nan
     s["unremarkable_used"] = (s.prominence < np.nanmedian(s.prominence)) & (s.effect_low >= floor) & (s.effect >= eff_q)
     return s

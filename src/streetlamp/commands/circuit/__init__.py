@@ -10,6 +10,7 @@ tokenizer (equal token lengths, one-token answers) and the model's family in
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...errors import StreetlampError
@@ -30,10 +31,12 @@ METHODS = {
     "flow-routes": "flow-routes",
     "eap-qk": "eap-qk",
     "graddrop": "graddrop",
+    "eap-gim": "eap-gim",
+    "eap-ig-gim": "eap-ig-inputs-gim",
 }
-TASKS = ("ioi", "greater-than", "induction")
+TASKS = ("ioi", "greater-than", "induction", "arithmetic-addition", "arithmetic-subtraction", "mcqa")
 MAX_RANDOM = 1000  # random circuits per size: each one more pass over the prompts at every size
-DEFAULT_SIZES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)  # MIB's sweep, 0.1% .. 50%
+DEFAULT_SIZES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # MIB's ten sizes (faithfulness.py)
 
 
 def parse_sizes(spec: str | list | tuple) -> list[float]:
@@ -93,17 +96,38 @@ def parse_axes(spec: str | list[str]) -> list[str]:
 
 @dataclass
 class CircuitSettings(Settings):
-    task: str = option("ioi", help="ioi, greater-than, induction, or a CSV of pairs (clean,corrupt,answer,wrong)")
+    task: str = option(
+        "ioi",
+        help="ioi, greater-than, induction, arithmetic-addition, arithmetic-subtraction, mcqa (MIB's templates), a "
+        "CSV of pairs (clean,corrupt,answer,wrong), or with --mib-task a downloaded MIB split",
+    )
+    mib_task: str | None = option(
+        None,
+        choices=("ioi", "mcqa", "arc-easy", "arc-challenge", "arithmetic-addition", "arithmetic-subtraction"),
+        help="read --task as a downloaded MIB split of this task (.jsonl, .json or .parquet rows, as MIB's "
+        "dataset.py reads them from the hub; MIB's filter applied)",
+    )
+    circuit_file: str | None = option(
+        None,
+        help="also evaluate a circuit file in MIB's JSON format (circuit_loading.py; e.g. one MIB or streetlamp "
+        "wrote) for this model: its edge scores ranked as MIB ranks them, as the method 'file'",
+    )
     methods: list[str] = option(
         default_factory=lambda: ["eap", "eap-ig-inputs"],
         parse=parse_circuit_methods,
         help="comma-separated: eap, eap-ig (= eap-ig-inputs), eap-ig-activations, exact, flow-routes, eap-qk "
-        "(AtP*'s QK fix), graddrop (default eap,eap-ig)",
+        "(AtP*'s QK fix), graddrop, eap-gim, eap-ig-gim (EAP / EAP-IG with GIM's backward) (default eap,eap-ig)",
     )
     sizes: list[float] = option(
         default_factory=lambda: list(DEFAULT_SIZES),
         parse=parse_sizes,
-        help="circuit sizes as fractions of the edges, each in (0, 1] (default 0.001..0.5)",
+        help="circuit sizes as fractions of the edges, each in (0, 1] (default MIB's ten: 0.001..0.5 and 1)",
+    )
+    areas: str | None = option(
+        None,
+        choices=("mib", "sweep"),
+        help="mib: MIB's CPR and CMD over its ten sizes (--sizes must hold them); sweep: the same raw-axis "
+        "areas over --sizes, named area_under / area_from_1 (default: mib when --sizes holds MIB's ten, else sweep)",
     )
     size: float | None = option(
         None,
@@ -140,6 +164,11 @@ class CircuitSettings(Settings):
     path_threshold: float = option(
         0.01, ge=0, lt=1, help="a path matters when patching it moves the metric by this share of m(model) - m(empty)"
     )
+    bootstrap_selection: bool = option(
+        False,
+        help="also select each method's circuits by bootstrapped inclusion (arXiv 2510.25786: the edges most often "
+        "in the top k over --bootstrap resamples of the prompts), swept beside the plain top k as '<method>:bootstrapped'",
+    )
     resample: list[str] = option(
         default_factory=list,
         parse=parse_axes,
@@ -161,15 +190,38 @@ class CircuitSettings(Settings):
             from ...extras import require
 
             require("ray")
+        from ...interventions.circuits.faithfulness import check_areas
+
+        check_areas(self.areas_mode(), self.sizes)
         from .run import task_pairs
 
-        task_pairs(self.task, self.limit, self.seed, self.ablation)  # the task and its file, refused now
+        task_pairs(self.task, self.limit, self.seed, self.ablation, mib_task=self.mib_task)  # refused now
+        if self.circuit_file is not None:
+            if not Path(self.circuit_file).is_file():
+                raise StreetlampError(f"circuit file {self.circuit_file} does not exist")
+            if "file" not in self.methods:
+                self.methods = [*self.methods, "file"]
+
+    def areas_mode(self) -> str:
+        """``--areas``, or by default ``mib`` when the sizes hold MIB's ten, else ``sweep``."""
+        if self.areas is not None:
+            return self.areas
+        from ...interventions.circuits.faithfulness import default_areas
+
+        return default_areas(self.sizes)
 
     def validate(self, adapter: ModelAdapter) -> None:
         from ...interventions.circuits.blocks import check_supported
         from .run import check_memory, encoded_pairs, n_edges_of
 
         check_supported(adapter)
+        if self.circuit_file is not None:
+            from ...interventions.circuits.graph import Graph
+            from ...interventions.circuits.mib import read_circuit
+
+            read_circuit(
+                self.circuit_file, Graph(adapter.n_layers, adapter.n_heads, adapter.n_kv_heads), adapter.d_model
+            )
         pairs = encoded_pairs(adapter, self)
         check_memory(adapter, self, len(pairs))
         if "exact" in self.methods and len(pairs) * n_edges_of(adapter) > self.exact_max:

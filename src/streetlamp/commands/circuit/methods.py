@@ -28,6 +28,12 @@ def edge_scores(
 ) -> S.EdgeScores:
     """``method``'s per-prompt scores; ``reference``: the prompts whose mean is mean ablation's value
     (default ``pairs``; ``--engine ray`` scores a batch at a time against the whole set)."""
+    if method.endswith("-gim"):  # EAP / EAP-IG with GIM's backward (interventions/circuits/gim.py)
+        from ...interventions.circuits.gim import gim
+
+        with gim(blocks):
+            sc = edge_scores(blocks, pairs, method.removesuffix("-gim"), ablation, metric, steps, rows, reference)
+        return S.EdgeScores(method, sc.per_prompt, sc.ablation, sc.metric)
     if method == "eap":
         return S.eap(blocks, pairs, metric, ablation, batch_size=rows, reference=reference)
     if method.startswith("eap-ig-"):

@@ -14,13 +14,17 @@ chooses, tabulates and writes. Files of the run folder (each described in ``mani
   ``edge`` (count and sum edges over unique ``edge``).
 * ``faithfulness.csv``: one row per method and size (``method``, ``size_fraction``, ``n_edges``,
   ``faithfulness``, ``ci_low``, ``ci_high``, the random baseline's columns, ablation, metric).
-* ``areas.csv``: CPR and CMD per method with intervals, the random baseline's CPR, m(M) and m(∅).
+* ``areas.csv``: per method, MIB's ``cpr`` and ``cmd`` (its ``evaluate_area_under_curve`` over its ten
+  sizes: :mod:`streetlamp.interventions.circuits.faithfulness`) with intervals, the random baseline's under
+  the same formula, m(M) and m(∅); with ``--areas sweep`` the same raw-axis areas over the swept sizes,
+  named ``area_under`` / ``area_from_1`` instead.
 * ``pairs.csv``: the prompts used.
 * ``circuit.<method>.json``: the chosen circuit in the MIB edge-dict format (the ``Graph.to_json`` of
   the EAP-IG / MIB circuit-track code: ``cfg``, ``nodes`` ``{name: {in_graph}}``, ``edges``
   ``{"a0.h1->m2": {score, in_graph}}``, attention inputs as ``->a3.h0<q>``; nodes ``input``,
-  ``a{l}.h{h}``, ``m{l}``, ``logits``). A key/value group's edge is written once per head of the group
-  (the same score and membership: patching the group's input patches every head that shares it).
+  ``a{l}.h{h}``, ``m{l}``, ``logits``; :mod:`streetlamp.interventions.circuits.mib`). A key/value group's
+  edge is written once per head of the group (the same score and membership: patching the group's input
+  patches every head that shares it). Scores in MIB's sign (``-score``: MIB ranks the highest first).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from ...interventions.circuits import scores as S
 from ...interventions.circuits import tasks as T
 from ...interventions.circuits.blocks import Blocks
 from ...interventions.circuits.graph import Graph
+from ...interventions.circuits.mib import circuit_json
 from ...models.adapter import ModelAdapter
 from ...report import circuit as fig
 from ...stats import resample_indices
@@ -61,17 +66,41 @@ CHOOSE_AT = 0.8  # the default chosen size: the smallest swept size whose faithf
 
 
 # -- the task's pairs ---------------------------------------------------------------------------------
-def task_pairs(task: str, limit: int, seed: int, ablation: str, two_digit: bool = True) -> list[T.TaskPair]:
+def task_pairs(
+    task: str,
+    limit: int,
+    seed: int,
+    ablation: str,
+    two_digit: bool = True,
+    mib_task: str | None = None,
+    n_tokens: Any = None,
+) -> list[T.TaskPair]:
     """The pairs of ``task`` (a built-in generator or a CSV file), at most ``limit``. A CSV without a
     ``corrupt`` column serves mean and zero ablation (its corrupted prompt is the clean one, unused);
-    ``patch`` needs corrupted prompts."""
+    ``patch`` needs corrupted prompts. ``mib_task``: ``task`` is a MIB task file of that task
+    (:mod:`streetlamp.interventions.circuits.mib`; ``n_tokens`` applies MIB's token filter)."""
+    if mib_task is not None:
+        from ...interventions.circuits.mib import read_task
+
+        return read_task(task, mib_task, n_tokens)[0][:limit]
     if task in T.TASKS:
         if task == "greater-than":
             return T.greater_than(limit, seed, two_digit=two_digit)
+        if task.startswith("arithmetic-"):
+            keep = None
+            if n_tokens is not None:
+
+                def keep(p: T.TaskPair) -> bool:  # MIB's filter (one-token results), and equal prompt lengths
+                    return n_tokens(p.answer) == 1 == n_tokens(p.wrong) and n_tokens(p.clean) == n_tokens(p.corrupt)
+
+            op = "-" if task.endswith("subtraction") else "+"
+            return T.arithmetic(limit, seed, op, 2 if two_digit else 1, keep)
+        if task == "mcqa":
+            return T.mcqa(limit, seed)
         return T.ioi(limit, seed) if task == "ioi" else T.induction(limit, seed)
     p = Path(task)
     if p.suffix.lower() != ".csv":
-        raise StreetlampError(f"unknown task {task!r}; choose ioi, greater-than, induction or a .csv file of pairs")
+        raise StreetlampError(f"unknown task {task!r}; choose {', '.join(T.TASKS)} or a .csv file of pairs")
     if not p.is_file():
         raise StreetlampError(f"task file {p} does not exist")
     try:
@@ -104,7 +133,10 @@ def _two_digit(adapter: ModelAdapter) -> bool:
 
 
 def pairs_for(adapter: ModelAdapter, s: CircuitSettings) -> list[T.TaskPair]:
-    return task_pairs(s.task, s.limit, s.seed, s.ablation, two_digit=_two_digit(adapter))
+    def n_tokens(text: str) -> int:
+        return len(adapter.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    return task_pairs(s.task, s.limit, s.seed, s.ablation, _two_digit(adapter), s.mib_task, n_tokens)
 
 
 def encoded_pairs(adapter: ModelAdapter, s: CircuitSettings) -> T.PairSet:
@@ -170,38 +202,42 @@ def edge_intervals(graph: Graph, per_prompt: torch.Tensor, n_boot: int, seed: in
     return lo, hi
 
 
-def mib_name(node: str) -> str:
-    if node == "embed":
-        return "input"
-    if node == "logits":
-        return "logits"
-    layer, rest = node.split(".")
-    return f"m{layer[1:]}" if rest == "MLP" else f"a{layer[1:]}.h{rest[1:]}"
+AREAS_FILE = {
+    "mib": "MIB's CPR and CMD per method, in MIB's units (MIB_circuit_track/evaluation.py, "
+    "evaluate_area_under_curve, as print_results.py reads it): trapezoids on the raw fraction axis over its ten "
+    "sizes 0.001..1 of int(fraction x n_edges) edges, pruned; cpr = area under f with edges ranked by signed "
+    "score (most helpful first; f may exceed 1; f = 1 everywhere gives 0.999), cmd = area under |1 - f| with "
+    "edges ranked by |score| (0 is optimal); 95% bootstrap intervals over prompts; random_* the same formula for "
+    "random circuits (mean over the draws); n_edges_graph / n_edges_mib: this graph's edge count and MIB's "
+    "(a grouped k/v edge once per query head)",
+    "sweep": "per method, the raw-axis areas of MIB's formula over the swept sizes (not MIB's ten, so not its "
+    "CPR/CMD): area_under (f, signed ranking) and area_from_1 (|1 - f|, |score| ranking), 95% bootstrap "
+    "intervals, the random baseline's",
+}
 
 
-def mib_json(graph: Graph, scores: torch.Tensor, mask: torch.Tensor, d_model: int) -> dict:
-    """The circuit ``mask`` (``[R, U]`` bool) with its ``scores`` in MIB's edge-dict format."""
-    edges: dict[str, dict] = {}
-    s = scores.detach().double().cpu().numpy()
-    m = mask.cpu().numpy()
-    for i, j in zip(*graph.edge_index()):
-        rd = graph.readers[i]
-        src = mib_name(graph.writers[j])
-        if rd.input in ("q", "k", "v"):
-            heads = [graph.writers[o] for o in rd.owners]  # a key/value group: every head that shares it
-            for h in heads:
-                edges[f"{src}->{mib_name(h)}<{rd.input}>"] = {"score": float(s[i, j]), "in_graph": bool(m[i, j])}
-        else:
-            edges[f"{src}->{mib_name(rd.node)}"] = {"score": float(s[i, j]), "in_graph": bool(m[i, j])}
-    used = {"input", "logits"}
-    for name, e in edges.items():
-        if e["in_graph"]:
-            a, b = name.split("->")
-            used |= {a, b.split("<")[0]}
-    nodes = {mib_name(w): {"in_graph": mib_name(w) in used} for w in graph.writers}
-    nodes["logits"] = {"in_graph": True}
-    cfg = {"n_layers": graph.n_layers, "n_heads": graph.n_heads, "parallel_attn_mlp": False, "d_model": d_model}
-    return {"cfg": cfg, "nodes": nodes, "edges": edges}
+def area_row(name: str, sm: dict) -> dict:
+    """One method's row of ``areas.csv`` (column names from the sweep's area names)."""
+    a0, a1 = F.area_names(sm["areas"])
+    row: dict[str, Any] = {"method": name, "ablation": sm["ablation"], "metric": sm["metric"]}
+    for k in (a0, a1, f"random_{a0}", f"random_{a1}"):
+        row |= {k: sm[k], f"{k}_ci_low": sm[f"{k}_ci"][0], f"{k}_ci_high": sm[f"{k}_ci"][1]}
+    keep = ("m_full", "m_empty", "n_prompts", "n_boot", "n_edges_graph", "n_edges_mib")
+    return row | {k: sm[k] for k in keep}
+
+
+def area_line(name: str, sm: dict) -> str:
+    a0, a1 = F.area_names(sm["areas"])
+    label = (
+        ("CPR", "CMD", "MIB's units, ten sizes")
+        if sm["areas"] == "mib"
+        else ("area under f", "area from 1", "raw axis over the swept sizes: not MIB's CPR/CMD")
+    )
+    return (
+        f"{name}: {label[0]} {sm[a0]:.3f} [{sm[a0 + '_ci'][0]:.3f}, {sm[a0 + '_ci'][1]:.3f}], {label[1]} "
+        f"{sm[a1]:.3f} [{sm[a1 + '_ci'][0]:.3f}, {sm[a1 + '_ci'][1]:.3f}] (random {sm['random_' + a0]:.3f} / "
+        f"{sm['random_' + a1]:.3f}; {label[2]}; 95% bootstrap)"
+    )
 
 
 def choose_size(table: Any, size: float | None) -> float:
@@ -250,11 +286,7 @@ class CircuitResult:
             f"metric {self.metric}: m(model) {s0['m_full']:.4g}, m(empty circuit) {s0['m_empty']:.4g}"
         ]
         for name, r in self.methods.items():
-            s = r.sweep.summary
-            out.append(
-                f"{name}: CPR {s['cpr']:.3f} [{s['cpr_ci'][0]:.3f}, {s['cpr_ci'][1]:.3f}], CMD {s['cmd']:.3f} "
-                f"[{s['cmd_ci'][0]:.3f}, {s['cmd_ci'][1]:.3f}] (random CPR {s['random_cpr']:.3f}; 95% bootstrap)"
-            )
+            out.append(area_line(name, r.sweep.summary))
         for name, r in self.methods.items():
             row = r.row
             out.append(
@@ -292,6 +324,16 @@ def joined_nodes(graph: Graph, mask: torch.Tensor) -> list[str]:
         rd = graph.readers[i]
         names |= {graph.writers[o] for o in rd.owners}
     return [w for w in graph.writers if w in names and w != "embed"]
+
+
+BOOTSEL_STAGE = 3000  # + i: method i's sweep of bootstrapped selection
+
+
+def _renamed(sw: F.Sweep, name: str) -> F.Sweep:
+    t: Any = sw.table
+    t["method"] = name
+    sw.summary["method"] = name
+    return sw
 
 
 PATHS_STAGE = 1000  # the checkpoint chunk of paths.csv (methods use 2i and 2i + 1)
@@ -357,6 +399,12 @@ def run_circuit(
 
             def score(name: str = name) -> S.EdgeScores:
                 rows = rows_of(s.batch_size, pairs, 16)
+                if name == "file":  # --circuit-file: one score per edge, the same for every prompt
+                    from ...interventions.circuits.mib import read_circuit
+
+                    assert s.circuit_file is not None
+                    fs = read_circuit(s.circuit_file, g, adapter.d_model)[0]
+                    return S.EdgeScores("file", fs[None].repeat(len(pairs), 1, 1), s.ablation, s.metric)
                 if place is not None:
                     return ray_edge_scores(place, ck.store, pairs, name, s.ablation, s.metric, s.steps, rows)
                 return edge_scores(blocks, pairs, name, s.ablation, s.metric, s.steps, rows)
@@ -371,7 +419,8 @@ def run_circuit(
             sw = R.cached(
                 ck, 2 * i + 1,
                 lambda: F.sweep(
-                    blocks, pairs, sc, sizes, s.random, s.bootstrap, LEVEL, s.seed, rows_of(s.batch_size, pairs, 32)
+                    blocks, pairs, sc, sizes, s.random, s.bootstrap, LEVEL, s.seed, rows_of(s.batch_size, pairs, 32),
+                    areas_mode=s.areas_mode(),
                 ),
                 lambda v: (
                     {"stage": f"sweep {name}", "table": v.table.to_dict("list"), "summary": v.summary},
@@ -393,27 +442,27 @@ def run_circuit(
             methods[name] = MethodResult(sc, sw, mask, inc, table.iloc[j].to_dict(), lo, hi)
             tables.append(table)
             sm = sw.summary
-            areas.append(
-                {
-                    "method": name,
-                    "ablation": sm["ablation"],
-                    "metric": sm["metric"],
-                    "cpr": sm["cpr"],
-                    "cpr_ci_low": sm["cpr_ci"][0],
-                    "cpr_ci_high": sm["cpr_ci"][1],
-                    "cmd": sm["cmd"],
-                    "cmd_ci_low": sm["cmd_ci"][0],
-                    "cmd_ci_high": sm["cmd_ci"][1],
-                    "random_cpr": sm["random_cpr"],
-                    "m_full": sm["m_full"],
-                    "m_empty": sm["m_empty"],
-                    "n_prompts": sm["n_prompts"],
-                    "n_boot": sm["n_boot"],
-                }
-            )
+            areas.append(area_row(name, sm))
             edges.append(
                 g.edges_table(sc.mean, name, ci_low=lo, ci_high=hi, inclusion=inc.numpy(), in_circuit=mask.numpy())
             )
+            if s.bootstrap_selection:  # the same scores, circuits chosen by bootstrapped inclusion (faithfulness.py)
+                bname = f"{name}:bootstrapped"
+                bs = R.cached(
+                    ck, BOOTSEL_STAGE + i,
+                    lambda sc=sc, bname=bname: _renamed(
+                        F.sweep(
+                            blocks, pairs, sc, sizes, 0, s.bootstrap, LEVEL, s.seed, rows_of(s.batch_size, pairs, 32),
+                            areas_mode=s.areas_mode(), select=F.BootstrapSelection(g, sc, s.bootstrap, s.seed),
+                        ),
+                        bname,
+                    ),
+                    lambda v: ({"stage": f"sweep {v.summary['method']}", "table": v.table.to_dict("list"),
+                                "summary": v.summary}, {}),
+                    lambda rec, arr: F.Sweep(pd.DataFrame(rec["table"]), rec["summary"], []),
+                )  # fmt: skip
+                tables.append(bs.table)
+                areas.append(area_row(bname, bs.summary))
     assert chosen is not None
     stab_rows: list[dict] = []
     stab_lines: list[str] = []
@@ -421,7 +470,12 @@ def run_circuit(
     if s.resample:  # error bars that re-discover the circuit on every resample (interventions/circuits/resampling.py)
         from ...interventions.circuits.resampling import stability
 
-        axis_stages = {stability_stage(i, axis): (name, axis) for i, name in enumerate(methods) for axis in s.resample}
+        axis_stages = {  # a --circuit-file's scores are fixed: nothing to re-discover on a resample
+            stability_stage(i, axis): (name, axis)
+            for i, name in enumerate(methods)
+            for axis in s.resample
+            if name != "file"
+        }
         if place is not None:  # the axes the checkpoint lacks, on the actors, each checkpointed as it arrives
             job = StabilityJob(
                 s.task, raw, pairs, s.ablation, s.metric, s.steps, sizes, s.resamples, s.seed, chosen, s.batch_size,
@@ -480,7 +534,7 @@ def run_circuit(
             "its 95% bootstrap interval, inclusion frequency and membership at the chosen size",
             "faithfulness.csv": "faithfulness f(C) = (m(C) - m(empty)) / (m(model) - m(empty)) per method and size, "
             "95% bootstrap interval over prompts, random-circuit baseline",
-            "areas.csv": "CPR (area under f) and CMD (area between f and 1) per method, with intervals",
+            "areas.csv": AREAS_FILE[s.areas_mode()],
             "pairs.csv": "the clean / corrupted prompts, answers and templates used",
         }
         if res.paths is not None:
@@ -497,7 +551,7 @@ def run_circuit(
             )
         for name, r in methods.items():
             (w.path / f"circuit.{name}.json").write_text(
-                json.dumps(mib_json(g, r.scores.mean, r.mask, adapter.d_model))
+                json.dumps(circuit_json(g, r.scores.mean, r.mask, adapter.d_model))
             )
             files[f"circuit.{name}.json"] = f"the {name} circuit at size {chosen:g} in MIB's edge-dict format"
         view = V.add_view(w, adapter, g, pairs, methods, sizes, res.paths)
@@ -513,6 +567,7 @@ def run_circuit(
                 "methods": list(s.methods),
                 "parameters": {
                     "sizes": sizes,
+                    "areas": s.areas_mode(),
                     "size": chosen,
                     "ablation": s.ablation,
                     "metric": s.metric,

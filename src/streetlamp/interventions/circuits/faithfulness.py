@@ -1,14 +1,31 @@
 """Circuits and their faithfulness (MIB, Mueller et al. 2025).
 
-* **Circuit at size k**: the k edges with the largest absolute score (ties: graph order), pruned to
-  what connects the input to the logits: an edge stays when its source is reachable from ``embed``
-  through circuit edges and its reader feeds a node from which the logits are reachable.
+* **Circuit at size k**: the k edges first in a ranking (ties: graph order), pruned to what connects the
+  input to the logits: an edge stays when its source is reachable from ``embed`` through circuit edges
+  and its reader feeds a node from which the logits are reachable. This is the fixed point that MIB's
+  ``Graph.prune`` reaches (it drops nodes without an incoming or outgoing edge, then edges without both
+  ends, until nothing changes): in a DAG a node keeps both only when it lies on an input-to-logits path.
+  Two rankings, as MIB's ``apply_topn(n, absolute)``: by ``|score|`` (``signed=False``) or by
+  *signed* contribution, the most helpful first (``signed=True``). A score here is
+  ``m(edge ablated) - m(model)`` (negative: the edge carries the behaviour), MIB's is the opposite sign
+  (its attribution metric is the loss ``-m``), so the signed ranking puts the most negative first.
+* **Size**: ``k = int(fraction * n_edges)`` (:func:`n_at`, MIB's ``int(pct * n_scored_items)``) before
+  pruning. ``n_edges`` counts this graph's edges: with grouped-query attention a key/value group's k or v
+  input is one edge per writer here and one per query head in MIB's graph (which ungroups the heads), so
+  the two counts differ there (:func:`mib_edge_count`); without grouping they are equal.
 * **Faithfulness** ``f(C) = (m(C) - m(∅)) / (m(M) - m(∅))``, each ``m`` the metric averaged over the
   prompts, with every edge outside C ablated (its reader fed ``z̃_u``: the corrupted run's output for
   ``patch``, a mean or zero). ``m(M)``: every edge present (the clean run); ``m(∅)``: none.
-* **Sweep**: f at every size fraction (of all edges); **CPR** = area under f and **CMD** = area between
-  f and 1 (``|1 - f|``), trapezoids over the swept fractions divided by the width of the sweep (so f = 1
-  everywhere gives CPR 1, CMD 0); the random baseline: circuits of k random edges, pruned the same way.
+* **Sweep and areas, MIB's** (``MIB_circuit_track/evaluation.py: evaluate_area_under_curve``, read by
+  ``print_results.py``): f at the ten sizes :data:`MIB_FRACTIONS` (0.1 % .. 50 % and 100 %), trapezoids on
+  the raw fraction axis, no division by the sweep's width (:func:`areas`). **CPR** = area under f of the
+  circuits ranked by signed score (f may exceed 1; higher is better; f = 1 everywhere gives 0.999),
+  **CMD** = area under ``|1 - f|`` of the circuits ranked by ``|score|`` (0 is optimal). Other sweeps
+  (``areas="sweep"``) integrate the same way over the swept sizes and are named ``area_under`` (signed
+  ranking) and ``area_from_1`` (``|score|`` ranking), MIB's names for the raw numbers, never CPR/CMD. The
+  100 % circuit is the model (every edge; nothing pruned): its f is 1 with no masked forward. The random
+  baseline: circuits of k random edges (a random ranking, signed or not), pruned the same way, scored
+  by the same formula draw by draw and averaged.
 * **Intervals**: bootstrap over prompts (:func:`streetlamp.stats.resample_indices`) with the circuits
   fixed (found on all prompts): f, CPR and CMD recomputed on every resample. **Inclusion frequency**:
   the share of resamples whose top-k circuit (scores averaged over the resampled prompts) holds the edge.
@@ -16,7 +33,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,6 +47,50 @@ from .graph import Graph
 from .scores import EdgeScores, ablation_values, metric_values
 from .tasks import PairSet
 
+MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # evaluation.py's percentages
+AREAS = ("mib", "sweep")
+
+
+def n_at(fraction: float, n_edges: int) -> int:
+    """The edges taken before pruning at ``fraction``: ``int(fraction * n_edges)`` (MIB's arithmetic)."""
+    return int(float(fraction) * n_edges)
+
+
+def mib_edge_count(graph: Graph) -> int:
+    """The edges of MIB's graph for this model: a grouped k or v edge counts once per query head."""
+    r, _ = graph.edge_index()
+    return int(sum(len(graph.readers[i].owners) if graph.readers[i].input in ("k", "v") else 1 for i in r))
+
+
+def check_areas(mode: str, fractions: list[float] | np.ndarray) -> None:
+    """``mib`` needs every one of MIB's ten sizes among ``fractions`` (its areas are over exactly those)."""
+    if mode not in AREAS:
+        raise StreetlampError(f"unknown areas {mode!r}; choose from {', '.join(AREAS)}")
+    if mode != "mib":
+        return
+    f = np.asarray(fractions, np.float64).reshape(-1)
+    missing = [x for x in MIB_FRACTIONS if not np.isclose(f, x, rtol=0, atol=1e-12).any()]
+    if 1.0 in missing:
+        raise StreetlampError(
+            "MIB's areas integrate up to 100% of the edges: add 1.0 to --sizes (MIB's ten sizes are "
+            "0.001,0.002,0.005,0.01,0.02,0.05,0.1,0.2,0.5,1), or pass --areas sweep"
+        )
+    if missing:
+        raise StreetlampError(
+            f"MIB's areas need its ten sizes; --sizes lacks {','.join(f'{x:g}' for x in missing)} (or pass --areas sweep)"
+        )
+
+
+def default_areas(fractions: list[float] | np.ndarray) -> str:
+    """``mib`` when ``fractions`` hold MIB's ten sizes, else ``sweep``."""
+    f = np.asarray(fractions, np.float64).reshape(-1)
+    return "mib" if all(np.isclose(f, x, rtol=0, atol=1e-12).any() for x in MIB_FRACTIONS) else "sweep"
+
+
+def mib_subset(fractions: np.ndarray) -> np.ndarray:
+    """Indices of MIB's ten sizes in the sorted ``fractions``."""
+    return np.array([int(np.flatnonzero(np.isclose(fractions, x, rtol=0, atol=1e-12))[0]) for x in MIB_FRACTIONS])
+
 
 def check_fractions(fractions: list[float] | np.ndarray) -> np.ndarray:
     f = np.asarray(fractions, np.float64).reshape(-1)
@@ -40,11 +102,14 @@ def check_fractions(fractions: list[float] | np.ndarray) -> np.ndarray:
     return np.sort(f)
 
 
-def top_k(graph: Graph, scores: torch.Tensor, k: int) -> torch.Tensor:
-    """``[R, U]`` bool: the k valid edges with the largest |score| (NaN scores last; ties in graph order)."""
+def top_k(graph: Graph, scores: torch.Tensor, k: int, signed: bool = False) -> torch.Tensor:
+    """``[R, U]`` bool: the k valid edges with the largest |score|, or with ``signed`` the k most negative
+    scores (the most helpful: see the module docstring); NaN scores last, ties in graph order."""
     r, w = graph.edge_index()
-    s = np.abs(np.nan_to_num(scores.detach().double().cpu().numpy()[r, w], nan=-1.0))
-    order = np.argsort(-s, kind="stable")[: max(0, min(k, len(r)))]
+    v = scores.detach().double().cpu().numpy()[r, w]
+    key = -v if signed else np.abs(v)
+    key = np.where(np.isnan(key), -np.inf, key)
+    order = np.argsort(-key, kind="stable")[: max(0, min(k, len(r)))]
     m = torch.zeros(graph.n_readers, graph.n_writers, dtype=torch.bool)
     m[r[order], w[order]] = True
     return m
@@ -73,9 +138,9 @@ def prune(graph: Graph, mask: torch.Tensor) -> torch.Tensor:
     return m & keep
 
 
-def circuit(graph: Graph, scores: torch.Tensor, k: int) -> torch.Tensor:
-    """The top-k circuit, pruned (``[R, U]`` bool)."""
-    return prune(graph, top_k(graph, scores, k))
+def circuit(graph: Graph, scores: torch.Tensor, k: int, signed: bool = False) -> torch.Tensor:
+    """The top-k circuit, pruned (``[R, U]`` bool); ``signed``: ranked by signed contribution."""
+    return prune(graph, top_k(graph, scores, k, signed))
 
 
 def random_circuit(graph: Graph, k: int, rng: np.random.Generator) -> torch.Tensor:
@@ -145,23 +210,60 @@ def faithfulness(m_c: np.ndarray, m_empty: np.ndarray, m_full: np.ndarray) -> np
 
 
 def areas(fractions: np.ndarray, f: np.ndarray) -> tuple[float, float]:
-    """(CPR, CMD) of a faithfulness curve over ``fractions`` (trapezoids over the sweep's width; one
-    size: f and |1 - f| there)."""
+    """(area under f, area under ``|1 - f|``) of a curve over ``fractions``: MIB's trapezoids on the raw
+    fraction axis, no division by the width (one size: 0, 0, as MIB's loop adds nothing). MIB's CPR is the
+    first of the signed-ranked curve over :data:`MIB_FRACTIONS`, its CMD the second of the |score|-ranked
+    one (:func:`mib_areas`)."""
     x = np.asarray(fractions, np.float64)
     f = np.asarray(f, np.float64)
-    if x.size == 1:
-        return float(f[0]), float(abs(1 - f[0]))
-    width = x[-1] - x[0]
-    return float(np.trapezoid(f, x) / width), float(np.trapezoid(np.abs(1 - f), x) / width)
+    dx = np.diff(x)
+    under = float(np.sum(dx * (f[:-1] + f[1:]) / 2))
+    d = np.abs(1.0 - f)
+    return under, float(np.sum(dx * (d[:-1] + d[1:]) / 2))
+
+
+def mib_areas(fractions: np.ndarray, f_signed: np.ndarray, f_abs: np.ndarray) -> tuple[float, float]:
+    """MIB's (CPR, CMD) from the two curves over ``fractions`` (which hold MIB's ten sizes; others ignored)."""
+    x = np.asarray(fractions, np.float64)
+    j = mib_subset(x)
+    return areas(x[j], np.asarray(f_signed)[j])[0], areas(x[j], np.asarray(f_abs)[j])[1]
+
+
+def _area_pair(x: np.ndarray, mode: str, f_signed: np.ndarray, f_abs: np.ndarray) -> tuple[float, float]:
+    if mode == "mib":
+        return mib_areas(x, f_signed, f_abs)
+    return areas(x, f_signed)[0], areas(x, f_abs)[1]
+
+
+def area_names(mode: str) -> tuple[str, str]:
+    """The names of the two areas: MIB's ``cpr``/``cmd`` over its ten sizes, else MIB's raw ``area_under``
+    (signed ranking) and ``area_from_1`` (|score| ranking) over the swept sizes."""
+    return ("cpr", "cmd") if mode == "mib" else ("area_under", "area_from_1")
 
 
 @dataclass
 class Sweep:
-    """A faithfulness sweep: one row per size (``table``), CPR / CMD with intervals (``summary``)."""
+    """A faithfulness sweep: one row per size (``table``), the two areas with intervals (``summary``;
+    keys from :func:`area_names`), the |score|-ranked circuits (``masks``) and the signed ones."""
 
     table: object  # pandas DataFrame
     summary: dict
     masks: list[torch.Tensor]
+    signed_masks: list[torch.Tensor] = field(default_factory=list)
+
+
+def _unique(masks: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[int]]:
+    """Distinct edge sets and each input's position among them (one masked forward per distinct set)."""
+    keys: dict[bytes, int] = {}
+    uniq: list[torch.Tensor] = []
+    where = []
+    for m in masks:
+        k = np.packbits(m.numpy()).tobytes()
+        if k not in keys:
+            keys[k] = len(uniq)
+            uniq.append(m)
+        where.append(keys[k])
+    return uniq, where
 
 
 def sweep(
@@ -175,35 +277,51 @@ def sweep(
     seed: int = 0,
     batch_size: int = 32,
     ablation: str | None = None,
+    areas_mode: str | None = None,
+    select: Any = None,
 ) -> Sweep:
-    """f over ``fractions`` for the circuits of ``scores`` and for random circuits, with bootstrap
-    intervals; ablation and metric are the scores' unless ``ablation`` is given."""
+    """f over ``fractions`` for the circuits of ``scores`` ranked by |score| and by signed score, and for
+    random circuits, with bootstrap intervals and the two areas (``areas_mode``: ``mib`` needs MIB's ten
+    sizes, :func:`check_areas`; default :func:`default_areas`); ablation and metric are the scores' unless ``ablation`` is given. Each
+    distinct edge set runs once: the 100 % circuit is the model's own run (f = 1 exactly), an empty one
+    (``int(fraction * n_edges)`` = 0) the empty circuit's. ``select(k, signed)``: the circuit at size k
+    (default the pruned top k; :class:`BootstrapSelection` for bootstrapped selection)."""
     import pandas as pd
 
     x = check_fractions(fractions)
+    areas_mode = areas_mode or default_areas(x)
+    check_areas(areas_mode, x)
     g = blocks.graph
     ab = ablation or scores.ablation
     E = g.n_edges
-    ks = [max(1, int(round(fr * E))) for fr in x]
-    masks = [circuit(g, scores.mean, k) for k in ks]
+    ks = [n_at(fr, E) for fr in x]
+    if select is None:  # a circuit per size: the top k by the ranking, pruned (or a selector's, e.g. bootstrapped)
+
+        def select(k: int, signed: bool = False) -> torch.Tensor:
+            return circuit(g, scores.mean, k, signed)
+
+    masks = [select(k) for k in ks]
+    signed = [select(k, True) for k in ks]
     rng = np.random.default_rng(seed)
     rand = [[random_circuit(g, k, rng) for _ in range(n_random)] for k in ks]
     full, empty = g.valid(), torch.zeros_like(g.valid())
-    allm = [full, empty] + masks + [m for ms in rand for m in ms]
-    mv = circuit_metrics(blocks, pairs, allm, ab, scores.metric, batch_size)
-    m_full, m_empty, m_c = mv[0], mv[1], mv[2 : 2 + len(ks)]
-    m_r = mv[2 + len(ks) :].reshape(len(ks), n_random, len(pairs)) if n_random else None
-    f = faithfulness(m_c, m_empty, m_full)
-    fr = faithfulness(m_r, m_empty, m_full).mean(1) if m_r is not None else np.full(len(ks), np.nan)
+    uniq, where = _unique([full, empty] + masks + signed + [m for ms in rand for m in ms])
+    mu = circuit_metrics(blocks, pairs, uniq, ab, scores.metric, batch_size)
+    mv = mu[where]
+    m_full, m_empty = mv[0], mv[1]
+    S_ = len(ks)
+    m_c, m_s = mv[2 : 2 + S_], mv[2 + S_ : 2 + 2 * S_]
+    m_r = mv[2 + 2 * S_ :].reshape(S_, n_random, len(pairs))
+    f, fs = faithfulness(m_c, m_empty, m_full), faithfulness(m_s, m_empty, m_full)
+    fr = faithfulness(m_r, m_empty, m_full)  # [sizes, draws]
     idx = resample_indices(len(pairs), n_boot, seed)
     fb = np.stack([faithfulness(m_c[:, i], m_empty[i], m_full[i]) for i in idx])  # [boot, sizes]
-    frb = (
-        np.stack([faithfulness(m_r[..., i], m_empty[i], m_full[i]).mean(1) for i in idx])
-        if m_r is not None
-        else np.full_like(fb, np.nan)
-    )
-    ci = np.array([percentile_interval(fb[:, j], level) for j in range(len(ks))])
-    rci = np.array([percentile_interval(frb[:, j], level) for j in range(len(ks))])
+    fsb = np.stack([faithfulness(m_s[:, i], m_empty[i], m_full[i]) for i in idx])
+    frb = np.stack([faithfulness(m_r[..., i], m_empty[i], m_full[i]) for i in idx])  # [boot, sizes, draws]
+    ci = np.array([percentile_interval(fb[:, j], level) for j in range(S_)])
+    sci = np.array([percentile_interval(fsb[:, j], level) for j in range(S_)])
+    nan2 = (float("nan"), float("nan"))
+    rci = np.array([percentile_interval(frb[:, j].mean(-1), level) if n_random else nan2 for j in range(S_)])
     table = pd.DataFrame(
         {
             "method": scores.method,
@@ -215,29 +333,50 @@ def sweep(
             "faithfulness": f,
             "ci_low": ci[:, 0],
             "ci_high": ci[:, 1],
-            "random_faithfulness": fr,
+            "n_edges_signed": [int(m.sum()) for m in signed],
+            "faithfulness_signed": fs,
+            "signed_ci_low": sci[:, 0],
+            "signed_ci_high": sci[:, 1],
+            "random_faithfulness": fr.mean(1) if n_random else np.full(S_, np.nan),
             "random_ci_low": rci[:, 0],
             "random_ci_high": rci[:, 1],
         }
     )
-    cpr, cmd = areas(x, f)
-    boot = np.array([areas(x, b) for b in fb])
+
+    def rand_areas(frs: np.ndarray) -> tuple[float, float]:  # [sizes, draws]: each draw scored, then averaged
+        if not n_random:
+            return nan2
+        a = np.array([_area_pair(x, areas_mode, frs[:, d], frs[:, d]) for d in range(n_random)])
+        return float(a[:, 0].mean()), float(a[:, 1].mean())
+
+    a0, a1 = area_names(areas_mode)
+    one, two = _area_pair(x, areas_mode, fs, f)
+    boot = np.array([_area_pair(x, areas_mode, s_, b) for s_, b in zip(fsb, fb)])
+    rnd = rand_areas(fr)
+    rboot = np.array([rand_areas(b) for b in frb])
     summary = {
         "method": scores.method,
         "ablation": ab,
         "metric": scores.metric,
-        "cpr": cpr,
-        "cpr_ci": percentile_interval(boot[:, 0], level),
-        "cmd": cmd,
-        "cmd_ci": percentile_interval(boot[:, 1], level),
-        "random_cpr": areas(x, fr)[0],
+        "areas": areas_mode,
+        a0: one,
+        f"{a0}_ci": percentile_interval(boot[:, 0], level),
+        a1: two,
+        f"{a1}_ci": percentile_interval(boot[:, 1], level),
+        f"random_{a0}": rnd[0],
+        f"random_{a0}_ci": percentile_interval(rboot[:, 0], level) if n_random else nan2,
+        f"random_{a1}": rnd[1],
+        f"random_{a1}_ci": percentile_interval(rboot[:, 1], level) if n_random else nan2,
         "m_full": float(m_full.mean()),
         "m_empty": float(m_empty.mean()),
         "n_prompts": len(pairs),
         "n_boot": n_boot,
         "level": level,
+        "n_edges_graph": E,
+        "n_edges_mib": mib_edge_count(g),
+        "masked_circuits": sum(1 for m in uniq if bool(m.any()) and not torch.equal(m, full)),
     }
-    return Sweep(table, summary, masks)
+    return Sweep(table, summary, masks, signed)
 
 
 def inclusion_frequency(
@@ -251,6 +390,44 @@ def inclusion_frequency(
         s = per[torch.as_tensor(i)].mean(0)
         acc += (circuit(graph, s, k) if pruned else top_k(graph, s, k)).double()
     return acc / len(idx)
+
+
+class BootstrapSelection:
+    """Bootstrapped edge selection (Nikankin et al. 2025, arXiv 2510.25786, MIB shared task): an edge is
+    chosen by how often it is among the top k over bootstrap resamples of the prompts, not by one run's
+    score. Each resample's scores are the mean of its prompts' per-prompt scores (no forward); at size k
+    the circuit is the k edges of highest **inclusion frequency** (the share of resamples whose unpruned
+    top k, by the same ranking, holds the edge; ties by the all-data ranking), then pruned like
+    :func:`circuit`. ``signed``: the signed ranking (CPR's), else |score| (CMD's)."""
+
+    def __init__(self, graph: Graph, scores: EdgeScores, n_boot: int = 200, seed: int = 0) -> None:
+        per = scores.per_prompt.sum(1) if scores.per_prompt.dim() == 4 else scores.per_prompt
+        r, w = graph.edge_index()
+        v = per.double().cpu().numpy()[:, r, w]  # [n, E]
+        idx = resample_indices(v.shape[0], n_boot, seed)
+        self.graph, self.r, self.w = graph, r, w
+        self.mean = np.nan_to_num(v.mean(0), nan=0.0)
+        self.ranks: dict[bool, np.ndarray] = {}
+        for signed in (False, True):
+            rk = np.empty((len(idx), v.shape[1]), np.int32)
+            for b, i in enumerate(idx):
+                m = np.nan_to_num(v[i].mean(0), nan=0.0)
+                key = -m if signed else np.abs(m)
+                order = np.argsort(-key, kind="stable")
+                rk[b, order] = np.arange(len(order), dtype=np.int32)
+            self.ranks[signed] = rk
+
+    def inclusion(self, k: int, signed: bool = False) -> np.ndarray:
+        """``[E]``: the share of resamples whose unpruned top k holds each edge (edge_index order)."""
+        return (self.ranks[signed] < k).mean(0)
+
+    def __call__(self, k: int, signed: bool = False) -> torch.Tensor:
+        inc = self.inclusion(k, signed)
+        tie = -self.mean if signed else np.abs(self.mean)
+        order = np.lexsort((-tie, -inc))[: max(0, min(k, len(inc)))]  # inclusion first, then the ranking
+        m = torch.zeros(self.graph.n_readers, self.graph.n_writers, dtype=torch.bool)
+        m[self.r[order], self.w[order]] = True
+        return prune(self.graph, m)
 
 
 def precision_recall(found: torch.Tensor, truth: torch.Tensor) -> tuple[float, float]:

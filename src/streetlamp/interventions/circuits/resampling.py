@@ -14,7 +14,10 @@ faithfulness on the resample, so the intervals hold the whole pipeline's varianc
   Only for ``patch`` ablation (mean and zero never read the corrupted prompts).
 
 Per axis and size: f of each resample's circuit, its percentile interval
-(:func:`streetlamp.stats.percentile_interval`), CPR and CMD per resample and their intervals; at the
+(:func:`streetlamp.stats.percentile_interval`), per resample the two raw-axis areas of its |score|-ranked
+curve (:func:`.faithfulness.areas`: ``area_under`` and ``area_from_1``, MIB's CMD when the sizes are
+MIB's ten; MIB's CPR ranks by signed score, which the resamples do not, so it is not named) and their
+intervals; at the
 chosen size, each edge's **inclusion frequency** (the share of resamples whose circuit holds it) and the
 **Jaccard index** ``|A ∩ B| / |A ∪ B|`` of each resampled circuit with the all-data circuit.
 
@@ -39,7 +42,7 @@ from ...errors import StreetlampError
 from ...models.adapter import ModelAdapter
 from ...stats import percentile_interval, resample_indices
 from .blocks import Blocks
-from .faithfulness import areas, check_fractions, circuit, circuit_metrics, faithfulness
+from .faithfulness import areas, check_fractions, circuit, circuit_metrics, faithfulness, n_at
 from .scores import EdgeScores
 from .tasks import PairSet, TaskPair, encode_pairs, resample_corrupt
 
@@ -130,14 +133,14 @@ def verdict(jaccard_mean: float, f_width: float) -> tuple[bool, str]:
 
 @dataclass
 class Resampled:
-    """One axis's resamples: ``f`` ``[n, sizes]``, ``cpr``/``cmd`` ``[n]``, ``jaccard`` ``[n, sizes]``,
+    """One axis's resamples: ``f`` ``[n, sizes]``, ``area_under``/``area_from_1`` ``[n]``, ``jaccard`` ``[n, sizes]``,
     ``inclusion`` ``[R, U]`` at the chosen size, ``table`` (one row per size), ``summary``."""
 
     axis: str
     fractions: np.ndarray
     f: np.ndarray
-    cpr: np.ndarray
-    cmd: np.ndarray
+    area_under: np.ndarray
+    area_from_1: np.ndarray
     jaccard: np.ndarray
     inclusion: torch.Tensor
     table: object  # pandas DataFrame
@@ -174,7 +177,7 @@ def resample(
         raise StreetlampError(f"the chosen size {at:g} is not one of the swept sizes")
     ja = int(np.flatnonzero(np.isclose(x, at))[0])
     g, ab, metric = blocks.graph, scores.ablation, scores.metric
-    ks = [max(1, int(round(fr * g.n_edges))) for fr in x]
+    ks = [n_at(fr, g.n_edges) for fr in x]
     per = scores.per_prompt.sum(1) if scores.per_prompt.dim() == 4 else scores.per_prompt
     base = [circuit(g, scores.mean, k) for k in ks]
     full, empty = g.valid(), torch.zeros_like(g.valid())
@@ -249,10 +252,10 @@ def resample(
         "size": at,
         "n_resamples": n,
         "level": level,
-        "cpr_mean": float(ab_areas[:, 0].mean()),
-        "cpr_ci": percentile_interval(ab_areas[:, 0], level),
-        "cmd_mean": float(ab_areas[:, 1].mean()),
-        "cmd_ci": percentile_interval(ab_areas[:, 1], level),
+        "area_under_mean": float(ab_areas[:, 0].mean()),
+        "area_under_ci": percentile_interval(ab_areas[:, 0], level),
+        "area_from_1_mean": float(ab_areas[:, 1].mean()),
+        "area_from_1_ci": percentile_interval(ab_areas[:, 1], level),
         "jaccard_mean": float(jac[:, ja].mean()),
         "inclusion_of_circuit": float(inc[in_base].mean()) if bool(in_base.any()) else float("nan"),
         "stable": stable,
@@ -302,19 +305,20 @@ def stability(
         )
         t: Any = res.table
         extra = {
-            "cpr_mean": sm["cpr_mean"],
-            "cpr_ci_low": sm["cpr_ci"][0],
-            "cpr_ci_high": sm["cpr_ci"][1],
-            "cmd_mean": sm["cmd_mean"],
-            "cmd_ci_low": sm["cmd_ci"][0],
-            "cmd_ci_high": sm["cmd_ci"][1],
+            "area_under_mean": sm["area_under_mean"],
+            "area_under_ci_low": sm["area_under_ci"][0],
+            "area_under_ci_high": sm["area_under_ci"][1],
+            "area_from_1_mean": sm["area_from_1_mean"],
+            "area_from_1_ci_low": sm["area_from_1_ci"][0],
+            "area_from_1_ci_high": sm["area_from_1_ci"][1],
             "stable": sm["stable"],
         }
         rows += [{**r, **extra} for r in t.to_dict("records")]
         j = int(np.flatnonzero(np.isclose(res.fractions, at))[0])
         lines.append(
             f"{scores.method} over {n} resampled {axis}: f at {at:g} {t['faithfulness_mean'].iloc[j]:.3f} "
-            f"[{t['ci_low'].iloc[j]:.3f}, {t['ci_high'].iloc[j]:.3f}], CPR {sm['cpr_mean']:.3f} "
-            f"[{sm['cpr_ci'][0]:.3f}, {sm['cpr_ci'][1]:.3f}]; circuit {sm['verdict']}"
+            f"[{t['ci_low'].iloc[j]:.3f}, {t['ci_high'].iloc[j]:.3f}], area under f {sm['area_under_mean']:.3f} "
+            f"[{sm['area_under_ci'][0]:.3f}, {sm['area_under_ci'][1]:.3f}] (|score| ranking, raw fraction axis); "
+            f"circuit {sm['verdict']}"
         )
     return rows, lines, summaries

@@ -5,7 +5,8 @@ al. 2023: the corrupted prompt swaps the subject's second mention for a third na
 distribution), ``greater-than`` (Hanna et al. 2023: "from the year 1742 to the year 17", answer a
 larger two-digit end, wrong a smaller one; the corrupted start year is ``..01``), ``induction`` (a
 random word sequence repeated: the clean prompt's second copy predicts the next word; the corrupted
-prompt's first copy is other words). ``read_pairs`` reads a CSV with columns ``clean``,
+prompt's first copy is other words), ``arithmetic-addition`` / ``arithmetic-subtraction`` and ``mcqa`` (MIB's
+templates, :func:`arithmetic`, :func:`mcqa`). ``read_pairs`` reads a CSV with columns ``clean``,
 ``corrupt``, ``answer``, ``wrong``. :func:`encode_pairs` checks each pair against the tokenizer.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,7 +137,95 @@ def induction(n: int, seed: int = 0, length: int = 5, words: list[str] | None = 
     return out
 
 
-TASKS = {"ioi": ioi, "greater-than": greater_than, "induction": induction}
+# MIB's arithmetic prompt (its causal-variable track's ``two_digit_addition_task``: ``raw_input``), the
+# operator word swapped for subtraction; the answer is the result with no leading space (the prompt ends in one)
+ARITH_TEMPLATE = "Q: How much is {a} {op} {b}? A: "
+
+
+def arithmetic(
+    n: int, seed: int = 0, op: str = "+", digits: int = 2, keep: Callable[[TaskPair], bool] | None = None
+) -> list[TaskPair]:
+    """MIB-style arithmetic pairs: ``digits``-digit operands (subtraction: first >= second), answer the
+    result; corrupt: MIB's ``random_counterfactual``, another random problem with another result (wrong:
+    its result). ``keep``: a pair is drawn again until it passes (MIB's filter: one-token results, and
+    here equal token lengths), at most 200 draws a pair."""
+    if op not in ("+", "-"):
+        raise StreetlampError(f"arithmetic operator {op!r}: use + or -")
+    word = "plus" if op == "+" else "minus"
+    lo, hi = 10 ** (digits - 1) if digits > 1 else 0, 10**digits - 1
+    rng = random.Random(seed)
+
+    def draw() -> tuple[int, int, int]:
+        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+        if op == "-" and a < b:
+            a, b = b, a
+        return a, b, a + b if op == "+" else a - b
+
+    out = []
+    for _ in range(n):
+        for _try in range(200):
+            a, b, r = draw()
+            c, d, r2 = draw()
+            if r2 == r:
+                continue
+            p = TaskPair(
+                ARITH_TEMPLATE.format(a=a, op=word, b=b), ARITH_TEMPLATE.format(a=c, op=word, b=d), str(r), str(r2)
+            )
+            if keep is None or keep(p):
+                out.append(p)
+                break
+        else:
+            raise StreetlampError(
+                f"arithmetic: no {digits}-digit problem passes the tokenizer's check (one-token results of "
+                "equal-length prompts) in 200 draws"
+            )
+    return out
+
+
+# MCQA in MIB's copycolors template (its causal-variable track's simple_MCQA: a colour statement, the
+# question, four lettered choices, "Answer:"); the objects and colours here are streetlamp's own list
+MCQA_COLORS = ["red", "yellow", "green", "blue", "orange", "white", "black", "brown", "purple", "pink"]
+MCQA_OBJECTS = [
+    ("banana", "yellow"), ("lemon", "yellow"), ("strawberry", "red"), ("tomato", "red"), ("grass", "green"),
+    ("lime", "green"), ("sky", "blue"), ("ocean", "blue"), ("carrot", "orange"), ("pumpkin", "orange"),
+    ("snow", "white"), ("milk", "white"), ("coal", "black"), ("crow", "black"), ("chocolate", "brown"),
+    ("bear", "brown"), ("plum", "purple"), ("grape", "purple"), ("flamingo", "pink"), ("pig", "pink"),
+]  # fmt: skip
+MCQA_TEMPLATE = "The {obj} is {color}. What color is the {obj}?\n{choices}\nAnswer:"
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def mcqa(n: int, seed: int = 0, n_choices: int = 4) -> list[TaskPair]:
+    """MCQA pairs in MIB's template: answer the letter of the colour stated (`` X``: the token after
+    ``Answer:``); corrupt: MIB's ``symbol_counterfactual``, the same question and choices under other
+    letters, so the answer's letter changes (wrong: the corrupted prompt's letter at the answer's place).
+    Template index: the answer's position."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        obj, color = rng.choice(MCQA_OBJECTS)
+        choices = [color] + rng.sample([c for c in MCQA_COLORS if c != color], n_choices - 1)
+        rng.shuffle(choices)
+        pos = choices.index(color)
+        sym = list(LETTERS[:n_choices])
+        other = rng.sample([x for x in LETTERS if x not in sym], n_choices)
+
+        def fill(s: list[str]) -> str:
+            body = "\n".join(f"{x}. {c}" for x, c in zip(s, choices))
+            return MCQA_TEMPLATE.format(obj=obj, color=color, choices=body)
+
+        out.append(TaskPair(fill(sym), fill(other), " " + sym[pos], " " + other[pos], pos))
+    return out
+
+
+TASKS = {
+    "ioi": ioi,
+    "greater-than": greater_than,
+    "induction": induction,
+    "arithmetic-addition": arithmetic,
+    "arithmetic-subtraction": arithmetic,
+    "mcqa": mcqa,
+}
 
 
 def read_pairs(path: str | Path) -> list[TaskPair]:
