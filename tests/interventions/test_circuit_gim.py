@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from streetlamp.runners.circuit_methods import edge_scores
+from streetlamp.commands.circuit.methods import edge_scores
 from torch import nn
 
 from streetlamp.interventions.circuits import gim as G
