@@ -25,7 +25,6 @@ chooses, tabulates and writes. Files of the run folder (each described in ``mani
 
 from __future__ import annotations
 
-import csv
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ import numpy as np
 import torch
 
 from .. import progress
+from ..data.files import read_csv
 from ..errors import StreetlampError
 from ..interventions.circuits import faithfulness as F
 from ..interventions.circuits import scores as S
@@ -70,13 +70,8 @@ def task_pairs(task: str, limit: int, seed: int, ablation: str, two_digit: bool 
     p = Path(task)
     if p.suffix.lower() != ".csv":
         raise StreetlampError(f"unknown task {task!r}; choose ioi, greater-than, induction or a .csv file of pairs")
-    if not p.is_file():
-        raise StreetlampError(f"task file {p} does not exist")
-    try:
-        with p.open(newline="", encoding="utf-8") as f:
-            cols = set(next(csv.reader(f), []))
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise StreetlampError(f"cannot read pairs from {p}: {e}") from None
+    header, rows = read_csv(p, "task file")  # regular UTF-8 files only, a byte-order mark dropped
+    cols = set(header)
     if "corrupt" in cols:
         return T.read_pairs(p)[:limit]
     if ablation == "patch":
@@ -84,8 +79,6 @@ def task_pairs(task: str, limit: int, seed: int, ablation: str, two_digit: bool 
             f"{p} has no corrupt column: --ablation patch needs corrupted prompts (give them, or --ablation mean|zero)"
         )
     need = {"clean", "answer", "wrong"}
-    with p.open(newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
     if not rows or not need <= cols:
         raise StreetlampError(f"{p}: need a header with columns clean,answer,wrong (and corrupt for patching)")
     out = []

@@ -157,7 +157,7 @@ def evaluate(
 
     if engine == "ray":  # before the model loads and the store exists
         require("ray")
-    ds = load_dataset(data, text_column=text_column, label_column=label_column)
+    ds = load_dataset(data, text_column=text_column, label_column=label_column, column_flags=True)
     if sample is not None:
         if limit is not None:
             raise StreetlampError("give --limit (the first N) or --sample (N drawn with --seed), not both")

@@ -58,7 +58,7 @@ def run_lens_fit(adapter: ModelAdapter, out: RunFolder | Path, s: Any, overwrite
     rf = RunFolder.of(out, "lens-fit", overwrite)
     check_lens(adapter)
     dtype = fit_dtype(adapter)
-    ds = load_dataset(s.data)
+    ds = load_dataset(s.data, labels=False)  # a corpus: text alone is enough
     seqs = corpus_sequences(adapter, [e.text for e in ds.examples], s.seq_len, s.seed)
     if seqs.shape[0] <= s.heldout:
         raise StreetlampError(
