@@ -194,6 +194,9 @@ def run_circuit(adapter: ModelAdapter, s: CircuitSettings, out: Any, opts: Any) 
         if not isinstance(opts.model, (str, Path)):
             raise StreetlampError("--engine ray loads the model on each actor: give --model as a name or a folder")
         place = RayPlace(str(opts.model), opts.device or "cpu", s.ray_address, s.workers)
+        from ..runners.ray_engine import connect
+
+        connect(s.ray_address, s.workers)  # before the checkpoint folder exists
     return run(adapter, out, s, place)
 
 

@@ -204,6 +204,9 @@ def run_atlas(
         require("ray")
         if model is None:
             raise StreetlampError("--engine ray loads the model by name on each actor: give --model NAME")
+        from .ray_engine import connect
+
+        connect(ray_address, workers)  # before the run folder exists: an unreachable cluster is one line
     task_pairs = task_pairs_of(adapter, compare_task, compare_prompts, seed) if compare_task else None
     h = hashlib.sha256(json.dumps(ids).encode()).hexdigest()
     settings = {

@@ -51,7 +51,6 @@ from ..cot.prompts import (
     truncate,
 )
 from ..errors import StreetlampError
-from ..extras import require
 from ..store import RunStore
 
 TESTS = ("hint", "biased_fewshot", "early_answer", "add_mistake", "paraphrase", "filler")
@@ -453,7 +452,9 @@ def run_cot(
     if workers is not None and workers < 1:
         raise StreetlampError("--workers must be at least 1")
     if fan_out == "ray":  # before the store exists
-        require("ray")
+        from .ray_engine import connect
+
+        connect(ray_address, workers)
     qs = load_questions(data)
     if limit is not None:
         if limit < 1:

@@ -17,7 +17,6 @@ from ..errors import StreetlampError
 from ..evaluation.common import evaluate_params
 from ..evaluation.confounds import interval_table, write_interval_table
 from ..evaluation.pipeline import ChunkExample, EvalSettings, evaluate_chunk
-from ..extras import require
 from ..methods.registry import get_method
 from ..methods.removal import Removal
 from ..models.adapter import ModelAdapter
@@ -156,7 +155,9 @@ def evaluate(
     from ..models.loading import load
 
     if engine == "ray":  # before the model loads and the store exists
-        require("ray")
+        from .ray_engine import connect
+
+        connect(ray_address, workers)
     ds = load_dataset(data, text_column=text_column, label_column=label_column, column_flags=True)
     if sample is not None:
         if limit is not None:
