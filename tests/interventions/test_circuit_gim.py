@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from streetlamp.commands.circuit.methods import edge_scores
 from torch import nn
 
+from streetlamp.commands.circuit.methods import edge_scores
 from streetlamp.interventions.circuits import gim as G
 from streetlamp.interventions.circuits import scores as S
 from streetlamp.interventions.circuits.forward import run_graph

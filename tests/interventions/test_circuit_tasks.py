@@ -79,7 +79,7 @@ def test_csv_pairs_and_bad_input(tmp_path: Path) -> None:
     bad.write_text("clean,corrupt,answer,wrong\nx,,z,w\n", encoding="utf-8")
     with pytest.raises(StreetlampError, match="row 1"):
         T.read_pairs(bad)
-    with pytest.raises(StreetlampError, match="cannot read"):
+    with pytest.raises(StreetlampError, match="does not exist"):
         T.read_pairs(tmp_path / "missing.csv")
     with pytest.raises(StreetlampError, match="same token"):
         T.encode_pairs(a, [T.TaskPair("the movie was good", "the film", " good", " bad")])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -154,3 +155,76 @@ def test_folder_and_arrays_get_the_modes_open_and_mkdir_give(tmp_path: Path) -> 
         assert (tmp_path / "run" / f).stat().st_mode & 0o777 == file_mode, f
     save_arrays(tmp_path / "a.safetensors", {"a": np.zeros(2)})
     assert (tmp_path / "a.safetensors").stat().st_mode & 0o777 == file_mode
+
+
+def test_a_folder_written_meanwhile_is_never_replaced(tmp_path: Path) -> None:
+    """Time of check, time of use: ``out`` is checked at the start and the run moves into place at the end;
+    another run that finished into the same ``out`` in between keeps its results (issue 35 item 1)."""
+    out = tmp_path / "run"
+    rf = RunFolder(out, "circuit")  # checked: absent
+    with pytest.raises(StreetlampError, match="written by someone else while this run worked"):
+        with rf.staging() as w:
+            _write(RunFolder(out, "circuit"), 7.0)  # the other run lands first
+            w.add_array("a", np.zeros(2), axes=["x"], meaning="")
+            w.write_manifest({})
+    assert load_arrays(out / "arrays.safetensors")["a"][0, 0] == 7.0  # the other run's results, untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no staging folder left
+
+
+def test_two_concurrent_writers_one_lands_one_refuses(tmp_path: Path) -> None:
+    """Two real writers into one ``out`` at once, both past every check before either moves into place:
+    exactly one lands, whole; the other refuses in one line."""
+    import threading
+
+    out = tmp_path / "run"
+    both_staged = threading.Barrier(2)
+    outcome: dict[float, str] = {}
+
+    def writer(value: float) -> None:
+        rf = RunFolder(out, "circuit")
+        try:
+            with rf.staging() as w:
+                w.add_array("a", np.full(3, value), axes=["x"], meaning="")
+                w.write_manifest({"value": value})
+                both_staged.wait(timeout=30)
+            outcome[value] = "landed"
+        except StreetlampError as e:
+            outcome[value] = str(e)
+
+    threads = [threading.Thread(target=writer, args=(v,)) for v in (1.0, 2.0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    landed = [v for v, o in outcome.items() if o == "landed"]
+    assert len(outcome) == 2 and len(landed) == 1, outcome
+    (lost,) = set(outcome) - set(landed)
+    assert "written by someone else" in outcome[lost]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["value"] == landed[0] and np.all(load_arrays(out / "arrays.safetensors")["a"] == landed[0])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def _unwritable(tmp_path: Path) -> list[Path]:
+    """Folders this process cannot create anything in: a read-only folder (a mode is no bar to root) and,
+    on Linux, sysfs (``mkdir`` there fails with EPERM, even for root)."""
+    out = []
+    if os.geteuid() != 0:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o555)
+        out.append(ro)
+    if Path("/sys/kernel").is_dir():
+        out.append(Path("/sys"))
+    return out
+
+
+def test_an_output_that_cannot_be_created_is_refused_before_work(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("x")
+    places = [tmp_path / "afile" / "x", tmp_path / "afile" / "deeper" / "x"]
+    places += [d / "run" for d in _unwritable(tmp_path)] + [d / "sub" / "run" for d in _unwritable(tmp_path)]
+    assert len(places) >= 3
+    for out in places:
+        with pytest.raises(StreetlampError, match=f"cannot write {re.escape(str(out))}: "):
+            RunFolder(out, "explain")
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("ro")) == ["afile"]

@@ -125,6 +125,9 @@ def out_of(cmd: Command, opts: RunOptions) -> Any:
     if cmd.writes == "store":
         if opts.out is None:
             raise StreetlampError(f"{cmd.name} needs --out (its run folder; the same command resumes it)")
+        from ..store.run_folder import check_store_out
+
+        check_store_out(opts.out)
         return Path(opts.out)
     return None
 

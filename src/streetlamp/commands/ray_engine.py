@@ -18,6 +18,7 @@ authentication (``RAY_AUTH_TOKEN``) is never recorded.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,59 @@ from ..errors import StreetlampError
 from ..evaluation.pipeline import ChunkExample, EvalSettings
 from ..extras import require
 from ..store import RunStore
+
+CONNECT_TIMEOUT_S = 10.0  # how long an unanswered cluster address is waited on
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` to probe for ``ray://host[:port]`` (Ray Client, port 10001 by default) or
+    ``host:port`` (the cluster's GCS; an IPv6 host in brackets); None when there is no port to probe
+    (``auto``, or a bare host: Ray decides)."""
+    client = address.startswith("ray://")
+    m = re.fullmatch(r"(\[[^\]]+\]|[^:\[\]]+)(?::(\d+))?", address.removeprefix("ray://"))
+    if address == "auto" or m is None:
+        return None
+    host, port = m.group(1).strip("[]"), m.group(2) or ("10001" if client else None)
+    if port is None or not 0 < int(port) < 65536:
+        return None
+    return host, int(port)
+
+
+def connect(address: str | None, workers: int | None = None, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Join the cluster at ``address`` (or start a local instance when None), or fail in one line naming the
+    address within ``timeout`` seconds: a ``ray://`` address without Ray Client's package (grpc), an
+    address nothing answers at (refused, or silent for ``timeout``), or one Ray itself refuses. Called by
+    every command that runs on Ray before it makes its run folder; :func:`run_on_ray` calls it again
+    (a no-op once connected)."""
+    require("ray")
+    import ray
+
+    if ray.is_initialized():
+        return
+    if not address:
+        ray.init(num_cpus=workers or os.cpu_count(), include_dashboard=False, log_to_driver=False)
+        return
+    if address.startswith("ray://"):
+        import importlib.util
+
+        if importlib.util.find_spec("grpc") is None:
+            raise StreetlampError(f"Ray address {address} needs Ray Client: pip install 'ray[client]'")
+    where = _host_port(address)
+    if where is not None:
+        import socket
+
+        try:
+            socket.create_connection(where, timeout=timeout).close()
+        except OSError as e:
+            why = "no answer" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+            raise StreetlampError(
+                f"cannot reach a Ray cluster at {address} ({why}; waited at most {timeout:g} s)"
+            ) from None
+    try:
+        ray.init(address=address, log_to_driver=False)
+    except Exception as e:  # noqa: BLE001 - Ray raises ConnectionError, ValueError, RuntimeError, ...
+        why = " ".join(str(e).split())[:200]
+        raise StreetlampError(f"cannot connect to the Ray cluster at {address} ({type(e).__name__}: {why})") from None
 
 
 class _Worker:
@@ -89,11 +143,7 @@ def run_on_ray(
 
     if not chunks:
         return
-    if not ray.is_initialized():
-        if address:
-            ray.init(address=address, log_to_driver=False)
-        else:
-            ray.init(num_cpus=workers or os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    connect(address, workers)
     gpu = device.startswith("cuda")
     n = max(1, min(len(chunks), workers or int(ray.cluster_resources().get("GPU" if gpu else "CPU", 1))))
     # ray types the actor class as ActorClass | type and its methods as plain callables (no .remote)

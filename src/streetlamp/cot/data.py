@@ -29,6 +29,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..data.files import read_text
 from ..errors import StreetlampError
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -101,13 +102,8 @@ def _check_question(qid: str, question: object, choices: object, where: str) -> 
 
 def read_jsonl(path: Path) -> Questions:
     path = Path(path)
-    if not path.is_file():
-        raise StreetlampError(f"data file {path} not found")
     questions, skipped, seen = [], [], set()
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError:
-        raise StreetlampError(f"{path} is not UTF-8 text") from None
+    lines = read_text(path, "data file").splitlines()  # a regular UTF-8 file (a FIFO, binary: refused)
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue

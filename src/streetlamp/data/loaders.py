@@ -30,6 +30,7 @@ import numpy as np
 
 from ..errors import StreetlampError
 from ..models.minilm import MissingPackageError, package_dir
+from .files import decode, read_bytes, read_csv, read_text, user_file
 
 TEXT_COLUMNS = ("text", "sentence", "review", "document")
 LABEL_COLUMNS = ("label", "sentiment", "classification", "rating")
@@ -123,7 +124,11 @@ def _recall() -> Dataset:
 BUNDLED = {"movies": _movies, "tweets": _tweets, "drugs": _drugs, "recall": _recall}
 
 
-def _pick(columns: list[str], wanted: str | None, candidates: tuple[str, ...], what: str, path: Path) -> str:
+def _pick(
+    columns: list[str], wanted: str | None, candidates: tuple[str, ...], what: str, path: Path, flags: bool = False
+) -> str:
+    """The ``what`` column: ``wanted``, else the first of ``candidates`` present. ``flags``: the command
+    takes ``--text-column`` / ``--label-column`` (only then does the message name them)."""
     if wanted is not None:
         if wanted not in columns:
             raise StreetlampError(f"{path}: no {what} column {wanted!r}; columns: {', '.join(columns)}")
@@ -131,24 +136,35 @@ def _pick(columns: list[str], wanted: str | None, candidates: tuple[str, ...], w
     for c in candidates:
         if c in columns:
             return c
+    how = f"name it with --{what}-column" if flags else f"name a column {' or '.join(candidates[:2])}"
     raise StreetlampError(
-        f"{path}: no {what} column (looked for {', '.join(candidates)}); columns: "
-        f"{', '.join(columns)}; name it with --{what}-column"
+        f"{path}: no {what} column (looked for {', '.join(candidates)}); columns: {', '.join(columns)}; {how}"
     )
 
 
-def _rows_to_examples(rows: list[dict], path: Path, text_col: str | None, label_col: str | None) -> list[Example]:
+def _rows_to_examples(
+    rows: list[dict],
+    path: Path,
+    text_col: str | None,
+    label_col: str | None,
+    labels: bool = True,
+    flags: bool = False,
+) -> list[Example]:
+    """``labels=False``: a text-only file is read (each label ""), a label column is still used when present."""
     if not rows:
         raise StreetlampError(f"{path}: no examples")
     cols = list(rows[0].keys())
-    tc = _pick(cols, text_col, TEXT_COLUMNS, "text", path)
-    lc = _pick(cols, label_col, LABEL_COLUMNS, "label", path)
+    tc = _pick(cols, text_col, TEXT_COLUMNS, "text", path, flags)
+    if labels or label_col is not None or any(c in cols for c in LABEL_COLUMNS):
+        lc: str | None = _pick(cols, label_col, LABEL_COLUMNS, "label", path, flags)
+    else:
+        lc = None
     idc = "id" if "id" in cols else None
     out, seen = [], set()
     for i, r in enumerate(rows):
-        text, label = r.get(tc), r.get(lc)
-        if text is None or label is None or not str(text).strip() or str(label).strip() == "":
-            raise StreetlampError(f"{path}: row {i + 1} has an empty {tc!r} or {lc!r}")
+        text, label = r.get(tc), (r.get(lc) if lc is not None else "")
+        if text is None or label is None or not str(text).strip() or (lc is not None and str(label).strip() == ""):
+            raise StreetlampError(f"{path}: row {i + 1} has an empty {tc!r}{f' or {lc!r}' if lc else ''}")
         eid = str(r[idc]) if idc else f"{path.stem}-{i:06d}"
         if eid in seen:
             raise StreetlampError(f"{path}: duplicate id {eid!r} (row {i + 1})")
@@ -157,14 +173,13 @@ def _rows_to_examples(rows: list[dict], path: Path, text_col: str | None, label_
     return out
 
 
-def _table(path: Path, text_col: str | None, label_col: str | None) -> Dataset:
-    raw = path.read_bytes()
+def _table(
+    path: Path, text_col: str | None, label_col: str | None, labels: bool = True, flags: bool = False
+) -> Dataset:
+    raw = read_bytes(path, "data file")
     if not raw.strip():
         raise StreetlampError(f"{path}: the file is empty")
-    try:
-        s = raw.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise StreetlampError(f"{path}: not UTF-8 text") from None
+    s = decode(raw, path)
     if path.suffix.lower() == ".jsonl":
         rows = []
         for i, line in enumerate(s.splitlines()):
@@ -180,14 +195,8 @@ def _table(path: Path, text_col: str | None, label_col: str | None) -> Dataset:
         if rows and "evidences" in rows[0] and (path.parent / "docs").is_dir():
             return _eraser(path.parent, path)
     else:
-        try:
-            rows = list(csv.DictReader(io.StringIO(s), delimiter="\t" if path.suffix.lower() == ".tsv" else ","))
-        except csv.Error as e:
-            raise StreetlampError(f"{path}: malformed CSV ({e})") from None
-        if rows and any(None in r for r in rows):
-            bad = next(i for i, r in enumerate(rows) if None in r)
-            raise StreetlampError(f"{path}: row {bad + 2} has more fields than the header")
-    return Dataset(path.stem, str(path), _rows_to_examples(rows, path, text_col, label_col))
+        _, rows = read_csv(path, "data file")
+    return Dataset(path.stem, str(path), _rows_to_examples(rows, path, text_col, label_col, labels, flags))
 
 
 def _eraser(folder: Path, ann: Path | None = None) -> Dataset:
@@ -197,7 +206,7 @@ def _eraser(folder: Path, ann: Path | None = None) -> Dataset:
         if ann is None:
             raise StreetlampError(f"{folder}: ERASER folder without test.jsonl / val.jsonl / train.jsonl")
     out = []
-    for i, line in enumerate(ann.read_text(encoding="utf-8").splitlines()):
+    for i, line in enumerate(read_text(ann, "annotation file").splitlines()):
         if not line.strip():
             continue
         try:
@@ -210,7 +219,7 @@ def _eraser(folder: Path, ann: Path | None = None) -> Dataset:
         dpath = docs / docid
         if not dpath.exists():
             raise StreetlampError(f"{ann}:{i + 1}: document {docid!r} not found in {docs}")
-        words = dpath.read_text(encoding="utf-8").split()
+        words = read_text(dpath, "document").split()
         starts, pos = [], 0
         for w in words:  # character offset of every word in " ".join(words)
             starts.append(pos)
@@ -231,8 +240,18 @@ def _eraser(folder: Path, ann: Path | None = None) -> Dataset:
     return Dataset(folder.name, str(ann), out, {"format": "eraser"})
 
 
-def load_dataset(spec: str, *, text_column: str | None = None, label_column: str | None = None) -> Dataset:
-    """A bundled name, a CSV/TSV/JSONL file, or an ERASER folder / annotation file."""
+def load_dataset(
+    spec: str,
+    *,
+    text_column: str | None = None,
+    label_column: str | None = None,
+    labels: bool = True,
+    column_flags: bool = False,
+) -> Dataset:
+    """A bundled name, a CSV/TSV/JSONL file, or an ERASER folder / annotation file. ``labels=False``: a
+    file without a label column is read (for a corpus: ``atlas``, ``lens-fit``; each label ""). A file is
+    read through :mod:`streetlamp.data.files` (regular files only, UTF-8 with or without a byte-order mark).
+    ``column_flags``: the command takes ``--text-column`` / ``--label-column``, so a message may name them."""
     if spec in BUNDLED:
         return BUNDLED[spec]()
     path = Path(spec)
@@ -242,9 +261,10 @@ def load_dataset(spec: str, *, text_column: str | None = None, label_column: str
         if not (path / "docs").is_dir():
             raise StreetlampError(f"{path}: a dataset folder must be in ERASER format (docs/ + <split>.jsonl)")
         return _eraser(path)
+    user_file(path, "data file")  # a FIFO or a device: refused before it is opened
     if path.suffix.lower() not in (".csv", ".tsv", ".jsonl"):
         raise StreetlampError(f"{path}: unsupported data file type {path.suffix!r}; use .csv, .tsv or .jsonl")
-    return _table(path, text_column, label_column)
+    return _table(path, text_column, label_column, labels, column_flags)
 
 
 def sample_indices(n: int, k: int, seed: int) -> list[int]:

@@ -30,7 +30,6 @@ refused with a clear error (the built-in silver tasks drop such words instead an
 
 from __future__ import annotations
 
-import csv
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +37,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ..data.files import read_csv, read_text, user_file
 from ..errors import StreetlampError
 from ..extras import require
 
@@ -213,14 +213,13 @@ def load_task_file(path: str | Path) -> ProbeTask:
       contiguous; the text is the words joined by spaces; an empty label = unlabelled word).
     """
     path = Path(path)
-    if not path.is_file():
-        raise StreetlampError(f"task file {path} does not exist")
+    user_file(path, "task file")  # a FIFO or a device: refused before it is opened
     texts: list[str] = []
     items: list[Item] = []
     level: Level | None = None
     text: str | None  # untrusted JSON values, checked below
     if path.suffix == ".jsonl":
-        for row, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for row, line in enumerate(read_text(path, "task file").splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -249,8 +248,7 @@ def load_task_file(path: str | Path) -> ProbeTask:
             texts.append(text)
             items += its
     elif path.suffix == ".csv":
-        with open(path, newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
+        _, rows = read_csv(path, "task file")
         cols = set(rows[0]) if rows else set()
         if {"sentence", "word", "label"} <= cols:
             level = "token"

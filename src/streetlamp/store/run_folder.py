@@ -20,6 +20,8 @@ and ``versions``. Arrays go to one ``arrays.safetensors`` and are described in
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -62,12 +64,40 @@ def default_out(kind: str) -> Path:
 
 
 def check_out_dir(out: Path, overwrite: bool) -> None:
-    """Refuse a file, or a non-empty folder without ``overwrite``."""
+    """Refuse a file, or a non-empty folder without ``overwrite``, or a folder that cannot be made there."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise StreetlampError(f"{out} exists and is not a folder")
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise StreetlampError(f"output folder {out} exists and is not empty; pass --overwrite to replace it")
+    check_can_create(out.parent, out)
+
+
+def check_can_create(where: Path | str, out: Path | str | None = None) -> None:
+    """Refuse, before any work, an output that cannot be written: ``where`` (the folder that will hold the
+    output, made with its parents if missing) under a file, or under a folder this process cannot write
+    (read-only, no permission: tried by making and removing an empty hidden folder, which is what the
+    writers do; a mode check alone would pass for root or on a read-only mount)."""
+    where = Path(where)
+    shown = Path(out) if out is not None else where
+    base = where
+    while not base.exists() and not base.is_symlink() and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        raise StreetlampError(f"cannot write {shown}: {base} is a file, not a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=base, prefix=".streetlamp-probe-"))
+    except OSError as e:
+        raise StreetlampError(f"cannot write {shown}: {base} is not writable ({e.strerror or e})") from None
+
+
+def check_store_out(out: Path | str) -> None:
+    """The output of a resumable command (written in place, part by part): refused before any work when
+    it is a file or when it (or the folder that will hold it) cannot be written."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise StreetlampError(f"{out} exists and is not a folder")
+    check_can_create(out if out.is_dir() else out.parent, out)
 
 
 class RunWriter:
@@ -180,6 +210,9 @@ class RunFolder:
                 shutil.rmtree(tmp, ignore_errors=True)
 
     def _move_into_place(self, tmp: Path) -> None:
+        if not self.overwrite:
+            self._claim(tmp)
+            return
         if not self.out.exists():
             os.replace(tmp, self.out)
             return
@@ -193,6 +226,31 @@ class RunFolder:
             raise
         finally:
             shutil.rmtree(old, ignore_errors=True)
+
+    def _claim(self, tmp: Path) -> None:
+        """Move ``tmp`` to ``out`` only when ``out`` is absent or an empty folder, decided atomically: a run
+        that finished into the same ``out`` meanwhile (checked at the start, swapped at the end) is never
+        replaced without ``--overwrite``. ``mkdir`` claims the name (it fails when anything holds it);
+        ``rename`` onto a folder succeeds only when that folder is empty (POSIX), so of two runs racing for
+        one ``out`` exactly one lands and the other refuses, whichever order their steps interleave."""
+        made = False
+        try:
+            os.mkdir(self.out)
+            made = True
+        except FileExistsError:
+            pass
+        try:
+            os.replace(tmp, self.out)
+        except OSError as e:
+            if made:
+                with contextlib.suppress(OSError):
+                    os.rmdir(self.out)  # ours and still empty: leave no trace
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                raise
+            raise StreetlampError(
+                f"output folder {self.out} was written by someone else while this run worked; it is kept as it "
+                "is and this run's results are not written (rerun with --overwrite to replace it)"
+            ) from None
 
     def after_write(self, path: Path) -> None:
         """Runs on the complete staging folder just before it moves into place (its files are final).

@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from ..errors import StreetlampError
 from .files import folder_file, folder_files, save_arrays, to_jsonable
+from .parts import part_done
 from .run_folder import manifest_header
 
 SCHEMA = pa.schema(
@@ -52,6 +53,25 @@ def atomic_write(path: Path, write) -> None:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def create_exclusive(path: Path, text: str) -> bool:
+    """Write ``path`` whole, only if it does not exist: False (nothing written) when another writer made it
+    first. The text goes to a hidden temporary file that is hard-linked to ``path`` (``link`` fails when the
+    name exists, so of two runs creating one run folder at once exactly one manifest lands)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.unlink(missing_ok=True)
+        tmp.write_text(text, encoding="utf-8")
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 _atomic_write = atomic_write  # the old private name, kept for callers on other branches
@@ -108,6 +128,8 @@ class RunStore:
                 )
         elif s.folder.exists() and any(s.folder.iterdir()):
             raise StreetlampError(f"{s.folder} is not empty and has no manifest.json: not a run folder")
+        for sub in ("metrics", "arrays", "records"):  # a sub-folder that is a symlink out: refused, never written
+            folder_file(s.folder, sub, kind="dir", missing_ok=True)
         s.metrics_dir.mkdir(parents=True, exist_ok=True)
         s.arrays_dir.mkdir(parents=True, exist_ok=True)
         for d in (s.folder, s.metrics_dir, s.arrays_dir, s.folder / "records"):  # leftovers of a killed run
@@ -117,7 +139,9 @@ class RunStore:
             header = manifest_header(command)
             versions = header.pop("versions")
             doc = {**header, "settings": settings, **to_jsonable(extra), "versions": versions}
-            atomic_write(mpath, lambda p: p.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n"))
+            text = json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+            if not create_exclusive(mpath, text):  # another run made the folder meanwhile: compare with its
+                return cls.open(folder, settings, extra, command, added)
         return s
 
     def _manifest_path(self) -> Path:
@@ -133,7 +157,21 @@ class RunStore:
         return self.metrics_dir / f"part-{chunk:06d}.parquet"
 
     def done_chunks(self) -> set[int]:
-        return {int(p.stem.split("-")[1]) for p in self.metrics_dir.glob("part-*.parquet")}
+        """The chunks whose Parquet part (and JSON records, when the chunk has them) read whole: a damaged
+        chunk is warned about, removed and so computed again (:mod:`streetlamp.store.parts`)."""
+        done = set()
+        for p in folder_files(self.folder, "metrics", "part-*.parquet"):
+            rec = f"records/{p.stem}.jsonl"
+            if part_done(self.folder, f"metrics/{p.name}") and (
+                folder_file(self.folder, rec, missing_ok=True) is None or part_done(self.folder, rec)
+            ):
+                done.add(int(p.stem.split("-")[1]))
+            else:  # half a chunk is no chunk: its other file goes too
+                for name in (f"metrics/{p.name}", rec):
+                    q = folder_file(self.folder, name, missing_ok=True)
+                    if q is not None:
+                        q.unlink()
+        return done
 
     def write_chunk(
         self, chunk: int, rows: list[tuple[str, str, str, float]], arrays: dict[str, dict[str, np.ndarray]]

@@ -27,7 +27,7 @@ from ...interventions.atlas_chunks import Context, inputs_of
 from ...interventions.atlas_stats import STATS
 from ...interventions.atlas_use import deciles, summarise, top_sequences
 from ...models.adapter import ModelAdapter
-from ...store.files import save_arrays
+from ...store.files import folder_file, save_arrays
 from ...store.run_store import RunStore, atomic_write
 
 PANEL_WIDTH = 64
@@ -47,10 +47,13 @@ def merge(
     folder: Path, n_chunks: int, est: pd.DataFrame, chosen: pd.DataFrame, seq_ids: list[str], all_exact: bool
 ) -> pd.DataFrame:
     """One row per (layer, head, sequence) from the parts."""
-    parts = folder / "parts"
     key = ["sequence", "layer", "head"]
-    stats = pd.concat([pd.read_parquet(parts / f"stats-{c:06d}.parquet") for c in range(n_chunks)], ignore_index=True)
-    exact = pd.concat([pd.read_parquet(parts / f"exact-{c:06d}.parquet") for c in range(n_chunks)], ignore_index=True)
+
+    def parts(kind: str) -> pd.DataFrame:  # each part through the run folder's rule: never a file outside it
+        names = [f"parts/{kind}-{c:06d}.parquet" for c in range(n_chunks)]
+        return pd.concat([pd.read_parquet(folder_file(folder, n)) for n in names], ignore_index=True)
+
+    stats, exact = parts("stats"), parts("exact")
     t = stats.merge(est, on=key).merge(chosen, on=key, how="left").merge(exact, on=key, how="left")
     t["audit"] = t["audit"].fillna("")
     t["exact"] = t["audit"] != ""

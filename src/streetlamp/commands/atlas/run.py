@@ -37,7 +37,8 @@ from ...interventions.atlas_chunks import Chunk, Context, work
 from ...interventions.atlas_stats import STATS
 from ...models.adapter import ModelAdapter
 from ...progress import bar as progress_bar
-from ...store.files import load_arrays, save_arrays
+from ...store.files import folder_file, save_arrays
+from ...store.parts import part_done, read_part
 from ...store.run_store import RunStore, atomic_write
 from . import outputs
 from .task import compare_task as compare
@@ -126,12 +127,32 @@ def tokenize(
     return out, cut
 
 
+def _name(kind: str, c: int, ext: str = "parquet") -> str:
+    return f"parts/{kind}-{c:06d}.{ext}"
+
+
 def _part(store: RunStore, kind: str, c: int, ext: str = "parquet") -> Path:
-    return store.folder / "parts" / f"{kind}-{c:06d}.{ext}"
+    """Where a part is written (``parts/`` checked to be inside the run folder when the store opens)."""
+    return store.folder / _name(kind, c, ext)
+
+
+def _read(store: RunStore, kind: str, c: int, ext: str = "parquet") -> Any:
+    """A part as it reads, through the store's rule (inside the folder, damaged = not done)."""
+    got = read_part(store.folder, _name(kind, c, ext))
+    if got is None:
+        raise StreetlampError(f"{store.folder}: {_name(kind, c, ext)} went missing during the run")
+    return got
 
 
 def _done(store: RunStore, kind: str, n_chunks: int) -> set[int]:
-    return {c for c in range(n_chunks) if _part(store, kind, c).exists()}
+    """The chunks of pass ``kind`` whose parts read (the stats pass writes two: its zsum and its stats)."""
+    both = ("zsum",) if kind == "stats" else ()
+    return {
+        c
+        for c in range(n_chunks)
+        if all(part_done(store.folder, _name(k, c, "safetensors")) for k in both)
+        and part_done(store.folder, _name(kind, c))
+    }
 
 
 def _write_table(path: Path, cols: dict[str, np.ndarray]) -> None:
@@ -168,6 +189,9 @@ def run_atlas(adapter: ModelAdapter, s: AtlasSettings, out: Path, opts: RunOptio
         require("ray")
         if model is None:
             raise StreetlampError("--engine ray loads the model by name on each actor: give --model NAME")
+        from ..ray_engine import connect
+
+        connect(s.ray_address, s.workers)  # before the run folder exists: an unreachable cluster is one line
     task_pairs = task_pairs_of(adapter, s.compare_task, s.compare_prompts, s.seed) if s.compare_task else None
     h = hashlib.sha256(json.dumps(ids).encode()).hexdigest()
     info = adapter.describe()
@@ -204,6 +228,7 @@ def run_atlas(adapter: ModelAdapter, s: AtlasSettings, out: Path, opts: RunOptio
         command="atlas",
         added={"model.dtype": "float32"},  # a store made before --dtype was float32
     )
+    folder_file(store.folder, "parts", kind="dir", missing_ok=True)  # a parts/ symlink out: refused
     (store.folder / "parts").mkdir(exist_ok=True)
     for t in (store.folder / "parts").glob(".*.tmp-*"):
         t.unlink(missing_ok=True)
@@ -253,7 +278,7 @@ def run_atlas(adapter: ModelAdapter, s: AtlasSettings, out: Path, opts: RunOptio
 
     run_pass("stats", write_stats)
     if s.ablation == "mean":
-        zs = [load_arrays(_part(store, "zsum", c, "safetensors")) for c in range(len(chunks))]
+        zs = [_read(store, "zsum", c, "safetensors") for c in range(len(chunks))]
         total = np.sum([z["zsum"] for z in zs], axis=0)
         ctx.mean = (total / sum(int(z["n_tokens"][0]) for z in zs)).astype(np.float32)
 
@@ -263,7 +288,7 @@ def run_atlas(adapter: ModelAdapter, s: AtlasSettings, out: Path, opts: RunOptio
         _write_table(_part(store, "estimate", c), cols)
 
     run_pass("estimate", write_estimate)
-    est = pd.concat([pd.read_parquet(_part(store, "estimate", c)) for c in range(len(chunks))], ignore_index=True)
+    est = pd.concat([_read(store, "estimate", c).to_pandas() for c in range(len(chunks))], ignore_index=True)
     est = est.sort_values(["sequence", "layer", "head"]).reset_index(drop=True)
     chosen = choose_pairs(est, N, L, H, s.exact_share, s.exact_top, s.seed)
     where = {seq: (c, b) for c, ch in enumerate(chunks) for b, seq in enumerate(ch.index)}
@@ -284,9 +309,9 @@ def run_atlas(adapter: ModelAdapter, s: AtlasSettings, out: Path, opts: RunOptio
         _write_table(_part(store, "exact", c), cols)
 
     run_pass("exact", write_exact, pairs)
-    finished = [store.folder / f for f in ("atlas.parquet", "heads.csv", "arrays.safetensors")]
-    if not any(computed.values()) and all(f.exists() for f in finished):  # a finished run: nothing to redo
-        summary = pd.read_csv(finished[1])
+    finished = ("atlas.parquet", "heads.csv", "arrays.safetensors")
+    if not any(computed.values()) and all(part_done(store.folder, f) for f in finished):  # nothing to redo
+        summary = read_part(store.folder, "heads.csv")
     else:
         table = outputs.merge(store.folder, len(chunks), est, chosen, seq_ids, s.exact_share >= 1)
         summary = outputs.write_outputs(adapter, store, table, ids, seq_ids, ctx, settings)

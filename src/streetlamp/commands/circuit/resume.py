@@ -20,7 +20,8 @@ import numpy as np
 
 from ...errors import StreetlampError
 from ...store import RunStore
-from ...store.files import folder_file, load_arrays
+from ...store.files import folder_file
+from ...store.parts import read_part
 from ...store.run_store import safe_name
 
 
@@ -43,8 +44,11 @@ class Checkpoint:
         """The record and arrays of a finished stage, or None."""
         if chunk not in self.done or chunk not in self._records:
             return None
-        p = folder_file(self.store.folder, f"arrays/{safe_name(f'stage{chunk}')}.safetensors", missing_ok=True)
-        return self._records[chunk], (load_arrays(p) if p is not None else {})
+        name = f"arrays/{safe_name(f'stage{chunk}')}.safetensors"
+        if folder_file(self.store.folder, name, missing_ok=True) is None:
+            return self._records[chunk], {}  # a stage without arrays
+        arrays = read_part(self.store.folder, name)  # a damaged one: warned about, computed again
+        return None if arrays is None else (self._records[chunk], arrays)
 
     def put(self, chunk: int, record: dict, arrays: dict[str, np.ndarray]) -> None:
         self.store.write_records(chunk, [{**record, "chunk": chunk}])

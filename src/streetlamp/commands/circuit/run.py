@@ -29,7 +29,6 @@ chooses, tabulates and writes. Files of the run folder (each described in ``mani
 
 from __future__ import annotations
 
-import csv
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +38,7 @@ import numpy as np
 import torch
 
 from ... import progress
+from ...data.files import read_csv
 from ...errors import StreetlampError
 from ...interventions.circuits import faithfulness as F
 from ...interventions.circuits import scores as S
@@ -101,13 +101,8 @@ def task_pairs(
     p = Path(task)
     if p.suffix.lower() != ".csv":
         raise StreetlampError(f"unknown task {task!r}; choose {', '.join(T.TASKS)} or a .csv file of pairs")
-    if not p.is_file():
-        raise StreetlampError(f"task file {p} does not exist")
-    try:
-        with p.open(newline="", encoding="utf-8") as f:
-            cols = set(next(csv.reader(f), []))
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise StreetlampError(f"cannot read pairs from {p}: {e}") from None
+    header, rows = read_csv(p, "task file")  # regular UTF-8 files only, a byte-order mark dropped
+    cols = set(header)
     if "corrupt" in cols:
         return T.read_pairs(p)[:limit]
     if ablation == "patch":
@@ -115,8 +110,6 @@ def task_pairs(
             f"{p} has no corrupt column: --ablation patch needs corrupted prompts (give them, or --ablation mean|zero)"
         )
     need = {"clean", "answer", "wrong"}
-    with p.open(newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
     if not rows or not need <= cols:
         raise StreetlampError(f"{p}: need a header with columns clean,answer,wrong (and corrupt for patching)")
     out = []
@@ -374,6 +367,9 @@ def run(
         if opts is None or not isinstance(opts.model, (str, Path)):
             raise StreetlampError("--engine ray loads the model on each actor: give --model as a name or a folder")
         place = RayPlace(str(opts.model), opts.device or "cpu", s.ray_address, s.workers)
+        from ..ray_engine import connect
+
+        connect(s.ray_address, s.workers)  # before the checkpoint folder exists
     return run_circuit(adapter, out, s, place)
 
 

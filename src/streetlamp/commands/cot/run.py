@@ -408,6 +408,9 @@ def run_cot(adapter: None, s: CotCommandSettings, out: Path, opts: RunOptions) -
         )
     if s.engine == "ray":  # before the model loads and the store exists
         require("ray")
+        from ..ray_engine import connect
+
+        connect(s.ray_address, s.workers)
     engine, model_record = make_engine(
         str(model) if isinstance(model, (str, Path)) else None,
         s.endpoint,

@@ -149,7 +149,10 @@ def evaluate(
 
     if s.engine == "ray":  # before the model loads and the store exists
         require("ray")
-    ds = load_dataset(s.data, text_column=s.text_column, label_column=s.label_column)
+        from ..ray_engine import connect
+
+        connect(s.ray_address, s.workers)
+    ds = load_dataset(s.data, text_column=s.text_column, label_column=s.label_column, column_flags=True)
     if s.sample is not None:
         ds.examples = [ds.examples[i] for i in sample_indices(len(ds.examples), s.sample, s.seed)]
     if s.limit is not None:

@@ -81,15 +81,15 @@ def load_texts(spec: str) -> tuple[list[str], list[str] | None]:
     text and label columns, ERASER folders)."""
     p = Path(spec)
     if p.suffix == ".txt":
-        if not p.is_file():
-            raise StreetlampError(f"data file {spec} not found")
-        texts = [l.strip() for l in p.read_text().splitlines() if l.strip()]
+        from ..data.files import read_lines
+
+        texts = read_lines(p, "data file")
         if not texts:
             raise StreetlampError(f"{spec} has no text")
         return texts, None
     from ...data import load_dataset
 
-    ds = load_dataset(spec)
+    ds = load_dataset(spec, labels=False)  # a corpus may be text alone
     if not ds.examples:
         raise StreetlampError(f"dataset {spec} has no examples")
     labels = [e.label for e in ds.examples]

@@ -61,7 +61,7 @@ def run_lens_fit(
     """Fit the lens ``s.lens`` and write the lens folder (the settings checked and validated before)."""
     rf = RunFolder.of(out, "lens-fit")
     dtype = fit_dtype(adapter)
-    ds = load_dataset(s.data)
+    ds = load_dataset(s.data, labels=False)  # a corpus: text alone is enough
     seqs = corpus_sequences(adapter, [e.text for e in ds.examples], s.seq_len, s.seed)
     if seqs.shape[0] <= s.heldout:
         raise StreetlampError(

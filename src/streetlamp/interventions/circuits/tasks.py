@@ -12,7 +12,6 @@ templates, :func:`arithmetic`, :func:`mcqa`). ``read_pairs`` reads a CSV with co
 
 from __future__ import annotations
 
-import csv
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from ...data.files import read_csv
 from ...errors import StreetlampError
 from ...models.adapter import Inputs, ModelAdapter
 
@@ -231,12 +231,8 @@ TASKS = {
 def read_pairs(path: str | Path) -> list[TaskPair]:
     """Pairs from a CSV with columns ``clean``, ``corrupt``, ``answer``, ``wrong`` (optional ``template``)."""
     p = Path(path)
-    try:
-        with p.open(newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
-            cols = set(rows[0]) if rows else set()
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise StreetlampError(f"cannot read pairs from {p}: {e}") from None
+    header, rows = read_csv(p, "task file")  # regular UTF-8 files only, a byte-order mark dropped
+    cols = set(header)
     need = {"clean", "corrupt", "answer", "wrong"}
     if not rows or not need <= cols:
         raise StreetlampError(f"{p}: need a header with columns clean,corrupt,answer,wrong and at least one row")
