@@ -81,7 +81,7 @@ def load_texts(spec: str) -> tuple[list[str], list[str] | None]:
     text and label columns, ERASER folders)."""
     p = Path(spec)
     if p.suffix == ".txt":
-        from ..data.files import read_lines
+        from ...data.files import read_lines
 
         texts = read_lines(p, "data file")
         if not texts:
