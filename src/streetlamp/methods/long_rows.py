@@ -44,7 +44,7 @@ def residual_block(p: torch.Tensor, r0: int, k0: int, fusion: str) -> torch.Tens
     """Rows r0.. of ``Â = 0.5·fuse_h A + 0.5·I`` (renormalised), float64, from probabilities ``[head, rows,
     keys k0..]`` (the diagonal key r0 + i lies inside the block: every query sees itself)."""
     a = 0.5 * _fuse(p, fusion)
-    idx = torch.arange(a.shape[0])
+    idx = torch.arange(a.shape[0], device=a.device)
     a[idx, r0 - k0 + idx] += 0.5
     return a / a.sum(-1, keepdim=True)
 
@@ -139,5 +139,5 @@ def flow_row(store: QKStore, pos: int, fusion: str = "mean", chunk: int | None =
     caps = np.empty((store.n_layers, n, n), np.float64)
     for layer in range(store.n_layers):
         for r0, r1, p in store.chunks(layer, chunk):
-            caps[layer, r0:r1] = residual_rows(p, r0, fusion).numpy()
+            caps[layer, r0:r1] = residual_rows(p, r0, fusion).cpu().numpy()  # the max-flow runs on the CPU
     return layered_max_flow(caps, [pos])[0]

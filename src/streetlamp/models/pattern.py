@@ -44,7 +44,8 @@ def qk_matmul(q: torch.Tensor, kt: torch.Tensor, out: torch.Tensor) -> None:
     shape (inner dimension d_head, tens of thousands of keys) OpenBLAS ran 1.7-1.8x faster than torch's
     MKL on the AMD development machine (docs/measurements/longctx.md); elsewhere (other devices, bfloat16 or
     float16, which numpy lacks) torch's matmul."""
-    if out.device.type == "cpu" and out.dtype in (torch.float32, torch.float64) and q.dtype == kt.dtype == out.dtype:
+    cpu = out.device == torch.device("cpu")  # plain CPU memory (not a device that merely reports type cpu)
+    if cpu and out.dtype in (torch.float32, torch.float64) and q.dtype == kt.dtype == out.dtype:
         np.matmul(q.detach().numpy(), kt.detach().numpy(), out=out.numpy())
     else:
         torch.matmul(q, kt, out=out)

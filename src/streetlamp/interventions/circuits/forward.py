@@ -57,8 +57,9 @@ def run_graph(
     buf: torch.Tensor | None = None
     if mask is not None:
         assert ablated is not None, "an edge mask needs the ablated writer values"
-        ablated = ablated.to(emb.dtype)
-        mask = mask.to(emb.dtype)
+        # masks and ablated values are built beside the graph (on the CPU): bring both to the activations
+        ablated = ablated.to(emb.device, emb.dtype)
+        mask = mask.to(emb.device, emb.dtype)
         if not torch.is_grad_enabled():
             buf = torch.empty(b, g.n_writers, s, d, dtype=emb.dtype, device=emb.device)
             buf[:, :1] = (outs[0] - ablated[:, :, :1]).permute(0, 2, 1, 3)

@@ -122,7 +122,10 @@ def _edge_products(
     g = blocks.graph
     b, s, U, d = delta.shape
     shape = (b, s, g.n_readers, U) if per_position else (b, g.n_readers, U)
-    out = torch.zeros(shape, dtype=delta.dtype, device=delta.device)
+    # scores in float32 at least (a bfloat16 model's products summed in float32, not rounded to bfloat16)
+    dt = torch.promote_types(delta.dtype, torch.float32)
+    delta = delta.to(dt)
+    out = torch.zeros(shape, dtype=dt, device=delta.device)
     lo, hi = (0, U) if sources is None else (sources.start, sources.stop)
     # [b, U, s·d] once, so each reader group's products are one batched matrix product
     flat = None if per_position else delta.permute(0, 2, 1, 3).reshape(b, U, s * d)
@@ -133,10 +136,10 @@ def _edge_products(
         if gr is None or n <= lo:
             continue
         if per_position:
-            out[..., rr.start : rr.stop, lo:n] = torch.einsum("bsud,bsrd->bsru", delta[:, :, lo:n], gr)
+            out[..., rr.start : rr.stop, lo:n] = torch.einsum("bsud,bsrd->bsru", delta[:, :, lo:n], gr.to(dt))
         else:
             assert flat is not None
-            gflat = gr.permute(0, 2, 1, 3).reshape(b, len(rr), s * d)
+            gflat = gr.to(dt).permute(0, 2, 1, 3).reshape(b, len(rr), s * d)
             out[:, rr.start : rr.stop, lo:n] = torch.bmm(gflat, flat[:, lo:n].transpose(1, 2))
     return out
 
@@ -199,8 +202,10 @@ def per_batch(
 
 
 def finish_scores(blocks: Blocks, parts: list[torch.Tensor], method: str, ablation: str, metric: str) -> EdgeScores:
-    """The per-prompt score blocks joined into :class:`EdgeScores`, NaN where the graph has no edge."""
+    """The per-prompt score blocks joined into :class:`EdgeScores` (float32 at least), NaN where the graph
+    has no edge."""
     s = torch.cat(parts).detach()
+    s = s.to(torch.promote_types(s.dtype, torch.float32))
     valid = blocks.graph.valid().to(s.device)
     s = s.masked_fill(~valid, float("nan"))
     return EdgeScores(method, s, ablation, metric)
