@@ -109,7 +109,6 @@ def test_datasets(files: dict[str, Path]) -> None:
 
 def test_bom_pairs_are_the_same_pairs(files: dict[str, Path]) -> None:
     from streetlamp.commands.circuit.run import task_pairs
-
     from streetlamp.interventions.circuits.tasks import read_pairs
 
     t = files["t"]

@@ -112,6 +112,11 @@ def test_attention_attribution_matches_riemann_sum(family: str) -> None:
 
 
 def test_attention_attribution_completeness_error_falls_with_steps(tiny: ModelAdapter) -> None:
+    if tiny.family.experts is not None:
+        pytest.skip(
+            "a MoE router's top-k switches along the interpolation path (a jump in F), so path integrals do not "
+            "converge to F's difference there; open in issue 40"
+        )
     twin = eager_twin(tiny)
     if tiny.family.normed_attention_output:  # Gemma: the analytic prediction instead (see the method's doc)
         f_full, *_ = twin_attention_grad(tiny, twin, TEXTS[0])

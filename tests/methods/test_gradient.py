@@ -450,6 +450,11 @@ def test_panels_without_f_values_and_on_real_models(tiny: ModelAdapter) -> None:
     assert rec["converged"]
     np.testing.assert_allclose(ig[0].numpy(), exact, atol=1e-4 * abs(exact).max())
     inputs = tiny.encode(TEXTS[0])
+    if tiny.family.experts is not None:
+        pytest.skip(
+            "a MoE router's top-k switches along the interpolation path (a jump in F), so path integrals do not "
+            "converge to F's difference there; open in issue 40"
+        )
     if tiny.family.name == "gemma3_text":
         # diagnosed: its pad embedding is the zero vector, so the 'pad' baseline is the zero baseline, and the
         # stacked RMSNorms make F step within ~1e-13 of it (12% of F(e) - F(0) in the first 1/800 of the path).
