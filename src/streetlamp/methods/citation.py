@@ -154,7 +154,7 @@ def generate_answer(adapter: ModelAdapter, lay: Layout, max_tokens: int) -> list
         if t in adapter.eos_token_ids or "\n" in adapter.tokenizer.decode([t]):
             break
         out.append(t)
-    if not out or not adapter.tokenizer.decode(out).strip():
+    if not out or not str(adapter.tokenizer.decode(out)).strip():
         raise StreetlampError("the model's answer is empty (its first token ends the line); give --answer")
     return out
 
@@ -355,12 +355,14 @@ def attntrace(
     fraction: float,
     top: int,
     seed: int,
-    full_rows: np.ndarray,
+    full_rows: np.ndarray | None,
 ) -> np.ndarray:
     """AttnTrace's source scores (see the module docstring); ``full_rows``: the full context's answer rows
     (used when ``samples == 0``)."""
     n = lay.n_sources
     if samples == 0:
+        if full_rows is None:
+            raise ValueError("AttnTrace without subsampling needs the full context's answer rows")
         return aggregate(mean_rows(full_rows), lay.spans, top)
     rng = np.random.default_rng(seed)
     k = max(1, int(n * fraction))

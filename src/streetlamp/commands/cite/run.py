@@ -79,7 +79,7 @@ def cite(
         sources[: lay.n_sources],
         lay,
         cut,
-        adapter.tokenizer.decode(lay.answer).strip(),
+        str(adapter.tokenizer.decode(lay.answer)).strip(),
         generated,
         float(sum(lps)),
         lps,
@@ -324,7 +324,7 @@ def answered(adapter: ModelAdapter, lay: C.Layout, expected: str) -> tuple[bool,
     """Whether the model's greedy answer starts with the expected one (case and punctuation aside)."""
     n = len(C.answer_ids(adapter, expected)) + 2
     try:
-        got = adapter.tokenizer.decode(C.generate_answer(adapter, lay, n)).strip()
+        got = str(adapter.tokenizer.decode(C.generate_answer(adapter, lay, n))).strip()
     except StreetlampError:
         return False, ""
     g, e = normal(got), normal(expected)
@@ -336,7 +336,7 @@ def judge(
 ) -> dict[str, dict[str, float]]:
     """Per method: ``top{k}_hit`` (a planted source among the top k) and ``top{k}_recall`` (the fraction of
     the planted sources among the top k)."""
-    out = {}
+    out: dict[str, dict[str, float]] = {}
     for m, s in scores.items():
         order = C.ranking(s).tolist()
         out[m] = {}

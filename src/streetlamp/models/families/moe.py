@@ -54,7 +54,7 @@ def _tiny_qwen2_moe(tok: Any, layers: int, heads: int, d_model: int) -> Any:
 def _tiny_qwen3_moe(tok: Any, layers: int, heads: int, d_model: int) -> Any:
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    cfg = Qwen3MoeConfig(
+    cfg = Qwen3MoeConfig(  # type: ignore[call-arg]  # head_dim is a config attribute the stubs omit
         num_experts=TINY_EXPERTS,
         moe_intermediate_size=d_model,
         head_dim=d_model // heads,
@@ -103,14 +103,14 @@ def _tiny_gpt_oss(tok: Any, layers: int, heads: int, d_model: int) -> Any:
 
     from .base import TINY_WINDOW
 
-    cfg = _moe_config(tok, layers, heads, d_model)
+    kw = _moe_config(tok, layers, heads, d_model)
     cfg = GptOssConfig(
         num_local_experts=TINY_EXPERTS,
         head_dim=d_model // heads,
         sliding_window=TINY_WINDOW,
         layer_types=["sliding_attention" if l % 2 == 0 else "full_attention" for l in range(layers)],
         rope_parameters={"rope_type": "default", "rope_theta": 150000.0},  # no YaRN at a 64-token window
-        **cfg,
+        **kw,
     )
     model = GptOssForCausalLM(cfg)
     import torch
