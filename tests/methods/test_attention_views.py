@@ -65,7 +65,10 @@ def test_every_view_and_layer_is_hugging_faces_attention(tiny: ModelAdapter) -> 
     L, H = tiny.n_layers, tiny.n_heads
     rtol = rtol_of(tiny)
     assert L >= 2 and H >= 2
-    np.testing.assert_allclose(rows.sum(-1), 1.0, atol=rtol + F64_TOL)  # rows of probabilities
+    if hasattr(tiny.attn_modules[0], "sinks"):  # gpt-oss: a learned sink takes part of every row
+        assert (rows.sum(-1) < 1).all() and (rows.sum(-1) > 0).all()
+    else:
+        np.testing.assert_allclose(rows.sum(-1), 1.0, atol=rtol + F64_TOL)  # rows of probabilities
     inputs = tiny.encode(text)
     views = [("head_mean", None), ("head_max", None), ("layer_mean", None)] + [("head", h) for h in range(H)]
     all_refs = {
