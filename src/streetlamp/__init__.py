@@ -46,6 +46,7 @@ _API = (
     "probe",
     "circuit",
     "atlas",
+    "experts",
     "cite",
     "cite_bench",
     "RunResult",
