@@ -205,5 +205,5 @@ def test_bad_expert_edits_are_one_line() -> None:
     if dense is not None:
         with pytest.raises(StreetlampError, match="not a mixture of experts"):
             X.n_experts_of(dense)
-    with pytest.raises(StreetlampError, match="no head or expert axis"):
+    with pytest.raises(StreetlampError, match="no head axis"):
         engine.selection_mask(torch.zeros(1, 2, 3), "layers.0.mlp.out", 1, None, None)

@@ -66,7 +66,7 @@ def selection_mask(
     h_ax, p_ax = axes_of(site)
     if head is not None and h_ax is None:
         raise StreetlampError(
-            f"site {site} has no head or expert axis; heads exist at attn.z/head_out/v/pattern, experts at "
+            f"site {site} has no head axis (nor an expert axis); heads exist at attn.z/head_out/v/pattern, experts at "
             "router.logits/router.weights/experts.out"
         )
     shape = [1] * a.dim()
