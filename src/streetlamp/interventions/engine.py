@@ -36,6 +36,8 @@ Strategy = Callable[[torch.Tensor], torch.Tensor]
 HEAD_SITES = ("attn.z", "attn.head_out", "attn.v", "attn.pattern")
 # a MoE layer's sites with an expert axis at 2 (``Intervention.head`` names the expert there)
 EXPERT_AXIS_SITES = ("router.logits", "router.weights", "experts.out")
+# a dictionary's latents ``[batch, pos, feature]`` (``Intervention.head`` names the feature)
+FEATURE_AXIS_SITES = ("resid_pre.features", "mlp.features")
 
 
 @dataclass
@@ -54,7 +56,7 @@ def axes_of(site: str) -> tuple[int | None, int]:
     _, kind = parse_site(site)
     if kind == "attn.pattern":
         return 1, 2
-    if kind in HEAD_SITES or kind in EXPERT_AXIS_SITES:
+    if kind in HEAD_SITES or kind in EXPERT_AXIS_SITES or kind in FEATURE_AXIS_SITES:
         return 2, 1
     return None, 1
 
@@ -66,8 +68,8 @@ def selection_mask(
     h_ax, p_ax = axes_of(site)
     if head is not None and h_ax is None:
         raise StreetlampError(
-            f"site {site} has no head axis (nor an expert axis); heads exist at attn.z/head_out/v/pattern, experts at "
-            "router.logits/router.weights/experts.out"
+            f"site {site} has no head axis (nor an expert or feature axis); heads exist at attn.z/head_out/v/pattern, "
+            "experts at router.logits/router.weights/experts.out, features at resid_pre.features/mlp.features"
         )
     shape = [1] * a.dim()
     mask = torch.ones(shape, dtype=torch.bool, device=a.device)

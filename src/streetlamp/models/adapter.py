@@ -25,6 +25,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ..errors import StreetlampError
 from . import attention, readout
 from .families import single_stack
+from .features import FeatureSet
 from .images import PatchVocabulary, looks_like_image_file, read_image, token_embeddings
 from .kinds import CAUSAL_LM, CLASSIFIER, ModelKind
 from .relevance import relevance_rules
@@ -249,6 +250,7 @@ class ModelAdapter:
         self.n_kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
         self.d_model = int(cfg.hidden_size)
         self.site_names = site_names(self.n_layers, self.family)
+        self.features: FeatureSet | None = None  # attach_features
         max_pos = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 0) or 10**9)
         # RoBERTa numbers positions from padding_idx + 1, so two position slots are never usable.
         self.max_positions = max_pos - self.family.reserved_positions
@@ -264,6 +266,17 @@ class ModelAdapter:
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise StreetlampError(f"device {device!r} asked for, but torch sees no CUDA GPU here")
         cast(Any, self.hf_model).to(device=dev, dtype=dt)  # transformers types .to() as a decorated method wrongly
+        return self
+
+    def attach_features(self, features: FeatureSet | None) -> ModelAdapter:
+        """Splice a feature set's dictionaries in as sites (``layers.{l}.resid_pre.features``, ...; see
+        :mod:`streetlamp.models.features`); ``None`` detaches. One clear line where the set does not fit the
+        model (its layers, its width, a transcoder on a family without one MLP module)."""
+        if features is not None:
+            features.check(self)
+        self.features = features
+        at = [] if features is None else list(features.dictionaries)
+        self.site_names = site_names(self.n_layers, self.family, at)
         return self
 
     def dispatch(

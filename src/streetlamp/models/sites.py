@@ -20,10 +20,15 @@ name                            shape                               what
 ``layers.{l}.mlp.out``          ``[batch, pos, d_model]``           MLP output (last linear; a MoE block's output)
 ``layers.{l}.resid_post``       ``[batch, pos, d_model]``           hidden state leaving layer l
 ==============================  ==================================  =============================
+
+With a feature set attached (:mod:`streetlamp.models.features`), each dictionary adds its ``.features`` and
+``.features_error`` sites: ``layers.{l}.resid_pre.features`` / ``_error`` before ``resid_pre``, and
+``layers.{l}.mlp.features`` / ``_error`` before ``mlp.out``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import cast
 
 import torch
@@ -65,6 +70,10 @@ SITE_AXES: dict[str, list[str]] = {
     "experts.out": ["batch", "pos", "expert", "d_model"],
     "shared_expert.out": ["batch", "pos", "d_model"],
     "resid_post": ["batch", "pos", "d_model"],
+    "resid_pre.features": ["batch", "pos", "feature"],
+    "resid_pre.features_error": ["batch", "pos", "d_model"],
+    "mlp.features": ["batch", "pos", "feature"],
+    "mlp.features_error": ["batch", "pos", "d_model"],
 }
 
 
@@ -87,9 +96,19 @@ def layer_sites(family: Family | None = None) -> tuple[str, ...]:
     return LAYER_SITES[:i] + extra + LAYER_SITES[i:]
 
 
-def site_names(n_layers: int, family: Family | None = None) -> list[str]:
-    """Every site name of a model with ``n_layers`` layers (of ``family``), in forward order."""
-    return ["embed"] + [f"layers.{l}.{s}" for l in range(n_layers) for s in layer_sites(family)]
+def site_names(n_layers: int, family: Family | None = None, features: Iterable[tuple[int, str]] = ()) -> list[str]:
+    """Every site name of a model with ``n_layers`` layers (of ``family``), in forward order; ``features``:
+    the (layer, ``resid_pre`` | ``mlp``) where a dictionary is attached (its two sites come before the site
+    it splices into)."""
+    at = set(features)
+    out = ["embed"]
+    for l in range(n_layers):
+        for s in layer_sites(family):
+            where = {"resid_pre": "resid_pre", "mlp.out": "mlp"}.get(s)
+            if where is not None and (l, where) in at:
+                out += [f"layers.{l}.{where}.features", f"layers.{l}.{where}.features_error"]
+            out.append(f"layers.{l}.{s}")
+    return out
 
 
 def site_axes(name: str) -> list[str]:

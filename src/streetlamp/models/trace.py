@@ -154,6 +154,10 @@ class Session:
             elif self._wants("embed"):
                 self._handles.append(a.embed_module.register_forward_hook(self._out_hook("embed")))
             for l, layer in enumerate(a.layer_modules):
+                if a.features is not None:  # before the layer's own resid_pre / mlp.out hooks
+                    from .features import feature_hooks
+
+                    self._handles.extend(feature_hooks(self, l, layer))
                 if self._wants(f"layers.{l}.resid_pre"):
                     self._handles.append(
                         layer.register_forward_pre_hook(self._pre_hook(f"layers.{l}.resid_pre"), with_kwargs=True)

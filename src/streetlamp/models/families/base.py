@@ -196,6 +196,10 @@ class Family:
     )
     tiny: TinySpec | None = field(default=None, compare=False)
     experts: Experts | None = None  # a mixture-of-experts MLP: router and expert sites (models/moe.py)
+    # the MLP block, relative to a layer: its input is the MLP's input (after a pre-norm family's pre-MLP norm)
+    # and ``mlp_out`` its output; a transcoder (models/features.py) reads and writes there. None: the MLP is
+    # split across modules around a post-norm (BERT), and transcoders are refused
+    mlp: str | None = None
 
     @property
     def normed_attention_output(self) -> bool:

@@ -30,6 +30,7 @@ GPT2 = Family(
     attn="attn",
     o_proj="attn.c_proj",
     mlp_out="mlp.c_proj",
+    mlp="mlp",
     embed="wte",
     norm=NormPlacement("pre", "ln_1", "layernorm"),
     readout=Readout("ln_f", "ln_1"),

@@ -9,7 +9,12 @@ from ..kinds import CAUSAL_LM
 from .base import TINY_WINDOW, Circuit, Family, NormPlacement, Readout, SpecialTokens, TinySpec, decoder_config
 
 PATHS: dict[str, Any] = dict(
-    layers="layers", attn="self_attn", o_proj="self_attn.o_proj", mlp_out="mlp.down_proj", embed="embed_tokens"
+    layers="layers",
+    attn="self_attn",
+    o_proj="self_attn.o_proj",
+    mlp_out="mlp.down_proj",
+    mlp="mlp",
+    embed="embed_tokens",
 )
 PRE_RMS = NormPlacement("pre", "input_layernorm", "rmsnorm")
 READOUT = Readout("norm", "input_layernorm")

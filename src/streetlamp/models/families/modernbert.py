@@ -39,6 +39,7 @@ MODERNBERT = Family(
     attn="attn",
     o_proj="attn.Wo",
     mlp_out="mlp.Wo",
+    mlp="mlp",
     embed="embeddings.tok_embeddings",
     norm=NormPlacement("pre", "attn_norm", "layernorm"),
     qkv="Wqkv",

@@ -15,7 +15,7 @@ from .llama import PRE_RMS, READOUT
 
 MOE_REFUSAL = "the router's top-k selection and the experts' weighting have no AttnLRP rule yet"
 PATHS: dict[str, Any] = dict(
-    layers="layers", attn="self_attn", o_proj="self_attn.o_proj", mlp_out="mlp", embed="embed_tokens"
+    layers="layers", attn="self_attn", o_proj="self_attn.o_proj", mlp_out="mlp", mlp="mlp", embed="embed_tokens"
 )
 MOE_LIKE: dict[str, Any] = dict(
     **PATHS, norm=PRE_RMS, readout=READOUT, rotary=True, gated_mlp=True, attnlrp_refusal=MOE_REFUSAL
