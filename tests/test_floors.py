@@ -22,7 +22,7 @@ FLOORS: dict[str, int] = {
     # settings: parses without a model, but its checks name ModelAdapter (validate(adapter)): level with models
     **dict.fromkeys(["models", "store", "settings"], 2),
     **dict.fromkeys(["methods", "data"], 3),
-    **dict.fromkeys(["evaluation", "interventions", "cot"], 4),
+    **dict.fromkeys(["evaluation", "interventions", "cot", "features"], 4),
     **dict.fromkeys(["groundtruth", "report"], 5),
     "probing": 6,
     "commands": 7,  # one package per command (commands/<x>/), serve among them
