@@ -39,6 +39,11 @@ MAX_RANDOM = 1000  # random circuits per size: each one more pass over the promp
 DEFAULT_SIZES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # MIB's ten sizes (faithfulness.py)
 
 
+def audited(methods: list[str]) -> list[str]:
+    """The methods ``--audit`` checks: every edge score but exact patching itself and a read circuit file."""
+    return [m for m in methods if m not in ("exact", "file")]
+
+
 def parse_sizes(spec: str | list | tuple) -> list[float]:
     """``--sizes 0.01,0.1,0.5`` (fractions of the graph's edges); each in (0, 1]."""
     items = split_list(spec) if isinstance(spec, str) else list(spec)
@@ -151,6 +156,13 @@ class CircuitSettings(Settings):
     )
     top: int = option(10, ge=1, help="edges printed")
     exact_max: int = option(200_000, ge=0, help="refuse exact patching above this many (prompt, edge) forwards")
+    audit: int = option(
+        0,
+        ge=0,
+        help="audit each first-order method against exact patching: this many random edges (the same for every "
+        "method) and each method's top this many by |score|, each patched exactly (audit.csv, audit_edges.parquet; "
+        "0: none)",
+    )
     paths: int = option(
         10,
         ge=0,
@@ -224,6 +236,12 @@ class CircuitSettings(Settings):
             )
         pairs = encoded_pairs(adapter, self)
         check_memory(adapter, self, len(pairs))
+        if self.audit and len(pairs) * self.audit * (1 + len(audited(self.methods))) > self.exact_max:
+            raise StreetlampError(
+                f"--audit {self.audit} would patch up to {len(pairs) * self.audit * (1 + len(audited(self.methods)))} "
+                f"(prompt, edge) forwards, above --exact-max {self.exact_max}; lower --audit or --limit, or raise "
+                "--exact-max"
+            )
         if "exact" in self.methods and len(pairs) * n_edges_of(adapter) > self.exact_max:
             raise StreetlampError(
                 f"exact patching would run {len(pairs) * n_edges_of(adapter)} forwards ({len(pairs)} prompts x "

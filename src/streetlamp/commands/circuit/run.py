@@ -50,6 +50,7 @@ from ...models.adapter import ModelAdapter
 from ...report import circuit as fig
 from ...stats import resample_indices
 from ...store.run_folder import RunFolder
+from . import audited
 from . import paths as P
 from . import resume as R
 from . import view as V
@@ -270,6 +271,7 @@ class CircuitResult:
     paths: Any = None  # paths.csv (pandas DataFrame), or None when not asked for
     path_lines: list[str] = field(default_factory=list)
     stability: list[str] = field(default_factory=list)  # one line per method and --resample axis
+    audit: Any = None  # audit.csv (pandas DataFrame), or None without --audit
 
     def lines(self) -> list[str]:
         first = next(iter(self.methods))
@@ -306,7 +308,21 @@ class CircuitResult:
             out.append(
                 f"stability: {stable} of {inc.size} circuit edges are in >= 90% of the bootstrap circuits ({verdict})"
             )
-        return out + self.stability + self.path_lines + [f"output: {self.out}/"]
+        return out + self.stability + self.path_lines + self.audit_lines() + [f"output: {self.out}/"]
+
+    def audit_lines(self) -> list[str]:
+        if self.audit is None:
+            return []
+        out = ["audit against exact patching (mean abs error relative to the largest exact effect; Kendall's tau; "
+               "sign agreement):"]  # fmt: skip
+        out += [
+            f"  {x.method} on its top {x.n_edges} edges: {x.relative_error:.3g}; tau {x.kendall_tau:.3f}; "
+            f"signs {x.sign_agreement:.2f}" if x.subset == "top" else
+            f"  {x.method} on {x.n_edges} random edges: {x.relative_error:.3g}; tau {x.kendall_tau:.3f}; "
+            f"signs {x.sign_agreement:.2f}"
+            for x in self.audit.itertuples()
+        ]  # fmt: skip
+        return out
 
 
 def joined_nodes(graph: Graph, mask: torch.Tensor) -> list[str]:
@@ -320,6 +336,7 @@ def joined_nodes(graph: Graph, mask: torch.Tensor) -> list[str]:
 
 
 BOOTSEL_STAGE = 3000  # + i: method i's sweep of bootstrapped selection
+AUDIT_STAGE = 4000  # --audit: every first-order method against exact patching
 
 
 def _renamed(sw: F.Sweep, name: str) -> F.Sweep:
@@ -516,6 +533,18 @@ def run_circuit(
         )  # fmt: skip
         res.paths, res.path_lines = pr.table, pr.lines
     res.stability = stab_lines
+    audit_rows: list[dict] = []
+    if s.audit and audited(list(methods)):
+        audit_rows, audit_summary = R.cached(
+            ck, AUDIT_STAGE,
+            lambda: S.audit_many(
+                blocks, pairs, [methods[n].scores for n in audited(list(methods))], s.audit, s.audit, s.seed,
+                rows_of(s.batch_size, pairs, 32),
+            ),
+            lambda v: ({"stage": "audit", "rows": v[0], "summary": v[1]}, {}),
+            lambda rec, arr: (rec["rows"], rec["summary"]),
+        )  # fmt: skip
+        res.audit = pd.DataFrame(audit_summary)
     with rf.staging() as w:
         if s.resample:
             pd.DataFrame(stab_rows).to_csv(w.path / "stability.csv", index=False)
@@ -525,6 +554,9 @@ def run_circuit(
         pd.DataFrame([vars(p) for p in raw]).to_csv(w.path / "pairs.csv", index=False)
         if res.paths is not None:
             res.paths.to_csv(w.path / "paths.csv", index=False)
+        if res.audit is not None:
+            res.audit.to_csv(w.path / "audit.csv", index=False)
+            pd.DataFrame(audit_rows).to_parquet(w.path / "audit_edges.parquet", index=False)
         files = {
             "edges.parquet": "every edge of every method: score (mean over prompts of m(edge ablated) - m(model)), "
             "its 95% bootstrap interval, inclusion frequency and membership at the chosen size",
@@ -538,6 +570,18 @@ def run_circuit(
                 "the top paths each attribution matrix and the circuit name, each patched exactly: matrix_score "
                 "(the matrix's path flow, or the circuit method's edge score), patch_effect (m(edge patched) - "
                 "m(model), mean over prompts) with its 95% bootstrap interval, matters, agree"
+            )
+        if res.audit is not None:
+            files["audit.csv"] = (
+                "each first-order method against exact patching, per subset (random: --audit random edges, the same "
+                "for every method; top: the method's --audit edges of largest |score|): n_edges, mean/max absolute "
+                "error of the mean-over-prompts score, max error relative to the largest exact effect, Kendall's tau, "
+                "misranked_share (edge pairs ordered one way by the score and the other by patching), sign_agreement"
+            )
+            files["audit_edges.parquet"] = (
+                "every audited edge per method: source, target (a grouped key/value edge: its group L{l}.KV{g}), input, "
+                "in_random, in_top, estimate (the method's "
+                "mean score), exact (m(edge patched) - m(model), mean over prompts)"
             )
         if s.resample:
             files["stability.csv"] = (
@@ -576,6 +620,7 @@ def run_circuit(
                     "engine": s.engine,
                     **({"ray_sessions": ck.store.manifest().get("engine", [])} if place is not None else {}),
                     "paths": s.paths,
+                    "audit": s.audit,
                     "path_methods": list(s.path_methods),
                     "path_threshold": s.path_threshold,
                     "resample": list(s.resample),

@@ -32,6 +32,7 @@ from ...errors import StreetlampError
 from ...stats import kendall_tau
 from .blocks import Blocks
 from .forward import GraphRun, run_graph
+from .graph import Graph
 from .tasks import PairSet
 
 Ablation = Literal["patch", "mean", "zero"]
@@ -368,6 +369,27 @@ def node_scores(scores: EdgeScores) -> torch.Tensor:
     return torch.nan_to_num(s).sum(1)
 
 
+def compare(estimate: np.ndarray, exact_: np.ndarray) -> dict:
+    """A first-order estimate against exact patching on the same edges: mean and max absolute error (and the
+    max relative to the largest exact effect), Kendall's tau, the share of misranked edge pairs (pairs
+    ordered one way by the estimate and the other by patching, ties in either excluded) and the share of
+    edges whose sign agrees (edges with an exact effect of exactly 0 excluded)."""
+    ap, ex = np.asarray(estimate, np.float64), np.asarray(exact_, np.float64)
+    err = np.abs(ap - ex)
+    di, dj = np.subtract.outer(ex, ex), np.subtract.outer(ap, ap)
+    upper = np.triu(np.ones_like(di, dtype=bool), 1) & (di != 0) & (dj != 0)
+    mis = float((np.sign(di) != np.sign(dj))[upper].mean()) if upper.any() else float("nan")
+    nz = ex != 0
+    return {
+        "mean_abs_error": float(err.mean()) if len(err) else float("nan"),
+        "max_abs_error": float(err.max()) if len(err) else float("nan"),
+        "relative_error": float(err.max() / max(np.abs(ex).max(), 1e-300)) if len(err) else float("nan"),
+        "kendall_tau": kendall_tau(ap, ex),
+        "misranked_share": mis,
+        "sign_agreement": float((np.sign(ap[nz]) == np.sign(ex[nz])).mean()) if nz.any() else float("nan"),
+    }
+
+
 def audit(
     blocks: Blocks,
     pairs: PairSet,
@@ -378,9 +400,7 @@ def audit(
     exact_fn: Callable[..., EdgeScores] = exact,
 ) -> dict:
     """Exact patching on ``n_edges`` random edges vs the first-order ``approx`` (mean over prompts):
-    the subset, both scores, mean and max absolute error (and relative to the largest exact effect),
-    Kendall's tau and the share of misranked edge pairs (pairs ordered one way by the estimate and the
-    other by patching, ties in either excluded)."""
+    the subset, both scores and :func:`compare`'s errors and rank agreement."""
     g = blocks.graph
     rr, ww = g.edge_index()
     rng = np.random.default_rng(seed)
@@ -388,18 +408,63 @@ def audit(
     sub = (rr[pick], ww[pick])
     ex = exact_fn(blocks, pairs, approx.metric, approx.ablation, sub, batch_size).mean.numpy()[sub]
     ap = approx.mean.double().cpu().numpy()[sub]
-    err = np.abs(ap - ex)
-    di, dj = np.subtract.outer(ex, ex), np.subtract.outer(ap, ap)
-    upper = np.triu(np.ones_like(di, dtype=bool), 1) & (di != 0) & (dj != 0)
-    mis = float((np.sign(di) != np.sign(dj))[upper].mean()) if upper.any() else float("nan")
     names = g.edge_names()
-    return {
-        "edges": [names[i] for i in pick],
-        "exact": ex,
-        "estimate": ap,
-        "mean_abs_error": float(err.mean()),
-        "max_abs_error": float(err.max()),
-        "relative_error": float(err.max() / max(np.abs(ex).max(), 1e-300)),
-        "kendall_tau": kendall_tau(ap, ex),
-        "misranked_share": mis,
-    }
+    return {"edges": [names[i] for i in pick], "exact": ex, "estimate": ap, **compare(ap, ex)}
+
+
+def audit_edges(
+    graph: Graph, approx: list[EdgeScores], n_random: int, n_top: int, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """The edges an audit patches, as indices into :meth:`Graph.edge_index`: ``random`` (``n_random`` drawn
+    with ``seed``, the same for every method) and, per method, ``top:<method>`` (its ``n_top`` edges of largest
+    |mean score|: where a circuit is chosen, so where an estimate's error matters most)."""
+    rr, ww = graph.edge_index()
+    rng = np.random.default_rng(seed)
+    out = {"random": np.sort(rng.choice(len(rr), size=min(n_random, len(rr)), replace=False))}
+    for sc in approx:
+        m = np.nan_to_num(np.abs(sc.mean.double().cpu().numpy()[rr, ww]), nan=-1.0)
+        out[f"top:{sc.method}"] = np.sort(np.argsort(-m, kind="stable")[: min(n_top, len(rr))])
+    return out
+
+
+def audit_many(
+    blocks: Blocks,
+    pairs: PairSet,
+    approx: list[EdgeScores],
+    n_random: int = 50,
+    n_top: int = 50,
+    seed: int = 0,
+    batch_size: int = 32,
+    exact_fn: Callable[..., EdgeScores] = exact,
+) -> tuple[list[dict], list[dict]]:
+    """Every first-order method in ``approx`` (one ablation and metric) against exact patching, on the edges
+    of :func:`audit_edges` (each edge patched once, whichever methods pick it). Returns one row per (method,
+    edge) (source, target, input, in_random, in_top, estimate, exact) and one summary row per (method,
+    subset) with :func:`compare`'s figures."""
+    if not approx:
+        return [], []
+    g = blocks.graph
+    rr, ww = g.edge_index()
+    subsets = audit_edges(g, approx, n_random, n_top, seed)
+    union = np.unique(np.concatenate(list(subsets.values())))
+    a0 = approx[0]
+    ex_all = exact_fn(blocks, pairs, a0.metric, a0.ablation, (rr[union], ww[union]), batch_size).mean.numpy()
+    ex = ex_all[rr[union], ww[union]]
+    names = g.edge_names()
+    rows, summary = [], []
+    for sc in approx:
+        if (sc.metric, sc.ablation) != (a0.metric, a0.ablation):
+            raise StreetlampError("audit_many: every method must share one metric and ablation")
+        ap = sc.mean.double().cpu().numpy()[rr[union], ww[union]]
+        top = set(subsets[f"top:{sc.method}"].tolist())
+        rnd = set(subsets["random"].tolist())
+        for j, e in enumerate(union):
+            src, tgt, inp = names[e]
+            rows.append(
+                {"method": sc.method, "source": src, "target": tgt, "input": inp, "in_random": e in rnd,
+                 "in_top": e in top, "estimate": float(ap[j]), "exact": float(ex[j])}
+            )  # fmt: skip
+        for subset, pick in (("random", subsets["random"]), ("top", subsets[f"top:{sc.method}"])):
+            at = np.searchsorted(union, pick)
+            summary.append({"method": sc.method, "subset": subset, "n_edges": len(pick), **compare(ap[at], ex[at])})
+    return rows, summary
