@@ -95,9 +95,18 @@ class CiteBenchSettings(CiteMethodSettings):
     words: int = option(300, ge=10, le=100_000, help="planted: distractor words per context (about)")
     limit: int | None = option(None, ge=1, help="the first N questions only")
     chunk_size: int = option(4, ge=1, help="questions per stored chunk (the unit of resumption)")
+    engine: str = option(
+        "local", choices=("local", "ray"), help="ray: chunks of questions on Ray actors (one model each)"
+    )
+    ray_address: str | None = option(None, help="existing Ray cluster (e.g. auto, ray://head:10001)")
+    workers: int | None = option(None, ge=1, help="Ray actors (one model each)")
 
     def check(self) -> None:
         super().check()
+        if self.engine == "ray":
+            from ...extras import require
+
+            require("ray")
         if self.data != "planted":
             from ...data.sources import read_questions
 

@@ -19,6 +19,8 @@ from ...models.adapter import Inputs, ModelAdapter
 from ...models.chunked import QKStore, fused_long
 from ..base import Lines
 
+Row = tuple[str, str, str, float]
+
 
 @dataclass
 class Cited:
@@ -347,53 +349,105 @@ def judge(
     return out
 
 
+def bench_question(adapter: ModelAdapter, q: Any, s: Any, scratch: Path) -> tuple[dict[str, Any], list[Row]]:
+    """One question of the benchmark: its JSON record and its metric rows (the model's answer checked first;
+    the methods run only when it is the expected one)."""
+    prefix = str(q.extra.get("answer_prefix", ""))
+    lay = C.layout(adapter, q.sources, q.question, prefix=prefix)
+    try:
+        lay, _ = C.fit_window(adapter, lay, False, s.max_answer_tokens)
+    except StreetlampError as e:
+        return {"id": q.id, "kind": q.kind, "skipped": str(e)}, [(q.id, "-", "skipped", 1.0)]
+    ok, got = answered(adapter, lay, q.answer)
+    rec: dict[str, Any] = {"id": q.id, "kind": q.kind, "answer": q.answer, "greedy": got, "correct": ok}
+    rec.update({"planted": q.planted, "n_sources": lay.n_sources, "n_tokens": lay.n_tokens + 2})
+    rows: list[Row] = [(q.id, "-", "correct", float(ok))]
+    if ok:
+        res = cite(adapter, q.sources, q.question, q.answer, s, scratch, prefix)
+        rec["n_tokens"] = res.lay.n_tokens
+        for m, d in judge(res.scores, q.planted).items():
+            rows += [(q.id, m, k, v) for k, v in d.items()]
+        for r in res.court:
+            rows += [(q.id, r["method"], f"drop_without_top{r['k']}", r["drop_without_top_k"])]
+            rows += [(q.id, r["method"], f"drop_only_top{r['k']}", r["drop_only_top_k"])]
+        for m, cost in res.costs.items():
+            rows += [(q.id, m, "seconds", cost.seconds), (q.id, m, "forward_passes", cost.forward_passes)]
+        if res.cc is not None:
+            rows.append((q.id, "contextcite", "lds", res.cc.lds))
+        rec["scores"] = {m: v.tolist() for m, v in res.scores.items()}
+    return rec, rows
+
+
+def bench_chunk(
+    adapter: ModelAdapter, chunk: list[Any], s: Any, scratch: Path | None = None
+) -> tuple[list[dict[str, Any]], list[Row]]:
+    """A chunk of questions: their records and metric rows. The local engine and each Ray actor run this
+    (``scratch``: where attention recordings go; None: a temporary folder of the machine that runs it)."""
+    import tempfile
+
+    own = scratch is None
+    where = Path(tempfile.mkdtemp(prefix="streetlamp-cite-")) if scratch is None else scratch
+    records, rows = [], []
+    try:
+        for q in chunk:
+            rec, r = bench_question(adapter, q, s, where / "q")
+            records.append(rec)
+            rows += r
+    finally:
+        if own:
+            shutil.rmtree(where, ignore_errors=True)
+    return records, rows
+
+
+# what the store's settings leave out: how the run is computed, not what (a run resumes on either engine)
+NOT_STORED = ("limit", "chunk_size", "engine", "ray_address", "workers")
+
+
 def run_bench(adapter: ModelAdapter, s: Any, out: Path, options: Any) -> Lines:
     from ...data.citebench import generate
     from ...data.sources import read_questions
+    from ...progress import bar
     from ...store.run_store import RunStore
 
+    model = options.model if options is not None and isinstance(options.model, (str, Path)) else None
+    if s.engine == "ray":
+        from ...extras import require
+
+        require("ray")
+        if model is None:
+            raise StreetlampError("--engine ray loads the model by name on each actor: give --model NAME")
+        if options.dtype != "float32" or options.device_map is not None:
+            raise StreetlampError(
+                "--engine ray loads a float32 model on each actor: --dtype and --device-map need --engine local"
+            )
+        from ..ray_engine import connect
+
+        connect(s.ray_address, s.workers)  # before the run folder exists: an unreachable cluster is one line
     qs = generate(s.questions, s.words, s.seed) if s.data == "planted" else read_questions(s.data)
     qs = qs[: s.limit] if s.limit else qs
-    settings = {k: v for k, v in s.to_dict().items() if k not in ("limit", "chunk_size")}
+    settings = {k: v for k, v in s.to_dict().items() if k not in NOT_STORED}
     store = RunStore.open(
         out, {"settings": settings, "model": adapter.name}, {"n_questions": len(qs)}, command="cite-bench"
     )
     scratch = out / ".scratch"
+    chunks = {c: qs[lo : lo + s.chunk_size] for c, lo in enumerate(range(0, len(qs), s.chunk_size))}
     done = store.done_chunks()
-    for c, lo in enumerate(range(0, len(qs), s.chunk_size)):
-        if c in done:
-            continue
-        rows: list[tuple[str, str, str, float]] = []
-        records = []
-        for q in qs[lo : lo + s.chunk_size]:
-            prefix = str(q.extra.get("answer_prefix", ""))
-            lay = C.layout(adapter, q.sources, q.question, prefix=prefix)
-            try:
-                lay, cut = C.fit_window(adapter, lay, False, s.max_answer_tokens)
-            except StreetlampError as e:
-                records.append({"id": q.id, "kind": q.kind, "skipped": str(e)})
-                rows.append((q.id, "-", "skipped", 1.0))
-                continue
-            ok, got = answered(adapter, lay, q.answer)
-            rec: dict[str, Any] = {"id": q.id, "kind": q.kind, "answer": q.answer, "greedy": got, "correct": ok}
-            rec.update({"planted": q.planted, "n_sources": lay.n_sources, "n_tokens": lay.n_tokens + 2})
-            rows.append((q.id, "-", "correct", float(ok)))
-            if ok:
-                res = cite(adapter, q.sources, q.question, q.answer, s, scratch, prefix)
-                rec["n_tokens"] = res.lay.n_tokens
-                for m, d in judge(res.scores, q.planted).items():
-                    rows += [(q.id, m, k, v) for k, v in d.items()]
-                for r in res.court:
-                    rows += [(q.id, r["method"], f"drop_without_top{r['k']}", r["drop_without_top_k"])]
-                    rows += [(q.id, r["method"], f"drop_only_top{r['k']}", r["drop_only_top_k"])]
-                for m, cost in res.costs.items():
-                    rows += [(q.id, m, "seconds", cost.seconds), (q.id, m, "forward_passes", cost.forward_passes)]
-                if res.cc is not None:
-                    rows.append((q.id, "contextcite", "lds", res.cc.lds))
-                rec["scores"] = {m: v.tolist() for m, v in res.scores.items()}
-            records.append(rec)
-        store.write_records(c, records)
-        store.write_chunk(c, rows, {})
+    todo = {c: ch for c, ch in chunks.items() if c not in done}
+
+    def write(c: int, result: tuple[list[dict[str, Any]], list[Row]]) -> None:
+        store.write_records(c, result[0])
+        store.write_chunk(c, result[1], {})
+
+    with bar(len(qs), "cite-bench", initial=len(qs) - sum(len(ch) for ch in todo.values())) as b:
+        if s.engine == "ray" and todo:
+            from ..ray_engine import run_on_ray
+
+            device = options.device if options is not None else "cpu"
+            run_on_ray(str(model), device, s, todo, store, b, s.ray_address, s.workers, work=bench_chunk, write=write)
+        else:
+            for c, ch in todo.items():
+                write(c, bench_chunk(adapter, ch, s, scratch))
+                b.update(len(ch))
     shutil.rmtree(scratch, ignore_errors=True)
     table, summary = recall_table(store.metrics(), store.records())
     table.to_csv(out / "recall.csv", index=False)
