@@ -313,7 +313,7 @@ class CircuitResult:
     def audit_lines(self) -> list[str]:
         if self.audit is None:
             return []
-        out = ["audit against exact patching (mean abs error relative to the largest exact effect; Kendall's tau; "
+        out = ["audit against exact patching (max abs error relative to the largest exact effect; Kendall's tau; "
                "sign agreement):"]  # fmt: skip
         out += [
             f"  {x.method} on its top {x.n_edges} edges: {x.relative_error:.3g}; tau {x.kendall_tau:.3f}; "
