@@ -4,6 +4,7 @@ Hugging Face model, and a hand-written router hook."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -207,3 +208,83 @@ def test_bad_expert_edits_are_one_line() -> None:
             X.n_experts_of(dense)
     with pytest.raises(StreetlampError, match="no head axis"):
         engine.selection_mask(torch.zeros(1, 2, 3), "layers.0.mlp.out", 1, None, None)
+
+
+def _surgery_kl(a: ModelAdapter, inputs, zeroed: list[tuple[int, int]], extra: tuple[int, int], k: int) -> torch.Tensor:
+    """Per-text mean KL of removing ``extra`` on top of ``zeroed`` (not renormalised), by weight surgery on a
+    Hugging Face model rebuilt with ``k`` experts per token from the same weights (independent of the routing
+    sites and the engine)."""
+    cfg = a.hf_model.config.__class__.from_dict({**a.hf_model.config.to_dict(), "num_experts_per_tok": k})
+
+    def logp(drop: list[tuple[int, int]]) -> torch.Tensor:
+        m = a.hf_model.__class__(cfg).to(torch.float64).eval()
+        m.load_state_dict(a.hf_model.state_dict())
+        m.set_experts_implementation("eager")  # the reference loop: float64 as well
+        for l, e in drop:
+            m.model.layers[l].mlp.experts.down_proj.data[e] = 0
+        with torch.no_grad():
+            out = m(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask).logits
+        return torch.log_softmax(out, -1)
+
+    lp, lq = logp(zeroed), logp(zeroed + [extra])
+    real = inputs.attention_mask.bool()
+    return ((lp.exp() * (lp - lq)).sum(-1) * real).sum(1) / real.sum(1)
+
+
+def test_the_audit_with_top_k_and_experts_removed_throughout_equals_weight_surgery() -> None:
+    """``top_k``: the routers' own k (a model built with that k); ``removed``: experts gone in every forward (their
+    down projections zeroed); the audited pairs only, the rest NaN."""
+    a = _adapter("mixtral")
+    inputs = a.encode(TEXTS)
+    res = X.audit(a, inputs, top_k=3, removed=[(0, 1)], layers=[0, 1], experts=[0, 2], tokens=False)
+    assert a.layer_modules[0].mlp.gate.top_k == 2  # restored
+    for l, e in [(0, 0), (0, 2), (1, 0), (1, 2)]:
+        want = _surgery_kl(a, inputs, [(0, 1)], (l, e), 3)
+        torch.testing.assert_close(torch.from_numpy(res.kl_per_text[:, l, e]), want, rtol=1e-9, atol=1e-13)
+    assert np.isnan(res.kl_per_text[:, :, [1, 3]]).all()
+    assert res.forwards == 1 + 4
+    # the routing recorded is the edited one: layer 0 never routes to expert 1, every token has 3 experts elsewhere
+    assert res.frequency[0, 1] == 0 and res.frequency[1].sum() == pytest.approx(3.0, abs=1e-12)
+
+
+def test_per_token_removals_are_batched_and_equal_one_text_at_a_time() -> None:
+    """The per-token rows do not depend on how the token copies are batched (1 token a forward, 7, all at once),
+    and the forwards are one per (layer, expert, token batch)."""
+    a = _adapter("qwen2_moe")
+    inputs = a.encode(TEXTS)
+    runs = {b: X.audit(a, inputs, layers=[1], batch_tokens=b) for b in (None, 7 * inputs.input_ids.shape[1])}
+    ref = X.audit(a, inputs, layers=[1], batch_tokens=1)
+    for r in runs.values():
+        np.testing.assert_allclose(r.token_rows, ref.token_rows, rtol=1e-10, atol=1e-14)
+    n_tokens = ref.token_rows.shape[0]
+    assert ref.forwards == 1 + 4 + n_tokens  # batch of one token: one forward per token
+    per_expert = [int((ref.token_rows[:, 3] == e).sum()) for e in range(4)]
+    assert runs[None].forwards == 1 + 4 + sum(1 for n in per_expert if n)  # every copy in one forward per expert
+    assert runs[7 * inputs.input_ids.shape[1]].forwards == 1 + 4 + sum(-(-n // 7) for n in per_expert)
+
+
+def test_bad_routing_edits_are_one_line() -> None:
+    a = _adapter("mixtral")
+    inputs = a.encode(TEXTS)
+    with pytest.raises(StreetlampError, match="top-k 5 is not possible: the model's layers have 4 experts"):
+        X.audit(a, inputs, top_k=5)
+    with pytest.raises(StreetlampError, match="top-k 0 is not possible"):
+        with X.routed_top_k(a, 0):
+            pass
+    with pytest.raises(StreetlampError, match="expert 4 out of range"):
+        X.audit(a, inputs, removed=[(0, 4)])
+    with pytest.raises(StreetlampError, match="layer 2 out of range"):
+        X.audit(a, inputs, layers=[2])
+    with pytest.raises(StreetlampError, match="bad expert '1:2'"):
+        X.parse_experts("1:2", a)
+    # top-1 routing: removing three of the four experts leaves the tokens routed to them with none
+    w = a.forward(inputs, record=["layers.0.router.weights"]).cache["layers.0.router.weights"]
+    with X.routed_top_k(a, 1):
+        w1 = a.forward(inputs, record=["layers.0.router.weights"]).cache["layers.0.router.weights"]
+    used = sorted({int(i) for i in w1.argmax(-1)[inputs.attention_mask.bool()]})
+    assert len(used) >= 2 and ((w != 0).sum(-1) == 2).all()
+    with pytest.raises(StreetlampError, match="takes every expert of some token: it would be routed nowhere"):
+        X.audit(a, inputs, top_k=1, removed=[(0, used[0])], tokens=False)
+    with pytest.raises(StreetlampError, match="some token's only expert: removing it leaves nothing to renormalise"):
+        X.audit(a, inputs, top_k=1, renormalise=True, tokens=False)
+    assert a.layer_modules[0].mlp.gate.top_k == 2  # restored after the refusal

@@ -33,13 +33,38 @@ class ExpertsSettings(Settings):
     )
     bootstrap: int = option(1000, ge=0, le=100_000, help="bootstrap resamples of the texts for the intervals")
     floor: float = option(1e-3, gt=0, help="KL (nats) below which a removal's effect is within noise of zero")
+    layers: str = option("all", help="layers whose experts are removed one at a time: comma-separated numbers or all")
+    experts: str = option("all", help="experts removed one at a time (in each audited layer): numbers or all")
+    top_k: int | None = option(
+        None, ge=1, help="every router picks this many experts, by the family's own rule (default: the checkpoint's)"
+    )
+    remove: str = option(
+        "",
+        help="LAYER.EXPERT[,...]: experts taken out of every token's top-k in every forward (the others then audited "
+        "without them); a token left with no expert is refused",
+    )
+    batch_tokens: int | None = option(
+        None, ge=1, help="tokens per forward of the per-token removals (default: the device's budget)"
+    )
 
     def validate(self, adapter: ModelAdapter) -> None:
-        from ...interventions.experts import n_experts_of
+        from ...interventions.experts import check_top_k, n_experts_of, parse_experts
+        from ...specs import parse_indices
 
         if not adapter.kind.causal:
             raise StreetlampError("the expert audit compares next-token distributions: it needs a causal LM")
-        n_experts_of(adapter)
+        n = n_experts_of(adapter)
+        parse_indices(self.layers, adapter.n_layers, "--layers", "layer")
+        parse_indices(self.experts, n, "--experts", "expert")
+        if self.top_k is not None:
+            check_top_k(adapter, self.top_k)
+        gone = parse_experts(self.remove, adapter)
+        for layer in sorted({l for l, _ in gone}):
+            if sum(1 for l, _ in gone if l == layer) == n:
+                raise StreetlampError(
+                    f"--remove takes all {n} experts of layer {layer}: every token would be routed nowhere"
+                )
+        # fewer than all may still take every expert of some token: the audit's first forward refuses that
 
 
 EXPERTS = Command(

@@ -60,12 +60,31 @@ def run(adapter: ModelAdapter, s: ExpertsSettings, out: RunFolder, options: Any)
     texts = texts_of(s.data, s.limit)
     full = adapter.encode(texts)
     inputs = Inputs.from_ids(adapter, [r[: s.max_tokens] for r in full.rows()], texts)
-    res = X.audit(adapter, inputs, renormalise=s.renormalise, tokens=s.tokens, progress=True)
-    L, E = res.frequency.shape
+    from ...specs import parse_indices
+
+    L, E = adapter.n_layers, X.n_experts_of(adapter)
+    layers = parse_indices(s.layers, L, "--layers", "layer")
+    experts = parse_indices(s.experts, E, "--experts", "expert")
+    removed = X.parse_experts(s.remove, adapter)
+    res = X.audit(
+        adapter,
+        inputs,
+        renormalise=s.renormalise,
+        tokens=s.tokens,
+        layers=layers,
+        experts=experts,
+        top_k=s.top_k,
+        removed=removed,
+        batch_tokens=s.batch_tokens,
+        progress=True,
+    )
     rows = []
-    share = adapter.hf_model.config.num_experts_per_tok / E
-    for l in range(L):
-        for e in range(E):
+    k = s.top_k or int(adapter.hf_model.config.num_experts_per_tok)
+    share = k / E
+    for l in layers:
+        for e in experts:
+            if (l, e) in removed:
+                continue
             mean, lo, hi, n = bootstrap_ci(res.kl_per_text[:, l, e], n_boot=max(s.bootstrap, 1), seed=s.seed)
             rows.append(
                 dict(
@@ -109,7 +128,7 @@ def run(adapter: ModelAdapter, s: ExpertsSettings, out: RunFolder, options: Any)
             "kl_removed_per_text",
             res.kl_per_text,
             axes=["text", "layer", "expert"],
-            meaning="mean over the text's real positions of KL(clean || expert removed), nats",
+            meaning="mean over the text's real positions of KL(clean || expert removed), nats; NaN: not audited",
         )
         w.add_array(
             "routing_frequency",
@@ -129,6 +148,8 @@ def run(adapter: ModelAdapter, s: ExpertsSettings, out: RunFolder, options: Any)
                 ),
                 "effect": "KL(p(.|clean) || p(.|removed)) of the next-token distribution; per text: the mean over "
                 "its real positions; per token: at the token's own prediction, the expert removed there alone",
+                "top_k": k,
+                "removed_throughout": [f"{l}.{e}" for l, e in removed],
                 "streetlight": f"routing frequency >= top_k / n_experts ({share:.3f}) and the KL interval's upper "
                 f"bound below --floor {s.floor}",
                 "n_texts": len(texts),
