@@ -1,0 +1,329 @@
+"""Attribution graphs: the direct linear effects between the nodes of the local replacement model
+(:mod:`.replacement`) on one prompt, read by batched backward passes (circuit-tracer's algorithm, transcribed).
+
+Nodes, in circuit-tracer's order (so the adjacency and its Neuronpedia JSON are the same object):
+``[features (layer, position, feature) ascending, errors (layer-major: layer·n + position), token embeddings
+(position), logits (by probability)]``. ``adjacency[target, source]`` is the direct effect of the source on
+the target through the frozen model:
+
+- a source writes ``v`` into the residual stream: a feature ``a_s W_dec[s]`` (at its layer's MLP output),
+  an error node its error vector, a token its embedding (the ``embed`` site); the edge is ``g · v`` with
+  ``g`` the gradient of the target at that site through the replacement model (attention patterns and norm
+  denominators frozen, every MLP output a fixed node: so the gradient passes no other node);
+- a feature target is its pre-activation less ``b_enc``, ``W_enc[:, t] · x`` at its MLP input (for an
+  active ReLU / JumpReLU / TopK feature the activation's slope there is 1); a logit target is the demeaned
+  logit ``(W_U[i] − mean_j W_U[j]) · h`` at the LM head's (frozen-normed) input ``h``, before any soft-cap;
+- logits: the most probable next tokens, at most ``max_logits``, the fewest whose cumulative probability
+  reaches ``logit_prob`` (circuit-tracer's ``compute_salient_logits``: top ``max_logits`` by probability,
+  cut after the first whose running sum reaches the threshold; defaults 10 and 0.95);
+- with ``zero_bos`` (circuit-tracer's default) a first token that is a special token (BOS) has no feature
+  nodes and zero error vectors: its residual stream is the same on every prompt.
+
+Rows are computed in batches: the prompt is repeated ``batch_size`` times, one target per copy, one
+backward pass per batch from the retained forward graph. Every row holds the columns of every active
+feature (plus errors, tokens); with more active features than ``max_feature_nodes``, features are visited in
+order of their influence on the logits as estimated from the rows so far (recomputed every
+``update_interval`` batches; circuit-tracer's ``compute_partial_influences``) and the graph keeps the
+visited ones. Memory is ``rows × active features``, never ``width × width``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ...errors import StreetlampError
+from ...models.adapter import Inputs, ModelAdapter
+from ...models.features import feature_site
+from ...progress import bar as progress_bar
+from .replacement import check_replacement, freeze_edits, frozen_norms, transcoder_layers
+
+__all__ = ["Graph", "attribute", "salient_logits"]
+
+
+@dataclass
+class Graph:
+    """An unpruned attribution graph (rows: targets, columns: sources), in circuit-tracer's node order."""
+
+    ids: list[int]  # the prompt's token ids
+    tokens: list[str]  # their labels
+    features: np.ndarray  # [n_features, 3] (layer, position, feature index) of the graph's feature nodes
+    activations: np.ndarray  # [n_features]
+    n_layers: int
+    logit_ids: np.ndarray  # [n_logits]
+    logit_probs: np.ndarray  # [n_logits]
+    logit_labels: list[str]
+    adjacency: torch.Tensor  # [n_nodes, n_nodes] float32, adjacency[target, source]
+    error_norms: np.ndarray  # [n_layers, n_pos] ‖error vector‖ (0 where zeroed)
+    n_active: int = 0  # active features on the prompt (the graph holds all of them, or the most influential)
+    info: dict = field(default_factory=dict)
+
+    @property
+    def n_pos(self) -> int:
+        return len(self.ids)
+
+    @property
+    def n_features(self) -> int:
+        return int(self.features.shape[0])
+
+    @property
+    def n_logits(self) -> int:
+        return int(self.logit_ids.shape[0])
+
+    @property
+    def error_start(self) -> int:
+        return self.n_features
+
+    @property
+    def token_start(self) -> int:
+        return self.n_features + self.n_layers * self.n_pos
+
+    @property
+    def logit_start(self) -> int:
+        return self.token_start + self.n_pos
+
+    @property
+    def n_nodes(self) -> int:
+        return self.logit_start + self.n_logits
+
+    def kind(self, i: int) -> str:
+        if i < self.error_start:
+            return "feature"
+        if i < self.token_start:
+            return "error"
+        if i < self.logit_start:
+            return "token"
+        return "logit"
+
+    def where(self, i: int) -> tuple[int, int]:
+        """(layer, position) of node ``i``: tokens at layer -1, logits at layer n_layers (last position)."""
+        k = self.kind(i)
+        if k == "feature":
+            return int(self.features[i, 0]), int(self.features[i, 1])
+        if k == "error":
+            return divmod(i - self.error_start, self.n_pos)
+        if k == "token":
+            return -1, i - self.token_start
+        return self.n_layers, self.n_pos - 1
+
+    def label(self, i: int) -> str:
+        k = self.kind(i)
+        l, p = self.where(i)
+        if k == "feature":
+            return f"L{l} F{int(self.features[i, 2])} @{p}"
+        if k == "error":
+            return f"L{l} error @{p}"
+        if k == "token":
+            return f"token {self.tokens[p]!r} @{p}"
+        return f"logit {self.logit_labels[i - self.logit_start]!r}"
+
+    def logit_weights(self) -> torch.Tensor:
+        w = torch.zeros(self.n_nodes, dtype=torch.float64)
+        w[self.logit_start :] = torch.as_tensor(self.logit_probs, dtype=torch.float64)
+        return w
+
+
+@torch.no_grad()
+def salient_logits(probs: torch.Tensor, max_logits: int = 10, logit_prob: float = 0.95) -> torch.Tensor:
+    """circuit-tracer's choice: the ``max_logits`` most probable tokens, cut after the first whose cumulative
+    probability reaches ``logit_prob``."""
+    top_p, top_i = torch.topk(probs, min(max_logits, probs.shape[-1]))
+    cut = int(torch.searchsorted(torch.cumsum(top_p, 0), torch.tensor(logit_prob, dtype=top_p.dtype))) + 1
+    return top_i[:cut]
+
+
+class _Context:
+    """One retained forward pass of the replacement model on ``batch`` copies of the prompt."""
+
+    def __init__(self, adapter: ModelAdapter, ids: torch.Tensor, batch: int) -> None:
+        self.adapter = adapter
+        self.sinks: dict[str, torch.Tensor] = {}
+        self.stash: dict[int, torch.Tensor] = {}
+        self.layers = transcoder_layers(adapter)
+        edits = freeze_edits(adapter, self.sinks, self.stash)
+        record = ["embed"] + [feature_site(l, "mlp", e) for l in self.layers for e in (False, True)]
+        record += [f"layers.{l}.mlp.out" for l in range(adapter.n_layers) if l not in self.layers]
+        head = adapter.hf_model.get_output_embeddings()
+        seen: dict[str, torch.Tensor] = {}
+        hook = head.register_forward_pre_hook(lambda m, args: seen.__setitem__("h", args[0]))
+        inputs = Inputs.from_ids(adapter, [ids.tolist()] * batch, strings=False)
+        try:
+            with frozen_norms(adapter):
+                fwd = adapter.forward(inputs, record=record, edit=edits, keep_grad=True, grad=True)
+        finally:
+            hook.remove()
+        self.cache = fwd.cache
+        self.logits = fwd.logits[0].detach()
+        self.h = seen["h"][:, -1]  # [batch, d]: the LM head's input at the last position
+        self.sites = ["embed"] + [f"layers.{l}.mlp.out" for l in range(adapter.n_layers)]
+        self.leaves = [self.sinks[s] for s in self.sites]
+
+    def grads(self, scalar: torch.Tensor) -> list[torch.Tensor]:
+        gs = torch.autograd.grad(scalar, self.leaves, retain_graph=True, allow_unused=True)
+        return [torch.zeros_like(leaf) if g is None else g for g, leaf in zip(gs, self.leaves)]
+
+
+def attribute(
+    adapter: ModelAdapter,
+    ids: torch.Tensor,
+    *,
+    max_logits: int = 10,
+    logit_prob: float = 0.95,
+    batch_size: int = 32,
+    max_feature_nodes: int | None = None,
+    update_interval: int = 4,
+    zero_bos: bool = True,
+    progress: bool = False,
+) -> Graph:
+    """The attribution graph of the attached transcoders on ``ids`` (one prompt, 1-D token ids)."""
+    check_replacement(adapter)
+    fs = adapter.features
+    assert fs is not None
+    ids = ids.view(-1).cpu()
+    n, L = int(ids.shape[0]), adapter.n_layers
+    if n > adapter.max_positions:
+        raise StreetlampError(f"the prompt has {n} tokens but {adapter.name} takes at most {adapter.max_positions}")
+    if not 0 < logit_prob <= 1 or max_logits < 1:
+        raise StreetlampError("logit selection: max_logits >= 1 and 0 < logit_prob <= 1")
+    B = max(1, int(batch_size))
+    ctx = _Context(adapter, ids, B)
+    skip_bos = bool(zero_bos and n > 1 and int(ids[0]) in adapter.special_ids)
+    first = 1 if skip_bos else 0
+
+    # active features (row 0 of the batch), their scaled decoder vectors, per (layer, position)
+    feats: list[tuple[int, int, int]] = []
+    acts: list[float] = []
+    dec: dict[tuple[int, int], torch.Tensor] = {}  # (layer, pos) -> [m, d] a_s W_dec[s]
+    errors = torch.zeros(L, n, adapter.d_model, dtype=torch.float64)
+    for l in range(L):
+        if l in ctx.layers:
+            a = ctx.cache[feature_site(l, "mlp")][0].detach()
+            err = ctx.cache[feature_site(l, "mlp", True)][0].detach()
+            tc = fs.get(l, "mlp")
+            assert tc is not None
+            W_dec = tc.params(a)["W_dec"]
+            assert W_dec is not None
+            for p in range(first, n):
+                nz = torch.nonzero(a[p] > 0).view(-1)
+                if nz.numel():
+                    dec[(l, p)] = a[p, nz, None] * W_dec[nz]
+                    feats.extend((l, p, int(f)) for f in nz.tolist())
+                    acts.extend(a[p, nz].double().cpu().tolist())
+        else:
+            err = ctx.cache[f"layers.{l}.mlp.out"][0].detach()
+        errors[l, first:] = err[first:].double().cpu()
+    n_act = len(feats)
+    feat_arr = np.array(feats, dtype=np.int64).reshape(-1, 3)
+    # column offsets of each (layer, pos) block of features (features are sorted by layer, pos, index)
+    offsets: dict[tuple[int, int], int] = {}
+    c = 0
+    for key in dec:
+        offsets[key] = c
+        c += dec[key].shape[0]
+    err_dev = errors.to(ctx.h.device, ctx.h.dtype)
+    embed = ctx.cache["embed"][0].detach()
+    embed_vals = embed.clone()
+    embed_vals[:first] = 0
+    n_cols = n_act + L * n + n
+
+    # the logits: circuit-tracer's salient set, demeaned unembedding columns as the targets
+    probs = torch.softmax(ctx.logits.double(), -1)
+    logit_ids = salient_logits(probs, max_logits, logit_prob).cpu()
+    W_U = adapter.hf_model.get_output_embeddings().weight.detach()
+    demeaned = (W_U[logit_ids.to(W_U.device)] - W_U.mean(0, keepdim=True)).to(ctx.h.dtype)  # [k, d]
+    K = len(logit_ids)
+
+    def rows_for(targets: list[tuple[str, int]]) -> torch.Tensor:
+        """Rows [len(targets), n_cols]: targets ("feature", index into feats) or ("logit", k)."""
+        parts = []
+        for b, (kind, i) in enumerate(targets):
+            if kind == "logit":
+                parts.append(ctx.h[b] @ demeaned[i])
+            else:
+                l, p, f = feats[i]
+                parts.append(ctx.stash[l][b, p, f])
+        g = ctx.grads(torch.stack(parts).sum())
+        m = len(targets)
+        out = torch.zeros(m, n_cols, dtype=torch.float32)
+        g_embed, g_mlp = g[0][:m], g[1:]
+        for (l, p), vecs in dec.items():
+            o = offsets[(l, p)]
+            out[:, o : o + vecs.shape[0]] = (g_mlp[l][:m, p] @ vecs.t()).float().cpu()
+        for l in range(L):
+            e0 = n_act + l * n
+            out[:, e0 : e0 + n] = torch.einsum("bnd,nd->bn", g_mlp[l][:m], err_dev[l]).float().cpu()
+        out[:, n_act + L * n :] = torch.einsum("bnd,nd->bn", g_embed[:m], embed_vals).float().cpu()
+        return out
+
+    cap = n_act if max_feature_nodes is None else min(n_act, int(max_feature_nodes))
+    rows = torch.zeros(K + cap, n_cols + K, dtype=torch.float32)
+    row_node = torch.zeros(K + cap, dtype=torch.long)  # row -> column (node) index in the full order
+    bar = progress_bar(total=K + cap, desc="graph rows", disable=not progress)
+    for s in range(0, K, B):
+        idx = list(range(s, min(K, s + B)))
+        rows[s : s + len(idx), :n_cols] = rows_for([("logit", i) for i in idx])
+        row_node[s : s + len(idx)] = torch.tensor(idx) + n_cols
+        bar.update(len(idx))
+    st = K
+    visited = torch.zeros(n_act, dtype=torch.bool)
+    logit_p = torch.as_tensor(probs[logit_ids.to(probs.device)].cpu(), dtype=torch.float64)
+    while int(visited.sum()) < cap:
+        if cap == n_act:
+            pending = torch.arange(n_act)
+        else:
+            infl = partial_influences(rows[:st], logit_p, row_node[:st], n_cols + K)
+            rank = torch.argsort(infl[:n_act], descending=True, stable=True)
+            pending = rank[~visited[rank]][: min(update_interval * B, cap - int(visited.sum()))]
+        for s in range(0, len(pending), B):
+            chunk = pending[s : s + B]
+            rows[st : st + len(chunk), :n_cols] = rows_for([("feature", int(i)) for i in chunk])
+            row_node[st : st + len(chunk)] = chunk
+            visited[chunk] = True
+            st += len(chunk)
+            bar.update(len(chunk))
+    bar.bar.close()
+
+    selected = torch.nonzero(visited).view(-1)
+    keep_cols = torch.cat([selected, torch.arange(n_act, n_cols + K)])
+    N = len(selected) + L * n + n + K
+    adj = torch.zeros(N, N, dtype=torch.float32)
+    pos_of = torch.full((n_cols + K,), -1, dtype=torch.long)
+    pos_of[keep_cols] = torch.arange(N)
+    tgt = pos_of[row_node[:st]]
+    adj[tgt] = rows[:st][:, keep_cols]
+    del rows
+    sel = selected.numpy()
+    labels = [adapter.token_label(t) for t in adapter.tokenizer.convert_ids_to_tokens(ids.tolist())]
+    return Graph(
+        ids=ids.tolist(),
+        tokens=labels,
+        features=feat_arr[sel],
+        activations=np.asarray(acts, dtype=np.float64)[sel],
+        n_layers=L,
+        logit_ids=logit_ids.numpy(),
+        logit_probs=logit_p.numpy(),
+        logit_labels=[adapter.output_label(int(i)) for i in logit_ids],
+        adjacency=adj,
+        error_norms=errors.norm(dim=-1).numpy(),
+        n_active=n_act,
+        info={"zero_bos": skip_bos, "batch_size": B, "max_feature_nodes": max_feature_nodes},
+    )
+
+
+def partial_influences(rows: torch.Tensor, logit_p: torch.Tensor, row_node: torch.Tensor, n_nodes: int) -> torch.Tensor:
+    """Influence on the logits of every column, from the rows computed so far (circuit-tracer's
+    ``compute_partial_influences``): ``prod ← prod[row_node] @ |rows| / rowsum`` from the logits' probabilities,
+    summed until it vanishes (a DAG: at most its depth)."""
+    A = rows.double().abs()
+    A /= A.sum(1, keepdim=True).clamp(min=1e-8)
+    infl = torch.zeros(n_nodes, dtype=torch.float64)
+    prod = torch.zeros(n_nodes, dtype=torch.float64)
+    prod[-len(logit_p) :] = logit_p
+    for _ in range(10_000):
+        prod = prod[row_node] @ A
+        if not prod.any():
+            return infl
+        infl += prod
+    raise StreetlampError("influence did not converge: the graph has a cycle")

@@ -1,0 +1,111 @@
+"""Pruning by influence and the graph's replacement and completeness scores (circuit-tracer's ``prune_graph``
+and ``compute_graph_scores``, transcribed; METHODS.md §13).
+
+- ``normalize(A)``: ``|A|`` with each row (target) divided by its sum (clamped at 1e-10): the share of a
+  target's direct inputs that each source has.
+- ``influence(Â, w) = w Â + w Â² + … = w ((I − Â)^{-1} − I)``: the total (direct and indirect) influence of every
+  node on the logits, from the logit weights ``w`` (the logits' probabilities at the logit nodes). The graph
+  is a DAG, so the series ends after its depth.
+- **node pruning**: keep the fewest nodes, by influence, whose cumulative share reaches ``node_threshold``
+  (default 0.8); tokens and logits always kept. **Edge pruning**: on the node-pruned matrix, an edge's
+  score is ``Â[t, s] · (influence(t) + w(t))``; keep the fewest edges whose cumulative share reaches
+  ``edge_threshold`` (default 0.98). Then repeatedly drop feature and error nodes with no kept outgoing
+  edge and features with no kept incoming edge (and their edges) until nothing changes.
+- **replacement score**: of the influence that the tokens and the error nodes have on the logits, the
+  tokens' share (error influence is influence the features did not explain).
+- **completeness score**: ``Σ_n (1 − Σ_{errors} Â[n, e]) (influence(n) + w(n)) / Σ_n (influence(n) + w(n))``:
+  each node's input share that does not come straight from an error node, weighted by its influence.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ...errors import StreetlampError
+from .attribution import Graph
+
+__all__ = ["Pruned", "find_threshold", "graph_scores", "influence", "normalize", "prune"]
+
+
+def normalize(A: torch.Tensor) -> torch.Tensor:
+    m = A.double().abs()
+    return m / m.sum(1, keepdim=True).clamp(min=1e-10)
+
+
+def influence(A: torch.Tensor, weights: torch.Tensor, max_iter: int = 10_000) -> torch.Tensor:
+    """``w A + w A² + …`` (the rows of ``A`` are targets): each node's total influence on what ``w`` weighs."""
+    cur = weights.double() @ A
+    total = cur.clone()
+    for _ in range(max_iter):
+        cur = cur @ A
+        if not cur.any():
+            return total
+        total += cur
+    raise StreetlampError("influence did not converge: the graph has a cycle")
+
+
+def find_threshold(scores: torch.Tensor, threshold: float) -> torch.Tensor:
+    """The score at which the scores sorted in descending order first reach ``threshold`` of their total."""
+    s = torch.sort(scores.flatten(), descending=True).values
+    cum = torch.cumsum(s, 0) / s.sum()
+    i = int(torch.searchsorted(cum, torch.tensor(threshold, dtype=cum.dtype)))
+    return s[min(i, len(s) - 1)]
+
+
+class Pruned(NamedTuple):
+    node_mask: torch.Tensor  # [n_nodes] bool
+    edge_mask: torch.Tensor  # [n_nodes, n_nodes] bool (target, source)
+    cumulative: torch.Tensor  # [n_nodes] each node's cumulative influence share in descending order
+    node_influence: torch.Tensor  # [n_nodes]
+
+
+def _check(t: float, name: str) -> None:
+    if not 0 < t <= 1:
+        raise StreetlampError(f"{name} {t:g} is outside (0, 1]: it is the fraction of influence kept")
+
+
+def prune(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> Pruned:
+    _check(node_threshold, "node threshold")
+    _check(edge_threshold, "edge threshold")
+    A = graph.adjacency
+    w = graph.logit_weights()
+    n_keep = graph.n_logits + graph.n_pos  # tokens and logits: the last nodes
+    node_inf = influence(normalize(A), w)
+    node_mask = node_inf >= find_threshold(node_inf, node_threshold)
+    node_mask[-n_keep:] = True
+    pruned = A.double().clone()
+    pruned[~node_mask] = 0
+    pruned[:, ~node_mask] = 0
+    An = normalize(pruned)
+    edge_scores = An * (influence(An, w) + w)[:, None]
+    edge_mask = edge_scores >= find_threshold(edge_scores, edge_threshold)
+    nf = graph.n_features
+    old = node_mask.clone()
+    node_mask[:-n_keep] &= edge_mask[:, :-n_keep].any(0)
+    node_mask[:nf] &= edge_mask[:nf].any(1)
+    while not torch.equal(node_mask, old):
+        old = node_mask.clone()
+        edge_mask[~node_mask] = False
+        edge_mask[:, ~node_mask] = False
+        node_mask[:-n_keep] &= edge_mask[:, :-n_keep].any(0)
+        node_mask[:nf] &= edge_mask[:nf].any(1)
+    order = torch.argsort(node_inf, descending=True, stable=True)
+    cum = torch.zeros_like(node_inf)
+    cum[order] = torch.cumsum(node_inf[order], 0) / node_inf.sum()
+    return Pruned(node_mask, edge_mask, cum, node_inf)
+
+
+def graph_scores(graph: Graph) -> tuple[float, float]:
+    """(replacement score, completeness score) of the unpruned graph."""
+    An = normalize(graph.adjacency)
+    w = graph.logit_weights()
+    inf = influence(An, w)
+    e0, t0, l0 = graph.error_start, graph.token_start, graph.logit_start
+    tok, err = float(inf[t0:l0].sum()), float(inf[e0:t0].sum())
+    replacement = tok / (tok + err) if tok + err > 0 else 0.0
+    non_error = 1 - An[:, e0:t0].sum(1)
+    out = inf + w
+    completeness = float((non_error * out).sum() / out.sum())
+    return replacement, completeness

@@ -1,0 +1,299 @@
+"""Attribution graphs (interventions/graphs): edges against the frozen replacement model run forward in
+float64 with every frozen quantity substituted by value (an independent computation: no gradients, no detach),
+pruning and scores against hand computations, the replacement model's forward = the model's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from streetlamp.errors import StreetlampError
+from streetlamp.interventions.graphs import Graph, attribute, graph_scores, influence, normalize, prune
+from streetlamp.interventions.graphs.replacement import freeze_edits, frozen_norms
+from streetlamp.models.adapter import ModelAdapter
+from streetlamp.models.features import Dictionary, FeatureSet, feature_site
+from streetlamp.models.sites import submodule
+from streetlamp.models.tiny import tiny_model
+
+TEXT = "when mary and john went to the store , john gave a drink to"
+
+
+def random_transcoder(layer: int, d: int, width: int, seed: int, skip: bool = False) -> Dictionary:
+    g = torch.Generator().manual_seed(seed)
+    return Dictionary(
+        layer,
+        "mlp",
+        W_enc=torch.randn(d, width, generator=g, dtype=torch.float64) / d**0.5,
+        b_enc=torch.randn(width, generator=g, dtype=torch.float64) * 0.1 - 0.3,
+        W_dec=torch.randn(width, d, generator=g, dtype=torch.float64) / width**0.5,
+        b_dec=torch.randn(d, generator=g, dtype=torch.float64) * 0.1,
+        W_skip=torch.randn(d, d, generator=g, dtype=torch.float64) * 0.1 if skip else None,
+    )
+
+
+def llama64(layers: int = 3, skip_at: int | None = 1, missing: int | None = None) -> ModelAdapter:
+    model, tok = tiny_model("llama", seed=1, layers=layers)
+    a = ModelAdapter(model.double(), tok, "tiny-llama")
+    dicts = {
+        (l, "mlp"): random_transcoder(l, a.d_model, 48, 10 + l, skip=l == skip_at)
+        for l in range(layers)
+        if l != missing
+    }
+    a.attach_features(FeatureSet(dicts, source="random"))
+    return a
+
+
+class Frozen:
+    """The replacement model by value: a clean run records every attention pattern, every norm's scale, the
+    features and errors; ``run(...)`` then replays the model with those patterns and scales substituted and
+    the given node values (features, errors, token embeddings), and returns what the graph's targets read:
+    each layer's MLP input and the LM head's input at the last position."""
+
+    def __init__(self, a: ModelAdapter, ids: torch.Tensor) -> None:
+        self.a, self.inputs = a, a.encode([TEXT])
+        self.norms = [m for m in a.hf_model.modules() if type(m).__name__.endswith("RMSNorm")]
+        self.scale: dict[int, torch.Tensor] = {}
+        self.layers = sorted(l for (l, _) in a.features.dictionaries)
+        rec = ["embed"] + [f"layers.{l}.attn.pattern" for l in range(a.n_layers)]
+        rec += [feature_site(l, "mlp", e) for l in self.layers for e in (False, True)]
+        rec += [f"layers.{l}.mlp.out" for l in range(a.n_layers)]
+        self.mode = "record"
+        fwd = self._forward(record=rec)
+        self.clean = {k: v.clone() for k, v in fwd.cache.items()}
+        self.mode = "frozen"
+
+    def _forward(self, record=(), edit=None):
+        self.mlp_in: dict[int, torch.Tensor] = {}
+        self.h: list[torch.Tensor] = []
+        handles = []
+        for m in self.norms:
+
+            def hook(m, args, out, key=id(m)):
+                x = args[0]
+                if self.mode == "record":
+                    self.scale[key] = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + m.variance_epsilon)
+                return m.weight * (x * self.scale[key])
+
+            handles.append(m.register_forward_hook(hook))
+        for l, layer in enumerate(self.a.layer_modules):
+            mlp = submodule(layer, self.a.family.mlp)
+            handles.append(mlp.register_forward_pre_hook(lambda m, args, l=l: self.mlp_in.__setitem__(l, args[0][0])))
+        head = self.a.hf_model.get_output_embeddings()
+        handles.append(head.register_forward_pre_hook(lambda m, args: self.h.append(args[0][0, -1])))
+        try:
+            with torch.no_grad():
+                return self.a.forward(self.inputs, record=record, edit=edit)
+        finally:
+            for h in handles:
+                h.remove()
+
+    def run(self, acts=None, errors=None, embed=None):
+        """MLP inputs {layer: [pos, d]} and the LM head's input [d] with the given node values (default clean)."""
+        c = self.clean
+        edit = {"embed": lambda e: (c["embed"] if embed is None else embed).clone()}
+        for l in range(self.a.n_layers):
+            edit[f"layers.{l}.attn.pattern"] = lambda p, l=l: c[f"layers.{l}.attn.pattern"].clone()
+            if l in self.layers:
+                edit[feature_site(l, "mlp")] = lambda x, l=l: (acts or {}).get(l, c[feature_site(l, "mlp")]).clone()
+                edit[feature_site(l, "mlp", True)] = lambda x, l=l: (
+                    (errors or {}).get(l, c[feature_site(l, "mlp", True)]).clone()
+                )
+            else:  # no transcoder: the whole MLP output is the error node
+                edit[f"layers.{l}.mlp.out"] = lambda x, l=l: (errors or {}).get(l, c[f"layers.{l}.mlp.out"]).clone()
+        self._forward(edit=edit)
+        return dict(self.mlp_in), self.h[-1]
+
+
+def target_value(a: ModelAdapter, g: Graph, t: int, mlp_in: dict, h: torch.Tensor) -> float:
+    """The graph's target ``t`` read from a frozen run: ``W_enc[:, f] · x`` or the demeaned logit."""
+    if g.kind(t) == "feature":
+        l, p, f = (int(v) for v in g.features[t])
+        return float(mlp_in[l][p] @ a.features.get(l, "mlp").W_enc[:, f])
+    W = a.hf_model.get_output_embeddings().weight
+    i = int(g.logit_ids[t - g.logit_start])
+    return float(h @ (W[i] - W.mean(0)).detach())
+
+
+def knock_out(a: ModelAdapter, fr: Frozen, g: Graph, s: int) -> tuple[dict, torch.Tensor]:
+    """The frozen run with source node ``s``'s value set to zero."""
+    c = fr.clean
+    k = g.kind(s)
+    if k == "feature":
+        l, p, f = (int(v) for v in g.features[s])
+        x = c[feature_site(l, "mlp")].clone()
+        x[0, p, f] = 0
+        return fr.run(acts={l: x})
+    if k == "error":
+        l, p = g.where(s)
+        name = feature_site(l, "mlp", True) if l in fr.layers else f"layers.{l}.mlp.out"
+        x = c[name].clone()
+        x[0, p] = 0
+        return fr.run(errors={l: x})
+    _, p = g.where(s)
+    x = c["embed"].clone()
+    x[0, p] = 0
+    return fr.run(embed=x)
+
+
+@pytest.mark.parametrize("missing", [None, 2])
+def test_edges_equal_knockouts_through_the_frozen_replacement(missing: int | None) -> None:
+    """Every edge A[t, s] equals target(clean) − target(source s set to zero) in the replacement model run by
+    value (it is affine in its nodes: the difference is exact up to float64 rounding); with a skip transcoder at
+    layer 1 and (second case) no transcoder at layer 2 (its MLP output an error node)."""
+    a = llama64(missing=missing)
+    ids = a.encode([TEXT]).input_ids[0]
+    g = attribute(a, ids, batch_size=7, zero_bos=False)
+    fr = Frozen(a, ids)
+    base_in, base_h = fr.run()
+    rng = np.random.default_rng(0)
+    targets = [g.logit_start, g.logit_start + 1] + [
+        int(i)
+        for i in rng.choice(np.flatnonzero(g.features[:, 0] == 2 if missing is None else g.features[:, 0] == 1), 3)
+    ]
+    feats = [int(i) for i in rng.choice(g.n_features, 12, replace=False)]
+    errors = [g.error_start + l * g.n_pos + p for l in range(3) for p in (0, 5, g.n_pos - 1)]
+    tokens = [g.token_start + p for p in (0, 3, g.n_pos - 1)]
+    A = g.adjacency.double()
+    scale = float(A.abs().max())
+    for s in feats + errors + tokens:
+        mlp_in, h = knock_out(a, fr, g, s)
+        for t in targets:
+            want = target_value(a, g, t, base_in, base_h) - target_value(a, g, t, mlp_in, h)
+            assert abs(float(A[t, s]) - want) <= 1e-6 * scale, (g.label(t), g.label(s), float(A[t, s]), want)
+    # a feature's pre-activation = its incoming edges + what no node carries (b_dec's, b_enc): zero every node
+    zero_acts = {l: torch.zeros_like(fr.clean[feature_site(l, "mlp")]) for l in fr.layers}
+    zero_err = {
+        l: torch.zeros_like(fr.clean[feature_site(l, "mlp", True) if l in fr.layers else f"layers.{l}.mlp.out"])
+        for l in range(3)
+    }
+    z_in, z_h = fr.run(acts=zero_acts, errors=zero_err, embed=torch.zeros_like(fr.clean["embed"]))
+    for t in targets:
+        want = target_value(a, g, t, base_in, base_h) - target_value(a, g, t, z_in, z_h)
+        assert abs(float(A[t].sum()) - want) <= 1e-6 * scale * A.shape[1] ** 0.5
+
+
+def test_nodes_and_rows_are_the_replacement_models() -> None:
+    """Feature nodes are exactly the active latents; feature rows only read earlier layers; logit choice as
+    circuit-tracer's; zero_bos removes the special first token's features and error columns."""
+    a = llama64()
+    ids = a.encode([TEXT]).input_ids[0]
+    g = attribute(a, ids, batch_size=64, zero_bos=False)
+    fwd = a.forward(a.encode([TEXT]), record=[feature_site(l, "mlp") for l in range(3)])
+    n_active = sum(int((fwd.cache[feature_site(l, "mlp")] > 0).sum()) for l in range(3))
+    assert g.n_features == g.n_active == n_active
+    l, p, f = (int(v) for v in g.features[5])
+    assert g.activations[5] == pytest.approx(float(fwd.cache[feature_site(l, "mlp")][0, p, f]), abs=0)
+    A = g.adjacency
+    for t in range(g.n_features):
+        lt, pt = g.where(t)
+        src = torch.nonzero(A[t]).view(-1).tolist()
+        assert all(g.where(s)[0] < lt and g.where(s)[1] <= pt for s in src)
+    assert not A[g.error_start : g.logit_start].any()  # errors and tokens have no inputs
+    probs = torch.softmax(fwd.logits[0], -1)
+    top = torch.topk(probs, 10)
+    cum = torch.cumsum(top.values, 0)
+    k = int((cum < 0.95).sum()) + 1
+    assert g.logit_ids.tolist() == top.indices[: min(k, 10)].tolist()
+    # the special-token rule: a first token in special_ids has no nodes of its own
+    bos = torch.cat([torch.tensor([min(a.special_ids)]), ids])
+    gb = attribute(a, bos, batch_size=64)
+    assert gb.info["zero_bos"] and (gb.features[:, 1] > 0).all()
+    assert not gb.adjacency[:, [gb.error_start + l * gb.n_pos for l in range(3)]].any()
+
+
+def test_replacement_forward_is_the_model() -> None:
+    """The frozen replacement (errors kept) reproduces the model's logits to float64 rounding; its gradients
+    differ (frozen patterns and norms: the model is linear between its nodes)."""
+    a = llama64()
+    inputs = a.encode([TEXT])
+    plain = a.forward(inputs).logits
+    sinks: dict = {}
+    stash: dict = {}
+    with frozen_norms(a):
+        fwd = a.forward(inputs, edit=freeze_edits(a, sinks, stash), keep_grad=True, grad=True)
+    torch.testing.assert_close(fwd.logits, plain, rtol=0, atol=1e-12)
+    # linear between nodes: doubling every node value doubles the logits' node-carried part exactly
+    g = torch.autograd.grad(fwd.logits[0, 3], [sinks["embed"]])[0]
+    assert g.abs().sum() > 0
+
+
+def hand_graph() -> Graph:
+    """Two features f0 (layer 0) -> f1 (layer 1), an error node at each layer, one position, one logit.
+    Node order: f0, f1, err0, err1, token, logit."""
+    A = torch.zeros(6, 6)
+    A[0, 4] = 2.0  # token -> f0
+    A[1, 0] = 1.0  # f0 -> f1
+    A[1, 2] = -1.0  # err0 -> f1
+    A[1, 4] = 1.0  # token -> f1
+    A[5, 1] = 3.0  # f1 -> logit
+    A[5, 3] = 1.0  # err1 -> logit
+    A[5, 4] = -0.5  # token -> logit
+    return Graph(
+        ids=[7],
+        tokens=["x"],
+        features=np.array([[0, 0, 3], [1, 0, 5]]),
+        activations=np.array([1.0, 2.0]),
+        n_layers=2,
+        logit_ids=np.array([9]),
+        logit_probs=np.array([0.5]),
+        logit_labels=["y"],
+        adjacency=A,
+        error_norms=np.ones((2, 1)),
+    )
+
+
+def test_scores_on_a_hand_made_graph() -> None:
+    """Influence, replacement and completeness by hand. Normalised rows: f0 = [token 1]; f1 = [f0 1/3, err0 1/3,
+    token 1/3]; logit = [f1 3/4.5, err1 1/4.5, token 0.5/4.5]. With w = 0.5 at the logit:
+    infl(f1) = 0.5·2/3 = 1/3; infl(err1) = 0.5/4.5 = 1/9; infl(f0) = 1/3·1/3 = 1/9; infl(err0) = 1/9;
+    infl(token) = 0.5·(0.5/4.5) + 1/3·1/3 + 1/9·1 = 1/18 + 1/9 + 1/9 = 5/18."""
+    g = hand_graph()
+    w = g.logit_weights()
+    inf = influence(normalize(g.adjacency), w)
+    want = torch.tensor([1 / 9, 1 / 3, 1 / 9, 1 / 9, 5 / 18, 0], dtype=torch.float64)
+    torch.testing.assert_close(inf, want, rtol=0, atol=1e-15)
+    # (I - A)^{-1} - I, the closed form
+    An = normalize(g.adjacency)
+    closed = w @ (torch.linalg.inv(torch.eye(6, dtype=torch.float64) - An) - torch.eye(6, dtype=torch.float64))
+    torch.testing.assert_close(inf, closed, rtol=0, atol=1e-14)
+    rep, comp = graph_scores(g)
+    assert rep == pytest.approx((5 / 18) / (5 / 18 + 1 / 9 + 1 / 9), abs=1e-15)
+    # completeness: non-error input share per node, weighted by influence + w
+    non_err = torch.tensor([1, 2 / 3, 1, 1, 1, 1 - 1 / 4.5], dtype=torch.float64)
+    out = want + w
+    assert comp == pytest.approx(float((non_err * out).sum() / out.sum()), abs=1e-15)
+
+
+def test_pruning_by_hand() -> None:
+    """Influences (f0 1/9, f1 1/3, err0 1/9, err1 1/9, token 5/18, logit 0): total 17/18. Node threshold 0.5:
+    sorted f1 (6/17), token (5/17) -> cumulative 11/17 ≥ 0.5: the threshold score is the token's 5/18, so f1
+    and the token survive with the logit (always kept); f0, err0, err1 go. Edge scores on the pruned matrix:
+    rows f1 = [token 1] (f0, err0 pruned), logit = [f1 3/2.5, token -0.5/2.5 -> |.|]: logit row normalised
+    f1 6/7, token 1/7; influence(f1) = 0.5·6/7, so edge scores: logit<-f1 0.5·6/7 = 3/7, logit<-token 1/14,
+    f1<-token 3/7·1. Edge threshold 0.9: sorted 3/7, 3/7, 1/14 (total 13/14): 6/7 / (13/14) = 12/13 ≥ 0.9, so
+    the token -> logit edge goes."""
+    g = hand_graph()
+    p = prune(g, node_threshold=0.5, edge_threshold=0.9)
+    assert p.node_mask.tolist() == [False, True, False, False, True, True]
+    kept = {(int(t), int(s)) for t, s in torch.nonzero(p.edge_mask)}
+    assert kept == {(1, 4), (5, 1)}
+    # everything kept at thresholds 1
+    p1 = prune(g, 1.0, 1.0)
+    assert p1.node_mask.all()
+    with pytest.raises(StreetlampError, match=r"outside \(0, 1\]"):
+        prune(g, 0.0, 0.5)
+    with pytest.raises(StreetlampError, match=r"outside \(0, 1\]"):
+        prune(g, 0.5, 1.5)
+
+
+def test_refusals() -> None:
+    model, tok = tiny_model("llama", seed=1)
+    a = ModelAdapter(model.double(), tok, "tiny-llama")
+    ids = a.encode([TEXT]).input_ids[0]
+    with pytest.raises(StreetlampError, match="needs a dictionary"):
+        attribute(a, ids)
+    sae = Dictionary(0, "resid_pre", torch.zeros(32, 8), torch.zeros(8), torch.zeros(8, 32), torch.zeros(32))
+    a.attach_features(FeatureSet({(0, "resid_pre"): sae}, source="sae"))
+    with pytest.raises(StreetlampError, match="no transcoder"):
+        attribute(a, ids)
