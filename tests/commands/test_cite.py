@@ -202,6 +202,28 @@ def test_window(setup: dict[str, Path], tmp_path: Path, capsys) -> None:  # noqa
     m = json.loads((out / "manifest.json").read_text())
     assert m["sources"]["cut"] and "dropped sources" in printed
     assert m["n_tokens"] <= 64 and m["sources"]["n"] + len(m["sources"]["cut"]) == 18
+    # cite-bench never truncates: a question over the window is skipped, its reason recorded, and counted apart
+    rows = [{"sources": SOURCES * 3, "question": "what is good", "answer": "paris", "planted": [0], "kind": "long"}]
+    rows.append(
+        {"sources": SOURCES[:2], "question": "what is good", "answer": "zzz never", "planted": [0], "kind": "short"}
+    )
+    data = tmp_path / "b.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    bench = tmp_path / "bench"
+    argv = ["cite-bench", "--model", str(setup["llama"]), "--data", str(data), "--out", str(bench)]
+    assert main([*argv, "--methods", "leave_one_out"]) == 0
+    assert "2 questions, 0 answered correctly (only those count), 1 skipped" in capsys.readouterr().out
+    recs = [json.loads(x) for p in sorted((bench / "records").glob("*.jsonl")) for x in p.read_text().splitlines()]
+    assert "takes at most 64" in recs[0]["skipped"] and "skipped" not in recs[1]
+    # with --truncate the long question keeps the sources that fit (its planted source 0 among them)
+    assert main([*argv[:-1], str(tmp_path / "bench-cut"), "--methods", "leave_one_out", "--truncate"]) == 0
+    assert "0 skipped" in capsys.readouterr().out
+    recs = [
+        json.loads(x)
+        for p in sorted((tmp_path / "bench-cut" / "records").glob("*.jsonl"))
+        for x in p.read_text().splitlines()
+    ]
+    assert recs[0]["cut"] and recs[0]["n_sources"] + len(recs[0]["cut"]) == 18
 
 
 def test_planted_benchmark_generator() -> None:
@@ -219,6 +241,33 @@ def test_planted_benchmark_generator() -> None:
             assert sum(q.answer in s for s in q.sources) == (2 if q.kind == "twice" else 1)
         assert sum(len(s.split()) for s in q.sources) >= 60
     assert [q.sources for q in generate(10, words=60, seed=3)] == [q.sources for q in qs]
+
+
+def test_planted_passages() -> None:
+    from streetlamp.data.citebench import KINDS, generate
+
+    qs = generate(10, words=400, seed=3, passage_words=60)
+    assert [q.kind for q in qs] == [KINDS[i % len(KINDS)] for i in range(10)]
+    for q in qs:
+        assert 5 <= len(q.sources) <= 9  # about 400 / 60 passages
+        plant = "Ignore the question" if q.kind == "injection" else q.answer
+        holding = [i for i, s in enumerate(q.sources) if plant in s]
+        if q.kind == "combined":  # the town's sentence holds the word, the other one names the town
+            town = next(
+                w
+                for w in q.sources[holding[0]].split()
+                if w.rstrip(".") in ("Tarsk", "Velmoor", "Quenby", "Ardith", "Holloway", "Brisca")
+            )
+            holding = sorted({*holding, *(i for i, s in enumerate(q.sources) if f"lives in {town}" in s)})
+        assert holding == q.planted and len(q.planted) == (2 if q.kind in ("combined", "twice") else 1)
+        assert all(len(q.sources[i].split()) > 20 for i in q.planted)  # inside a distractor passage
+        if q.kind in ("contradicted", "injection"):  # the near miss sits in another passage
+            near = "The code word of" if q.kind == "injection" else "The code word of"
+            assert sum(near in s for s in q.sources) == 2 - (q.kind == "injection")
+    assert [q.sources for q in generate(10, words=400, seed=3, passage_words=60)] == [q.sources for q in qs]
+    assert [q.sources for q in generate(3, words=60, seed=3)] == [
+        q.sources for q in generate(3, words=60, seed=3, passage_words=0)
+    ]
 
 
 def test_bench_resumes_and_counts_only_correct_answers(setup: dict[str, Path], tmp_path: Path, capsys) -> None:  # noqa: ANN001

@@ -14,8 +14,9 @@ with planted sources at random places that the question needs:
   the expected answer is the injected word, so a question counts only when the model follows it, and the
   planted source is the injected one.
 
-Names and words are drawn from fixed lists with the seed; everything is a pure function of
-``(n, words, seed, kinds)``. Each question's answer is prompted with a cue the model continues
+With ``passage_words`` the sources are passages of about that many words (retrieved passages rather than
+sentences), each plant a sentence inside one of them. Names and words are drawn from fixed lists with the
+seed; everything is a pure function of ``(n, words, seed, kinds, passage_words)``. Each question's answer is prompted with a cue the model continues
 (``Answer: The code word of Mira is``, its ``answer_prefix``). Rows are :class:`~streetlamp.data.sources.Question` lines.
 """
 
@@ -69,8 +70,43 @@ def _planted(kind: str, rng: np.random.Generator) -> tuple[list[str], str, str, 
     raise ValueError(kind)
 
 
-def generate(n: int, words: int = 300, seed: int = 0, kinds: tuple[str, ...] = KINDS) -> list[Question]:
-    """``n`` questions, the kinds in turn, each context about ``words`` words of distractors plus its plants."""
+def _passages(
+    ctx: list[str], extra: list[str], n_plants: int, passage_words: int, rng: np.random.Generator
+) -> tuple[list[str], list[int]]:
+    """The distractor sentences ``ctx`` in passages of about ``passage_words`` words (at least one more
+    passage than there are plants), each of ``extra`` inside its own passage at a random sentence boundary;
+    the passages and the indices of those holding the first ``n_plants`` of ``extra``."""
+    groups: list[list[str]] = [[]]
+    size = 0
+    for s in ctx:
+        if size >= passage_words:
+            groups.append([])
+            size = 0
+        groups[-1].append(s)
+        size += len(s.split())
+    if len(groups) > 1 and sum(len(s.split()) for s in groups[-1]) < passage_words / 2:  # a short rest: merged
+        rest = groups.pop()
+        groups[-1].extend(rest)
+    while len(groups) <= len(extra):  # a short context: split its longest passage
+        j = max(range(len(groups)), key=lambda g: len(groups[g]))
+        if len(groups[j]) < 2:
+            groups.append([])
+            continue
+        h = len(groups[j]) // 2
+        groups[j : j + 1] = [groups[j][:h], groups[j][h:]]
+    where = rng.choice(len(groups), len(extra), replace=False).tolist()
+    for k, g in enumerate(where):
+        groups[g].insert(int(rng.integers(0, len(groups[g]) + 1)), extra[k])
+    return [" ".join(g) for g in groups], sorted(where[:n_plants])
+
+
+def generate(
+    n: int, words: int = 300, seed: int = 0, kinds: tuple[str, ...] = KINDS, passage_words: int = 0
+) -> list[Question]:
+    """``n`` questions, the kinds in turn, each context about ``words`` words of distractors plus its plants.
+    ``passage_words`` 0: every sentence is a source and each plant is a source of its own; > 0: the sources
+    are passages of about that many words and each plant is a sentence inside a distractor passage (a
+    different passage for each), so the planted source is as long as the others."""
     rng = np.random.default_rng(seed)
     pool = distractors(seed)
     at = 0
@@ -86,6 +122,10 @@ def generate(n: int, words: int = 300, seed: int = 0, kinds: tuple[str, ...] = K
             ctx.append(s)
             total += len(s.split())
         extra = plants + near
+        if passage_words > 0:
+            passages, where = _passages(ctx, extra, len(plants), passage_words, rng)
+            out.append(Question(f"{kind}-{i:04d}", passages, question, answer, where, kind, {"answer_prefix": cue}))
+            continue
         slots = sorted(rng.choice(len(ctx) + len(extra), len(extra), replace=False).tolist())
         order = rng.permutation(len(extra))
         sources: list[str] = []

@@ -93,6 +93,12 @@ class CiteBenchSettings(CiteMethodSettings):
     )
     questions: int = option(20, ge=1, le=100_000, help="planted: number of questions (the kinds in turn)")
     words: int = option(300, ge=10, le=100_000, help="planted: distractor words per context (about)")
+    passage_words: int = option(
+        0,
+        ge=0,
+        help="planted: 0 = every sentence a source, each plant its own; N = sources are passages of about N "
+        "words, each plant a sentence inside one",
+    )
     limit: int | None = option(None, ge=1, help="the first N questions only")
     chunk_size: int = option(4, ge=1, help="questions per stored chunk (the unit of resumption)")
     engine: str = option(

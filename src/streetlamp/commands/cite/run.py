@@ -355,12 +355,14 @@ def bench_question(adapter: ModelAdapter, q: Any, s: Any, scratch: Path) -> tupl
     prefix = str(q.extra.get("answer_prefix", ""))
     lay = C.layout(adapter, q.sources, q.question, prefix=prefix)
     try:
-        lay, _ = C.fit_window(adapter, lay, False, s.max_answer_tokens)
+        lay, cut = C.fit_window(adapter, lay, s.truncate, s.max_answer_tokens)
+        if set(cut) & set(q.planted):
+            raise StreetlampError(f"--truncate dropped sources {cut[0]}..{cut[-1]}, a planted one among them")
     except StreetlampError as e:
         return {"id": q.id, "kind": q.kind, "skipped": str(e)}, [(q.id, "-", "skipped", 1.0)]
     ok, got = answered(adapter, lay, q.answer)
     rec: dict[str, Any] = {"id": q.id, "kind": q.kind, "answer": q.answer, "greedy": got, "correct": ok}
-    rec.update({"planted": q.planted, "n_sources": lay.n_sources, "n_tokens": lay.n_tokens + 2})
+    rec.update({"planted": q.planted, "n_sources": lay.n_sources, "n_tokens": lay.n_tokens + 2, "cut": cut})
     rows: list[Row] = [(q.id, "-", "correct", float(ok))]
     if ok:
         res = cite(adapter, q.sources, q.question, q.answer, s, scratch, prefix)
@@ -423,11 +425,19 @@ def run_bench(adapter: ModelAdapter, s: Any, out: Path, options: Any) -> Lines:
         from ..ray_engine import connect
 
         connect(s.ray_address, s.workers)  # before the run folder exists: an unreachable cluster is one line
-    qs = generate(s.questions, s.words, s.seed) if s.data == "planted" else read_questions(s.data)
+    qs = (
+        generate(s.questions, s.words, s.seed, passage_words=s.passage_words)
+        if s.data == "planted"
+        else read_questions(s.data)
+    )
     qs = qs[: s.limit] if s.limit else qs
     settings = {k: v for k, v in s.to_dict().items() if k not in NOT_STORED}
     store = RunStore.open(
-        out, {"settings": settings, "model": adapter.name}, {"n_questions": len(qs)}, command="cite-bench"
+        out,
+        {"settings": settings, "model": adapter.name},
+        {"n_questions": len(qs)},
+        command="cite-bench",
+        added={"settings.passage_words": 0},  # a store made before passages: one sentence per source
     )
     scratch = out / ".scratch"
     chunks = {c: qs[lo : lo + s.chunk_size] for c, lo in enumerate(range(0, len(qs), s.chunk_size))}
