@@ -47,6 +47,7 @@ _API = (
     "circuit",
     "atlas",
     "experts",
+    "features_audit",
     "cite",
     "cite_bench",
     "RunResult",

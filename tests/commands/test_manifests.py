@@ -68,6 +68,9 @@ KEYS = {
     "experts": HEADER
     | {"arrays", "effect", "forwards", "model", "n_texts", "n_tokens", "parameters", "removal", "streetlight"}
     | {"tables"},
+    "features-audit": HEADER
+    | {"arrays", "attribution", "edits", "error", "feature_set", "metric", "model", "parameters", "seed", "selection"}
+    | {"summary", "tables", "task"},
     "cite": HEADER
     | {"answer", "arrays", "contextcite", "methods", "model", "n_tokens", "parameters", "question", "seed", "sources"}
     | {"files", "template", "tokens"},
@@ -110,8 +113,29 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "mixtral": save_tiny("mixtral", t / "mixtral", seed=1),
         "data": data,
         "pairs": pairs,
+        "dictionary": tiny_dictionary(t / "dict"),
         "sources": sources,
     }
+
+
+def tiny_dictionary(folder: Path) -> Path:
+    """A random transcoder at layer 1 of the tiny Llama (d_model 32), in streetlamp's format."""
+    import torch
+
+    from streetlamp.models.dictionaries import save_features
+    from streetlamp.models.features import Dictionary, FeatureSet
+
+    g = torch.Generator().manual_seed(0)
+    d = Dictionary(
+        1,
+        "mlp",
+        torch.randn(32, 64, generator=g) / 6,
+        torch.zeros(64),
+        torch.randn(64, 32, generator=g) / 8,
+        torch.zeros(32),
+    )
+    save_features(FeatureSet({(1, "mlp"): d}, "random"), folder)
+    return folder
 
 
 def argv(command: str, s: dict[str, Path]) -> list[str]:
@@ -187,6 +211,8 @@ def argv(command: str, s: dict[str, Path]) -> list[str]:
         "atlas": ["atlas", "--model", str(s["llama"]), "--data", str(s["data"]), "--limit", "3", "--top-k", "1"],
         "experts": ["experts", "--model", str(s["mixtral"]), "--data", str(s["data"]), "--limit", "2"]
         + ["--max-tokens", "4", "--bootstrap", "10"],
+        "features-audit": ["features-audit", "--model", str(s["llama"]), "--features", str(s["dictionary"])]
+        + ["--task", str(s["pairs"]), "--top", "4", "--edits", "patch,zero,mean,steer", "--error", "both"],
         "cite": ["cite", "--model", str(s["llama"]), "--context", str(s["sources"]), "--question", "what is good"]
         + [
             "--answer",

@@ -16,6 +16,7 @@ from .cot import COT
 from .evaluate import BENCHMARK, EVALUATE
 from .experts import EXPERTS
 from .explain import ATTENTION_ROW, EXPLAIN, EXPLAIN_GENERATION
+from .features_audit import FEATURES_AUDIT
 from .heads import HEADS, PRUNE
 from .lens import LENS
 from .lens_fit import LENS_FIT
@@ -46,6 +47,7 @@ COMMANDS: list[Command] = [
     CIRCUIT,
     ATLAS,
     EXPERTS,
+    FEATURES_AUDIT,
     CITE,
     CITE_BENCH,
 ]
