@@ -107,6 +107,20 @@ def test_the_python_api(setup: dict[str, Path], tmp_path: Path) -> None:
     assert r.arrays["exact.zero.frozen"].shape == (2, 3)
 
 
+def test_select_by_attribution(setup: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "sel"
+    argv = ["features-audit", "--model", str(setup["llama"]), "--features", str(setup["dict"]), "--task"]
+    argv += [str(setup["pairs"]), "--top", "3", "--edits", "zero", "--select", "attribution", "--out", str(out)]
+    assert main(argv) == 0
+    a = load(setup["llama"]).to("cpu")
+    a.attach_features(load_features(setup["dict"]))
+    pairs = encode_pairs(a, read_pairs(setup["pairs"]))
+    wide = pd.read_csv(out / "features.csv")
+    assert list(wide.feature) == [f.name for f in FI.most_attributed(a, pairs, 3)]
+    assert sorted(wide.rank_activation) == [1, 2, 3]
+    assert "zero-ablating" in json.loads((out / "manifest.json").read_text())["selection"]
+
+
 def test_sentiment_pairs_have_equal_lengths_and_both_polarities() -> None:
     pairs = sentiment(8, seed=0, n_tokens=lambda s: len(s.split()))
     assert {p.answer for p in pairs} == {" good", " bad"}
