@@ -151,3 +151,24 @@ def test_bad_input_is_one_line_and_nothing_written(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not out.exists()
+
+
+def test_the_report_page_shows_the_tables(setup: dict[str, Path], tmp_path: Path) -> None:
+    """The generic view of the run folder in Chromium: no error, the three tables and their columns shown."""
+    from tests.helpers.browser import Page, browser_fixture, require_browser
+
+    require_browser()
+    out = tmp_path / "view"
+    argv = ["features-audit", "--model", str(setup["llama"]), "--features", str(setup["dict"]), "--task"]
+    assert main([*argv, str(setup["pairs"]), "--top", "3", "--edits", "zero,patch", "--out", str(out)]) == 0
+    for browser in browser_fixture():
+        ctx = browser.new_context(viewport={"width": 1300, "height": 900})
+        page = Page(ctx.new_page()).open(out / "report.html")
+        text = page.page.text_content("body") or ""
+        for name in ("audit.csv", "features.csv", "summary.csv", "exact_ci_low", "spearman_rho", "recomputed"):
+            assert name in text, name
+        first = pd.read_csv(out / "features.csv").feature.iloc[0]
+        assert first in text
+        page.page.screenshot(path=str(out / "view.png"), full_page=True)
+        page.clean()
+        ctx.close()

@@ -34,6 +34,10 @@ reaches the features through their decoder (``keep_grad`` splices every dictiona
 not through any error term (the frozen errors are constants). :func:`exact` runs the edit, one row per
 (prompt, feature), and :func:`audit` compares the two in the layout of ``circuit``'s audit of first-order edge
 scores (:func:`.circuits.scores.audit`), with rank correlation, sign agreement and the top-k by each.
+:func:`task_audit` (``streetlamp features-audit``) runs them for the features of a task chosen by
+:func:`most_active` (mean activation) or :func:`most_attributed` (|attribution of zero ablation|, every feature of
+every dictionary from one backward). The gradient is taken at the clean run, as EAP's: the estimate is of noising
+(the clean run with the feature edited), not of :mod:`.patching`'s denoising.
 """
 
 from __future__ import annotations
