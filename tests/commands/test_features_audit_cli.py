@@ -107,6 +107,20 @@ def test_the_python_api(setup: dict[str, Path], tmp_path: Path) -> None:
     assert r.arrays["exact.zero.frozen"].shape == (2, 3)
 
 
+def test_select_by_attribution(setup: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "sel"
+    argv = ["features-audit", "--model", str(setup["llama"]), "--features", str(setup["dict"]), "--task"]
+    argv += [str(setup["pairs"]), "--top", "3", "--edits", "zero", "--select", "attribution", "--out", str(out)]
+    assert main(argv) == 0
+    a = load(setup["llama"]).to("cpu")
+    a.attach_features(load_features(setup["dict"]))
+    pairs = encode_pairs(a, read_pairs(setup["pairs"]))
+    wide = pd.read_csv(out / "features.csv")
+    assert list(wide.feature) == [f.name for f in FI.most_attributed(a, pairs, 3)]
+    assert sorted(wide.rank_activation) == [1, 2, 3]
+    assert "zero-ablating" in json.loads((out / "manifest.json").read_text())["selection"]
+
+
 def test_sentiment_pairs_have_equal_lengths_and_both_polarities() -> None:
     pairs = sentiment(8, seed=0, n_tokens=lambda s: len(s.split()))
     assert {p.answer for p in pairs} == {" good", " bad"}
@@ -137,3 +151,24 @@ def test_bad_input_is_one_line_and_nothing_written(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not out.exists()
+
+
+def test_the_report_page_shows_the_tables(setup: dict[str, Path], tmp_path: Path) -> None:
+    """The generic view of the run folder in Chromium: no error, the three tables and their columns shown."""
+    from tests.helpers.browser import Page, browser_fixture, require_browser
+
+    require_browser()
+    out = tmp_path / "view"
+    argv = ["features-audit", "--model", str(setup["llama"]), "--features", str(setup["dict"]), "--task"]
+    assert main([*argv, str(setup["pairs"]), "--top", "3", "--edits", "zero,patch", "--out", str(out)]) == 0
+    for browser in browser_fixture():
+        ctx = browser.new_context(viewport={"width": 1300, "height": 900})
+        page = Page(ctx.new_page()).open(out / "report.html")
+        text = page.page.text_content("body") or ""
+        for name in ("audit.csv", "features.csv", "summary.csv", "exact_ci_low", "spearman_rho", "recomputed"):
+            assert name in text, name
+        first = pd.read_csv(out / "features.csv").feature.iloc[0]
+        assert first in text
+        page.page.screenshot(path=str(out / "view.png"), full_page=True)
+        page.clean()
+        ctx.close()

@@ -400,10 +400,21 @@ def test_most_active_ranks_by_mean_activation(f64) -> None:
     means = []
     for (l, w), d in fs.dictionaries.items():
         x, _ = io(plain, inputs, {}, l, w)
-        m = enc(d, x)[real].mean(0)
+        m = enc(d, x)[real].mean(0).detach()
         means += [(float(v), FI.Feature(l, w, i)) for i, v in enumerate(m)]
     means.sort(key=lambda t: -t[0])
     assert top == [f for _, f in means[:5]]
+
+
+def test_most_attributed_is_the_zero_ablation_attribution_ranking(f64) -> None:
+    """All features at once from one backward = attribution() feature by feature, ranked by |mean|."""
+    spliced, _, _ = models()
+    pairs = encode_pairs(spliced, PAIRS)
+    every = [FI.Feature(l, w, i) for l, w in DICTS for i in range(WIDTH)]
+    att = FI.attribution(spliced, pairs, every, FI.EditSpec("zero"), error="frozen").mean(0)
+    act = FI.activity(spliced, pairs.clean)
+    ranked = sorted((-abs(att[j]), f) for j, f in enumerate(every) if act[f.site]["max"][f.index] > 0)
+    assert FI.most_attributed(spliced, pairs, 10, error="frozen") == [f for _, f in ranked[:10]]
 
 
 def test_bad_input_is_one_clear_line(f64) -> None:

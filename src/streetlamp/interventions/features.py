@@ -34,6 +34,10 @@ reaches the features through their decoder (``keep_grad`` splices every dictiona
 not through any error term (the frozen errors are constants). :func:`exact` runs the edit, one row per
 (prompt, feature), and :func:`audit` compares the two in the layout of ``circuit``'s audit of first-order edge
 scores (:func:`.circuits.scores.audit`), with rank correlation, sign agreement and the top-k by each.
+:func:`task_audit` (``streetlamp features-audit``) runs them for the features of a task chosen by
+:func:`most_active` (mean activation) or :func:`most_attributed` (|attribution of zero ablation|, every feature of
+every dictionary from one backward). The gradient is taken at the clean run, as EAP's: the estimate is of noising
+(the clean run with the feature edited), not of :mod:`.patching`'s denoising.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ __all__ = [
     "feature_means",
     "intervention",
     "most_active",
+    "most_attributed",
     "position_mean",
     "run",
     "steer",
@@ -76,6 +81,8 @@ ERRORS = ("recomputed", "frozen")
 CLAMP_WHERE = ("active", "everywhere")
 # the edits the audit knows: each a strategy built per feature (and per batch of rows, for patching)
 EDITS = ("patch", "zero", "mean", "steer", "clamp")
+# which features the task audit takes: the most active, or the largest attribution of zero ablation
+SELECT = ("active", "attribution")
 ERROR_MEANING = {
     "recomputed": "downstream dictionaries' errors recomputed from the edited run (downstream = the real model)",
     "frozen": "downstream dictionaries' errors frozen at the clean run's value (downstream = decode(encode(x')) + "
@@ -330,6 +337,23 @@ def _metric(logits: torch.Tensor, pairs: PairSet, rows: Sequence[int], metric: s
     return metric_values(logits, pairs.answer[idx], pairs.wrong[idx], metric)
 
 
+def _clean_grads(
+    adapter: ModelAdapter, pairs: PairSet, error: str, metric: str, sites: Sequence[str]
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor | None]]:
+    """The clean run's feature activations at ``sites`` and ``∂(Σ_prompts m)/∂a`` there (one forward, one
+    backward through the splice; ``frozen``: every error a constant)."""
+    fs = adapter.features
+    assert fs is not None
+    every = [feature_site(d.layer, d.where) for d in fs]
+    extra = _frozen(adapter, None, clean_errors(adapter, pairs.clean), None) if error == "frozen" else []
+    fwd = engine.run(adapter, pairs.clean, extra, record=every, keep_grad=True, grad=True)
+    m = _metric(fwd.logits, pairs, range(len(pairs)), metric).sum()
+    want = list(sites)
+    got = torch.autograd.grad(m, [fwd.cache[s] for s in want], allow_unused=True)
+    grads: dict[str, torch.Tensor | None] = dict(zip(want, got))
+    return {s: fwd.cache[s].detach() for s in want}, grads
+
+
 def attribution(
     adapter: ModelAdapter,
     pairs: PairSet,
@@ -344,20 +368,14 @@ def attribution(
     _check_error(error)
     for f in features:
         check_feature(adapter, f)
-    fs = adapter.features
-    assert fs is not None
-    sites = [feature_site(d.layer, d.where) for d in fs]
-    corrupt = _corrupt(adapter, pairs, sites) if edit.how == "patch" else None
-    n = len(pairs)
-    extra = _frozen(adapter, None, clean_errors(adapter, pairs.clean), None) if error == "frozen" else []
-    fwd = engine.run(adapter, pairs.clean, extra, record=sites, keep_grad=True, grad=True)
-    m = _metric(fwd.logits, pairs, range(n), metric).sum()
     want = sorted({f.site for f in features})
-    grads = dict(zip(want, torch.autograd.grad(m, [fwd.cache[s] for s in want], allow_unused=True)))
+    corrupt = _corrupt(adapter, pairs, want) if edit.how == "patch" else None
+    n = len(pairs)
+    acts, grads = _clean_grads(adapter, pairs, error, metric, want)
     real = pairs.clean.attention_mask.to(adapter.device).bool()
     out = np.zeros((n, len(features)))
     for j, f in enumerate(features):
-        a = fwd.cache[f.site].detach()
+        a = acts[f.site]
         g = grads[f.site]
         if g is None:
             continue
@@ -366,6 +384,32 @@ def attribution(
         delta = (new[..., f.index] - a[..., f.index]).double() * real
         out[:, j] = (g[..., f.index].double() * delta).sum(1).cpu().numpy()
     return out
+
+
+def most_attributed(
+    adapter: ModelAdapter, pairs: PairSet, n: int, *, error: str = "recomputed", metric: str = "logit_diff"
+) -> list[Feature]:
+    """The ``n`` features of every attached dictionary with the largest ``|mean over prompts of the attribution of
+    zero-ablating them|`` (``Σ_pos ∂m/∂a_f (0 - a_f)``, all features at once from one backward); only features
+    active somewhere on the clean prompts; ties broken by (layer, site, index)."""
+    _check_error(error)
+    fs = adapter.features
+    if fs is None:
+        raise StreetlampError("no feature set attached")
+    sites = [feature_site(d.layer, d.where) for d in fs]
+    acts, grads = _clean_grads(adapter, pairs, error, metric, sites)
+    real = pairs.clean.attention_mask.to(adapter.device).bool()[..., None]
+    cand = []
+    for s in sites:
+        g, a = grads[s], acts[s].double()
+        if g is None:
+            continue
+        score = (-(g.double() * a) * real).sum(1).mean(0).abs().cpu().numpy()
+        active = ((a != 0) & real).any(1).any(0).cpu().numpy()
+        l, w = int(s.split(".")[1]), s.split(".")[2]
+        cand += [(-float(score[i]), Feature(l, w, int(i))) for i in np.flatnonzero(active)]
+    cand.sort()
+    return [f for _, f in cand[:n]]
 
 
 def exact(
@@ -476,9 +520,10 @@ def task_audit(
     metric: str = "logit_diff",
     batch_size: int | None = None,
     top_k: int = 10,
+    select: str = "active",
 ) -> TaskAudit:
-    """For the ``top`` features most active on the clean prompts (mean activation over real tokens, every
-    attached dictionary), each edit of ``edits`` (:data:`EDITS` but ``clamp``) under each error mode: the
+    """For the ``top`` features most active on the clean prompts (``select="active"``: mean activation over real
+    tokens, every attached dictionary; ``"attribution"``: :func:`most_attributed`), each edit of ``edits`` (:data:`EDITS` but ``clamp``) under each error mode: the
     attribution-patching estimate and the exact effect of ``m(edited) - m(clean)`` per prompt, and their audit.
     ``mean`` ablates to the mean over the clean prompts' real tokens (pooled over positions); ``steer`` adds
     ``alpha = steer_scale x`` the feature's largest activation on the clean prompts at every position."""
@@ -487,7 +532,12 @@ def task_audit(
             raise StreetlampError(f"unknown audit edit {e!r}; choose from patch, zero, mean, steer")
     for e in errors:
         _check_error(e)
-    feats = most_active(adapter, pairs.clean, top)
+    if select not in SELECT:
+        raise StreetlampError(f"select {select!r}: choose {' or '.join(SELECT)}")
+    if select == "active":
+        feats = most_active(adapter, pairs.clean, top)
+    else:
+        feats = most_attributed(adapter, pairs, top, error=errors[0] if errors else "recomputed", metric=metric)
     if not feats:
         raise StreetlampError("no feature is active on the prompts: nothing to audit")
     act = activity(adapter, pairs.clean)

@@ -25,7 +25,13 @@ class FeaturesAuditSettings(Settings):
         "ioi", help="prompt pairs: ioi, sentiment, greater-than, induction, or a CSV with clean,corrupt,answer,wrong"
     )
     limit: int = option(16, ge=1, le=10_000, help="first N prompt pairs (default 16)")
-    top: int = option(32, ge=1, le=100_000, help="audit the N features most active on the clean prompts (default 32)")
+    top: int = option(32, ge=1, le=100_000, help="audit N features (default 32), chosen by --select")
+    select: str = option(
+        "active",
+        choices=("active", "attribution"),
+        help="active: the largest mean activation over the clean prompts' tokens; attribution: the largest "
+        "|attribution of zero-ablating the feature| (all features from one backward)",
+    )
     edits: str = option(
         "patch,zero,steer",
         help="comma list of patch (the corrupted prompt's activation), zero, mean (over the clean prompts' tokens, "

@@ -56,12 +56,13 @@ class FeaturesAuditResult:
     features: pd.DataFrame
     n_prompts: int
     metric_clean: float
+    select: str = "active"
 
     def lines(self) -> list[str]:
         f = self.features
         out = [
-            f"{self.n_prompts} prompt pairs, mean clean metric {self.metric_clean:+.3f}; {len(f)} most active "
-            "features audited"
+            f"{self.n_prompts} prompt pairs, mean clean metric {self.metric_clean:+.3f}; {len(f)} features audited "
+            f"(chosen by {self.select})"
         ]
         for r in self.summary.itertuples():
             out.append(
@@ -74,7 +75,7 @@ class FeaturesAuditResult:
         if "streetlight" in f:
             lit = f[f.streetlight]
             out.append(
-                "striking but unused (top half by activation, zero ablation within --floor): "
+                "striking but unused (top half of these by activation, zero ablation within --floor): "
                 + (", ".join(lit.feature.head(12)) or "none")
                 + (f" (+{len(lit) - 12})" if len(lit) > 12 else "")
             )
@@ -89,7 +90,7 @@ def run(adapter: ModelAdapter, s: FeaturesAuditSettings, out: RunFolder, options
     edits, errors = s.edit_list(), s.errors()
     res = FI.task_audit(
         adapter, pairs, top=s.top, edits=edits, errors=errors, steer_scale=s.steer, metric=s.metric,
-        batch_size=s.batch_size, top_k=s.top_k,
+        batch_size=s.batch_size, top_k=s.top_k, select=s.select,
     )  # fmt: skip
     feats = res.features
     base = pd.DataFrame(
@@ -101,7 +102,7 @@ def run(adapter: ModelAdapter, s: FeaturesAuditSettings, out: RunFolder, options
             "mean_activation": res.activity["mean"],
             "max_activation": res.activity["max"],
             "active_frequency": res.activity["frequency"],
-            "rank_activation": np.arange(1, len(feats) + 1),
+            "rank_activation": pd.Series(res.activity["mean"]).rank(ascending=False, method="first").astype(int),
         }
     )
     rows, summ = [], []
@@ -183,8 +184,13 @@ def run(adapter: ModelAdapter, s: FeaturesAuditSettings, out: RunFolder, options
                 "task": {"name": s.task, "n_prompts": len(pairs)},
                 "metric": f"{s.metric}: answer minus wrong answer at the last prompt token; effects are "
                 "m(edited) - m(clean) in its units",
-                "selection": f"the {len(feats)} features with the largest mean activation over the clean prompts' real "
-                "tokens, over every dictionary of the set",
+                "selection": (
+                    f"the {len(feats)} features with the largest mean activation over the clean prompts' real tokens"
+                    if s.select == "active"
+                    else f"the {len(feats)} features (active on the prompts) with the largest |mean over prompts of the "
+                    f"attribution of zero-ablating them| (error {errors[0]})"
+                )
+                + ", over every dictionary of the set",
                 "edits": {e: FI.EditSpec(e, means={}, alpha={}).describe() for e in edits}
                 | (
                     {
@@ -201,4 +207,4 @@ def run(adapter: ModelAdapter, s: FeaturesAuditSettings, out: RunFolder, options
                 "tables": tables,
             }
         )
-    return FeaturesAuditResult(out.out, summary, wide, len(pairs), float(res.metric_clean.mean()))
+    return FeaturesAuditResult(out.out, summary, wide, len(pairs), float(res.metric_clean.mean()), s.select)
