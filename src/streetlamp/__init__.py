@@ -49,6 +49,7 @@ _API = (
     "experts",
     "cite",
     "cite_bench",
+    "graph",
     "RunResult",
 )  # one function per command that runs (api.names(); the same list: tests/commands/test_cli_api.py)
 

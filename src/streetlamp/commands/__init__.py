@@ -16,6 +16,7 @@ from .cot import COT
 from .evaluate import BENCHMARK, EVALUATE
 from .experts import EXPERTS
 from .explain import ATTENTION_ROW, EXPLAIN, EXPLAIN_GENERATION
+from .graph import GRAPH
 from .heads import HEADS, PRUNE
 from .lens import LENS
 from .lens_fit import LENS_FIT
@@ -48,6 +49,7 @@ COMMANDS: list[Command] = [
     EXPERTS,
     CITE,
     CITE_BENCH,
+    GRAPH,
 ]
 
 
