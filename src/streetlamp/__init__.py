@@ -50,6 +50,7 @@ _API = (
     "features_audit",
     "cite",
     "cite_bench",
+    "graph",
     "RunResult",
 )  # one function per command that runs (api.names(); the same list: tests/commands/test_cli_api.py)
 

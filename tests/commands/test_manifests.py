@@ -74,6 +74,8 @@ KEYS = {
     "cite": HEADER
     | {"answer", "arrays", "contextcite", "methods", "model", "n_tokens", "parameters", "question", "seed", "sources"}
     | {"files", "template", "tokens"},
+    "graph": HEADER
+    | {"features", "files", "graph", "model", "parameters", "prompt", "replacement_model", "scores", "tokens"},
 }
 
 
@@ -111,6 +113,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "gpt2": save_tiny("gpt2", t / "gpt2", seed=1),
         "llama": save_tiny("llama", t / "llama", seed=1),
         "mixtral": save_tiny("mixtral", t / "mixtral", seed=1),
+        "features": _tiny_transcoders(t / "features"),
         "data": data,
         "pairs": pairs,
         "dictionary": tiny_dictionary(t / "dict"),
@@ -135,6 +138,29 @@ def tiny_dictionary(folder: Path) -> Path:
         torch.zeros(32),
     )
     save_features(FeatureSet({(1, "mlp"): d}, "random"), folder)
+    return folder
+
+
+def _tiny_transcoders(folder: Path) -> Path:
+    """Random transcoders at both layers of the tiny llama (d_model 32) for ``graph``."""
+    import torch
+
+    from streetlamp.models.dictionaries import save_features
+    from streetlamp.models.features import Dictionary, FeatureSet
+
+    g = torch.Generator().manual_seed(0)
+    dicts = {
+        (l, "mlp"): Dictionary(
+            l,
+            "mlp",
+            torch.randn(32, 48, generator=g) / 6,
+            torch.zeros(48) - 0.2,
+            torch.randn(48, 32, generator=g) / 7,
+            torch.zeros(32),
+        )
+        for l in range(2)
+    }
+    save_features(FeatureSet(dicts, source="random"), folder)
     return folder
 
 
@@ -226,6 +252,8 @@ def argv(command: str, s: dict[str, Path]) -> list[str]:
             "--ig-steps",
             "2",
         ],
+        "graph": ["graph", "when mary and john went", "--model", str(s["llama"]), "--features", str(s["features"])]
+        + ["--top", "2"],
     }[command]
 
 

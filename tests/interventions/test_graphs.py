@@ -297,3 +297,63 @@ def test_refusals() -> None:
     a.attach_features(FeatureSet({(0, "resid_pre"): sae}, source="sae"))
     with pytest.raises(StreetlampError, match="no transcoder"):
         attribute(a, ids)
+
+
+def test_feature_cap_keeps_the_rows_of_the_visited_features() -> None:
+    """With max_feature_nodes below the active count, features are visited by estimated influence: the graph
+    holds exactly that many, and each kept row equals the full graph's row on the kept columns."""
+    a = llama64()
+    ids = a.encode([TEXT]).input_ids[0]
+    full = attribute(a, ids, batch_size=64, zero_bos=False)
+    cap = attribute(a, ids, batch_size=16, zero_bos=False, max_feature_nodes=40)
+    assert cap.n_features == 40 and cap.n_active == full.n_active
+    where = {tuple(f): i for i, f in enumerate(full.features.tolist())}
+    cols = [where[tuple(f)] for f in cap.features.tolist()] + list(range(full.error_start, full.n_nodes))
+    rows = cols[:40] + list(range(full.logit_start, full.n_nodes))
+    want = full.adjacency[rows][:, cols]
+    got = cap.adjacency[list(range(40)) + list(range(cap.logit_start, cap.n_nodes))]
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # the first visited are those the logit rows alone rank highest (one update: 40 < 4 x 256)
+    first = np.argsort(-np.abs(full.adjacency[full.logit_start :, : full.n_features].double().numpy()).sum(0))
+    assert len(set(cols[:40]) & set(first[:40].tolist())) >= 30
+
+
+def test_feature_qk_parts_are_knockouts_and_sum_to_the_score() -> None:
+    """QK attribution with nodes as units: a feature's query-side part q_i(X) equals the change of the head's
+    (rotated) query when X is zeroed in the replacement model run by value; the parts sum to the score that
+    qk.py's component-level attribution computes from the model."""
+    from streetlamp.interventions.graphs.qk import feature_qk
+    from streetlamp.interventions.qk import qk_attribution
+    from streetlamp.models.readout import pre_attn_norm, query_key
+
+    a = llama64()
+    ids = a.encode([TEXT]).input_ids[0]
+    layer, head, q = 2, 1, len(ids) - 1
+    res = feature_qk(a, ids, layer, head, q, batch_size=16, zero_bos=False)
+    ref = qk_attribution(a, ids, layer, head, q, res.key)
+    assert res.score == pytest.approx(ref.score, abs=1e-9 * abs(ref.score) + 1e-12)
+    assert res.q_side.sum() == pytest.approx(ref.score, abs=1e-9) and res.k_side.sum() == pytest.approx(
+        ref.score, abs=1e-9
+    )
+    fr = Frozen(a, ids)
+    resid: list = []
+    h = a.layer_modules[layer].register_forward_pre_hook(
+        lambda m, args, kwargs: resid.append((args[0] if args else kwargs["hidden_states"])[0]), with_kwargs=True
+    )
+    try:
+        fr.run()
+        base = resid[-1]
+        g = attribute(a, ids, batch_size=64, zero_bos=False)
+        norm = pre_attn_norm(a, layer)
+        z = norm(base)
+        scale = norm.scale(base)
+        feats = [i for i in range(g.n_features) if g.features[i, 0] < layer][:: max(1, g.n_features // 8)][:8]
+        for i in feats + [g.token_start + 2]:
+            knock_out(a, fr, g, i)
+            dx = base - resid[-1]  # what node i carries into layer `layer`'s input
+            lin = norm.linear(dx, scale)
+            dq = query_key(a, layer, lin, bias=False, full=z)[0][q, head]
+            got = torch.as_tensor(res.q_parts[i])
+            torch.testing.assert_close(got, dq.to(got.dtype), rtol=0, atol=1e-9 * float(dq.abs().max() + 1))
+    finally:
+        h.remove()

@@ -17,6 +17,7 @@ from .evaluate import BENCHMARK, EVALUATE
 from .experts import EXPERTS
 from .explain import ATTENTION_ROW, EXPLAIN, EXPLAIN_GENERATION
 from .features_audit import FEATURES_AUDIT
+from .graph import GRAPH
 from .heads import HEADS, PRUNE
 from .lens import LENS
 from .lens_fit import LENS_FIT
@@ -50,6 +51,7 @@ COMMANDS: list[Command] = [
     FEATURES_AUDIT,
     CITE,
     CITE_BENCH,
+    GRAPH,
 ]
 
 

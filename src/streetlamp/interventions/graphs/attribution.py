@@ -23,7 +23,7 @@ Rows are computed in batches: the prompt is repeated ``batch_size`` times, one t
 backward pass per batch from the retained forward graph. Every row holds the columns of every active
 feature (plus errors, tokens); with more active features than ``max_feature_nodes``, features are visited in
 order of their influence on the logits as estimated from the rows so far (recomputed every
-``update_interval`` batches; circuit-tracer's ``compute_partial_influences``) and the graph keeps the
+``update_interval`` × 256 rows, as circuit-tracer's defaults; its ``compute_partial_influences``) and the graph keeps the
 visited ones. Memory is ``rows × active features``, never ``width × width``.
 """
 
@@ -40,7 +40,11 @@ from ...models.features import feature_site
 from ...progress import bar as progress_bar
 from .replacement import check_replacement, freeze_edits, frozen_norms, transcoder_layers
 
-__all__ = ["Graph", "attribute", "salient_logits"]
+__all__ = ["Graph", "Replacement", "attribute", "salient_logits"]
+
+# features visited between two influence rankings: update_interval x circuit-tracer's default batch of 256 rows
+# (independent of how many rows one backward pass here holds)
+QUEUE_BATCH = 256
 
 
 @dataclass
@@ -134,24 +138,30 @@ def salient_logits(probs: torch.Tensor, max_logits: int = 10, logit_prob: float 
     return top_i[:cut]
 
 
-class _Context:
-    """One retained forward pass of the replacement model on ``batch`` copies of the prompt."""
+class Replacement:
+    """One retained forward pass of the replacement model on ``batch`` copies of the prompt, its active nodes and
+    the vectors they write (``record``: extra sites kept in the graph, e.g. a layer's ``resid_pre`` as a
+    target). :meth:`rows` turns target scalars (one per copy) into rows over every active node."""
 
-    def __init__(self, adapter: ModelAdapter, ids: torch.Tensor, batch: int) -> None:
+    def __init__(
+        self, adapter: ModelAdapter, ids: torch.Tensor, batch: int, zero_bos: bool, record: tuple[str, ...] = ()
+    ) -> None:
+        fs = adapter.features
+        assert fs is not None
         self.adapter = adapter
         self.sinks: dict[str, torch.Tensor] = {}
         self.stash: dict[int, torch.Tensor] = {}
         self.layers = transcoder_layers(adapter)
         edits = freeze_edits(adapter, self.sinks, self.stash)
-        record = ["embed"] + [feature_site(l, "mlp", e) for l in self.layers for e in (False, True)]
-        record += [f"layers.{l}.mlp.out" for l in range(adapter.n_layers) if l not in self.layers]
+        rec = ["embed"] + [feature_site(l, "mlp", e) for l in self.layers for e in (False, True)]
+        rec += [f"layers.{l}.mlp.out" for l in range(adapter.n_layers) if l not in self.layers] + list(record)
         head = adapter.hf_model.get_output_embeddings()
         seen: dict[str, torch.Tensor] = {}
         hook = head.register_forward_pre_hook(lambda m, args: seen.__setitem__("h", args[0]))
         inputs = Inputs.from_ids(adapter, [ids.tolist()] * batch, strings=False)
         try:
             with frozen_norms(adapter):
-                fwd = adapter.forward(inputs, record=record, edit=edits, keep_grad=True, grad=True)
+                fwd = adapter.forward(inputs, record=rec, edit=edits, keep_grad=True, grad=True)
         finally:
             hook.remove()
         self.cache = fwd.cache
@@ -159,10 +169,66 @@ class _Context:
         self.h = seen["h"][:, -1]  # [batch, d]: the LM head's input at the last position
         self.sites = ["embed"] + [f"layers.{l}.mlp.out" for l in range(adapter.n_layers)]
         self.leaves = [self.sinks[s] for s in self.sites]
+        n, L = int(ids.shape[0]), adapter.n_layers
+        self.n, self.L = n, L
+        self.skip_bos = bool(zero_bos and n > 1 and int(ids[0]) in adapter.special_ids)
+        first = 1 if self.skip_bos else 0
+        # active features (row 0 of the batch), their scaled decoder vectors, per (layer, position)
+        self.feats: list[tuple[int, int, int]] = []
+        acts: list[float] = []
+        self.dec: dict[tuple[int, int], torch.Tensor] = {}  # (layer, pos) -> [m, d] a_s W_dec[s]
+        errors = torch.zeros(L, n, adapter.d_model, dtype=torch.float64)
+        for l in range(L):
+            if l in self.layers:
+                a = self.cache[feature_site(l, "mlp")][0].detach()
+                err = self.cache[feature_site(l, "mlp", True)][0].detach()
+                tc = fs.get(l, "mlp")
+                assert tc is not None
+                W_dec = tc.params(a)["W_dec"]
+                assert W_dec is not None
+                for p in range(first, n):
+                    nz = torch.nonzero(a[p] > 0).view(-1)
+                    if nz.numel():
+                        self.dec[(l, p)] = a[p, nz, None] * W_dec[nz]
+                        self.feats.extend((l, p, int(f)) for f in nz.tolist())
+                        acts.extend(a[p, nz].double().cpu().tolist())
+            else:
+                err = self.cache[f"layers.{l}.mlp.out"][0].detach()
+            errors[l, first:] = err[first:].double().cpu()
+        self.acts = np.asarray(acts, dtype=np.float64)
+        self.n_act = len(self.feats)
+        # column offsets of each (layer, pos) block of features (features are sorted by layer, pos, index)
+        self.offsets: dict[tuple[int, int], int] = {}
+        c = 0
+        for key in self.dec:
+            self.offsets[key] = c
+            c += self.dec[key].shape[0]
+        self.errors = errors
+        self.err_dev = errors.to(self.h.device, self.h.dtype)
+        embed = self.cache["embed"][0].detach()
+        self.embed_vals = embed.clone()
+        self.embed_vals[:first] = 0
+        self.n_cols = self.n_act + L * n + n  # features, errors, tokens
 
     def grads(self, scalar: torch.Tensor) -> list[torch.Tensor]:
         gs = torch.autograd.grad(scalar, self.leaves, retain_graph=True, allow_unused=True)
         return [torch.zeros_like(leaf) if g is None else g for g, leaf in zip(gs, self.leaves)]
+
+    def rows(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """Rows ``[len(parts), n_cols]`` (float32): ``parts[b]`` is a scalar of batch copy ``b``; each row is the
+        direct effect of every node on it through the replacement model."""
+        g = self.grads(torch.stack(parts).sum())
+        m, n, L, n_act = len(parts), self.n, self.L, self.n_act
+        out = torch.zeros(m, self.n_cols, dtype=torch.float32)
+        g_embed, g_mlp = g[0][:m], g[1:]
+        for (l, p), vecs in self.dec.items():
+            o = self.offsets[(l, p)]
+            out[:, o : o + vecs.shape[0]] = (g_mlp[l][:m, p] @ vecs.t()).float().cpu()
+        for l in range(L):
+            e0 = n_act + l * n
+            out[:, e0 : e0 + n] = torch.einsum("bnd,nd->bn", g_mlp[l][:m], self.err_dev[l]).float().cpu()
+        out[:, n_act + L * n :] = torch.einsum("bnd,nd->bn", g_embed[:m], self.embed_vals).float().cpu()
+        return out
 
 
 def attribute(
@@ -179,8 +245,6 @@ def attribute(
 ) -> Graph:
     """The attribution graph of the attached transcoders on ``ids`` (one prompt, 1-D token ids)."""
     check_replacement(adapter)
-    fs = adapter.features
-    assert fs is not None
     ids = ids.view(-1).cpu()
     n, L = int(ids.shape[0]), adapter.n_layers
     if n > adapter.max_positions:
@@ -188,45 +252,9 @@ def attribute(
     if not 0 < logit_prob <= 1 or max_logits < 1:
         raise StreetlampError("logit selection: max_logits >= 1 and 0 < logit_prob <= 1")
     B = max(1, int(batch_size))
-    ctx = _Context(adapter, ids, B)
-    skip_bos = bool(zero_bos and n > 1 and int(ids[0]) in adapter.special_ids)
-    first = 1 if skip_bos else 0
-
-    # active features (row 0 of the batch), their scaled decoder vectors, per (layer, position)
-    feats: list[tuple[int, int, int]] = []
-    acts: list[float] = []
-    dec: dict[tuple[int, int], torch.Tensor] = {}  # (layer, pos) -> [m, d] a_s W_dec[s]
-    errors = torch.zeros(L, n, adapter.d_model, dtype=torch.float64)
-    for l in range(L):
-        if l in ctx.layers:
-            a = ctx.cache[feature_site(l, "mlp")][0].detach()
-            err = ctx.cache[feature_site(l, "mlp", True)][0].detach()
-            tc = fs.get(l, "mlp")
-            assert tc is not None
-            W_dec = tc.params(a)["W_dec"]
-            assert W_dec is not None
-            for p in range(first, n):
-                nz = torch.nonzero(a[p] > 0).view(-1)
-                if nz.numel():
-                    dec[(l, p)] = a[p, nz, None] * W_dec[nz]
-                    feats.extend((l, p, int(f)) for f in nz.tolist())
-                    acts.extend(a[p, nz].double().cpu().tolist())
-        else:
-            err = ctx.cache[f"layers.{l}.mlp.out"][0].detach()
-        errors[l, first:] = err[first:].double().cpu()
-    n_act = len(feats)
+    ctx = Replacement(adapter, ids, B, zero_bos)
+    feats, n_act, n_cols = ctx.feats, ctx.n_act, ctx.n_cols
     feat_arr = np.array(feats, dtype=np.int64).reshape(-1, 3)
-    # column offsets of each (layer, pos) block of features (features are sorted by layer, pos, index)
-    offsets: dict[tuple[int, int], int] = {}
-    c = 0
-    for key in dec:
-        offsets[key] = c
-        c += dec[key].shape[0]
-    err_dev = errors.to(ctx.h.device, ctx.h.dtype)
-    embed = ctx.cache["embed"][0].detach()
-    embed_vals = embed.clone()
-    embed_vals[:first] = 0
-    n_cols = n_act + L * n + n
 
     # the logits: circuit-tracer's salient set, demeaned unembedding columns as the targets
     probs = torch.softmax(ctx.logits.double(), -1)
@@ -236,7 +264,7 @@ def attribute(
     K = len(logit_ids)
 
     def rows_for(targets: list[tuple[str, int]]) -> torch.Tensor:
-        """Rows [len(targets), n_cols]: targets ("feature", index into feats) or ("logit", k)."""
+        """Rows for targets ("feature", index into feats) or ("logit", k)."""
         parts = []
         for b, (kind, i) in enumerate(targets):
             if kind == "logit":
@@ -244,18 +272,7 @@ def attribute(
             else:
                 l, p, f = feats[i]
                 parts.append(ctx.stash[l][b, p, f])
-        g = ctx.grads(torch.stack(parts).sum())
-        m = len(targets)
-        out = torch.zeros(m, n_cols, dtype=torch.float32)
-        g_embed, g_mlp = g[0][:m], g[1:]
-        for (l, p), vecs in dec.items():
-            o = offsets[(l, p)]
-            out[:, o : o + vecs.shape[0]] = (g_mlp[l][:m, p] @ vecs.t()).float().cpu()
-        for l in range(L):
-            e0 = n_act + l * n
-            out[:, e0 : e0 + n] = torch.einsum("bnd,nd->bn", g_mlp[l][:m], err_dev[l]).float().cpu()
-        out[:, n_act + L * n :] = torch.einsum("bnd,nd->bn", g_embed[:m], embed_vals).float().cpu()
-        return out
+        return ctx.rows(parts)
 
     cap = n_act if max_feature_nodes is None else min(n_act, int(max_feature_nodes))
     rows = torch.zeros(K + cap, n_cols + K, dtype=torch.float32)
@@ -275,7 +292,7 @@ def attribute(
         else:
             infl = partial_influences(rows[:st], logit_p, row_node[:st], n_cols + K)
             rank = torch.argsort(infl[:n_act], descending=True, stable=True)
-            pending = rank[~visited[rank]][: min(update_interval * B, cap - int(visited.sum()))]
+            pending = rank[~visited[rank]][: min(update_interval * QUEUE_BATCH, cap - int(visited.sum()))]
         for s in range(0, len(pending), B):
             chunk = pending[s : s + B]
             rows[st : st + len(chunk), :n_cols] = rows_for([("feature", int(i)) for i in chunk])
@@ -300,15 +317,15 @@ def attribute(
         ids=ids.tolist(),
         tokens=labels,
         features=feat_arr[sel],
-        activations=np.asarray(acts, dtype=np.float64)[sel],
+        activations=ctx.acts[sel],
         n_layers=L,
         logit_ids=logit_ids.numpy(),
         logit_probs=logit_p.numpy(),
         logit_labels=[adapter.output_label(int(i)) for i in logit_ids],
         adjacency=adj,
-        error_norms=errors.norm(dim=-1).numpy(),
+        error_norms=ctx.errors.norm(dim=-1).numpy(),
         n_active=n_act,
-        info={"zero_bos": skip_bos, "batch_size": B, "max_feature_nodes": max_feature_nodes},
+        info={"zero_bos": ctx.skip_bos, "batch_size": B, "max_feature_nodes": max_feature_nodes},
     )
 
 
@@ -316,11 +333,11 @@ def partial_influences(rows: torch.Tensor, logit_p: torch.Tensor, row_node: torc
     """Influence on the logits of every column, from the rows computed so far (circuit-tracer's
     ``compute_partial_influences``): ``prod ← prod[row_node] @ |rows| / rowsum`` from the logits' probabilities,
     summed until it vanishes (a DAG: at most its depth)."""
-    A = rows.double().abs()
+    A = rows.abs()
     A /= A.sum(1, keepdim=True).clamp(min=1e-8)
-    infl = torch.zeros(n_nodes, dtype=torch.float64)
-    prod = torch.zeros(n_nodes, dtype=torch.float64)
-    prod[-len(logit_p) :] = logit_p
+    infl = torch.zeros(n_nodes, dtype=torch.float32)
+    prod = torch.zeros(n_nodes, dtype=torch.float32)
+    prod[-len(logit_p) :] = logit_p.float()
     for _ in range(10_000):
         prod = prod[row_node] @ A
         if not prod.any():

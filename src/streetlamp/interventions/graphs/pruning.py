@@ -26,7 +26,7 @@ import torch
 from ...errors import StreetlampError
 from .attribution import Graph
 
-__all__ = ["Pruned", "find_threshold", "graph_scores", "influence", "normalize", "prune"]
+__all__ = ["Pruned", "find_threshold", "graph_scores", "influence", "normalize", "prune", "top_paths"]
 
 
 def normalize(A: torch.Tensor) -> torch.Tensor:
@@ -109,3 +109,25 @@ def graph_scores(graph: Graph) -> tuple[float, float]:
     out = inf + w
     completeness = float((non_error * out).sum() / out.sum())
     return replacement, completeness
+
+
+def top_paths(graph: Graph, pruned: Pruned, k: int = 10, beam: int = 256) -> list[tuple[float, list[int]]]:
+    """The ``k`` kept paths into the top logit that carry most influence: a path's score is the product of
+    its edges' normalised shares ``Â[t, s]`` (on the pruned graph) times the logit's weight; a path ends at a
+    token or an error node. Found by a beam search backwards from the logit (``beam`` partial paths)."""
+    A = graph.adjacency.double() * pruned.edge_mask
+    An = normalize(A)
+    start = graph.logit_start
+    partial: list[tuple[float, list[int]]] = [(float(graph.logit_probs[0]), [start])]
+    done: list[tuple[float, list[int]]] = []
+    for _ in range(graph.n_layers + 2):
+        nxt: list[tuple[float, list[int]]] = []
+        for score, path in partial:
+            row = An[path[0]]
+            for s in torch.nonzero(row).view(-1).tolist():
+                item = (score * float(row[s]), [s, *path])
+                (done if graph.kind(s) in ("token", "error") else nxt).append(item)
+        partial = sorted(nxt, key=lambda t: -t[0])[:beam]
+        if not partial:
+            break
+    return sorted(done, key=lambda t: -t[0])[:k]

@@ -1,0 +1,197 @@
+"""``streetlamp graph``: the graph's tables (nodes.parquet, edges.parquet, paths.csv, audit.csv), its Neuronpedia
+JSON (graph.json, graph-metadata.json) and the manifest."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ...interventions.graphs import attribute, graph_scores, prune
+from ...interventions.graphs.audit import audit, audit_lines
+from ...interventions.graphs.neuronpedia import graph_json
+from ...interventions.graphs.pruning import top_paths
+from ...models.adapter import ModelAdapter
+from ...store.run_folder import RunFolder
+from . import GraphSettings
+
+
+@dataclass
+class GraphResult:
+    out: Path
+    replacement: float
+    completeness: float
+    n_nodes: int
+    n_edges: int
+    paths: pd.DataFrame
+    audit: pd.DataFrame
+    lines_: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        return self.lines_ + [f"output: {self.out}/"]
+
+
+def _decode(adapter: ModelAdapter, ids: list[int]) -> list[str]:
+    return [str(adapter.tokenizer.decode([int(i)])) for i in ids]
+
+
+def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -> GraphResult:
+    fs = adapter.features
+    assert fs is not None  # validate attached it
+    ids = adapter.encode([s.text]).input_ids[0]
+    t0 = time.perf_counter()
+    g = attribute(
+        adapter,
+        ids,
+        max_logits=s.max_logits,
+        logit_prob=s.logit_prob,
+        batch_size=s.rows,
+        max_feature_nodes=s.max_feature_nodes,
+        zero_bos=s.zero_bos,
+        progress=True,
+    )
+    t_graph = time.perf_counter() - t0
+    p = prune(g, s.node_threshold, s.edge_threshold)
+    rep, comp = graph_scores(g)
+    N = g.n_nodes
+    kinds = [g.kind(i) for i in range(N)]
+    where = [g.where(i) for i in range(N)]
+    feat = np.full(N, -1, dtype=np.int64)
+    feat[: g.n_features] = g.features[:, 2]
+    feat[g.logit_start :] = g.logit_ids
+    act = np.full(N, np.nan)
+    act[: g.n_features] = g.activations
+    prob = np.full(N, np.nan)
+    prob[g.logit_start :] = g.logit_probs
+    nodes = pd.DataFrame(
+        {
+            "node": np.arange(N),
+            "kind": kinds,
+            "layer": [w[0] for w in where],
+            "position": [w[1] for w in where],
+            "feature_or_token_id": feat,
+            "label": [g.label(i) for i in range(N)],
+            "activation": act,
+            "logit_probability": prob,
+            "influence": p.node_influence.numpy(),
+            "cumulative_influence": p.cumulative.numpy(),
+            "kept": p.node_mask.numpy(),
+        }
+    )
+    t_idx, s_idx = np.nonzero(p.edge_mask.numpy())
+    A = g.adjacency.double()
+    edges = pd.DataFrame(
+        {
+            "source": s_idx,
+            "target": t_idx,
+            "weight": A.numpy()[t_idx, s_idx],
+            "source_label": [g.label(int(i)) for i in s_idx],
+            "target_label": [g.label(int(i)) for i in t_idx],
+        }
+    )
+    paths = top_paths(g, p, s.top)
+    path_rows = []
+    for rank, (score, path) in enumerate(paths, 1):
+        signed = float(np.prod([float(A[path[i + 1], path[i]]) for i in range(len(path) - 1)]))
+        path_rows.append(
+            {
+                "rank": rank,
+                "path": " -> ".join(g.label(i) for i in path),
+                "influence_share": score,
+                "edge_weight_product": signed,
+                "length": len(path) - 1,
+                "nodes": " ".join(map(str, path)),
+            }
+        )
+    paths_df = pd.DataFrame(
+        path_rows, columns=["rank", "path", "influence_share", "edge_weight_product", "length", "nodes"]
+    )
+    t1 = time.perf_counter()
+    audit_df = audit(adapter, g, p, top=s.top) if s.audit else pd.DataFrame()
+    t_audit = time.perf_counter() - t1
+    tokens = _decode(adapter, g.ids)
+    logit_strings = _decode(adapter, [int(i) for i in g.logit_ids])
+    slug = out.out.name or "graph"
+    js = graph_json(
+        g,
+        p,
+        slug=slug,
+        scan=f"streetlamp:{Path(fs.source).name or 'features'}",
+        prompt=s.text,
+        token_strings=tokens,
+        logit_strings=logit_strings,
+        node_threshold=s.node_threshold,
+        transcoder_list=[f"{fs.source}#layer{d.layer}" for d in fs if d.where == "mlp"],
+    )
+    lines = [
+        f"{adapter.name}, {g.n_pos} tokens, next token {g.logit_labels[0]!r} (p={g.logit_probs[0]:.3f}); "
+        f"{g.n_active} active features ({g.n_features} in the graph), {g.n_logits} logit nodes; "
+        f"{t_graph:.1f}s for the graph",
+        f"replacement score {rep:.3f} (share of the tokens' and errors' influence on the logits that the tokens "
+        f"have), completeness {comp:.3f} (influence-weighted share of inputs not straight from an error)",
+        f"pruned (node threshold {s.node_threshold:g}, edge threshold {s.edge_threshold:g}): "
+        f"{int(p.node_mask.sum())} of {N} nodes, {len(edges)} edges",
+        "top paths into the top logit (share of its influence):",
+    ]
+    for r in path_rows:
+        lines.append(f"  {r['influence_share']:.4f}  {r['path']}")
+    if s.audit:
+        lines += audit_lines(audit_df)
+    with out.staging() as w:
+        nodes.to_parquet(w.path / "nodes.parquet", index=False)
+        edges.to_parquet(w.path / "edges.parquet", index=False)
+        paths_df.to_csv(w.path / "paths.csv", index=False)
+        if s.audit:
+            audit_df.to_csv(w.path / "audit.csv", index=False)
+        (w.path / "graph.json").write_text(json.dumps(js, indent=2))
+        (w.path / "graph-metadata.json").write_text(json.dumps({"graphs": [js["metadata"]]}, indent=2))
+        w.write_manifest(
+            {
+                "model": adapter.name,
+                "features": fs.describe(),
+                "parameters": s.to_dict(),
+                "prompt": s.text,
+                "tokens": tokens,
+                "scores": {"replacement": rep, "completeness": comp},
+                "graph": {
+                    "n_active_features": g.n_active,
+                    "n_feature_nodes": g.n_features,
+                    "n_nodes": N,
+                    "n_kept_nodes": int(p.node_mask.sum()),
+                    "n_kept_edges": len(edges),
+                    "logits": [
+                        {"token": lab, "id": int(i), "probability": float(q)}
+                        for lab, i, q in zip(g.logit_labels, g.logit_ids, g.logit_probs)
+                    ],
+                    "zero_bos": g.info["zero_bos"],
+                    "seconds": t_graph,
+                    "audit_seconds": t_audit,
+                },
+                "replacement_model": "MLPs replaced by the transcoders (features and errors fixed nodes), attention "
+                "patterns and every norm's denominator frozen at the clean run; an edge is the source's direct "
+                "linear effect on the target's pre-activation (a logit: its demeaned value) through that model",
+                "files": {
+                    "nodes.parquet": "every node of the graph (features, errors, tokens, logits in circuit-tracer's "
+                    "order): kind, layer, position, feature index or token id, activation, influence on the "
+                    "logits, cumulative influence share, kept by pruning",
+                    "edges.parquet": "the kept edges: source and target node, weight (direct effect), labels",
+                    "paths.csv": "the kept paths into the top logit with the largest share of its influence",
+                    **(
+                        {
+                            "audit.csv": "the graph's claims against the real model (a feature zeroed): predicted "
+                            "direct and total change, measured change, ratio, sign_right, agree; disagreements first"
+                        }
+                        if s.audit
+                        else {}
+                    ),
+                    "graph.json": "the pruned graph in circuit-tracer's Neuronpedia format",
+                    "graph-metadata.json": "the graph list circuit-tracer's local viewer reads",
+                },
+            }
+        )
+    return GraphResult(out.out, rep, comp, int(p.node_mask.sum()), len(edges), paths_df, audit_df, lines)

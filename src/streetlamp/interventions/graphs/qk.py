@@ -1,0 +1,136 @@
+"""QK attributions in feature units (Kamath, Ameisen et al. 2025; METHODS.md §13): why a head attended from a
+query to a key, as a bilinear sum over (query-side node, key-side node) pairs of the attribution graph.
+
+Through the replacement model (:mod:`.replacement`) the residual stream entering layer ``l`` at position ``i`` is
+a sum of what every node writes there, ``x_i = Σ_X c_i(X) + r_i``: features, error nodes and token embeddings
+(each read by backward passes from the ``d`` components of ``x_i``; a node reaches ``i`` directly or through
+frozen heads of earlier layers), and ``r_i`` what no node carries (``b_dec``'s, output biases, position
+embeddings). From there the machinery is :mod:`streetlamp.interventions.qk`'s, with nodes as its parts: the
+pre-attention norm linearised with the token's own scale (``lin_i``), ``q_i(X) = R_i W_Q lin_i(c_i(X))`` via
+:func:`~streetlamp.models.readout.query_key` with ``bias=False`` (RoPE applied at position ``i``: exact,
+the rotation is linear), the bias part ``R_i (W_Q β + b_Q)`` as there, and
+``s_ij = Σ_{X, Y} q_i(X) · k_j(Y) · scale`` exactly. The table is reported as each node's query-side share
+``q_i(X) · k_j · scale`` (summing to the score over X), key-side share ``q_i · k_j(Y) · scale``, and the top pairs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ...errors import StreetlampError
+from ...models.adapter import ModelAdapter
+from ...models.readout import attention_scaling, check_lens, pre_attn_norm, query_key
+from ..engine import check_layer_head
+from .attribution import Replacement
+from .replacement import check_replacement
+
+__all__ = ["FeatureQK", "feature_qk"]
+
+
+@dataclass
+class FeatureQK:
+    layer: int
+    head: int
+    query: int
+    key: int
+    labels: list[str]  # one per part: the nodes, then "not a node (biases)", then "b_Q/b_K and norm bias"
+    q_side: np.ndarray  # [part] q_i(X) · k_j · scale: sums to score
+    k_side: np.ndarray  # [part] q_i · k_j(Y) · scale: sums to score
+    pairs: list[tuple[str, str, float]]  # the top (query part, key part, q_i(X) · k_j(Y) · scale)
+    score: float  # the head's pre-softmax score recomputed from the weights (before any soft-cap)
+    pattern: float  # the model's attention weight from query to key
+    q_parts: np.ndarray  # [part, d_head] q_i(X), rotated (RoPE at the query's position)
+    k_parts: np.ndarray  # [part, d_head] k_j(Y), rotated at the key's position
+
+
+def _labels(rep: Replacement, adapter: ModelAdapter, ids: torch.Tensor) -> list[str]:
+    toks = [adapter.token_label(t) for t in adapter.tokenizer.convert_ids_to_tokens(ids.tolist())]
+    out = [f"L{l} F{f} @{p}" for l, p, f in rep.feats]
+    out += [f"L{l} error @{p}" for l in range(rep.L) for p in range(rep.n)]
+    out += [f"token {toks[p]!r} @{p}" for p in range(rep.n)]
+    return out
+
+
+def _qk_map(adapter: ModelAdapter, layer: int, head: int, pos: int, full: torch.Tensor, side: int) -> torch.Tensor:
+    """``[d_head, d]``: the linear map from a normalised input at position ``pos`` to the head's rotated query
+    (side 0) or key (side 1) there (qk.py's query_key, bias left out, applied to the basis vectors)."""
+    d = full.shape[-1]
+    cols = []
+    for c in range(d):
+        z = torch.zeros(pos + 1, d, dtype=torch.float64, device=full.device)
+        z[pos, c] = 1.0
+        cols.append(query_key(adapter, layer, z, bias=False, full=full[: pos + 1])[side][pos, head])
+    return torch.stack(cols, 1)
+
+
+def feature_qk(
+    adapter: ModelAdapter,
+    ids: torch.Tensor,
+    layer: int,
+    head: int,
+    query: int,
+    key: int | None = None,
+    *,
+    top: int = 10,
+    batch_size: int = 32,
+    zero_bos: bool = True,
+) -> FeatureQK:
+    """Head (layer, head)'s score from ``query`` to ``key`` (default: where it attends most) in node units."""
+    check_replacement(adapter)
+    check_lens(adapter)
+    check_layer_head(adapter, layer, head)
+    ids = ids.view(-1).cpu()
+    n = int(ids.shape[0])
+    if not 0 <= query < n:
+        raise StreetlampError(f"query position {query} out of range: the text has positions 0..{n - 1}")
+    site = f"layers.{layer}.resid_pre"
+    d = adapter.d_model
+    B = max(1, int(batch_size))
+    rep = Replacement(adapter, ids, B, zero_bos, record=(site, f"layers.{layer}.attn.pattern"))
+    row = rep.cache[f"layers.{layer}.attn.pattern"][0, head, query].double().cpu().numpy()
+    if key is None:
+        key = int(np.argmax(row))
+    if not 0 <= key <= query:
+        raise StreetlampError(f"key position {key} is not visible from query {query}")
+    x = rep.cache[site]  # [B, n, d], in the graph
+    contrib = {}
+    for pos in (query, key):
+        rows = []
+        for c0 in range(0, d, B):
+            cs = list(range(c0, min(d, c0 + B)))
+            rows.append(rep.rows([x[b, pos, c] for b, c in enumerate(cs)]))
+        contrib[pos] = torch.cat(rows).t().double()  # [n_cols, d]
+    x0 = x[0].detach().double()
+    norm = pre_attn_norm(adapter, layer)
+    scale = norm.scale(x0)  # [n, 1]
+    z = norm(x0)
+    s = attention_scaling(adapter, layer)
+    side_vecs = []
+    for side, pos in ((0, query), (1, key)):
+        parts = contrib[pos].to(x0.device)
+        rest = x0[pos] - parts.sum(0)  # what no node carries
+        lin = norm.linear(torch.cat([parts, rest[None]]), scale[pos])  # [P-1, d]
+        M = _qk_map(adapter, layer, head, pos, z, side)  # [d_head, d]
+        bias_in = norm.beta(d).expand_as(x0)
+        qb = query_key(adapter, layer, bias_in, bias=True, full=z)[side][pos, head]
+        side_vecs.append(torch.cat([lin @ M.t(), qb[None]]))  # [P, d_head]
+    Q, K = side_vecs
+    q_tot, k_tot = Q.sum(0), K.sum(0)
+    score = float(q_tot @ k_tot * s)
+    q_side = (Q @ k_tot * s).cpu().numpy()
+    k_side = (K @ q_tot * s).cpu().numpy()
+    labels = _labels(rep, adapter, ids) + ["not a node (biases)", "b_Q/b_K and norm bias"]
+    qi = np.argsort(-np.abs(q_side), kind="stable")[: 4 * top]
+    ki = np.argsort(-np.abs(k_side), kind="stable")[: 4 * top]
+    T = (Q[qi] @ K[ki].t() * s).cpu().numpy()
+    flat = np.argsort(-np.abs(T), axis=None, kind="stable")[:top]
+    pairs = []
+    for f in flat:
+        a, b = np.unravel_index(f, T.shape)
+        pairs.append((labels[qi[a]], labels[ki[b]], float(T[a, b])))
+    return FeatureQK(
+        layer, head, query, key, labels, q_side, k_side, pairs, score, float(row[key]), Q.cpu().numpy(), K.cpu().numpy()
+    )
