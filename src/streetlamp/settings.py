@@ -310,9 +310,10 @@ PLACEMENT = ("dtype", "device_map", "max_memory", "offload_folder")
 @dataclass(frozen=True)
 class Shared:
     """Which shared options a command takes, with its defaults: ``takes_model``/``model`` (its default),
-    ``out`` (its help; None: no ``--out``), ``placement`` (``--dtype``, ``--device-map`` and its
-    two companions), ``force`` (only where the memory estimate is checked), ``seed``/``batch_size``
-    (the settings fields of those names get a flag)."""
+    ``out`` (its help; None: no ``--out``), ``device`` (``--device`` and ``--dtype``, always together: every
+    command that places a model takes both), ``placement`` (``--device-map`` and its two companions),
+    ``force`` (only where the memory estimate is checked), ``seed``/``batch_size`` (the settings fields of
+    those names get a flag)."""
 
     takes_model: bool = True
     model: str | None = DEFAULT_MODEL
@@ -329,9 +330,9 @@ class Shared:
     def options(self) -> list[str]:
         """The :class:`RunOptions` fields this command takes."""
         names = ["model"] * self.takes_model + ["out"] * (self.out is not None)
-        names += ["overwrite"] * self.overwrite + ["device"] * self.device
+        names += ["overwrite"] * self.overwrite + ["device", "dtype"] * self.device
         if self.placement:
-            names += ["dtype", *(["force"] if self.force else []), "device_map", "max_memory", "offload_folder"]
+            names += [*(["force"] if self.force else []), "device_map", "max_memory", "offload_folder"]
         return names
 
     def defaults(self) -> dict[str, Any]:

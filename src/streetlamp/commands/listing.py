@@ -88,7 +88,7 @@ def run_serve(adapter: None, s: ServeSettings, out: None, opts: Any) -> Lines:
     for name in s.models or [DEFAULT_MODEL]:
         a = load(name)
         require_one_stack(a, "serve")
-        adapters[a.name] = a.to(opts.device)
+        adapters[a.name] = a.to(opts.device, opts.dtype)
     serve(adapters, s.host, s.port, s.allow_remote, s.runs, s.timeout, s.queue)
     return Lines()
 

@@ -82,7 +82,7 @@ def connect(address: str | None, workers: int | None = None, timeout: float = CO
 
 
 class _Worker:
-    def __init__(self, model: str, device: str, threads: int) -> None:
+    def __init__(self, model: str, device: str, threads: int, dtype: str = "float32") -> None:
         import torch
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -91,8 +91,8 @@ class _Worker:
         from ..models.loading import load
 
         self.adapter = load(model)
-        if device != "cpu":
-            self.adapter.to(device)
+        if device != "cpu" or dtype != "float32":
+            self.adapter.to(device, dtype)
 
     def run(self, chunk: list[Any], settings: Any, work: Callable[[Any, list[Any], Any], Any] | None = None) -> Any:
         if work is None:
@@ -137,7 +137,9 @@ def run_on_ray(
     workers: int | None = None,
     work: Callable[[Any, list[Any], Any], Any] | None = None,
     write: Callable[[int, Any], None] | None = None,
+    dtype: str = "float32",
 ) -> None:
+    """``dtype``: the weights' dtype every actor places its model in (the driver's ``--dtype``)."""
     require("ray")
     import ray
 
@@ -148,7 +150,7 @@ def run_on_ray(
     n = max(1, min(len(chunks), workers or int(ray.cluster_resources().get("GPU" if gpu else "CPU", 1))))
     # ray types the actor class as ActorClass | type and its methods as plain callables (no .remote)
     cls: Any = ray.remote(num_gpus=1, num_cpus=1)(_Worker) if gpu else ray.remote(num_cpus=1)(_Worker)
-    actors = [cls.remote(model, "cuda" if gpu else "cpu", 1) for _ in range(n)]
+    actors = [cls.remote(model, "cuda" if gpu else "cpu", 1, dtype) for _ in range(n)]
     record = engine_record(ray, address, n, "cuda" if gpu else "cpu", sorted(chunks))
     store.update_manifest({"engine": [*store.manifest().get("engine", []), record]})
     try:

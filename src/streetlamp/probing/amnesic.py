@@ -57,7 +57,9 @@ class Eraser:
         if self.rank == 0:
             return x
         x64 = x.double()
-        out = x64 - ((x64 - self.bias) @ self.right.T) @ self.left.T
+        # the eraser is fitted on the host; the activations it edits live on the model's device
+        bias, right, left = (t.to(x.device) for t in (self.bias, self.right, self.left))
+        out = x64 - ((x64 - bias) @ right.T) @ left.T
         return out.to(x.dtype)
 
     def apply_np(self, X: np.ndarray) -> np.ndarray:

@@ -42,6 +42,7 @@ class RayPlace:
     device: str = "cpu"
     address: str | None = None
     workers: int | None = None
+    dtype: str = "float32"
 
 
 @dataclass
@@ -76,7 +77,7 @@ def ray_edge_scores(
     with progress.bar(len(chunks), f"circuit {method} edge scores on Ray (batches of prompts)") as bar:
         run_on_ray(
             place.model, place.device, job, chunks, store, bar, place.address, place.workers, work=score_chunk,
-            write=lambda c, r: got.__setitem__(c, r),
+            write=lambda c, r: got.__setitem__(c, r), dtype=place.dtype,
         )  # fmt: skip
     per = torch.from_numpy(np.concatenate([got[c] for c in range(len(chunks))]))
     return S.EdgeScores(method, per, ablation, metric)
@@ -137,5 +138,5 @@ def ray_stability(
     with progress.bar(len(chunks), "circuit resamples on Ray (method x axis)") as bar:
         run_on_ray(
             place.model, place.device, job, chunks, store, bar, place.address, place.workers, work=stability_chunk,
-            write=write,
+            write=write, dtype=place.dtype,
         )  # fmt: skip

@@ -383,7 +383,7 @@ def run(
     if s.engine == "ray":
         if opts is None or not isinstance(opts.model, (str, Path)):
             raise StreetlampError("--engine ray loads the model on each actor: give --model as a name or a folder")
-        place = RayPlace(str(opts.model), opts.device or "cpu", s.ray_address, s.workers)
+        place = RayPlace(str(opts.model), opts.device or "cpu", s.ray_address, s.workers, opts.dtype)
         from ..ray_engine import connect
 
         connect(s.ray_address, s.workers)  # before the checkpoint folder exists

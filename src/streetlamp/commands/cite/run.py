@@ -112,7 +112,7 @@ def cite(
                 res.costs["attntrace"] = rec_cost
             if "rollout" in methods:
                 with C.counting(adapter) as c:
-                    t = C.rollout_tokens(adapter, lay, QKStore(folder, rec.describe()))
+                    t = C.rollout_tokens(adapter, lay, QKStore(folder, rec.describe(), adapter.device))
                 c.seconds += rec_cost.seconds
                 c.forward_passes += rec_cost.forward_passes
                 res.tokens["rollout"], res.scores["rollout"], res.costs["rollout"] = t, C.aggregate(t, spans), c

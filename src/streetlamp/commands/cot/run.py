@@ -319,6 +319,7 @@ def make_engine(
     budget: int | None,
     device: str = "cpu",
     adapter: Any = None,
+    dtype: str = "float32",
 ) -> tuple[Engine, dict]:
     if (model is None) == (endpoint is None) and adapter is None:
         raise StreetlampError("give --model (a local causal LM) or --endpoint (an OpenAI-compatible server), not both")
@@ -350,9 +351,14 @@ def make_engine(
         from ...models.seq2seq import require_one_stack
 
         require_one_stack(adapter, "cot")
-        adapter.to(device)
+        adapter.to(device, dtype)
     local = LocalEngine(adapter, temperature=temperature)
-    return local, {"engine": "local", "name": adapter.name, "source": adapter.source}
+    return local, {
+        "engine": "local",
+        "name": adapter.name,
+        "source": adapter.source,
+        "dtype": adapter.describe()["dtype"],
+    }
 
 
 @dataclass
@@ -422,6 +428,7 @@ def run_cot(adapter: None, s: CotCommandSettings, out: Path, opts: RunOptions) -
         timeout=s.timeout,
         budget=s.budget,
         device=opts.device,
+        dtype=opts.dtype,
         adapter=None if model is None or isinstance(model, (str, Path)) else model,
     )
     data, limit, device = s.data, s.limit, opts.device
@@ -469,6 +476,7 @@ def run_cot(adapter: None, s: CotCommandSettings, out: Path, opts: RunOptions) -
             }
         },
         command="cot",
+        added={"model.dtype": "float32"},  # a local model's store made before --dtype was float32
     )
     chunks = [questions[i : i + s.chunk_size] for i in range(0, len(questions), s.chunk_size)]
     todo = [c for c in range(len(chunks)) if c not in store.done_chunks()]
@@ -503,6 +511,7 @@ def run_cot(adapter: None, s: CotCommandSettings, out: Path, opts: RunOptions) -
                 workers=s.workers,
                 work=cot_chunk,
                 write=write,
+                dtype=opts.dtype,
             )
         else:
             for c in todo:

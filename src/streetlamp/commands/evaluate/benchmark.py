@@ -158,8 +158,8 @@ def run(adapter: ModelAdapter | None, s: BenchmarkSettings, out: RunFolder | Pat
         examples = task.generate(n_examples, seed=30_000 + seed)
         for variant in VARIANTS:
             adapter = load_groundtruth(task_name, variant)
-            if device != "cpu":
-                adapter.to(device)
+            if device != "cpu" or opts.dtype != "float32":
+                adapter.to(device, opts.dtype)
             res.models.append(
                 {
                     "task": task_name,

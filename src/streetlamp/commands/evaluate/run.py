@@ -7,7 +7,7 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -168,14 +168,15 @@ def evaluate(
         raise StreetlampError(f"dataset {s.data!r} has no examples")
     model = opts.model if opts is not None else None
     device = opts.device if opts is not None else "cpu"
+    dtype = opts.dtype if opts is not None else "float32"
     if adapter is None and model is not None and not isinstance(model, (str, Path)):
         adapter = model  # the Python API may pass an adapter
     if adapter is None:
         if model is None:
             raise StreetlampError("evaluate needs a model: give --model")
         adapter = load(model)
-        if device != "cpu":
-            cast(Any, adapter.hf_model).to(device)  # transformers types .to() as a decorated method wrongly
+        if device != "cpu" or dtype != "float32":
+            adapter.to(device, dtype)
     name = str(model) if isinstance(model, (str, Path)) else adapter.name  # what a Ray actor loads
     s.validate(adapter)
     ff_train = _ffidelity_data(adapter, s)
@@ -190,7 +191,8 @@ def evaluate(
         },
     }
     run_settings = {
-        "model": {"name": adapter.name, "source": adapter.source},
+        # the dtype: chunks of one run in one dtype (a resume in another is refused)
+        "model": {"name": adapter.name, "source": adapter.source, "dtype": adapter.describe()["dtype"]},
         "data": {"name": ds.name, "source": ds.source, "sha256": ds.hash(), "n_examples": len(ds.examples)},
         "limit": s.limit,
         **({"sample": s.sample} if s.sample is not None else {}),
@@ -205,6 +207,7 @@ def evaluate(
             "replacement_token": s.replacement if s.replacement == "delete" else adapter.replacement_token("mask")[2],
             "removal_rule": Removal.of(adapter, adapter.replacement_token(s.replacement)[1]).describe(adapter),
         },
+        added={"model.dtype": "float32"},  # a store made before --dtype was float32
     )
     tuned = _ffidelity_copy(adapter, store.folder, s, ff_train, examples) if ff_train is not None else None
     chunks = [examples[i : i + s.chunk_size] for i in range(0, len(examples), s.chunk_size)]
@@ -216,7 +219,15 @@ def evaluate(
             from ..ray_engine import run_on_ray
 
             run_on_ray(
-                name, device, s, {c: chunks[c] for c in todo}, store, bar, address=s.ray_address, workers=s.workers
+                name,
+                device,
+                s,
+                {c: chunks[c] for c in todo},
+                store,
+                bar,
+                address=s.ray_address,
+                workers=s.workers,
+                dtype=dtype,
             )
         else:
             for c in todo:

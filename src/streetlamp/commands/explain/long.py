@@ -208,7 +208,8 @@ def explain_long(
         graph = any(m.long_needs_graph for m in built.values())  # the same single pass, with the last layer's graph
         logits, rec = record(adapter, inputs, w.path, sel, chunk, grad_row=pos if graph else None)
         section = rec.describe()
-        long.store, long.recorder, long.logits = QKStore(w.path, section), rec, logits
+        # rollout and flow recompute the rows where the model runs (a GPU: not the CPU; issue 35 item 9)
+        long.store, long.recorder, long.logits = QKStore(w.path, section, adapter.device), rec, logits
         logits = logits.detach()
         index = int(adapter.resolve(inputs, target, logits)[0])
         probs = torch.softmax(logits[0].float(), -1).cpu().numpy()

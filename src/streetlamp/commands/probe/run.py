@@ -157,7 +157,7 @@ def probe(
     rf = RunFolder.of(out, command="probe", overwrite=opts.overwrite)
     log = (lambda m: print(f"probe: {m}", file=sys.stderr)) if progress else (lambda m: None)
     t_start = time.time()
-    adapter = load_model(str(opts.model), opts.device)
+    adapter = load_model(str(opts.model), opts.device, opts.dtype)
     layers = parse_layers(s.layers, adapter.n_layers)
     sites = [site_name(l, s.site) for l in layers]
     specs = parse_probes(s.probes, s.hidden, s.weight_decay, s.dropout, s.seed, s.early_stopping, s.max_epochs)
@@ -356,7 +356,7 @@ def sweep_spec(kind: str, v: float, s: ProbeSettings) -> ProbeSpec:
     return replace(base, dropout=v)
 
 
-def load_model(model: str, device: str) -> ModelAdapter:
+def load_model(model: str, device: str, dtype: str = "float32") -> ModelAdapter:
     """An embedded name, a checkpoint folder, or a ground-truth model ``gt-TASK-normal|deceptive``."""
     from ...groundtruth.train import weights_path
     from ...models.loading import load
@@ -376,6 +376,6 @@ def load_model(model: str, device: str) -> ModelAdapter:
     from ...models.seq2seq import require_one_stack
 
     require_one_stack(adapter, "probe")
-    if device != "cpu":
-        adapter.to(device)
+    if device != "cpu" or dtype != "float32":
+        adapter.to(device, dtype)
     return adapter
