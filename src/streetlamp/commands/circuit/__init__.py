@@ -39,11 +39,6 @@ MAX_RANDOM = 1000  # random circuits per size: each one more pass over the promp
 DEFAULT_SIZES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # MIB's ten sizes (faithfulness.py)
 
 
-def audited(methods: list[str]) -> list[str]:
-    """The methods ``--audit`` checks: every edge score but exact patching itself and a read circuit file."""
-    return [m for m in methods if m not in ("exact", "file")]
-
-
 def parse_sizes(spec: str | list | tuple) -> list[float]:
     """``--sizes 0.01,0.1,0.5`` (fractions of the graph's edges); each in (0, 1]."""
     items = split_list(spec) if isinstance(spec, str) else list(spec)
@@ -214,6 +209,10 @@ class CircuitSettings(Settings):
             if "file" not in self.methods:
                 self.methods = [*self.methods, "file"]
 
+    def audited(self) -> list[str]:
+        """The methods ``--audit`` checks: every edge score but exact patching itself and a read circuit file."""
+        return [m for m in self.methods if m not in ("exact", "file")]
+
     def areas_mode(self) -> str:
         """``--areas``, or by default ``mib`` when the sizes hold MIB's ten, else ``sweep``."""
         if self.areas is not None:
@@ -236,9 +235,9 @@ class CircuitSettings(Settings):
             )
         pairs = encoded_pairs(adapter, self)
         check_memory(adapter, self, len(pairs))
-        if self.audit and len(pairs) * self.audit * (1 + len(audited(self.methods))) > self.exact_max:
+        if self.audit and len(pairs) * self.audit * (1 + len(self.audited())) > self.exact_max:
             raise StreetlampError(
-                f"--audit {self.audit} would patch up to {len(pairs) * self.audit * (1 + len(audited(self.methods)))} "
+                f"--audit {self.audit} would patch up to {len(pairs) * self.audit * (1 + len(self.audited()))} "
                 f"(prompt, edge) forwards, above --exact-max {self.exact_max}; lower --audit or --limit, or raise "
                 "--exact-max"
             )

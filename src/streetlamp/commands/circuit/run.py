@@ -50,7 +50,6 @@ from ...models.adapter import ModelAdapter
 from ...report import circuit as fig
 from ...stats import resample_indices
 from ...store.run_folder import RunFolder
-from . import audited
 from . import paths as P
 from . import resume as R
 from . import view as V
@@ -534,11 +533,11 @@ def run_circuit(
         res.paths, res.path_lines = pr.table, pr.lines
     res.stability = stab_lines
     audit_rows: list[dict] = []
-    if s.audit and audited(list(methods)):
+    if s.audit and s.audited():
         audit_rows, audit_summary = R.cached(
             ck, AUDIT_STAGE,
             lambda: S.audit_many(
-                blocks, pairs, [methods[n].scores for n in audited(list(methods))], s.audit, s.audit, s.seed,
+                blocks, pairs, [methods[n].scores for n in s.audited()], s.audit, s.audit, s.seed,
                 rows_of(s.batch_size, pairs, 32),
             ),
             lambda v: ({"stage": "audit", "rows": v[0], "summary": v[1]}, {}),
