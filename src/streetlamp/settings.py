@@ -293,6 +293,11 @@ class RunOptions:
     )
     max_memory: str | None = option(None, help="with --device-map: e.g. '0=20GiB,cpu=30GiB'")
     offload_folder: str | None = option(None, help="with --device-map: where layers that do not fit go")
+    features: str | None = option(
+        None,
+        help="a feature set folder (streetlamp's, SAELens's or circuit-tracer's): its SAEs and transcoders "
+        "spliced in as sites layers.L.resid_pre.features / layers.L.mlp.features (docs/feature-sets.md)",
+    )
 
     def check(self) -> None:
         from .specs import parse_max_memory
@@ -313,7 +318,8 @@ class Shared:
     ``out`` (its help; None: no ``--out``), ``device`` (``--device`` and ``--dtype``, always together: every
     command that places a model takes both), ``placement`` (``--device-map`` and its two companions),
     ``force`` (only where the memory estimate is checked), ``seed``/``batch_size`` (the settings fields of
-    those names get a flag)."""
+    those names get a flag), ``features`` (``--features DICT``, opt-in: a command whose own settings have a
+    ``features`` field keeps it)."""
 
     takes_model: bool = True
     model: str | None = DEFAULT_MODEL
@@ -326,6 +332,7 @@ class Shared:
     device: bool = True
     placement: bool = True
     force: bool = False
+    features: bool = False  # ``--features DICT``: a feature set loaded, checked and attached to the model
 
     def options(self) -> list[str]:
         """The :class:`RunOptions` fields this command takes."""
@@ -333,7 +340,7 @@ class Shared:
         names += ["overwrite"] * self.overwrite + ["device", "dtype"] * self.device
         if self.placement:
             names += [*(["force"] if self.force else []), "device_map", "max_memory", "offload_folder"]
-        return names
+        return names + ["features"] * self.features
 
     def defaults(self) -> dict[str, Any]:
         return {"model": self.model}

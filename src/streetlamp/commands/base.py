@@ -12,6 +12,7 @@ Nothing here imports torch at module level: ``streetlamp --help`` builds the par
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -61,7 +62,8 @@ class Command:
         """The run options of ``values`` (the rest are settings), with this command's defaults."""
         names = set(self.shared.options())
         opts = {k: values.pop(k) for k in list(values) if k in names}
-        stray = [k for k in values if k in RunOptions.__dataclass_fields__]
+        own = {f.name for f in dataclasses.fields(self.settings)} if dataclasses.is_dataclass(self.settings) else set()
+        stray = [k for k in values if k in RunOptions.__dataclass_fields__ and k not in own]
         if stray:
             raise StreetlampError(f"{self.name} takes no {', '.join(stray)}")
         vals = {**self.shared.defaults(), **opts}
@@ -112,8 +114,20 @@ def place(cmd: Command, opts: RunOptions, settings: Any) -> Any:
         adapter.dispatch(parse_max_memory(opts.max_memory), opts.offload_folder, opts.dtype)
     else:
         adapter.to(opts.device, opts.dtype)
+    attach_features(adapter, opts)
     settings.validate(adapter)
     return adapter
+
+
+def attach_features(adapter: Any, opts: RunOptions) -> None:
+    """``--features DICT``: the feature set read (given the model: hooks before a norm's gain fold into the
+    encoder), checked against the model and attached, before any folder is written; one line where it is bad."""
+    path = getattr(opts, "features", None)
+    if path is None:
+        return
+    from ..models.dictionaries import load_features
+
+    adapter.attach_features(load_features(path, adapter))
 
 
 def out_of(cmd: Command, opts: RunOptions) -> Any:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import StreetlampError
 from ..settings import NONE, NoSettings, Shared, option
 from .base import Command, Lines
 
@@ -82,13 +83,17 @@ class ServeSettings:
 def run_serve(adapter: None, s: ServeSettings, out: None, opts: Any) -> Lines:
     from ..models.loading import DEFAULT_MODEL, load
     from ..models.seq2seq import require_one_stack
+    from .base import attach_features
     from .serve import serve
 
+    if opts.features is not None and len(s.models or []) > 1:
+        raise StreetlampError("serve --features splices one feature set into one model: give one --model")
     adapters = {}
     for name in s.models or [DEFAULT_MODEL]:
         a = load(name)
         require_one_stack(a, "serve")
         adapters[a.name] = a.to(opts.device, opts.dtype)
+        attach_features(a, opts)
     serve(adapters, s.host, s.port, s.allow_remote, s.runs, s.timeout, s.queue)
     return Lines()
 
@@ -113,6 +118,8 @@ SERVE = Command(
     run_serve,
     extra="serve",
     **_no_model(
-        shared=Shared(takes_model=False, out=None, overwrite=False, seed=False, batch_size=False, placement=False)
+        shared=Shared(
+            takes_model=False, out=None, overwrite=False, seed=False, batch_size=False, placement=False, features=True
+        )
     ),
 )

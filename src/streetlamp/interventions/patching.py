@@ -33,6 +33,17 @@ from . import engine
 from .engine import Intervention
 
 KINDS = ("resid_pre", "attn.out", "mlp.out")  # by layer and position; heads: attn.z, by layer and head
+# the sites of an attached feature set (--features): one feature at every position; one dictionary's error term
+FEATURE_KINDS = ("features", "features_error")
+# features.csv (patch --sites features): what each column holds
+FEATURE_COLUMNS = {
+    "layer": "the dictionary's layer",
+    "site": "resid_pre (an SAE on the layer's input) or mlp (a transcoder of the layer's MLP)",
+    "feature": "the latent's index in its dictionary",
+    "restored": "normalised logit difference with this feature's clean activation patched into the corrupted run "
+    "at every position (0 corrupt, 1 clean); the error term and the other features stay corrupted",
+    "max_abs_change": "max over positions of |clean activation - corrupted activation|",
+}
 
 
 @dataclass
@@ -158,6 +169,84 @@ def activation_patching(
                 .numpy()
             )
     return out
+
+
+@dataclass
+class FeaturePatching:
+    """Patching an attached feature set's sites. ``features``: one row per (dictionary, feature) whose clean and
+    corrupted activations differ somewhere (the others restore exactly 0 and are not run): ``layer``, ``site``
+    (``resid_pre`` SAE or ``mlp`` transcoder), ``feature``, ``restored`` (normalised logit difference with that
+    feature's clean activation at every position patched into the corrupted run, the error term and every other
+    feature kept at their corrupted values), ``max_abs_change`` (max over positions of |clean − corrupted|).
+    ``error``: ``[dictionary, pos]`` patching one dictionary's error term at one position (NaN: not asked)."""
+
+    dictionaries: list[tuple[int, str]]
+    features: list[dict]
+    error: np.ndarray | None
+
+
+def feature_patching(
+    adapter: ModelAdapter,
+    pair: Pair,
+    kinds: Sequence[str] = FEATURE_KINDS,
+    batch_size: int | None = None,
+    progress: bool = False,
+) -> FeaturePatching:
+    """Activation patching of the feature sites (``--sites features,features_error``) of ``adapter.features``."""
+    from ..models.features import feature_site
+
+    fs = adapter.features
+    if fs is None:
+        raise StreetlampError("patching feature sites needs a feature set: give --features DICT")
+    dicts = [(d.layer, d.where) for d in fs]
+    f_sites = [feature_site(l, w) for l, w in dicts]
+    e_sites = [feature_site(l, w, True) for l, w in dicts]
+    with torch.no_grad():
+        clean = adapter.forward(pair.clean, record=f_sites + e_sites).cache
+        corrupt = adapter.forward(pair.corrupt, record=f_sites).cache
+    P = pair.clean.lengths[0]
+    start = first_difference(pair) if adapter.kind.causal else 0
+    positions = list(range(start, P))
+    rows: list[dict] = []
+    error = None
+    it = list(enumerate(dicts))
+    if progress:
+        from tqdm import tqdm
+
+        it = tqdm(it, desc="feature patching", leave=False)
+    with torch.no_grad():
+        for i, (l, w) in it:
+            if "features" in kinds:
+                s = f_sites[i]
+                change = (at_least_float32(clean[s]) - at_least_float32(corrupt[s])).abs()[0].amax(0)
+                feats = [int(f) for f in (change > 0).nonzero().flatten()]
+                if feats:
+                    by = engine.repeat_inputs(pair.corrupt, len(feats))
+                    ivs = [Intervention(s, engine.patch(clean[s]), head=f, rows=[j]) for j, f in enumerate(feats)]
+                    ld = logit_diff(engine.run_batched(adapter, by, ivs, batch_size).logits, pair.answer, pair.wrong)
+                    restored = pair.normalise(ld).cpu().numpy()
+                    rows += [
+                        {
+                            "layer": l,
+                            "site": w,
+                            "feature": f,
+                            "restored": float(r),
+                            "max_abs_change": float(change[f]),
+                        }
+                        for f, r in zip(feats, restored)
+                    ]
+            if "features_error" in kinds:
+                if error is None:
+                    error = np.full((len(dicts), P), np.nan, np.float32)
+                    error[:, :start] = 0.0  # before the first differing token both runs are the same
+                if positions:
+                    s = e_sites[i]
+                    by = engine.repeat_inputs(pair.corrupt, len(positions))
+                    ivs = [Intervention(s, engine.patch(clean[s]), pos=p, rows=[j]) for j, p in enumerate(positions)]
+                    ld = logit_diff(engine.run_batched(adapter, by, ivs, batch_size).logits, pair.answer, pair.wrong)
+                    error[i, positions] = pair.normalise(ld).cpu().numpy()
+    rows.sort(key=lambda r: -abs(r["restored"]))
+    return FeaturePatching(dicts, rows, error)
 
 
 def attribution_patching(adapter: ModelAdapter, pair: Pair) -> dict[str, np.ndarray]:

@@ -421,6 +421,8 @@ class ModelAdapter:
             "device": str(self.device),
             **({"device_map": {k: str(v) for k, v in dmap.items()}} if dmap else {}),
             "dtype": str(next(self.hf_model.parameters()).dtype).replace("torch.", ""),
+            # the feature set spliced in (--features), as every manifest records it
+            **({"features": fs.describe()} if (fs := getattr(self, "features", None)) is not None else {}),
         }
 
     def patch_grid(self) -> dict[str, int]:

@@ -73,6 +73,11 @@ class AtlasSettings(Settings):
     def validate(self, adapter: ModelAdapter) -> None:
         if adapter.modality == "image":
             raise StreetlampError(f"atlas reads text corpora; {adapter.name} is an image model")
+        if self.engine == "ray" and adapter.features is not None:
+            raise StreetlampError(
+                "--features with --engine ray: each Ray actor loads the model by name, without the feature set; "
+                "run the atlas with --engine local"
+            )
 
 
 ATLAS = Command(
@@ -80,7 +85,7 @@ ATLAS = Command(
     "every head across a corpus: where it looks (pattern statistics) beside what removing it changes (ablation)",
     AtlasSettings,
     lazy(__name__ + ".run", "run_atlas"),
-    shared=Shared(out="run folder; the same command resumes it", out_required=True, overwrite=False),
+    shared=Shared(out="run folder; the same command resumes it", out_required=True, overwrite=False, features=True),
     writes="store",
     views=("atlas",),
 )

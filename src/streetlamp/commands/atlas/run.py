@@ -196,7 +196,12 @@ def run_atlas(adapter: ModelAdapter, s: AtlasSettings, out: Path, opts: RunOptio
     h = hashlib.sha256(json.dumps(ids).encode()).hexdigest()
     info = adapter.describe()
     settings = {
-        "model": {"name": adapter.name, "source": adapter.source, "dtype": info["dtype"]},
+        "model": {
+            "name": adapter.name,
+            "source": adapter.source,
+            "dtype": info["dtype"],
+            "features": info.get("features"),
+        },
         "data": {"spec": s.data, "n_sequences": N, "tokens_sha256": h},
         "ablation": s.ablation,
         "exact_share": s.exact_share,
@@ -226,7 +231,7 @@ def run_atlas(adapter: ModelAdapter, s: AtlasSettings, out: Path, opts: RunOptio
             "n_cut_to_max_tokens": n_cut,
         },
         command="atlas",
-        added={"model.dtype": "float32"},  # a store made before --dtype was float32
+        added={"model.dtype": "float32", "model.features": None},  # a store made before --dtype was float32
     )
     folder_file(store.folder, "parts", kind="dir", missing_ok=True)  # a parts/ symlink out: refused
     (store.folder / "parts").mkdir(exist_ok=True)

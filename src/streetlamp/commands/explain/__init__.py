@@ -218,7 +218,7 @@ EXPLAIN = Command(
     "explain one text: attention of every layer and head, methods, figures",
     ExplainSettings,
     lazy(__name__ + ".run", "run_explain"),
-    shared=Shared(out="output folder (default runs/explain-<time>)", force=True),
+    shared=Shared(out="output folder (default runs/explain-<time>)", force=True, features=True),
     views=("explain", "explain_long"),
 )
 ATTENTION_ROW = Command(

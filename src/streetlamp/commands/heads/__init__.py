@@ -84,7 +84,7 @@ HEADS = Command(
     "ablate every head (zero/mean/resample); with --data also importance, attention attribution and attention mass",
     HeadsSettings,
     lazy(__name__ + ".run", "run_heads"),
-    shared=Shared(out="output folder (default runs/heads-<time>)"),
+    shared=Shared(out="output folder (default runs/heads-<time>)", features=True),
     views=("heads",),
 )
 PRUNE = Command(

@@ -163,6 +163,6 @@ LENS = Command(
     "also why that head attends where it does (QK attribution, ablation)",
     LensSettings,
     lazy(__name__ + ".run", "run_lens"),
-    shared=Shared(model="smollm2-135m", out="output folder (default runs/lens-<time>)"),
+    shared=Shared(model="smollm2-135m", out="output folder (default runs/lens-<time>)", features=True),
     views=("lens",),
 )

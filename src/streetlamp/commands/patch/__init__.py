@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from ...models.adapter import ModelAdapter
 
 PATCH_KINDS = ("resid_pre", "attn.out", "mlp.out", "heads")
+FEATURE_KINDS = ("features", "features_error")  # interventions.patching.FEATURE_KINDS: with --features only
 
 
 @dataclass
@@ -29,20 +30,29 @@ class PatchSettings(Settings):
     sites: list[str] = option(
         default_factory=lambda: list(PATCH_KINDS),
         parse=split_list,
-        help="what to patch: comma-separated resid_pre, attn.out, mlp.out (by layer x position), heads",
+        help="what to patch: comma-separated resid_pre, attn.out, mlp.out (by layer x position), heads; with "
+        "--features also features (one feature, every position) and features_error (one dictionary's error, "
+        "one position)",
     )
 
     def check(self) -> None:
         super().check()
-        bad = [k for k in self.sites if k not in PATCH_KINDS]
+        bad = [k for k in self.sites if k not in PATCH_KINDS + FEATURE_KINDS]
         if bad or not self.sites:
-            raise StreetlampError(f"unknown site kind(s) {bad}; choose from {', '.join(PATCH_KINDS)}")
+            raise StreetlampError(f"unknown site kind(s) {bad}; choose from {', '.join(PATCH_KINDS + FEATURE_KINDS)}")
+        if self.approx and not any(k in PATCH_KINDS for k in self.sites):
+            raise StreetlampError(
+                "--approx compares attribution with patching of resid_pre, attn.out, mlp.out or heads"
+            )
         if not self.clean.strip() or not self.corrupt.strip():
             raise StreetlampError("--clean and --corrupt must not be empty")
 
     def validate(self, adapter: ModelAdapter) -> None:
         if self.paths:
             parse_heads(self.receiver, adapter.n_layers, adapter.n_heads)
+        asked = [k for k in self.sites if k in FEATURE_KINDS]
+        if asked and adapter.features is None:
+            raise StreetlampError(f"--sites {','.join(asked)} patches a feature set's sites: give --features DICT")
 
 
 @dataclass
@@ -65,7 +75,7 @@ PATCH = Command(
     "clean and corrupted texts must have the same token length",
     PatchSettings,
     lazy(__name__ + ".run", "run_patch"),
-    shared=Shared(out="output folder (default runs/patch-<time>)", seed=False),
+    shared=Shared(out="output folder (default runs/patch-<time>)", seed=False, features=True),
     views=("patch",),
 )
 MEDIATE = Command(

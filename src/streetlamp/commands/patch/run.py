@@ -35,9 +35,20 @@ class PatchResult:
         lines = [
             f"logit difference {self.answer_label!r} - {self.wrong_label!r}: clean {pair.ld_clean:.3f}, "
             f"corrupted {pair.ld_corrupt:.3f}",
-            "heads restoring most (layer.head: fraction): "
-            + ", ".join(f"{h['layer']}.{h['head']}: {h['restored']:.3f}" for h in self.summary["top_heads"]),
         ]
+        if self.summary["top_heads"] or not self.summary.get("top_features"):
+            lines.append(
+                "heads restoring most (layer.head: fraction): "
+                + ", ".join(f"{h['layer']}.{h['head']}: {h['restored']:.3f}" for h in self.summary["top_heads"])
+            )
+        if self.summary.get("top_features"):
+            lines.append(
+                "features restoring most (layer.site#feature: fraction): "
+                + ", ".join(
+                    f"{f['layer']}.{f['site']}#{f['feature']}: {f['restored']:.3f}"
+                    for f in self.summary["top_features"]
+                )
+            )
         for k, v in self.summary.get("attribution_vs_patching", {}).items():
             lines.append(f"attribution vs real patching, {k}: pearson {v['pearson']:.3f}")
         if "paths" in self.arrays:
@@ -84,7 +95,10 @@ def run_patch(
     answer, wrong = parse_target(adapter, s.answer), parse_target(adapter, s.wrong)
     pair = P.make_pair(adapter, clean, corrupt, answer, wrong)
     rec = parse_heads(adapter, receivers) if paths else None
-    real = P.activation_patching(adapter, pair, progress=progress, kinds=kinds, batch_size=batch_size)
+    own = tuple(k for k in kinds if k not in P.FEATURE_KINDS)
+    real = P.activation_patching(adapter, pair, progress=progress, kinds=own, batch_size=batch_size) if own else {}
+    fkinds = tuple(k for k in kinds if k in P.FEATURE_KINDS)
+    feats = P.feature_patching(adapter, pair, fkinds, batch_size, progress) if fkinds else None
     arrays = {f"patch.{k}": v for k, v in real.items()}
     described = {
         f"patch.{k}": {
@@ -119,6 +133,16 @@ def run_patch(
             "clean; normalised logit difference (1 = path irrelevant, lower = path carries it); "
             "NaN = sender not before the receiver",
         }
+    if feats is not None and feats.error is not None:
+        arrays["patch.features_error"] = feats.error
+        described["patch.features_error"] = {
+            "axes": ["dictionary", "pos"],
+            "meaning": "activation patching of one dictionary's error term (features_error) at one position, clean "
+            "into corrupted; normalised logit difference (0 corrupt, 1 clean); dictionaries in the order of "
+            "features_patched.dictionaries",
+        }
+    if feats is not None and "features" in fkinds:
+        summary["top_features"] = feats.features[:5]
     labels = pair.clean.labels[0]
     heads = real.get("heads")
     top: np.ndarray | list[int] = np.argsort(-heads.reshape(-1))[:5] if heads is not None else []
@@ -126,8 +150,26 @@ def run_patch(
         {"layer": int(i // adapter.n_heads), "head": int(i % adapter.n_heads), "restored": float(heads.reshape(-1)[i])}  # type: ignore[union-attr]
         for i in top
     ]
+    extra: dict[str, Any] = {}
     with rf.staging() as w:
         w.add_arrays({k: np.asarray(v, np.float32) for k, v in arrays.items()}, described)
+        if feats is not None:
+            extra["features_patched"] = {
+                "kinds": list(fkinds),
+                "dictionaries": [{"layer": l, "site": wh} for l, wh in feats.dictionaries],
+                "error_term": "kept at its corrupted value when a feature is patched (frozen)",
+            }
+        if feats is not None and "features" in fkinds:
+            import pandas as pd
+
+            pd.DataFrame(feats.features, columns=list(P.FEATURE_COLUMNS)).to_csv(w.path / "features.csv", index=False)
+            extra["features_patched"]["table"] = {
+                "file": "features.csv",
+                "columns": P.FEATURE_COLUMNS,
+                "rows": len(feats.features),
+                "note": "features whose clean and corrupted activations are equal everywhere restore exactly 0 "
+                "and are not listed",
+            }
         pos_panels = {k: real[k] for k in P.KINDS if k in real}
         if pos_panels:
             fig.layer_pos(
@@ -184,6 +226,7 @@ def run_patch(
                 },
                 "logit_diff": {"clean": pair.ld_clean, "corrupt": pair.ld_corrupt},
                 "seed": 0,
+                **extra,
             }
         )
     return PatchResult(
