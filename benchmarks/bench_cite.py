@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from common import load, threads
 
+from streetlamp.commands.cite.run import greedy_answer
 from streetlamp.data.citebench import distractors
 from streetlamp.methods import citation as C
 from streetlamp.models.adapter import Inputs
@@ -100,7 +101,7 @@ def main() -> None:
     forward()
     res["forward_s"] = time.perf_counter() - t0
     print(f"forward: {res['forward_s']:.2f} s")
-    greedy = C.generate_answer(adapter, C.Layout(lay.head, lay.sources, lay.tail, []), 3)
+    greedy = greedy_answer(adapter, C.Layout(lay.head, lay.sources, lay.tail, []), 3)
     res["greedy_answer"] = adapter.tokenizer.decode(greedy)
 
     scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-cite-{os.getpid()}"

@@ -304,3 +304,12 @@ def test_bench_resumes_and_counts_only_correct_answers(setup: dict[str, Path], t
     assert main(argv) == 0  # resumed: every chunk done, nothing recomputed
     assert sorted(p.stat().st_mtime_ns for p in (out / "metrics").glob("*.parquet")) == before
     assert main([*argv[:-2], "--max-answer-tokens", "3"]) == 2  # other settings: refused
+
+
+def test_greedy_answer_is_the_generated_one(adapter) -> None:  # noqa: ANN001
+    """The fused, gradient-free generation gives the plain (default attention) generation's tokens."""
+    from streetlamp.commands.cite.run import greedy_answer
+
+    for q in ("what is the capital of france", "who went to the store", "what is good"):
+        lay = C.layout(adapter, SOURCES, q)
+        assert greedy_answer(adapter, lay, 4) == C.generate_answer(adapter, lay, 4)
