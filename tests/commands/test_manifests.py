@@ -67,7 +67,7 @@ KEYS = {
     "atlas": HEADER | {"ablation", "arrays", "atlas", "files", "model_info", "n_cut_to_max_tokens", "settings"},
     "experts": HEADER
     | {"arrays", "effect", "forwards", "model", "n_texts", "n_tokens", "parameters", "removal", "streetlight"}
-    | {"tables"},
+    | {"tables", "top_k", "removed_throughout"},
     "features-audit": HEADER
     | {"arrays", "attribution", "edits", "error", "feature_set", "metric", "model", "parameters", "seed", "selection"}
     | {"summary", "tables", "task"},
