@@ -356,6 +356,7 @@ def test_feature_qk_parts_are_knockouts_and_sum_to_the_score() -> None:
             lin = norm.linear(dx, scale)
             dq = query_key(a, layer, lin, bias=False, full=z)[0][q, head]
             got = torch.as_tensor(res.q_parts[i])
-            torch.testing.assert_close(got, dq.to(got.dtype), rtol=0, atol=1e-9 * float(dq.abs().max() + 1))
+            # graph rows are stored in float32: relative rounding 6e-8 per contribution
+            torch.testing.assert_close(got, dq.to(got.dtype), rtol=0, atol=1e-6 * float(dq.abs().max()) + 1e-12)
     finally:
         h.remove()
