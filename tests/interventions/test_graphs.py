@@ -304,7 +304,7 @@ def test_feature_cap_keeps_the_rows_of_the_visited_features() -> None:
     holds exactly that many, and each kept row equals the full graph's row on the kept columns."""
     a = llama64()
     ids = a.encode([TEXT]).input_ids[0]
-    full = attribute(a, ids, batch_size=64, zero_bos=False)
+    full = attribute(a, ids, batch_size=16, zero_bos=False)
     cap = attribute(a, ids, batch_size=16, zero_bos=False, max_feature_nodes=40)
     assert cap.n_features == 40 and cap.n_active == full.n_active
     where = {tuple(f): i for i, f in enumerate(full.features.tolist())}
@@ -312,10 +312,12 @@ def test_feature_cap_keeps_the_rows_of_the_visited_features() -> None:
     rows = cols[:40] + list(range(full.logit_start, full.n_nodes))
     want = full.adjacency[rows][:, cols]
     got = cap.adjacency[list(range(40)) + list(range(cap.logit_start, cap.n_nodes))]
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
-    # the first visited are those the logit rows alone rank highest (one update: 40 < 4 x 256)
-    first = np.argsort(-np.abs(full.adjacency[full.logit_start :, : full.n_features].double().numpy()).sum(0))
-    assert len(set(cols[:40]) & set(first[:40].tolist())) >= 30
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6 * float(want.abs().max()))
+    # one ranking (40 < 4 x 256): circuit-tracer's partial influence from the logit rows alone,
+    # sum_k p_k |A[k, c]| / sum_c' |A[k, c']|, picks the 40 visited
+    L = full.adjacency[full.logit_start :].double().abs()
+    score = (torch.as_tensor(full.logit_probs)[:, None] * L / L.sum(1, keepdim=True)).sum(0)[: full.n_features]
+    assert set(cols[:40]) == set(torch.argsort(score, descending=True)[:40].tolist())
 
 
 def test_feature_qk_parts_are_knockouts_and_sum_to_the_score() -> None:
@@ -354,6 +356,7 @@ def test_feature_qk_parts_are_knockouts_and_sum_to_the_score() -> None:
             lin = norm.linear(dx, scale)
             dq = query_key(a, layer, lin, bias=False, full=z)[0][q, head]
             got = torch.as_tensor(res.q_parts[i])
-            torch.testing.assert_close(got, dq.to(got.dtype), rtol=0, atol=1e-9 * float(dq.abs().max() + 1))
+            # graph rows are stored in float32: relative rounding 6e-8 per contribution
+            torch.testing.assert_close(got, dq.to(got.dtype), rtol=0, atol=1e-6 * float(dq.abs().max()) + 1e-12)
     finally:
         h.remove()
