@@ -16,6 +16,7 @@ from .cot import COT
 from .evaluate import BENCHMARK, EVALUATE
 from .experts import EXPERTS
 from .explain import ATTENTION_ROW, EXPLAIN, EXPLAIN_GENERATION
+from .features_fit import FEATURES_FIT
 from .heads import HEADS, PRUNE
 from .lens import LENS
 from .lens_fit import LENS_FIT
@@ -35,6 +36,7 @@ COMMANDS: list[Command] = [
     PATCH,
     LENS,
     LENS_FIT,
+    FEATURES_FIT,
     MEDIATE,
     EVALUATE,
     REPLICATE,
