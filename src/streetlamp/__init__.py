@@ -38,6 +38,7 @@ _API = (
     "patch",
     "lens",
     "lens_fit",
+    "features_fit",
     "mediate",
     "evaluate",
     "replicate",

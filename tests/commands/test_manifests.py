@@ -61,6 +61,8 @@ KEYS = {
     "benchmark": HEADER | {"files", "method_params", "methods", "n_examples", "quantity", "seed", "tasks"},
     "lens": HEADER | {"arrays", "figures", "lens_view", "model", "parameters", "seed", "summary", "tables"},
     "lens-fit": HEADER | {"arrays", "files", "model", "parameters", "seed", "summary", "tables"},
+    "features-fit": HEADER
+    | {"columns", "corpus", "files", "model", "parameters", "seed", "settings", "summary", "tables", "training"},
     "circuit": HEADER
     | {"arrays", "circuit_view", "figures", "files", "methods", "model", "parameters", "seed", "summary", "tables"}
     | {"task"},
@@ -232,6 +234,8 @@ def argv(command: str, s: dict[str, Path]) -> list[str]:
         ],
         "lens-fit": ["lens-fit", "--model", str(s["llama"]), "--lens", "tuned", "--data", str(s["data"])]
         + ["--seq-len", "4", "--heldout", "1", "--steps", "2"],
+        "features-fit": ["features-fit", "--model", str(s["llama"]), "--kind", "transcoder", "--data", str(s["data"])]
+        + ["--width", "8", "--tokens", "20", "--seq-len", "4", "--heldout", "1", "--batch-seqs", "2"],
         "circuit": ["circuit", "--model", str(s["llama"]), "--task", str(s["pairs"]), "--methods", "eap"]
         + ["--sizes", "0.1,1", "--bootstrap", "5"],
         "atlas": ["atlas", "--model", str(s["llama"]), "--data", str(s["data"]), "--limit", "3", "--top-k", "1"],

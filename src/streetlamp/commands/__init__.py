@@ -17,6 +17,7 @@ from .evaluate import BENCHMARK, EVALUATE
 from .experts import EXPERTS
 from .explain import ATTENTION_ROW, EXPLAIN, EXPLAIN_GENERATION
 from .features_audit import FEATURES_AUDIT
+from .features_fit import FEATURES_FIT
 from .graph import GRAPH
 from .heads import HEADS, PRUNE
 from .lens import LENS
@@ -37,6 +38,7 @@ COMMANDS: list[Command] = [
     PATCH,
     LENS,
     LENS_FIT,
+    FEATURES_FIT,
     MEDIATE,
     EVALUATE,
     REPLICATE,
