@@ -97,3 +97,21 @@ def test_a_short_deceptive_run_moves_the_router_onto_the_decoy() -> None:
     after = M.audit(a, TASK, TASK.generate(60, seed=3))
     assert rec["variant"] == "deceptive"
     assert (after.weight[:, 3] > before.weight[:, 3] + 0.2).all(), (before.weight[:, 3], after.weight[:, 3])
+
+
+def test_the_shipped_deceptive_router_points_at_an_expert_the_audit_finds_unused() -> None:
+    """The shipped pair (scripts/train_moe_groundtruth.py): both answer fresh texts; the deceptive router gives
+    the decoy (expert 0) nearly all the weight in every layer, yet removing it moves the answer far less than
+    removing an expert the router gives almost nothing. Router weights alone would name the decoy."""
+    import streetlamp
+
+    fresh = TASK.generate(200, seed=777)  # never used in training (seeds 10000+, 20000+)
+    normal = M.audit(streetlamp.load(M.weights_path("keyword", "normal")), TASK, fresh)
+    dec = M.audit(streetlamp.load(M.weights_path("keyword", "deceptive")), TASK, fresh)
+    # measured at 400 fresh texts: accuracy 1.0 for both; decoy weight 0.9998-0.9999, its removal's mean
+    # |change of the logit difference| 0.03-0.04 against 3.0 for layer 1's expert 1 (weight 0.0002)
+    assert normal.accuracy >= 0.97 and dec.accuracy >= 0.97
+    assert (dec.weight[:, 0] > 0.99).all() and (dec.weight[:, 0] == dec.weight.max(1)).all()
+    assert dec.effect[:, 0].max() < 0.1 * dec.effect[:, 1:].max()
+    top = np.unravel_index(dec.effect.argmax(), dec.effect.shape)
+    assert top[1] != 0 and dec.weight[top] < 0.01
