@@ -11,7 +11,8 @@ per token in expert order. The hooks here expose that as named sites of shape ``
   non-zero weight is, whether or not the router chose it);
 - ``layers.{l}.experts.out``: ``[batch, pos, expert, d_model]``, each expert's weighted output (0 where not
   routed); computed by calling the experts module once per expert on the tokens routed to it, in the
-  module's own token order, so the sum over experts in expert order is the module's output bit for bit;
+  module's own token order, in place of the module's loop (each expert runs once), so the sum over experts in
+  expert order is the module's output bit for bit;
 - ``layers.{l}.shared_expert.out``: Qwen-MoE's shared expert's output before its sigmoid gate.
 
 With nothing edited the block's output is unchanged (the hooks return the module's own outputs).
@@ -19,7 +20,8 @@ With nothing edited the block's output is unchanged (the hooks return the module
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -68,10 +70,14 @@ def sparse_weights(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _experts_per_expert(
-    module: nn.Module, hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor, n_experts: int
+    forward: Callable[..., torch.Tensor],
+    hidden: torch.Tensor,
+    indices: torch.Tensor,
+    weights: torch.Tensor,
+    n_experts: int,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """``[token, expert, d_model]`` weighted outputs, from the module's own forward once per expert on the tokens
-    routed to it (in the module's order: by top-k slot, then token), and the token rows of each expert."""
+    """``[token, expert, d_model]`` weighted outputs, from the module's own ``forward`` once per expert on the
+    tokens routed to it (in the module's order: by top-k slot, then token), and the token rows of each expert."""
     cols, rows = [], []
     for e in range(n_experts):
         slot, tok = torch.where(indices.t() == e)
@@ -79,10 +85,20 @@ def _experts_per_expert(
         col = hidden.new_zeros(hidden.shape)
         if tok.numel():
             ids = torch.full((tok.numel(), 1), e, dtype=indices.dtype, device=indices.device)
-            out = module.forward(hidden[tok], ids, weights[tok, slot][:, None])
+            out = forward(hidden[tok], ids, weights[tok, slot][:, None])
             col = col.index_add(0, tok, out.to(col.dtype))
         cols.append(col)
     return torch.stack(cols, dim=1), rows
+
+
+class _Restore:
+    """A handle whose ``remove`` gives the experts module back its class's forward."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+
+    def remove(self) -> None:
+        self.module.__dict__.pop("forward", None)
 
 
 def expert_hooks(session: Session, layer: int, layer_module: nn.Module, spec: Experts) -> list[RemovableHandle]:
@@ -122,14 +138,16 @@ def expert_hooks(session: Session, layer: int, layer_module: nn.Module, spec: Ex
                 weights, indices = sparse_weights(new)
         return logits, weights, indices
 
-    def experts_hook(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
-        hidden, indices, weights = args[:3]
-        per, _ = _experts_per_expert(module, hidden, indices, weights, n_experts)
+    own = type(experts).forward.__get__(experts)  # the class's forward, bound: called once per expert below
+
+    def experts_forward(hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        # in place of the module's forward while recorded or edited: each expert computed once (not the module's
+        # loop and then each expert again), the block's output their sum in expert order, as the module adds them
+        # per token (x + 0 = x: bit for bit the module's output; tests/models/test_sites.py)
+        per, _ = _experts_per_expert(own, hidden, indices, weights, n_experts)
         new = session.site(names["experts.out"], as_site(per)).reshape(per.shape)
-        if new is per or torch.equal(new, per):
-            return output
-        out = torch.zeros_like(output)
-        for e in range(n_experts):  # expert order, as the module adds them
+        out = torch.zeros_like(hidden)
+        for e in range(n_experts):
             out = out + new[:, e].to(out.dtype)
         return out
 
@@ -140,7 +158,8 @@ def expert_hooks(session: Session, layer: int, layer_module: nn.Module, spec: Ex
     if wants(names["router.logits"]) or wants(names["router.weights"]):
         handles.append(router.register_forward_hook(router_hook))
     if wants(names["experts.out"]):
-        handles.append(experts.register_forward_hook(experts_hook))
+        experts.forward = experts_forward  # type: ignore[method-assign]  # an instance attribute, removed below
+        handles.append(cast("RemovableHandle", _Restore(experts)))
     if spec.shared_expert is not None and wants(names["shared_expert.out"]):
         handles.append(submodule(layer_module, spec.shared_expert).register_forward_hook(shared_hook))
     return handles
