@@ -4,7 +4,7 @@
 
 * heads ablated in the order of their IOI effect until 80% of the clean logit difference is gone
   (arXiv 2605.08853 Table 1: Qwen2.5-0.5B 1 head, flipping the sign; Pythia-160M 5), under patching and
-  mean ablation (:func:`streetlamp.interventions.circuits.heads.head_damage`);
+  mean ablation (``--ablations``; zero too) (:func:`streetlamp.interventions.circuits.heads.head_damage`);
 * Sink₁^ε (Gu et al., arXiv 2410.10781; ε = 0.3, 64-token inputs): the share of heads whose mean attention
   to the first token exceeds ε (their LLaMA-style 60M 18%, 1B 45%, Llama-2-7B 92%, Llama-3-8B 99%), on
   64-token windows of the recall prompts (src/streetlamp/data/recall.csv, prompt and answer joined);
@@ -76,11 +76,11 @@ def sink(name: str, n: int, eps: float) -> None:
     )
 
 
-def heads(prompts: int, target: float) -> None:
+def heads(prompts: int, target: float, ablations: tuple[str, ...] = ("patch", "mean")) -> None:
     a = load("smollm2-135m")
     b = Blocks(a)
     pairs = T.encode_pairs(a, T.ioi(prompts, seed=0))
-    for ablation in ("patch", "mean"):
+    for ablation in ablations:
         t0 = time.time()
         r = head_damage(b, pairs, target, ablation)
         print(
@@ -149,13 +149,14 @@ def main() -> None:
     p.add_argument("--resamples", type=int, default=100)
     p.add_argument("--stability-prompts", type=int, default=64)
     p.add_argument("--skip", default="", help="comma-separated: heads, sink, stability")
+    p.add_argument("--ablations", default="patch,mean", help="head damage: comma-separated patch, mean, zero")
     args = p.parse_args()
     print(f"load {open('/proc/loadavg').read().split()[:3]}")
     if "sink" not in args.skip:
         for name in ("smollm2-135m", "minilm-sentiment"):
             sink(name, args.windows, args.eps)
     if "heads" not in args.skip:
-        heads(args.prompts, args.target)
+        heads(args.prompts, args.target, tuple(args.ablations.split(",")))
     if "stability" not in args.skip:
         stability(args.stability_prompts, args.resamples)
 

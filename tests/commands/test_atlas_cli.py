@@ -245,3 +245,36 @@ def test_parquet_is_float32_and_keeps_the_summaries(setup: dict[str, Path], tmp_
     pd.testing.assert_frame_equal(r[[*cols, "estimate_poor"]], s[[*cols, "estimate_poor"]])
     width = (s.effect_high - s.effect_low).dropna()
     assert len(width) == 8 and 2 * u * big["kl_explained"] < 1e-3 * width.min()  # rounding far inside the intervals
+
+
+def test_sink_column_is_gu_sink_share_of_recorded_attention(
+    setup: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """heads.csv's ``first_token`` per head = numpy over Hugging Face's own attentions (eager, each text
+    alone, tokens as the tokenizer gives them, cut by --max-tokens): attention to the first token averaged
+    over every query, then over texts; ``sink_head`` and the manifest's ``sink_share`` (Sink₁^0.3) follow."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "run"
+    d = setup["t"] / "d.txt"
+    argv = ["--model", str(setup["llama"]), "--data", str(d), "--out", str(out), "--max-tokens", "6"]
+    assert run([*argv, "--exact-share", "0", "--exact-top", "0"]) == 0
+    printed = capsys.readouterr().out
+    model = AutoModelForCausalLM.from_pretrained(setup["llama"], attn_implementation="eager").eval()
+    tok = AutoTokenizer.from_pretrained(setup["llama"])
+    alpha = []
+    for text in d.read_text().splitlines():
+        ids = tok(text, truncation=True, max_length=6)["input_ids"]
+        with torch.no_grad():
+            att = model(torch.tensor([ids]), output_attentions=True).attentions
+        alpha.append(np.stack([x[0, :, :, 0].double().numpy().mean(-1) for x in att]))  # [L, H]
+    want = np.stack(alpha).mean(0).reshape(-1)
+    s = pd.read_csv(out / "heads.csv").sort_values(["layer", "head"])
+    # float32 attention in both: weights in [0, 1] from two softmax implementations, a few ulps of 1 apart
+    np.testing.assert_allclose(s.first_token, want, rtol=0, atol=1e-6)
+    # (random tiny weights attend nearly uniformly: with 3-6 tokens every head's α¹ is about 0.42 > 0.3)
+    assert s.sink_head.tolist() == (want > 0.3).tolist()
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["atlas"]["sink_share"] == pytest.approx((want > 0.3).mean(), abs=0) and m["atlas"]["sink_eps"] == 0.3
+    assert f"Sink1^0.3 = {(want > 0.3).mean():.3f}: {int((want > 0.3).sum())} of {len(want)} heads" in printed

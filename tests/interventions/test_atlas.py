@@ -16,7 +16,7 @@ from streetlamp.interventions import engine
 from streetlamp.interventions.atlas_chunks import Chunk, Context, stats_chunk
 from streetlamp.interventions.atlas_midstack import layer_output_arity, start_at
 from streetlamp.interventions.atlas_stats import pattern_stats
-from streetlamp.interventions.atlas_use import spearman_ci, summarise
+from streetlamp.interventions.atlas_use import sink_share, spearman_ci, summarise
 from streetlamp.interventions.head_types import detect_head_types, random_repeated
 from streetlamp.interventions.heads import ablation_effects
 from streetlamp.models.adapter import ModelAdapter
@@ -39,6 +39,7 @@ def test_statistics_by_hand_on_four_tokens() -> None:
     want = {
         "entropy": (0 + ln(2) + -(0.2 * ln(0.2) + 0.3 * ln(0.3) + 0.5 * ln(0.5)) + h3) / 4,
         "sink": (0.5 + 0.2 + 0.1) / 3,
+        "first_token": (1 + 0.5 + 0.2 + 0.1) / 4,  # Gu et al.'s α¹: every query, the first included
         "self": (1 + 0.5 + 0.5 + 0.2) / 4,
         "distance": (0 + 0.5 + (0.2 * 2 + 0.3) + (0.1 * 3 + 0.6 * 2 + 0.1)) / 4,
         "previous_token": (0.5 + 0.3 + 0.1) / 3,
@@ -80,6 +81,40 @@ def test_head_types_equal_lens_on_the_same_sequences(family: str) -> None:
     alone = stats_chunk(a, Chunk([3], [short]), Context())
     for k in ("entropy", "sink", "distance", "concentration"):
         np.testing.assert_allclose(st[k][3], alone[k][0], rtol=0, atol=F64_TOL)
+
+
+@pytest.mark.parametrize("family", ["llama", "bert"])
+def test_first_token_is_gu_alpha_from_hugging_face_attentions(family: str) -> None:
+    """The atlas' ``first_token`` (Gu et al.'s α¹ per sequence: attention to the first token, mean over
+    every query, the first included) equals numpy on Hugging Face's own ``output_attentions`` of each
+    sequence alone (float64, eager), batched with padding; Sink₁^ε over heads follows by counting."""
+    a = adapter64(family)
+    rng = np.random.default_rng(5)
+    vocab = a.hf_model.config.vocab_size
+    seqs = [[int(t) for t in rng.integers(5, vocab, n)] for n in (7, 4, 6)]
+    st = stats_chunk(a, Chunk([0, 1, 2], seqs), Context(batch_size=64))
+    want = []
+    for ids in seqs:
+        with torch.no_grad():
+            att = a.hf_model(torch.tensor([ids]), output_attentions=True).attentions  # L x [1, H, q, k]
+        p = np.stack([x[0].numpy() for x in att])  # [L, H, q, k]
+        want.append(p[:, :, :, 0].mean(-1))
+    np.testing.assert_allclose(st["first_token"], np.stack(want), rtol=0, atol=F64_TOL)
+    assert np.ptp(np.stack(want)) > 0.05  # heads and sequences differ
+    alpha = np.stack(want).mean(0)  # [L, H]: mean over sequences
+    t = pd.DataFrame(
+        [
+            {"layer": l, "head": h, "sequence": q, **{k: st[k][q, l, h] for k in st if st[k].ndim == 3}}
+            for q in range(3)
+            for l in range(alpha.shape[0])
+            for h in range(alpha.shape[1])
+        ]
+    ).assign(prominence=0.5, kl_explained=0.0, dlogp=0.0, dlogp_est=0.0, dla=0.0, kl_mean=0.0, dloss=0.0,
+             audit="all", exact=True)  # fmt: skip
+    s = summarise(t, floor=1e-3, striking=0.5, n_boot=10).sort_values(["layer", "head"])
+    np.testing.assert_allclose(s.first_token, alpha.reshape(-1), rtol=0, atol=F64_TOL)
+    assert s.sink_head.tolist() == (alpha.reshape(-1) > 0.3).tolist()
+    assert sink_share(s) == pytest.approx(float((alpha > 0.3).mean()), abs=0)
 
 
 @pytest.mark.parametrize("family", ["bert", "llama", "gpt2", "deberta-v2", "modernbert", "gemma2"])
@@ -197,6 +232,7 @@ def _table(n: int = 60) -> pd.DataFrame:
                         for k in (
                             "entropy",
                             "sink",
+                            "first_token",
                             "self",
                             "distance",
                             "previous_token",
@@ -215,13 +251,16 @@ def test_light_against_use_flags_and_correlation() -> None:
     s = summarise(t, floor=1e-3, striking=0.5, n_boot=200)
     assert s.streetlight.tolist() == [True, False, False]
     assert s.unremarkable_used.tolist() == [False, True, False]
-    # Sink₁^ε's column: mean attention to the first token above 0.3 (its share over heads is Sink₁^0.3)
+    # Sink₁^ε's column: mean attention to the first token (every query) above 0.3; its share over heads is
+    # Sink₁^0.3. The query-0-free `sink` does not decide it.
     t2 = t.copy()
-    t2.loc[t2["head"] == 1, "sink"] = np.linspace(0.2, 0.5, int((t2["head"] == 1).sum()))  # mean 0.35
-    sink = t2.groupby(["layer", "head"]).sink.mean().to_numpy()
-    assert s.sink_head.tolist() == [False] * 3
-    assert summarise(t2, floor=1e-3, striking=0.5, n_boot=20).sink_head.tolist() == [bool(x > 0.3) for x in sink]
-    assert [bool(x > 0.3) for x in sink] == [False, True, False]
+    t2.loc[t2["head"] == 1, "first_token"] = np.linspace(0.2, 0.5, int((t2["head"] == 1).sum()))  # mean 0.35
+    t2.loc[t2["head"] == 2, "sink"] = 0.9
+    first = t2.groupby(["layer", "head"]).first_token.mean().to_numpy()
+    assert s.sink_head.tolist() == [False] * 3 and sink_share(s) == 0.0
+    s2 = summarise(t2, floor=1e-3, striking=0.5, n_boot=20)
+    assert s2.sink_head.tolist() == [bool(x > 0.3) for x in first] == [False, True, False]
+    assert sink_share(s2) == pytest.approx(1 / 3) and np.isnan(sink_share(s2.drop(columns="first_token")))
     g = t[t["head"] == 2]
     rho = spearmanr(g.prominence, g.kl_explained).statistic
     assert abs(s.rho[2] - rho) < F64_TOL and s.rho_low[2] <= rho <= s.rho_high[2] and rho > 0.9

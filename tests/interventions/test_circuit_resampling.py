@@ -2,8 +2,10 @@
 recomputation of every resample: its prompts drawn with stats.resample_indices by hand (a cluster bootstrap
 over templates written out), its scores averaged with numpy, its top-k circuit ranked by a numpy argsort
 and pruned, its metrics from circuit_metrics on the duplicated prompt list (no de-duplication), f, CPR,
-CMD, the Jaccard index from Python sets and the inclusion frequency from a count; a planted circuit is
-stable on every axis (f exactly 1, Jaccard 1, inclusion 1), noise scores are not."""
+CMD, the Jaccard index (with the all-data circuit, and the mean over every pair of resampled circuits)
+from Python sets and the inclusion frequency from a count; a planted circuit is stable on every axis (f
+exactly 1, Jaccard 1, inclusion 1), noise scores are not; a resample measuring no faithfulness runs no
+forward."""
 
 from __future__ import annotations
 
@@ -61,8 +63,15 @@ def _edge_set(m: torch.Tensor) -> set[tuple[int, int]]:
     return {(int(i), int(j)) for i, j in zip(*np.nonzero(m.numpy()))}
 
 
-def _hand_axis(b, pairs_of, per_of, m_full_of, ks, n):
-    """f [n, sizes], Jaccard [n, sizes], circuits at the last size, for resample r's pairs / per-prompt scores."""
+def _hand_pairwise(sets: list[set]) -> float:
+    """Mean Jaccard over every unordered pair of Python edge sets (two empty sets: 1)."""
+    js = [len(a & b) / len(a | b) if a | b else 1.0 for i, a in enumerate(sets) for b in sets[i + 1 :]]
+    return sum(js) / len(js)
+
+
+def _hand_axis(b, pairs_of, per_of, m_full_of, ks, n, every=None):
+    """f [n, sizes], Jaccard [n, sizes], circuits at the last size, for resample r's pairs / per-prompt scores
+    (``every``, a list: each resample's circuits at every size appended)."""
     g = b.graph
     f, jac, last = np.zeros((n, len(ks))), np.zeros((n, len(ks))), []
     for r in range(n):
@@ -73,6 +82,8 @@ def _hand_axis(b, pairs_of, per_of, m_full_of, ks, n):
         f[r] = [(mv[1 + j].mean() - lo) / (m_full - lo) for j in range(len(ks))]
         jac[r] = [len(_edge_set(m) & A) / len(_edge_set(m) | A) for m, A in zip(masks, BASE)]
         last.append(masks[-1])
+        if every is not None:
+            every.append(masks)
     return f, jac, last
 
 
@@ -97,11 +108,17 @@ def test_prompt_and_template_axes_match_a_hand_recomputation(axis: str) -> None:
         assert all(len(d) == 6 for d in draws) and any(len(set(d)) < 6 for d in draws)
     BASE[:] = [_edge_set(_hand_circuit(g, np.nan_to_num(per.mean(0)), k)) for k in ks]
     full = F.circuit_metrics(b, pairs, [g.valid()])[0]
+    every: list[list[torch.Tensor]] = []
     f, jac, last = _hand_axis(
-        b, lambda r: pairs.select(draws[r].tolist()), lambda r: per[draws[r]], lambda r: full[draws[r]].mean(), ks, n
-    )
+        b, lambda r: pairs.select(draws[r].tolist()), lambda r: per[draws[r]], lambda r: full[draws[r]].mean(), ks, n,
+        every,
+    )  # fmt: skip
     np.testing.assert_allclose(res.f, f, rtol=0, atol=F64_TOL)
     np.testing.assert_allclose(res.jaccard, jac, rtol=0, atol=0)
+    pw = [_hand_pairwise([_edge_set(c[j]) for c in every]) for j in range(len(ks))]
+    np.testing.assert_allclose(res.pairwise, pw, rtol=0, atol=1e-15)
+    assert res.table["jaccard_pairwise"].tolist() == res.pairwise.tolist()
+    assert res.summary["jaccard_pairwise"] == res.pairwise[-1] and 0 < min(pw) < 1  # not all equal, not disjoint
     assert np.ptp(f[:, 0]) > 1e-3  # the resamples differ: the comparison is not of constants
     inc = sum(m.double() for m in last) / n
     torch.testing.assert_close(res.inclusion, inc, rtol=0, atol=0)
@@ -115,6 +132,68 @@ def test_prompt_and_template_axes_match_a_hand_recomputation(axis: str) -> None:
     assert t["ci_low"].iloc[1] == pytest.approx(lo, abs=1e-12) and t["ci_high"].iloc[1] == pytest.approx(hi, abs=1e-12)
     assert res.summary["area_under_ci"] == pytest.approx(tuple(np.quantile(under, [0.025, 0.975])), abs=1e-12)
     assert res.summary["jaccard_mean"] == pytest.approx(jac[:, -1].mean(), abs=1e-12)
+
+
+def test_pairwise_jaccard_is_the_mean_over_every_pair_of_python_sets() -> None:
+    rng = np.random.default_rng(0)
+    masks = [torch.from_numpy(rng.random((5, 7)) < p) for p in (0.1, 0.3, 0.5, 0.5, 0.9)]
+    masks += [torch.zeros(5, 7, dtype=torch.bool), torch.zeros(5, 7, dtype=torch.bool)]  # two empty sets: 1
+    want = _hand_pairwise([_edge_set(m) for m in masks])
+    assert RS.pairwise_jaccard(masks) == pytest.approx(want, abs=1e-15)
+    assert RS.pairwise_jaccard(masks[:2]) == pytest.approx(RS.jaccard(masks[0], masks[1]), abs=1e-15)
+    assert RS.pairwise_jaccard([masks[2]] * 3) == 1.0
+    with pytest.raises(StreetlampError, match="at least 2"):
+        RS.pairwise_jaccard(masks[:1])
+
+
+@pytest.mark.parametrize("axis", ["prompts", "corrupt"])
+def test_resamples_without_faithfulness_run_no_forward(monkeypatch: pytest.MonkeyPatch, axis: str) -> None:
+    """measure='none': the circuits, Jaccard, pairwise Jaccard and inclusion of measure='all', and not one
+    prompt through the model (an embedding hook counts them) outside the corrupt axis's re-scoring;
+    'chosen': f at the chosen size only, equal to 'all''s, its forward count the (circuit, prompt) pairs
+    handed to circuit_metrics."""
+    a, b = make("gpt2")
+    pairs = encode_pairs(a, RAW)
+    e = S.eap(b, pairs)
+    sets = RS.corrupt_resamples(a, "pairs.csv", RAW, 4, seed=0) if axis == "corrupt" else None
+    kw = dict(n=4, seed=1, at=0.2, corrupt_sets=sets, score_fn=lambda p: S.eap(b, p))
+    full = RS.resample(b, pairs, e, SIZES, axis, **kw)  # type: ignore[arg-type]
+    rows = [0]
+    hook = a.embed_module.register_forward_hook(lambda m, i, o: rows.__setitem__(0, rows[0] + o.shape[0]))
+    scored = [0]
+    real_metrics, real_score = RS.circuit_metrics, kw["score_fn"]
+    handed = [0]
+
+    def counting(blocks, p, masks, *args, **kwargs):
+        handed[0] += len(masks) * len(p)
+        return real_metrics(blocks, p, masks, *args, **kwargs)
+
+    def rescore(p):
+        before = rows[0]
+        out = real_score(p)  # type: ignore[operator]
+        scored[0] += rows[0] - before
+        return out
+
+    monkeypatch.setattr(RS, "circuit_metrics", counting)
+    try:
+        none = RS.resample(b, pairs, e, SIZES, axis, **{**kw, "score_fn": rescore}, measure="none")  # type: ignore[arg-type]
+        assert rows[0] == scored[0] and handed[0] == 0 and none.summary["forwards"] == 0
+        if axis == "prompts":
+            assert rows[0] == 0
+        chosen = RS.resample(b, pairs, e, SIZES, axis, **{**kw, "score_fn": rescore}, measure="chosen")  # type: ignore[arg-type]
+    finally:
+        hook.remove()
+    assert chosen.summary["forwards"] == handed[0] > 0
+    for r in (none, chosen):
+        np.testing.assert_array_equal(r.jaccard, full.jaccard)
+        np.testing.assert_array_equal(r.pairwise, full.pairwise)
+        torch.testing.assert_close(r.inclusion, full.inclusion, rtol=0, atol=0)
+    assert np.isnan(none.f).all() and none.summary["stable"] is None and "no verdict" in none.summary["verdict"]
+    np.testing.assert_allclose(chosen.f[:, 1], full.f[:, 1], rtol=0, atol=F64_TOL)
+    assert np.isnan(chosen.f[:, [0, 2]]).all() and chosen.summary["stable"] == full.summary["stable"]
+    assert np.isnan(chosen.area_under).all() and full.summary["forwards"] > chosen.summary["forwards"]
+    with pytest.raises(StreetlampError, match="unknown resample measure"):
+        RS.resample(b, pairs, e, SIZES, "prompts", n=2, measure="some")
 
 
 def test_corrupt_axis_rescores_each_draw_and_keeps_the_clean_run() -> None:
@@ -284,3 +363,44 @@ def test_measured_runs_each_circuit_and_prompt_once(monkeypatch: pytest.MonkeyPa
     np.testing.assert_allclose(v1, want[:2, [0, 1, 2]], rtol=0, atol=F64_TOL)
     np.testing.assert_allclose(v2, want[[0, 2, 1]][:, [4, 1, 2, 3]], rtol=0, atol=F64_TOL)
     assert np.abs(want[:, :5] - want[:, :5].mean()).max() > 1e-3  # the values differ: not a comparison of constants
+
+
+def test_circuit_command_resamples_without_faithfulness(tmp_path) -> None:
+    """--resample-faithfulness none: stability.csv holds the pairwise Jaccard of the engine's resamples, f
+    NaN, no verdict; the printed line names the statistic and 0 forwards."""
+    import contextlib
+    import csv
+    import io
+    import json
+
+    import pandas as pd
+
+    from streetlamp.cli import main
+    from streetlamp.models.loading import load
+    from streetlamp.models.tiny import save_tiny
+
+    model = save_tiny("gpt2", tmp_path / "gpt2", seed=1)
+    with (tmp_path / "pairs.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["clean", "corrupt", "answer", "wrong", "template"])
+        w.writerows([[p.clean, p.corrupt, p.answer, p.wrong, p.template] for p in RAW])
+    out = tmp_path / "run"
+    args = ["circuit", "--model", str(model), "--task", str(tmp_path / "pairs.csv"), "--out", str(out), "--limit", "6"]
+    args += ["--methods", "eap", "--sizes", "0.2,0.6", "--size", "0.6", "--bootstrap", "10", "--paths", "0"]
+    args += ["--resample", "prompts,templates", "--resamples", "4", "--seed", "2", "--resample-faithfulness", "none"]
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(args) == 0
+    st = pd.read_csv(out / "stability.csv")
+    assert len(st) == 2 * 2 and st["faithfulness_mean"].isna().all() and st["stable"].isna().all()
+    a = load(model)
+    b = RS.Blocks(a)
+    pairs = encode_pairs(a, RAW)
+    direct = RS.resample(b, pairs, S.eap(b, pairs), [0.2, 0.6], "prompts", n=4, seed=2, at=0.6, measure="none")
+    got = st[st["axis"] == "prompts"]
+    np.testing.assert_allclose(got["jaccard_pairwise"], direct.pairwise, rtol=0, atol=1e-12)
+    printed = buf.getvalue()
+    assert printed.count("mean pairwise Jaccard at 0.6") == 2 and "0 masked prompt forwards" in printed
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["parameters"]["resample_faithfulness"] == "none"
+    assert man["stability"]["eap"]["prompts"]["jaccard_pairwise"] == pytest.approx(direct.pairwise[-1], abs=1e-12)

@@ -6,6 +6,9 @@ left out), every statistic is a mean over query rows unless said otherwise:
 * ``entropy``: ``-Σ_j A[i,j] log A[i,j]`` (nats), mean over every query;
 * ``sink``: ``A[i, 0]``, the mass on the first token / BOS, mean over queries ``i >= 1`` (lens' head-type
   ``attention_sink``: query 0 can only attend to itself in a decoder);
+* ``first_token``: ``A[i, 0]`` mean over **every** query, the first included (Gu et al. 2024's α¹ on this
+  sequence, arXiv 2410.10781: its share of heads above ε over a corpus is their Sink₁^ε; a decoder's query 0
+  attends only to itself, so it adds ``(1 - sink) / n`` to ``sink``);
 * ``self``: ``A[i, i]``, mean over every query;
 * ``distance``: ``Σ_j A[i,j] |i - j|``, mean over every query (equals METHODS' ``Σ_j A[i,j](i - j)`` in a
   causal model, where ``j <= i``; an encoder's keys after the query count as far as those before);
@@ -29,6 +32,7 @@ from .head_types import type_scores
 STATS = (
     "entropy",
     "sink",
+    "first_token",
     "self",
     "distance",
     "previous_token",
@@ -57,6 +61,7 @@ def pattern_stats(pattern: np.ndarray, tokens: np.ndarray, explained: int, causa
     out: dict[str, np.ndarray] = {
         "entropy": _entropy(a).mean(-1),
         "sink": types["attention_sink"],
+        "first_token": a[..., :, 0].mean(-1),
         "self": np.diagonal(a, axis1=-2, axis2=-1).mean(-1),
         "distance": (a * np.abs(i - j)).sum(-1).mean(-1),
         "previous_token": types["previous_token"],

@@ -20,10 +20,10 @@ mean or a correlation. Per head:
   ``< floor`` (a striking pattern whose removal is within noise of zero across the corpus);
   **unremarkable_used** = mean ``prominence`` below the median over heads, the effect's lower bound
   ``>= floor`` and its mean in the top quarter of heads;
-  **sink_head** = mean ``sink`` above :data:`SINK_EPS` (0.3): the share of heads so flagged is Gu et al.'s
-  Sink₁^ε (arXiv 2410.10781, ε = 0.3; theirs averages over every query, the first included, on 64-token
-  inputs, which adds up to ``(1 - sink) / n`` for ``n`` tokens: benchmarks/bench_circuit_mib.py computes
-  theirs exactly);
+  **sink_head** = mean ``first_token`` (attention to the first token averaged over every query, the first
+  included, then over sequences: Gu et al.'s α¹) above :data:`SINK_EPS` (0.3); the share of heads so
+  flagged, :func:`sink_share`, is Gu et al.'s Sink₁^ε (arXiv 2410.10781, ε = 0.3; theirs on 64-token
+  inputs: cut the corpus with ``--max-tokens 64`` to compare);
 * ``head_type``: the largest of the mean ``previous_token``, ``duplicate_token``, ``induction``, ``sink``
   scores when it is at least 0.5, else ``""``.
 """
@@ -67,13 +67,20 @@ def spearman_ci(a: np.ndarray, b: np.ndarray, n_boot: int, seed: int) -> tuple[f
 SINK_EPS = 0.3  # Sink₁^ε's threshold (Gu et al. 2024)
 
 
+def sink_share(summary: pd.DataFrame) -> float:
+    """Sink₁^ε of the atlas: the share of heads flagged ``sink_head`` (NaN without the column)."""
+    if "sink_head" not in summary or "first_token" not in summary or summary["first_token"].isna().all():
+        return float("nan")
+    return float(summary["sink_head"].mean())
+
+
 def summarise(df: pd.DataFrame, floor: float, striking: float, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """The per-head summary (module docstring), one row per (layer, head)."""
     rows = []
     for (l, h), g in df.groupby(["layer", "head"], sort=True):
         r: dict = {"layer": int(l), "head": int(h)}
-        for k in (*STATS, "dlogp_est", "dla"):
-            r[k] = float(np.nanmean(g[k])) if g[k].notna().any() else float("nan")
+        for k in (*STATS, "dlogp_est", "dla"):  # (first_token is missing from a table recorded before it)
+            r[k] = float(np.nanmean(g[k])) if k in g and g[k].notna().any() else float("nan")
         r["abs_dlogp_est"] = float(np.nanmean(np.abs(g["dlogp_est"])))
         ub = g[g.audit.isin(["all", "random"])]
         kl = ub["kl_explained"].to_numpy(np.float64)
@@ -100,7 +107,7 @@ def summarise(df: pd.DataFrame, floor: float, striking: float, n_boot: int = 100
         rows.append(r)
     s = pd.DataFrame(rows)
     s["streetlight"] = (s.prominence >= striking) & (s.effect_high < floor)
-    s["sink_head"] = s["sink"] > SINK_EPS
+    s["sink_head"] = s["first_token"] > SINK_EPS
     eff_q = np.nanquantile(s.effect, 0.75) if s.effect.notna().any() else np.nan
     s["unremarkable_used"] = (s.prominence < np.nanmedian(s.prominence)) & (s.effect_low >= floor) & (s.effect >= eff_q)
     return s

@@ -25,7 +25,7 @@ import torch
 
 from ...interventions.atlas_chunks import Context, inputs_of
 from ...interventions.atlas_stats import STATS
-from ...interventions.atlas_use import deciles, summarise, top_sequences
+from ...interventions.atlas_use import SINK_EPS, deciles, sink_share, summarise, top_sequences
 from ...models.adapter import ModelAdapter
 from ...store.files import folder_file, save_arrays
 from ...store.run_store import RunStore, atomic_write
@@ -167,6 +167,9 @@ def write_outputs(
                 "explained": {str(s): adapter.explained_position(len(ids[s])) for s in seqs},
                 "n_exact_pairs": int(table.exact.sum()),
                 "n_pairs": int(len(table)),
+                # Gu et al.'s Sink₁^ε (arXiv 2410.10781) over these sequences: the share of sink_head heads
+                "sink_share": sink_share(summary),
+                "sink_eps": SINK_EPS,
                 "rules": {
                     "floor": settings["floor"],
                     "striking": settings["striking"],
@@ -175,6 +178,7 @@ def write_outputs(
                     "effect in the top quarter of heads",
                     "estimate_poor": "est_r < 0.5 or est_mae > 0.5 * mean |dlogp| (>= 3 audited pairs)",
                     "effect": "mean kl_explained (nats) over the unbiased exact pairs (audit all or random)",
+                    "sink_head": f"mean first_token (attention to the first token, every query) > {SINK_EPS}",
                 },
             },
         }

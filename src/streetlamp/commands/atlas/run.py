@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 from ...errors import StreetlampError
 from ...interventions.atlas_chunks import Chunk, Context, work
 from ...interventions.atlas_stats import STATS
+from ...interventions.atlas_use import SINK_EPS, sink_share
 from ...models.adapter import ModelAdapter
 from ...progress import bar as progress_bar
 from ...store.files import folder_file, save_arrays
@@ -76,6 +77,9 @@ class AtlasResult:
             f"unremarkable but used heads{'' if s.unremarkable_used.any() else ' (none flagged; closest)'}: {fmt(used)}",
             f"{int(s.streetlight.sum())} streetlight heads, {int(s.unremarkable_used.sum())} unremarkable-but-used, "
             f"{int(s.estimate_poor.sum())} with a poor attribution estimate, of {len(s)}",
+            f"Sink1^{SINK_EPS:g} = {sink_share(s):.3f}: {int(s.sink_head.sum())} of {len(s)} heads attend to the first "
+            f"token more than {SINK_EPS:g} on average over every query (Gu et al. 2024, arXiv 2410.10781; theirs on "
+            "64-token inputs: --max-tokens 64)",
             *(task_lines(self.task) if self.task else []),
             "chunks computed now: " + ", ".join(f"{k} {v}" for k, v in self.computed.items()),
             f"output: {self.out}/ (atlas.parquet, heads.csv, manifest.json, report.html)",

@@ -183,6 +183,12 @@ class CircuitSettings(Settings):
         "corrupt (stability.csv; default none)",
     )
     resamples: int = option(20, ge=2, help="resamples per --resample axis")
+    resample_faithfulness: str = option(
+        "all",
+        choices=("all", "chosen", "none"),
+        help="the sizes whose faithfulness each resample measures: all, the chosen --size only, or none (the "
+        "circuits, Jaccard and mean pairwise Jaccard only: no forward on the prompts and templates axes)",
+    )
     engine: str = option(
         "local",
         choices=("local", "ray"),

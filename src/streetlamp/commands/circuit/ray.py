@@ -97,6 +97,7 @@ class StabilityJob:
     at: float
     score_rows: int | None  # the --batch-size token budget (rows_of turns it into rows per pass)
     rows: int
+    measure: str = "all"  # --resample-faithfulness
 
 
 def stability_chunk(
@@ -117,7 +118,7 @@ def stability_chunk(
 
     return stability(
         blocks, job.task, job.raw, job.pairs, sc, job.sizes, [axis], job.resamples, job.seed, job.at, rescore,
-        job.rows,
+        job.rows, job.measure,
     )  # fmt: skip
 
 

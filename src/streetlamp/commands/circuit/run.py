@@ -491,7 +491,7 @@ def run_circuit(
         if place is not None:  # the axes the checkpoint lacks, on the actors, each checkpointed as it arrives
             job = StabilityJob(
                 s.task, raw, pairs, s.ablation, s.metric, s.steps, sizes, s.resamples, s.seed, chosen, s.batch_size,
-                rows_of(s.batch_size, pairs, 32),
+                rows_of(s.batch_size, pairs, 32), s.resample_faithfulness,
             )  # fmt: skip
             todo = {st: na for st, na in axis_stages.items() if ck.get(st) is None}
             scores_of = {n: r.scores for n, r in methods.items()}
@@ -504,7 +504,7 @@ def run_circuit(
 
                 return stability(
                     blocks, s.task, raw, pairs, methods[name].scores, sizes, [axis], s.resamples, s.seed, chosen,
-                    rescore, rows_of(s.batch_size, pairs, 32),
+                    rescore, rows_of(s.batch_size, pairs, 32), s.resample_faithfulness,
                 )  # fmt: skip
 
             rows_, lines_, summ = R.cached(ck, st, stab, _save_stability, _load_stability)  # one stage per axis
@@ -585,8 +585,10 @@ def run_circuit(
         if s.resample:
             files["stability.csv"] = (
                 "per method, resampling axis (prompts, templates, corrupt) and size: f of the circuit re-discovered "
-                "on each resample (mean, 95% percentile interval), Jaccard with the all-data circuit, CPR/CMD "
-                "intervals, the stability verdict (mean Jaccard >= 0.5 and f interval <= 0.25 wide)"
+                "on each resample (mean, 95% percentile interval; NaN at a size --resample-faithfulness left "
+                "unmeasured), Jaccard with the all-data circuit (mean, interval), jaccard_pairwise (mean Jaccard over "
+                "every pair of resampled circuits: arXiv 2510.00845's statistic), CPR/CMD intervals, the stability "
+                "verdict (mean Jaccard >= 0.5 and f interval <= 0.25 wide; empty without faithfulness)"
             )
         for name, r in methods.items():
             (w.path / f"circuit.{name}.json").write_text(
@@ -624,6 +626,7 @@ def run_circuit(
                     "path_threshold": s.path_threshold,
                     "resample": list(s.resample),
                     "resamples": s.resamples if s.resample else 0,
+                    "resample_faithfulness": s.resample_faithfulness,
                     "graph": {"writers": g.n_writers, "readers": g.n_readers, "edges": g.n_edges},
                 },
                 "summary": {n: {**r.sweep.summary, "chosen": _plain(r.row)} for n, r in methods.items()},
