@@ -294,3 +294,31 @@ def test_exact_expert_node_is_a_hand_patched_forward(family: str) -> None:
         if l == last:  # the last layer's experts feed only the logits: the one edge is the node
             one = exact(b, pairs, edges=(np.array([g.logits_reader]), np.array([u]))).per_prompt
             np.testing.assert_allclose(one[:, g.logits_reader, u].numpy(), want, rtol=0, atol=F64_TOL * max(1.0, scale))
+
+
+def test_other_methods_on_expert_nodes() -> None:
+    """EAP-IG at one step is EAP (its one point is the clean run: inputs or each block's activations, the experts
+    one block per layer); the QK fix leaves every edge but those into queries and keys at its EAP score (the
+    experts' and the router's included); the MIB-format names of expert nodes."""
+    from streetlamp.interventions.circuits.corrections import eap_qk
+    from streetlamp.interventions.circuits.mib import edge_names
+    from streetlamp.interventions.circuits.scores import eap_ig
+
+    a = tiny("qwen2_moe")
+    b = Blocks(a, experts=True)
+    g = b.graph
+    pairs = encode_pairs(a, PAIRS)
+    ref = eap(b, pairs).per_prompt
+    scale = float(torch.nan_to_num(ref).abs().max())
+    assert scale > 1e-3
+    for mode in ("inputs", "activations"):
+        got = eap_ig(b, pairs, steps=1, mode=mode).per_prompt
+        torch.testing.assert_close(got, ref, rtol=0, atol=F64_TOL * max(1.0, scale), equal_nan=True)
+    qk = eap_qk(b, pairs)
+    assert isinstance(qk.per_prompt, torch.Tensor)
+    keep = torch.tensor([r.input not in ("q", "k") for r in g.readers])
+    torch.testing.assert_close(
+        qk.per_prompt[:, keep], ref[:, keep], rtol=0, atol=F64_TOL * max(1.0, scale), equal_nan=True
+    )
+    names = {n for ns in edge_names(g) for n in ns}
+    assert {"input->m0.router", "m0.e1->logits", "m0.se->m1.e3", "a0.h2->m0.se"} <= names
