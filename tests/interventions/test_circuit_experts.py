@@ -209,10 +209,11 @@ def test_expert_eap_is_the_float64_finite_difference(family: str, monkeypatch: p
     sc = eap(b, pairs, batch_size=len(pairs)).per_prompt.double().numpy()  # [n, R, U]
     expert_w = {j for j, w in enumerate(g.writers) if ".E" in w or w.endswith(".SE")}
     rr, ww = g.edge_index()
-    jobs = [([int(i)], [int(j)]) for i, j in zip(rr, ww) if j in expert_w or g.readers[i].input == "router"]
+    into = {i for i, r in enumerate(g.readers) if r.input == "router" or (r.input == "mlp" and r.owners[0] in expert_w)}
+    jobs = [([int(i)], [int(j)]) for i, j in zip(rr, ww) if j in expert_w or i in into]
     jobs += [(list(range(g.n_readers)), [j] * g.n_readers) for j in sorted(expert_w)]  # nodes: every out-edge
     n_edges = len(jobs) - len(expert_w)
-    assert n_edges > 50
+    assert n_edges == sum(1 for i, j in zip(rr, ww) if j in expert_w or i in into) > 100
     h = 1e-4
     d1, d2 = central(b, pairs, ab, jobs, h), central(b, pairs, ab, jobs, 2 * h)
     scale = float(metric_values(a.forward(pairs.clean).logits, pairs.answer, pairs.wrong, "logit_diff").abs().max())
