@@ -37,14 +37,17 @@ if TYPE_CHECKING:
 __all__ = ["dense_weights", "expert_hooks", "route", "sparse_weights"]
 
 
-def route(logits: torch.Tensor, top_k: int, rule: str, renormalise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def route(
+    logits: torch.Tensor, top_k: int, rule: str, renormalise: bool, dtype: torch.dtype = torch.float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(weights [token, k], indices [token, k])`` of router ``logits [token, expert]`` by the family's rule,
     as its router computes them (``softmax_topk``: softmax in float32 over every expert, the top k, renormalised
-    when ``renormalise``; ``topk_softmax``: the top k logits, a softmax over them)."""
+    when ``renormalise``; ``topk_softmax``: the top k logits, a softmax over them). ``dtype``: the softmax's
+    (the routers' own is float32; the circuit engine's expert nodes pass float64 in a float64 model)."""
     if rule == "topk_softmax":
         top, idx = torch.topk(logits, top_k, dim=-1)
         return torch.softmax(top, dim=1, dtype=top.dtype), idx
-    probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+    probs = torch.softmax(logits, dim=-1, dtype=dtype)
     top, idx = torch.topk(probs, top_k, dim=-1)
     if renormalise:
         top = top / top.sum(dim=-1, keepdim=True)

@@ -34,6 +34,12 @@ METHODS = {
     "eap-gim": "eap-gim",
     "eap-ig-gim": "eap-ig-inputs-gim",
 }
+# core method names that do not run on expert nodes, and why (their user names)
+EXPERT_REFUSED = {
+    "flow-routes": "flow-routes (its contribution split knows one MLP reader per layer)",
+    "eap-gim": "eap-gim (GIM has no rule for the router or the fused experts)",
+    "eap-ig-inputs-gim": "eap-ig-gim (GIM has no rule for the router or the fused experts)",
+}
 TASKS = ("ioi", "greater-than", "induction", "arithmetic-addition", "arithmetic-subtraction", "mcqa")
 MAX_RANDOM = 1000  # random circuits per size: each one more pass over the prompts at every size
 DEFAULT_SIZES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # MIB's ten sizes (faithfulness.py)
@@ -143,6 +149,12 @@ class CircuitSettings(Settings):
         "clean prompts' tokens, or zero",
     )
     metric: str = option("logit_diff", choices=("logit_diff", "prob_diff"), help="task metric: answer minus wrong")
+    expert_nodes: bool = option(
+        False,
+        help="mixture-of-experts models: split each MoE layer's MLP node into one node per expert (L{l}.E{e}: its "
+        "routed, weighted output; L{l}.SE: the shared expert), read through the router's input (L{l}.router) and "
+        "each expert's own, so every method, the sweep and --audit score edges into and out of experts",
+    )
     bootstrap: int = option(200, ge=1, help="bootstrap resamples of the prompts for every interval")
     steps: int = option(5, ge=1, help="EAP-IG interpolation steps")
     limit: int = option(8, ge=1, help="prompts (generated for a built-in task; the first rows of a CSV)")
@@ -206,6 +218,17 @@ class CircuitSettings(Settings):
         from ...interventions.circuits.faithfulness import check_areas
 
         check_areas(self.areas_mode(), self.sizes)
+        if self.expert_nodes:
+            bad = [m for m in self.methods if m in EXPERT_REFUSED]
+            if bad:
+                raise StreetlampError(
+                    f"--expert-nodes: {', '.join(EXPERT_REFUSED[m] for m in bad)} cannot run on expert nodes yet; "
+                    "choose among eap, eap-ig, eap-ig-activations, exact, eap-qk, graddrop"
+                )
+            if self.engine == "ray":
+                raise StreetlampError(
+                    "--expert-nodes runs on --engine local only (the Ray actors build the plain graph)"
+                )
         from .run import task_pairs
 
         task_pairs(self.task, self.limit, self.seed, self.ablation, mib_task=self.mib_task)  # refused now
@@ -229,16 +252,16 @@ class CircuitSettings(Settings):
 
     def validate(self, adapter: ModelAdapter) -> None:
         from ...interventions.circuits.blocks import check_supported
-        from .run import check_memory, encoded_pairs, n_edges_of
+        from .run import check_memory, encoded_pairs
 
         check_supported(adapter)
+        from ...interventions.circuits.blocks import graph_of
+
+        graph = graph_of(adapter, self.expert_nodes)  # --expert-nodes on a dense model: refused here
         if self.circuit_file is not None:
-            from ...interventions.circuits.graph import Graph
             from ...interventions.circuits.mib import read_circuit
 
-            read_circuit(
-                self.circuit_file, Graph(adapter.n_layers, adapter.n_heads, adapter.n_kv_heads), adapter.d_model
-            )
+            read_circuit(self.circuit_file, graph, adapter.d_model)
         pairs = encoded_pairs(adapter, self)
         check_memory(adapter, self, len(pairs))
         if self.audit and len(pairs) * self.audit * (1 + len(self.audited())) > self.exact_max:
@@ -247,10 +270,10 @@ class CircuitSettings(Settings):
                 f"(prompt, edge) forwards, above --exact-max {self.exact_max}; lower --audit or --limit, or raise "
                 "--exact-max"
             )
-        if "exact" in self.methods and len(pairs) * n_edges_of(adapter) > self.exact_max:
+        if "exact" in self.methods and len(pairs) * graph.n_edges > self.exact_max:
             raise StreetlampError(
-                f"exact patching would run {len(pairs) * n_edges_of(adapter)} forwards ({len(pairs)} prompts x "
-                f"{n_edges_of(adapter)} edges), above --exact-max {self.exact_max}; lower --limit or raise --exact-max"
+                f"exact patching would run {len(pairs) * graph.n_edges} forwards ({len(pairs)} prompts x "
+                f"{graph.n_edges} edges), above --exact-max {self.exact_max}; lower --limit or raise --exact-max"
             )
 
 

@@ -8,7 +8,9 @@ chooses, tabulates and writes. Files of the run folder (each described in ``mani
   ``score`` (mean over prompts of ``m(edge ablated) - m(clean)``), ``method``, ``ci_low``/``ci_high``
   (percentile bootstrap over prompts of that mean), ``inclusion`` (share of resamples whose top-k circuit
   at the chosen size holds the edge), ``in_circuit`` (in the chosen circuit), ``kv_group``, ``edge``.
-  Nodes: ``embed``, ``L{l}.H{h}``, ``L{l}.MLP``, ``logits``. With grouped-query attention a k or v input
+  Nodes: ``embed``, ``L{l}.H{h}``, ``L{l}.MLP``, ``logits``; with ``--expert-nodes`` a MoE layer's
+  ``L{l}.E{e}`` and ``L{l}.SE`` in place of its MLP, read through ``(L{l}.router, router)`` and each expert's
+  own ``mlp`` input (:mod:`streetlamp.interventions.circuits.graph`). With grouped-query attention a k or v input
   is read once per key/value group: that one edge is a row under each query head of the group, every
   column equal, the group in ``kv_group`` (``L{l}.KV{g}``; empty elsewhere) and the model's edge index in
   ``edge`` (count and sum edges over unique ``edge``).
@@ -43,7 +45,7 @@ from ...errors import StreetlampError
 from ...interventions.circuits import faithfulness as F
 from ...interventions.circuits import scores as S
 from ...interventions.circuits import tasks as T
-from ...interventions.circuits.blocks import Blocks
+from ...interventions.circuits.blocks import Blocks, graph_of
 from ...interventions.circuits.graph import Graph
 from ...interventions.circuits.mib import circuit_json
 from ...models.adapter import ModelAdapter
@@ -137,10 +139,6 @@ def encoded_pairs(adapter: ModelAdapter, s: CircuitSettings) -> T.PairSet:
     return T.encode_pairs(adapter, pairs_for(adapter, s))
 
 
-def n_edges_of(adapter: ModelAdapter) -> int:
-    return Graph(adapter.n_layers, adapter.n_heads, adapter.n_kv_heads).n_edges
-
-
 def memory_needed(g: Graph, s: CircuitSettings, n_prompts: int) -> dict[str, int]:
     """Bytes the run's resampling and circuits hold at once, from the graph's size and the settings (the
     model and the per-prompt scores come on top): :func:`edge_intervals` keeps ``[bootstrap, prompts]``
@@ -161,7 +159,7 @@ def check_memory(adapter: ModelAdapter, s: CircuitSettings, n_prompts: int) -> N
     (``MemAvailable``; the bootstrap arrays live on the CPU whatever the model's device)."""
     from ...models import memory
 
-    g = Graph(adapter.n_layers, adapter.n_heads, adapter.n_kv_heads)
+    g = graph_of(adapter, s.expert_nodes)
     need = memory_needed(g, s, n_prompts)
     free = memory.available_bytes(torch.device("cpu"))
     if free is not None and sum(need.values()) > free:
@@ -325,13 +323,15 @@ class CircuitResult:
 
 
 def joined_nodes(graph: Graph, mask: torch.Tensor) -> list[str]:
-    """The heads and MLPs of a circuit (a key/value group's reader counted as its heads), in graph order."""
+    """The heads, MLPs (or experts, and the routers read) of a circuit (a key/value group's reader counted as
+    its heads), in graph order (a layer's router before its experts)."""
     names: set[str] = set()
     for i, j in zip(*np.nonzero(mask.numpy())):
         names.add(graph.writers[j])
         rd = graph.readers[i]
-        names |= {graph.writers[o] for o in rd.owners}
-    return [w for w in graph.writers if w in names and w != "embed"]
+        names |= {rd.node} if rd.input == "router" else {graph.writers[o] for o in rd.owners}
+    order = [x for w in graph.writers for x in ([w.replace(".E0", ".router")] if w.endswith(".E0") else []) + [w]]
+    return [w for w in order if w in names and w != "embed"]
 
 
 BOOTSEL_STAGE = 3000  # + i: method i's sweep of bootstrapped selection
@@ -399,7 +399,7 @@ def run_circuit(
     rf = RunFolder.of(out, "circuit")
     raw = pairs_for(adapter, s)
     pairs = T.encode_pairs(adapter, raw)
-    blocks = Blocks(adapter)
+    blocks = Blocks(adapter, s.expert_nodes)
     g = blocks.graph
     sizes = sorted(set(s.sizes) | ({s.size} if s.size is not None else set()))
     methods: dict[str, MethodResult] = {}
@@ -627,6 +627,7 @@ def run_circuit(
                     "resample": list(s.resample),
                     "resamples": s.resamples if s.resample else 0,
                     "resample_faithfulness": s.resample_faithfulness,
+                    "expert_nodes": s.expert_nodes,
                     "graph": {"writers": g.n_writers, "readers": g.n_readers, "edges": g.n_edges},
                 },
                 "summary": {n: {**r.sweep.summary, "chosen": _plain(r.row)} for n, r in methods.items()},

@@ -11,8 +11,9 @@ Which families it runs on, and how, are facts of each family object (:class:`~st
 its :class:`~streetlamp.models.families.Circuit` (MLP and final norms, the ``embed`` writer, learned
 positions, the readout), the attention norm of its :class:`~streetlamp.models.families.NormPlacement`, its
 q/k/v layout (``qkv``), ``rotary`` and ``bidirectional``; no family is named here. Supported today: the
-pre-norm decoders GPT-2, Llama, Mistral, Qwen2, Qwen3 and Phi-3, as causal LMs or sequence classifiers
-(readout at the last real token), and the pre-norm encoder ModernBERT (bidirectional, alternating global
+pre-norm decoders GPT-2, Llama, Mistral, Qwen2, Qwen3, Phi-3 and the mixtures of experts Mixtral, Qwen2-MoE and
+Qwen3-MoE (their sparse block one MLP node, or with ``experts=True`` one node per expert: :meth:`Blocks.experts`),
+as causal LMs or sequence classifiers (readout at the last real token), and the pre-norm encoder ModernBERT (bidirectional, alternating global
 and local layers). Refused, with the reason as the error: post-LN encoders (a post-LN residual stream is no
 sum of writers), sandwich norms (each layer's heads are normalised together before they join the stream),
 image models, encoder-decoders and any family without a ``circuit``.
@@ -66,13 +67,48 @@ def check_supported(adapter: ModelAdapter) -> None:
     )
 
 
-class Blocks:
-    """The model's pieces in circuit form, for one adapter (weights read from its modules when used)."""
+def expert_layout(adapter: ModelAdapter) -> tuple[tuple[int, ...], tuple[bool, ...]]:
+    """Per layer: how many routed experts its MoE block has (0: a dense MLP layer, as Qwen2-MoE's
+    ``mlp_only_layers``) and whether it has a shared expert; refused in one line for a model without experts."""
+    spec = adapter.family.experts
+    if spec is None:
+        raise StreetlampError(
+            f"--expert-nodes: {adapter.name} ({adapter.family.name}) is no mixture-of-experts model: it has no experts "
+            "to split its MLP nodes into"
+        )
+    counts, shared = [], []
+    for layer in adapter.layer_modules:
+        try:
+            router = submodule(layer, spec.router)
+            experts = submodule(layer, spec.experts)
+        except (AttributeError, IndexError):
+            counts.append(0)
+            shared.append(False)
+            continue
+        counts.append(int(getattr(experts, "num_experts", 0) or getattr(router, "num_experts", 0)))
+        has = (
+            spec.shared_expert is not None and getattr(submodule(layer, spec.block), "shared_expert", None) is not None
+        )
+        shared.append(bool(has))
+    return tuple(counts), tuple(shared)
 
-    def __init__(self, adapter: ModelAdapter) -> None:
+
+def graph_of(adapter: ModelAdapter, experts: bool = False) -> Graph:
+    """The circuit graph of ``adapter``'s model; ``experts``: each MoE layer's MLP node split into its experts."""
+    if not experts:
+        return Graph(adapter.n_layers, adapter.n_heads, adapter.n_kv_heads)
+    counts, shared = expert_layout(adapter)
+    return Graph(adapter.n_layers, adapter.n_heads, adapter.n_kv_heads, counts, shared)
+
+
+class Blocks:
+    """The model's pieces in circuit form, for one adapter (weights read from its modules when used);
+    ``experts``: mixture-of-experts layers as expert nodes (:mod:`.graph`)."""
+
+    def __init__(self, adapter: ModelAdapter, experts: bool = False) -> None:
         check_supported(adapter)
         self.adapter = adapter
-        self.graph = Graph(adapter.n_layers, adapter.n_heads, adapter.n_kv_heads)
+        self.graph = graph_of(adapter, experts)
         self.family = adapter.family
         self.circuit = cast(Circuit, circuit_of(adapter.family))
         self.base: Any = adapter.hf_model.base_model
@@ -254,6 +290,55 @@ class Blocks:
     def mlp(self, l: int, x: torch.Tensor) -> torch.Tensor:
         _, ln2 = self._norms(l)
         return self.layers[l].mlp(ln2(x))
+
+    def mlp_nodes(self, l: int, x: torch.Tensor) -> torch.Tensor:
+        """Layer ``l``'s MLP writers ``[b, s, W, d]`` from its MLP readers' inputs ``x`` ``[b, s, R, d]``: the
+        MLP's output (R = W = 1), or with expert nodes each expert's routed, weighted output and the shared
+        expert's gated output (:meth:`experts`)."""
+        if self.graph.experts and self.graph.experts[l]:
+            return self.experts(l, x)
+        return self.mlp(l, x[:, :, 0])[:, :, None]
+
+    def experts(self, l: int, x: torch.Tensor) -> torch.Tensor:
+        """Expert nodes ``[b, s, E (+ 1), d]`` from the router's input ``x[:, :, 0]``, expert e's ``x[:, :, 1 + e]``
+        and the shared expert's ``x[:, :, -1]`` (each through the MLP's norm). The router's own logits, routed by
+        the family's rule (:func:`streetlamp.models.moe.route`) with the softmax in float32 at least (float64 in a
+        float64 model: the router's own rounds to float32, which would swamp a float64 finite difference); expert
+        e's output is the experts module's own forward on the tokens routed to it, times their weight (zero
+        elsewhere; its gradient flows to both the expert's input and, through the weight, the router's); the
+        shared expert's is ``sigmoid(shared_expert_gate(x)) · shared_expert(x)`` (Qwen2-MoE)."""
+        from ...models.moe import route
+
+        spec = cast(Any, self.family.experts)
+        layer = self.layers[l]
+        _, ln2 = self._norms(l)
+        router: Any = submodule(layer, spec.router)
+        experts: Any = submodule(layer, spec.experts)
+        E = self.graph.experts[l]
+        b, s, _, d = x.shape
+        xr = ln2(x[:, :, 0]).reshape(b * s, d)
+        logits = router(xr)[0]
+        top_k = int(getattr(router, "top_k", 0) or self.adapter.hf_model.config.num_experts_per_tok)
+        renorm = bool(getattr(router, "norm_topk_prob", True))
+        weights, idx = route(logits, top_k, spec.rule, renorm, torch.promote_types(logits.dtype, torch.float32))
+        weights = weights.to(x.dtype)
+        own = type(experts).forward.__get__(experts)  # the class's forward (not a site hook's stand-in)
+        outs = []
+        for e in range(E):
+            slot, tok = torch.where(idx.t() == e)  # the module's order: by top-k slot, then token
+            col = x.new_zeros(b * s, d)
+            if tok.numel():
+                xe = ln2(x[:, :, 1 + e]).reshape(b * s, d)[tok]
+                ids = torch.full((tok.numel(), 1), e, dtype=idx.dtype, device=idx.device)
+                col = col.index_add(0, tok, own(xe, ids, weights[tok, slot][:, None]).to(col.dtype))
+            outs.append(col)
+        if self.graph.shared and self.graph.shared[l]:
+            block: Any = submodule(layer, spec.block)
+            xs = ln2(x[:, :, -1]).reshape(b * s, d)
+            out = block.shared_expert(xs)
+            gate = getattr(block, "shared_expert_gate", None)
+            outs.append(torch.sigmoid(gate(xs)) * out if gate is not None else out)
+        return torch.stack(outs, 1).reshape(b, s, len(outs), d)
 
     def readout(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         """Explained logits ``[b, n_outputs]`` from the logits reader's input ``x`` ``[b, s, d]``:

@@ -117,7 +117,7 @@ def graddrop(
             s = g.layer_start(ell)
             over = {
                 f"attn{ell}": clean[:, :, s : s + blocks.H],
-                f"mlp{ell}": clean[:, :, s + blocks.H : s + blocks.H + 1],
+                f"mlp{ell}": clean[:, :, g.mlp_writers(ell)],
             }
             out.append(gradient_scores(blocks, p, ab, metric, False, over, delta=delta).detach())
         return out

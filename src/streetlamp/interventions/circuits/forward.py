@@ -27,7 +27,9 @@ from .blocks import Blocks
 class GraphRun:
     logits: torch.Tensor  # [b, n_outputs] explained logits
     writers: torch.Tensor  # [b, s, U, d] every writer's output
-    readers: list[torch.Tensor]  # per layer [b, s, H + 2 KV, d] (q, k, v) and [b, s, 1, d] (mlp); then the logits'
+    # per layer [b, s, H + 2 KV, d] (q, k, v) and [b, s, 1, d] (mlp; with expert nodes [b, s, 1 + E (+ 1), d]:
+    # router, experts, shared expert); then the logits'
+    readers: list[torch.Tensor]
 
 
 def run_graph(
@@ -116,10 +118,9 @@ def run_graph(
         bias = blocks.out_bias(l)
         if bias is not None:
             const = const + bias.to(const.dtype)
-        mr = g.mlp_reader(l)
-        xm = inputs(range(mr, mr + 1), n + H)
+        xm = inputs(g.mlp_readers(l), n + H)
         readers += [x, xm]
-        add(override.get(f"mlp{l}", blocks.mlp(l, xm[:, :, 0])[:, :, None]))
+        add(override.get(f"mlp{l}", blocks.mlp_nodes(l, xm)))
     xl = inputs(range(g.logits_reader, g.logits_reader + 1), g.n_writers)
     readers.append(xl)
     logits = blocks.readout(xl[:, :, 0], am)
@@ -131,5 +132,5 @@ def reader_slices(blocks: Blocks) -> list[range]:
     g = blocks.graph
     out: list[range] = []
     for l in range(g.n_layers):
-        out += [g.attn_readers(l), range(g.mlp_reader(l), g.mlp_reader(l) + 1)]
+        out += [g.attn_readers(l), g.mlp_readers(l)]
     return out + [range(g.logits_reader, g.logits_reader + 1)]

@@ -19,6 +19,15 @@ heads for printing, and :meth:`Graph.reader_index` maps a head (or group) name a
 
 Constants that no writer owns (the output-projection bias ``b_O``) are added to every later reader
 unchanged by any ablation.
+
+Mixture-of-experts layers as expert nodes (``experts[l] > 0``; ``circuit --expert-nodes``): layer l's MLP
+writer is split into one writer per routed expert, ``L{l}.E{e}`` (its routed, weighted output
+``w_e(x_router) E_e(x_e)``, zero at the tokens not routed to it), and ``L{l}.SE`` for a shared expert (its
+gated output); their sum is the block's output. Its readers: the router's input ``(L{l}.router, router)``
+(it feeds the weight of every routed expert: its ``owners`` are the layer's routed experts), each expert's
+input ``(L{l}.E{e}, mlp)`` and the shared expert's ``(L{l}.SE, mlp)`` (its gate reads that input too).
+Like a layer's heads, a layer's experts read the writers before them (the layer's heads included), not each
+other. A layer with ``experts[l] == 0`` keeps its one ``L{l}.MLP`` node.
 """
 
 from __future__ import annotations
@@ -42,28 +51,47 @@ class Graph:
     n_layers: int
     n_heads: int
     n_kv_heads: int
+    # per layer: routed experts as nodes (0: one MLP node); empty: none anywhere
+    experts: tuple[int, ...] = ()
+    shared: tuple[bool, ...] = ()  # per layer with experts: a shared expert node too
     writers: tuple[str, ...] = field(init=False)
     readers: tuple[Reader, ...] = field(init=False)
+    _starts: tuple[int, ...] = field(init=False, repr=False, compare=False)  # per layer: first writer, first reader
 
     def __post_init__(self) -> None:
         L, H, KV = self.n_layers, self.n_heads, self.n_kv_heads
         if H % KV:
             raise ValueError(f"{H} heads do not split into {KV} key/value groups")
+        if self.experts and len(self.experts) != L or self.shared and len(self.shared) != len(self.experts):
+            raise ValueError(f"experts {self.experts} / shared {self.shared} do not give one entry per layer ({L})")
         w = ["embed"]
         r: list[Reader] = []
+        starts: list[int] = []
         G = H // KV
         for l in range(L):
             first = len(w)
-            w += [f"L{l}.H{h}" for h in range(H)] + [f"L{l}.MLP"]
+            starts += [first, len(r)]
+            E = self.experts[l] if self.experts else 0
+            if E:
+                shared = bool(self.shared and self.shared[l])
+                mlp = [f"L{l}.E{e}" for e in range(E)] + ([f"L{l}.SE"] if shared else [])
+            else:
+                mlp = [f"L{l}.MLP"]
+            w += [f"L{l}.H{h}" for h in range(H)] + mlp
             r += [Reader(f"L{l}.H{h}", "q", l, (first + h,)) for h in range(H)]
             for inp in ("k", "v"):
                 for g in range(KV):
                     node = f"L{l}.H{g}" if G == 1 else f"L{l}.KV{g}"
                     r.append(Reader(node, inp, l, tuple(first + g * G + i for i in range(G))))
-            r.append(Reader(f"L{l}.MLP", "mlp", l, (first + H,)))
+            m0 = first + H
+            if E:
+                r.append(Reader(f"L{l}.router", "router", l, tuple(range(m0, m0 + E))))
+            r += [Reader(name, "mlp", l, (m0 + i,)) for i, name in enumerate(mlp)]
+        starts += [len(w), len(r)]
         r.append(Reader("logits", "logits", L, ()))
         object.__setattr__(self, "writers", tuple(w))
         object.__setattr__(self, "readers", tuple(r))
+        object.__setattr__(self, "_starts", tuple(starts))
 
     # -- sizes and index ranges -------------------------------------------------------------------
     @property
@@ -74,13 +102,27 @@ class Graph:
     def n_readers(self) -> int:
         return len(self.readers)
 
+    @property
+    def has_experts(self) -> bool:
+        return any(self.experts)
+
     def attn_readers(self, layer: int) -> range:
         """Reader indices of layer ``layer``'s q, k, v inputs (q per head, then k and v per group)."""
-        start = layer * (self.n_heads + 2 * self.n_kv_heads + 1)
+        start = self._starts[2 * layer + 1]
         return range(start, start + self.n_heads + 2 * self.n_kv_heads)
 
     def mlp_reader(self, layer: int) -> int:
+        """The first of layer ``layer``'s MLP readers (the one ``mlp`` reader; with experts, the router's)."""
         return self.attn_readers(layer).stop
+
+    def mlp_readers(self, layer: int) -> range:
+        """Layer ``layer``'s MLP readers: ``(L{l}.MLP, mlp)``, or the router's, each expert's and the shared
+        expert's inputs."""
+        return range(self.mlp_reader(layer), self._starts[2 * layer + 3])
+
+    def mlp_writers(self, layer: int) -> slice:
+        """Writer indices of layer ``layer``'s MLP node(s): ``L{l}.MLP``, or its experts (then ``L{l}.SE``)."""
+        return slice(self.layer_start(layer) + self.n_heads, self._starts[2 * layer + 2])
 
     @property
     def logits_reader(self) -> int:
@@ -88,26 +130,24 @@ class Graph:
 
     def layer_start(self, layer: int) -> int:
         """Index of layer ``layer``'s first head among the writers (= how many writers come before it)."""
-        return 1 + layer * (self.n_heads + 1)
+        return self._starts[2 * layer]
 
     def n_upstream(self, reader: int) -> int:
         """How many writers (0 .. n-1) reader ``reader`` reads."""
         r = self.readers[reader]
         if r.input == "logits":
             return self.n_writers
-        if r.input == "mlp":
+        if r.input in ("mlp", "router"):
             return self.layer_start(r.layer) + self.n_heads
         return self.layer_start(r.layer)
 
     def blocks(self) -> list[tuple[str, slice]]:
-        """Writer blocks in forward order: ``embed``, then per layer ``attn{l}`` (its heads) and ``mlp{l}``."""
+        """Writer blocks in forward order: ``embed``, then per layer ``attn{l}`` (its heads) and ``mlp{l}``
+        (its MLP node, or its experts together)."""
         out = [("embed", slice(0, 1))]
         for l in range(self.n_layers):
             s = self.layer_start(l)
-            out += [
-                (f"attn{l}", slice(s, s + self.n_heads)),
-                (f"mlp{l}", slice(s + self.n_heads, s + self.n_heads + 1)),
-            ]
+            out += [(f"attn{l}", slice(s, s + self.n_heads)), (f"mlp{l}", self.mlp_writers(l))]
         return out
 
     # -- edges ----------------------------------------------------------------------------------------

@@ -167,11 +167,17 @@ def read_task(path: str | Path, task: str, n_tokens: Callable[[str], int] | None
 
 # -- circuit files ---------------------------------------------------------------------------------------
 def node_name(node: str) -> str:
-    """streetlamp's node name as MIB's: ``embed`` -> ``input``, ``L3.H2`` -> ``a3.h2``, ``L3.MLP`` -> ``m3``."""
+    """streetlamp's node name as MIB's: ``embed`` -> ``input``, ``L3.H2`` -> ``a3.h2``, ``L3.MLP`` -> ``m3``;
+    expert nodes (no MIB name exists: streetlamp's extension) ``L3.E1`` -> ``m3.e1``, ``L3.SE`` -> ``m3.se``,
+    the router's input ``L3.router`` -> ``m3.router``."""
     if node in ("embed", "logits"):
         return "input" if node == "embed" else "logits"
     layer, rest = node.split(".")
-    return f"m{layer[1:]}" if rest == "MLP" else f"a{layer[1:]}.h{rest[1:]}"
+    if rest == "MLP":
+        return f"m{layer[1:]}"
+    if rest in ("SE", "router") or rest.startswith("E"):
+        return f"m{layer[1:]}.{rest.lower()}"
+    return f"a{layer[1:]}.h{rest[1:]}"
 
 
 def edge_names(graph: Graph) -> list[list[str]]:

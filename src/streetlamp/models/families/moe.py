@@ -11,14 +11,17 @@ from typing import Any
 
 from ..kinds import CAUSAL_LM
 from .base import Experts, Family, SpecialTokens, TinySpec, decoder_config
-from .llama import PRE_RMS, READOUT
+from .llama import CIRCUIT, PRE_RMS, READOUT
 
 MOE_REFUSAL = "the router's top-k selection and the experts' weighting have no AttnLRP rule yet"
 PATHS: dict[str, Any] = dict(
     layers="layers", attn="self_attn", o_proj="self_attn.o_proj", mlp_out="mlp", mlp="mlp", embed="embed_tokens"
 )
+# the circuit engine runs Llama's attention and the sparse block itself (one MLP node, or with
+# ``circuit --expert-nodes`` one node per expert: interventions/circuits/blocks.py); OLMoE (q/k norms over all
+# heads together) and gpt-oss (attention sinks) are refused by it
 MOE_LIKE: dict[str, Any] = dict(
-    **PATHS, norm=PRE_RMS, readout=READOUT, rotary=True, gated_mlp=True, attnlrp_refusal=MOE_REFUSAL
+    **PATHS, norm=PRE_RMS, readout=READOUT, rotary=True, gated_mlp=True, attnlrp_refusal=MOE_REFUSAL, circuit=CIRCUIT
 )
 # 4 experts, 2 per token: every token's choice matters and most experts see some tokens in a short text
 TINY_EXPERTS, TINY_TOP_K = 4, 2
@@ -93,7 +96,7 @@ OLMOE = Family(
     "olmoe",
     # its q/k RMSNorms act over all heads' projections together (not per head, as Qwen3's), which the readout's
     # QK attribution does not model yet: no readout, so lenses and QK attribution refuse OLMoE in one line
-    **{**MOE_LIKE, "readout": None},
+    **{**MOE_LIKE, "readout": None, "circuit": None},
     experts=Experts(),
     specials=SpecialTokens({"eos": "<|endoftext|>", "pad": "<|padding|>"}),
     tiny=TinySpec(CAUSAL_LM, _tiny_olmoe),
@@ -127,7 +130,7 @@ def _tiny_gpt_oss(tok: Any, layers: int, heads: int, d_model: int) -> Any:
 # with full ones, a router that takes the top-k logits before its softmax, experts with biases and a clamped SwiGLU
 GPT_OSS = Family(
     "gpt_oss",
-    **MOE_LIKE,
+    **{**MOE_LIKE, "circuit": None},
     experts=Experts(router="mlp.router", rule="topk_softmax"),
     specials=SpecialTokens({"eos": "<|return|>", "pad": "<|endoftext|>"}),
     tiny=TinySpec(CAUSAL_LM, _tiny_gpt_oss),

@@ -8,23 +8,31 @@
   const V = S.views;
   const COLS = ["#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00", "#000000"]; // Okabe-Ito
   const OFFSET = { q: -5, k: 0, v: 5, mlp: 0, logits: 0 }; // where a head's three inputs meet it
+  // an MLP writer: the layer's MLP, or with --expert-nodes an expert (L{l}.E{e}) or the shared expert (L{l}.SE)
+  const isMlp = (rest) => rest === "MLP" || rest === "SE" || /^E\d+$/.test(rest);
 
   function layout(cv) {
     const nl = cv.n_layers, nh = cv.n_heads, colW = Math.max(34, Math.min(160, Math.floor(1100 / (nl + 2))));
-    const P = 46, top = 34, rowH = 22, W = 2 * P + (nl + 1) * colW, Hh = top + (nh + 1) * rowH + 8;
-    const pos = cv.writers.map((w) => {
+    // MLP rows below the heads: one, or a layer's experts (then its shared expert) one per row
+    const mlpRow = cv.writers.map((w) => { const rest = w.split(".")[1] || ""; return rest === "SE" ? -1 : rest[0] === "E" ? +rest.slice(1) : 0; });
+    const nE = Math.max(0, ...mlpRow) + 1, nm = nE + (cv.writers.some((w) => w.endsWith(".SE")) ? 1 : 0);
+    const P = 46, top = 34, rowH = 22, W = 2 * P + (nl + 1) * colW, Hh = top + (nh + nm) * rowH + 8;
+    const pos = cv.writers.map((w, j) => {
       if (w === "embed") return [P, top + (nh / 2) * rowH];
       const [lp, rest] = w.split("."), l = +lp.slice(1);
       const x = P + (l + 1) * colW;
-      return rest === "MLP" ? [x + colW * 0.5, top + (nh + 0.5) * rowH] : [x, top + +rest.slice(1) * rowH];
+      if (!isMlp(rest)) return [x, top + +rest.slice(1) * rowH];
+      return [x + colW * 0.5, top + (nh + 0.5 + (mlpRow[j] < 0 ? nE : mlpRow[j])) * rowH];
     });
     const logits = [P + (nl + 1) * colW, top + (nh / 2) * rowH];
     const target = cv.readers.map(([node, input, layer, owners]) => {
       if (input === "logits") return logits;
       const ys = owners.map((o) => pos[o][1]), y = ys.reduce((s, v) => s + v, 0) / ys.length;
+      // the router's input: left of its experts, at their middle (it feeds every expert's weight)
+      if (input === "router") return [pos[owners[0]][0] - 10, y];
       return [pos[owners[0]][0], y + OFFSET[input]];
     });
-    return { W, Hh, P, top, rowH, colW, pos, logits, target };
+    return { W, Hh, P, top, rowH, colW, pos, logits, target, nE, nm };
   }
 
   function segDist(px, py, x1, y1, x2, y2) {
@@ -63,7 +71,7 @@
     let maxAbs = 1, drawn = [];
     root.appendChild(el("div", { cls: "panel" }, el("h2", { text: "The circuit" }),
       el("div", { cls: "controls" }, el("label", {}, "method ", sel), el("label", {}, " size ", slider)), readout,
-      el("div", { cls: "note", text: "columns: embed, layers 0.., logits; in a layer the heads (top, H0 first) and the MLP (below, offset right); an edge ends at a head's q (above its centre), k (centre) or v (below); a key/value group's k and v edges end between its heads. Colour: the diverging palette by the edge's score (white = 0), width by |score|" }),
+      el("div", { cls: "note", text: "columns: embed, layers 0.., logits; in a layer the heads (top, H0 first) and the MLP (below, offset right); an edge ends at a head's q (above its centre), k (centre) or v (below); a key/value group's k and v edges end between its heads; with --expert-nodes a layer's experts are squares one per row below its heads (the shared expert last) and an edge into its router ends left of its experts. Colour: the diverging palette by the edge's score (white = 0), width by |score|" }),
       el("div", { cls: "scroll" }, canvas), legendBox,
       L.exportButtons(() => canvas, "circuit_graph", () => `circuit by ${method} at ${sizes[k]} of the edges`), detail));
     root.appendChild(el("div", { cls: "panel" }, el("h2", { text: "Edges of the circuit at this size (largest |score| first; click one)" }), edgeBox));
@@ -92,19 +100,20 @@
       cv.writers.forEach((w, j) => {
         const [x, y] = L_.pos[j], on = used.has(j);
         g.fillStyle = on ? "#333" : "#ddd"; g.strokeStyle = "#777"; g.lineWidth = 0.8;
-        g.beginPath(); if (w.endsWith("MLP")) g.rect(x - 4, y - 4, 8, 8); else g.arc(x, y, w === "embed" ? 6 : 4, 0, 7); g.fill(); g.stroke();
+        g.beginPath(); if (isMlp(w.split(".")[1] || "")) g.rect(x - 4, y - 4, 8, 8); else g.arc(x, y, w === "embed" ? 6 : 4, 0, 7); g.fill(); g.stroke();
       });
       g.fillStyle = "#333"; g.beginPath(); g.arc(L_.logits[0], L_.logits[1], 6, 0, 7); g.fill();
       g.fillStyle = "#222"; g.fillText("embed", L_.P - 16, L_.top - 16); g.fillText("logits", L_.logits[0] - 14, L_.top - 16);
       for (let l = 0; l < cv.n_layers; l++) g.fillText(`L${l}`, L_.P + (l + 1) * L_.colW - 6, L_.top - 16);
       for (let h = 0; h < cv.n_heads; h++) g.fillText(`H${h}`, 2, L_.top + h * L_.rowH + 3);
-      g.fillText("MLP", 2, L_.top + (cv.n_heads + 0.5) * L_.rowH + 3);
+      if (L_.nm === 1) g.fillText("MLP", 2, L_.top + (cv.n_heads + 0.5) * L_.rowH + 3);
+      else for (let e = 0; e < L_.nm; e++) g.fillText(e < L_.nE ? `E${e}` : "SE", 2, L_.top + (cv.n_heads + 0.5 + e) * L_.rowH + 3);
       const t = d.faithfulness, r = d.random, f = t[3 * k], lo = t[3 * k + 1], hi = t[3 * k + 2];
       readout.textContent = `${method} at ${sizes[k]} of the edges: ${drawn.length} edges, faithfulness f = ${fmt(f, 3)} [${fmt(lo, 3)}, ${fmt(hi, 3)}] (95% bootstrap over prompts); random circuits ${fmt(r[3 * k], 3)} [${fmt(r[3 * k + 1], 3)}, ${fmt(r[3 * k + 2], 3)}]`;
       Object.assign(readout.dataset, { f: String(f), lo: String(lo), hi: String(hi), edges: String(drawn.length), size: String(sizes[k]), method });
       canvas.dataset.edges = String(drawn.length);
       legendBox.textContent = ""; legendBox.appendChild(L.legend("div", 0, maxAbs, el("span", { text: " edge score (sign: colour)" })));
-      S.circuit = { method, size: k, drawn, f, lo, hi, maxAbs };
+      S.circuit = { method, size: k, drawn, f, lo, hi, maxAbs, layout: L_, show: showEdge };
       edgeTable(); curves();
     }
     function edgeTable() {
@@ -126,7 +135,7 @@
         el("div", { cls: "k", text: "exact patching" }), el("div", { cls: "v", text: has ? `${fmt(ex)} [${fmt(exactIv[x])}, ${fmt(exactIv[R * U + x])}]` : `not computed for this edge (computed for ${cv.exact})` }),
         el("div", { cls: "k", text: "inclusion frequency" }), el("div", { cls: "v", text: `${fmt(d.inclusion[x], 3)} of the bootstrap circuits at size ${P.size}` }));
       detail.appendChild(el("h2", { text: `Edge ${name(i, j)}` })); detail.appendChild(kv);
-      if (!owners.length || input === "mlp") { detail.appendChild(el("p", { cls: "note", text: `the receiver (${node}) attends to nothing: no attention to show` })); return; }
+      if (!owners.length || input === "mlp" || input === "router") { detail.appendChild(el("p", { cls: "note", text: `the receiver (${node}) attends to nothing: no attention to show` })); return; }
       const labels = toks.map((t, p) => `${p} ${q(t)}`);
       for (const o of owners) {
         const h = +cv.writers[o].split(".")[1].slice(1), vals = att.data.subarray((layer * nhA + h) * n * n, (layer * nhA + h + 1) * n * n);
