@@ -198,7 +198,6 @@ def ck(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def checkpoints(t: Path) -> dict[str, Path]:
     """Tiny checkpoints (a BERT classifier, GPT-2, a grouped-query Llama, Mixtral, the cot test's Llama LM)
     and their data, in ``t`` (what :data:`CASES` reads)."""
-    from tests.commands.test_manifests import _tiny_transcoders, tiny_dictionary
     from tests.helpers.cot_helpers import save_tiny_lm, write_questions
 
     data = t / "d.csv"
@@ -220,8 +219,6 @@ def checkpoints(t: Path) -> dict[str, Path]:
         "mixtral": save_tiny("mixtral", t / "mixtral", seed=1),
         "lm": save_tiny_lm(t / "lm", seed=3),
         "questions": write_questions(t / "q.jsonl", 2),
-        "dictionary": tiny_dictionary(t / "dict"),  # a transcoder at layer 1 of the tiny Llama
-        "transcoders": _tiny_transcoders(t / "transcoders"),  # at both layers (graph)
         "data": data,
         "pairs": t / "pairs.csv",
         "sources": t / "sources.txt",
@@ -260,12 +257,6 @@ CASES: dict[str, dict[str, Argv]] = {
         "gpt2": lambda c: (
             ["patch", "--model", c["gpt2"], "--clean", "when mary and john went"]
             + ["--corrupt", "when john and mary went", "--sites", "heads", "--paths", "--approx"]
-        ),
-    },
-    "features-fit": {
-        "transcoder": lambda c: (
-            ["features-fit", "--model", c["llama"], "--kind", "transcoder", "--data", c["data"]]
-            + ["--width", "8", "--tokens", "20", "--seq-len", "4", "--heldout", "1", "--batch-seqs", "2"]
         ),
     },
     "mediate": {"gpt2": lambda c: ["mediate", "--model", c["gpt2"], "--prompts", "2"]},
@@ -347,15 +338,6 @@ CASES: dict[str, dict[str, Argv]] = {
             ["experts", "--model", c["mixtral"], "--data", c["data"], "--limit", "2"]
             + ["--max-tokens", "4", "--bootstrap", "10"]
         ),
-    },
-    "features-audit": {
-        "llama": lambda c: (
-            ["features-audit", "--model", c["llama"], "--features", c["dictionary"], "--task", c["pairs"]]
-            + ["--top", "4", "--edits", "patch,zero,mean,steer", "--error", "both"]
-        ),
-    },
-    "graph": {
-        "llama": lambda c: ["graph", TEXT, "--model", c["llama"], "--features", c["transcoders"], "--top", "2"],
     },
     "cite": {
         "llama": lambda c: (
