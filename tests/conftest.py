@@ -16,6 +16,29 @@ from streetlamp.models.adapter import ModelAdapter  # noqa: E402
 from streetlamp.models.tiny import FAMILY_KINDS, tiny_model  # noqa: E402
 
 FAMILIES = sorted(FAMILY_KINDS)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def messages_name_only_the_commands_options():
+    """Every refusal of every command run in the suite (CLI and API: both go through ``execute``) names only
+    options that command has (issue 35 item 5: ``circuit`` told the user to pass ``--truncate``)."""
+    import streetlamp.commands as C
+    from streetlamp.errors import StreetlampError
+    from tests.helpers.flags import foreign_flags
+
+    real = C.execute
+
+    def execute(cmd, values):
+        try:
+            return real(cmd, values)
+        except StreetlampError as e:
+            bad = foreign_flags(cmd, str(e))
+            assert not bad, f"`{cmd.name}` has no {', '.join(bad)}, but its message names it: {e}"
+            raise
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(C, "execute", execute)
+        yield
 TEXTS = ["the movie was not good , but the acting was great .", "i loved it", "when mary and john went to the store"]
 
 

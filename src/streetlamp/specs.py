@@ -89,9 +89,10 @@ def parse_indices(spec: str | None, n: int, flag: str, what: str) -> list[int]:
     return sorted(out)
 
 
-def parse_rows(spec: str | None, n: int, explained: int) -> list[int]:
+def parse_rows(spec: str | None, n: int, explained: int, flag: str = "--rows") -> list[int]:
     """``--rows``: comma-separated ``last``, ``explained``, ``N`` (negative from the end) or ``A:B``
-    (positions A..B-1) -> sorted distinct query positions; default the explained position."""
+    (positions A..B-1) -> sorted distinct query positions; default the explained position. ``flag``: the
+    option the messages name (``attention-row --row``)."""
     if spec is None:
         return [explained]
     out: set[int] = set()
@@ -105,15 +106,15 @@ def parse_rows(spec: str | None, n: int, explained: int) -> list[int]:
             elif ":" in part:
                 a, b = (int(x) if x else d for x, d in zip(part.split(":", 1), (0, n)))
                 if not (0 <= a < b <= n):
-                    raise StreetlampError(f"--rows {part} out of range: the text has positions 0..{n - 1}")
+                    raise StreetlampError(f"{flag} {part} out of range: the text has positions 0..{n - 1}")
                 out.update(range(a, b))
             else:
                 i = int(part)
                 if not -n <= i < n:
-                    raise StreetlampError(f"--rows {i} out of range: the text has positions 0..{n - 1}")
+                    raise StreetlampError(f"{flag} {i} out of range: the text has positions 0..{n - 1}")
                 out.add(i % n)
         except ValueError:
-            raise StreetlampError(f"--rows takes last, explained, N or A:B, comma-separated (got {part!r})") from None
+            raise StreetlampError(f"{flag} takes last, explained, N or A:B, comma-separated (got {part!r})") from None
     return sorted(out)
 
 

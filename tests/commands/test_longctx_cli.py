@@ -130,7 +130,7 @@ def test_attention_row_bad_input(ckpt, tmp_path, capsys) -> None:
     assert run(capsys, "explain", TEXT, "--model", str(ckpt), "--out", str(out), "--rows", "last")[0] == 0
     for argv, message in [
         (["--layer", "3"], "--layer 3 out of range: the recording has layers 0..2"),
-        (["--layer", "0", "--row", "11"], "--rows 11 out of range"),
+        (["--layer", "0", "--row", "11"], "--row 11 out of range"),  # its own option (not explain's --rows)
         (["--layer", "0", "--heads", "9"], "--heads 9 out of range"),
     ]:
         rc, _, stderr = run(capsys, "attention-row", str(out), *argv)

@@ -26,6 +26,20 @@ ARGS = {
     "evaluate": ["--data", "{t}/d.csv"],
     "heads": ["--data", "{t}/d.csv"],
     "lens-fit": ["--data", "{t}/d.txt", "--lens", "tuned"],
+    "explain-generation": ["the movie was"],
+    "prune": ["--data", "{t}/d.csv"],
+    "patch": ["--clean", "the movie was good", "--corrupt", "the movie was bad"],
+    "mediate": [],
+    "features-fit": ["--data", "{t}/d.txt", "--kind", "transcoder"],
+    "replicate": ["--data", "movies"],
+    "benchmark": ["--tasks", "keyword"],
+    "cot": ["--data", "{t}/d.txt"],
+    "probe": ["--task", "category"],
+    "experts": ["--data", "{t}/d.txt"],
+    "features-audit": ["--features", "{t}", "--task", "ioi"],
+    "cite": ["--context", "{t}/d.txt", "--question", "what was good"],
+    "cite-bench": ["--data", "{t}/bench.jsonl"],
+    "graph": ["the movie was", "--features", "{t}"],
 }
 
 
@@ -51,17 +65,29 @@ def test_unwritable_out_is_refused_before_the_model_loads(
     monkeypatch.setattr(B, "place", place)
     (tmp_path / "d.txt").write_text("the movie was good\n")
     (tmp_path / "d.csv").write_text("text,label\nthe movie was good,positive\n")
+    (tmp_path / "bench.jsonl").write_text(
+        '{"sources": ["the movie was good."], "question": "what", "answer": "movie", "planted": [0], "kind": "k"}\n'
+    )
     extra = [a.format(t=tmp_path) for a in ARGS[command]]
+    extra += (
+        ["--model", "minilm-sentiment"]
+        if "--model" in COMMANDS[[c.name for c in COMMANDS].index(command)].flags()
+        else []
+    )
     for base in unwritable(tmp_path):
         for out in (base / "run", base / "deeper" / "run"):
-            assert main([command, *extra, "--model", "minilm-sentiment", "--out", str(out)]) == 2, out
+            assert main([command, *extra, "--out", str(out)]) == 2, out
             err = capsys.readouterr().err.strip()
             assert err.startswith(f"streetlamp: error: cannot write {out}: ") and len(err.splitlines()) == 1, err
 
 
 def test_every_writing_command_is_covered() -> None:
+    """Every command that writes a run folder or store (from the registry: a command added later fails here
+    until it has its arguments in ARGS)."""
     writing = {c.name for c in COMMANDS if c.writes in ("folder", "store")}
-    assert {"explain", "lens", "circuit", "atlas", "evaluate"} <= set(ARGS) <= writing
+    assert set(ARGS) == writing, (
+        f"add to ARGS: {sorted(writing - set(ARGS))}; not writing: {sorted(set(ARGS) - writing)}"
+    )
 
 
 def test_two_stores_made_at_once_with_other_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import StreetlampError
-from ..settings import RunOptions, Shared, build
+from ..errors import StreetlampError, command_flags
+from ..settings import RunOptions, Shared, build, cli_fields, flag_of
 
 
 @dataclass
@@ -57,6 +57,17 @@ class Command:
     one_stack: bool = True  # refuses an encoder-decoder (explain-generation alone runs on both stacks)
     description: str | None = None
     check_options: Callable[[RunOptions], None] | None = None  # a command's own refusal of an option
+
+    def flags(self) -> frozenset[str]:
+        """The options (``--x``) of this command's parser, read from its fields as the parser reads them (its
+        settings' non-positional fields, less ``--seed``/``--batch-size`` where not shared, and the shared
+        options it takes): what its messages may tell the user to pass."""
+        wanted = set(self.shared.options())
+        skip = {n for n, shared in (("seed", self.shared.seed), ("batch_size", self.shared.batch_size)) if not shared}
+        fields = cli_fields(self.settings) if dataclasses.is_dataclass(self.settings) else []
+        own = [f for f, o, _ in fields if not o.positional and f.name not in skip]
+        run = [f for f, _, _ in cli_fields(RunOptions) if f.name in wanted]
+        return frozenset(flag_of(f) for f in own + run)
 
     def options(self, values: dict[str, Any]) -> RunOptions:
         """The run options of ``values`` (the rest are settings), with this command's defaults."""
@@ -166,12 +177,13 @@ def execute(cmd: Command, values: dict[str, Any]) -> Any:
     when bad), the model (loaded, placed, validated), ``run``, then ``report.html`` when the command
     declares views. Every refusal is a StreetlampError raised before anything is written."""
     values = dict(values)
-    opts = cmd.options(values)
-    settings = build(cmd.settings, values)
-    check_extra(cmd)
-    out = out_of(cmd, opts)
-    adapter = place(cmd, opts, settings) if cmd.needs_model else None
-    res = cmd.run(adapter, settings, out, opts)
-    if cmd.views and getattr(res, "out", None) is not None:
-        write_report_or_warn(Path(res.out))
-    return res
+    with command_flags(cmd.flags()):  # shared code names only this command's options in its messages
+        opts = cmd.options(values)
+        settings = build(cmd.settings, values)
+        check_extra(cmd)
+        out = out_of(cmd, opts)
+        adapter = place(cmd, opts, settings) if cmd.needs_model else None
+        res = cmd.run(adapter, settings, out, opts)
+        if cmd.views and getattr(res, "out", None) is not None:
+            write_report_or_warn(Path(res.out))
+        return res

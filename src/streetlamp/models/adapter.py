@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..errors import StreetlampError
+from ..errors import StreetlampError, takes
 from . import attention, readout
 from .families import single_stack
 from .features import FeatureSet
@@ -454,9 +454,9 @@ class ModelAdapter:
         for i, r in enumerate(rows):
             if len(r) > self.max_positions:
                 if not truncate:
+                    fix = "pass --truncate to cut it (recorded in the manifest)" if takes("--truncate") else "shorten it"
                     raise StreetlampError(
-                        f"text {i} has {len(r)} tokens but the model takes at most {self.max_positions}; "
-                        "pass --truncate to cut it (recorded in the manifest)"
+                        f"text {i} has {len(r)} tokens but the model takes at most {self.max_positions}; {fix}"
                     )
                 # the tokenizer keeps its special tokens ([CLS] ... [SEP]) when it truncates
                 rows[i] = self.tokenizer(texts[i], truncation=True, max_length=self.max_positions)["input_ids"]

@@ -68,7 +68,9 @@ class QKStore:
         if section is None:
             manifest = json.loads(_inside(self.folder, "manifest.json").read_text())
             if "long_context" not in manifest:
-                raise StreetlampError(f"{folder} holds no long-context recording (run explain with --rows)")
+                raise StreetlampError(
+                    f"{folder} holds no long-context recording (write one with `streetlamp explain TEXT --rows ...`)"
+                )
             section = manifest["long_context"]
         self.section = section
         self.rules = {int(l): LayerRule(**r) for l, r in section["qk"]["rules"].items()}

@@ -272,7 +272,7 @@ def print_row(folder: Path, layer: int, row: str, heads: str | None, column: boo
         raise StreetlampError(f"--layer {layer} out of range: the recording has layers 0..{n_layers - 1}")
     layer %= n_layers
     explained = int(manifest["explained_position"]["index"])
-    pos = parse_rows(row, store.n_tokens, explained)
+    pos = parse_rows(row, store.n_tokens, explained, "--row")
     if len(pos) != 1:
         raise StreetlampError(f"--row takes one position (got {row!r})")
     hs = parse_indices(heads, n_heads, "--heads", "head")
