@@ -102,6 +102,12 @@ def test_graph_run_folder(setup: dict[str, Path], tmp_path: Path, capsys: pytest
     audit = pd.read_csv(out / "audit.csv")
     assert {"predicted_total", "measured", "agree", "sign_right"} <= set(audit.columns)
     assert list(audit["agree"]) == sorted(audit["agree"])  # disagreements first
+    heads = pd.read_parquet(out / "edge_heads.parquet")
+    assert len(heads) and "composition" in set(heads.carrier)
+    per_edge = heads.groupby(["target_node", "source_node"])
+    assert (per_edge.loading.sum() - per_edge.edge_weight.first()).abs().max() <= 1e-9 * heads.edge_weight.abs().max()
+    assert (heads.source_position != heads.target_position).all()
+    assert "heads carrying" in printed
     paths = pd.read_csv(out / "paths.csv")
     assert len(paths) and paths["path"].str.endswith(nodes[nodes.kind == "logit"].label.iloc[0]).all()
     m = json.loads((out / "manifest.json").read_text())

@@ -14,6 +14,7 @@ import pandas as pd
 
 from ...interventions.graphs import attribute, graph_scores, prune
 from ...interventions.graphs.audit import audit, audit_lines
+from ...interventions.graphs.heads import cross_position_edges, head_lines, head_loadings
 from ...interventions.graphs.neuronpedia import graph_json
 from ...interventions.graphs.pruning import top_paths
 from ...models.adapter import ModelAdapter
@@ -112,6 +113,13 @@ def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -
         path_rows, columns=["rank", "path", "influence_share", "edge_weight_product", "length", "nodes"]
     )
     t1 = time.perf_counter()
+    heads_df = (
+        head_loadings(adapter, ids, g, cross_position_edges(g, p, s.head_edges), batch_size=s.rows, progress=True)
+        if s.head_edges
+        else None
+    )
+    t_heads = time.perf_counter() - t1
+    t1 = time.perf_counter()
     audit_df = audit(adapter, g, p, top=s.top) if s.audit else pd.DataFrame()
     t_audit = time.perf_counter() - t1
     tokens = _decode(adapter, g.ids)
@@ -140,12 +148,16 @@ def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -
     ]
     for r in path_rows:
         lines.append(f"  {r['influence_share']:.4f}  {r['path']}")
+    if heads_df is not None:
+        lines += head_lines(heads_df, s.top)
     if s.audit:
         lines += audit_lines(audit_df)
     with out.staging() as w:
         nodes.to_parquet(w.path / "nodes.parquet", index=False)
         edges.to_parquet(w.path / "edges.parquet", index=False)
         paths_df.to_csv(w.path / "paths.csv", index=False)
+        if heads_df is not None:
+            heads_df.to_parquet(w.path / "edge_heads.parquet", index=False)
         if s.audit:
             audit_df.to_csv(w.path / "audit.csv", index=False)
         (w.path / "graph.json").write_text(json.dumps(js, indent=2))
@@ -171,6 +183,10 @@ def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -
                     "zero_bos": g.info["zero_bos"],
                     "seconds": t_graph,
                     "audit_seconds": t_audit,
+                    "head_loadings_seconds": t_heads,
+                    "n_edges_split_over_heads": 0
+                    if heads_df is None
+                    else int(heads_df.groupby(["target_node", "source_node"]).ngroups),
                 },
                 "replacement_model": "MLPs replaced by the transcoders (features and errors fixed nodes), attention "
                 "patterns and every norm's denominator frozen at the clean run; an edge is the source's direct "
@@ -181,6 +197,16 @@ def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -
                     "logits, cumulative influence share, kept by pruning",
                     "edges.parquet": "the kept edges: source and target node, weight (direct effect), labels",
                     "paths.csv": "the kept paths into the top logit with the largest share of its influence",
+                    **(
+                        {
+                            "edge_heads.parquet": "head loadings: each kept cross-position edge (the --head-edges "
+                            "largest) split over the heads whose OV path alone carries part of it (loading = the "
+                            "edge through that head and no other) plus a 'composition' row (paths through two or "
+                            "more heads); per edge the loadings sum to edge_weight"
+                        }
+                        if heads_df is not None
+                        else {}
+                    ),
                     **(
                         {
                             "audit.csv": "the graph's claims against the real model (a feature zeroed): predicted "
