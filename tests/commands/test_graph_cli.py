@@ -108,6 +108,9 @@ def test_graph_run_folder(setup: dict[str, Path], tmp_path: Path, capsys: pytest
     assert (per_edge.loading.sum() - per_edge.edge_weight.first()).abs().max() <= 1e-9 * heads.edge_weight.abs().max()
     assert (heads.source_position != heads.target_position).all()
     assert "heads carrying" in printed
+    qk = pd.read_csv(out / "qk_audit.csv")
+    assert len(qk) and {"predicted_attention_shift", "measured_attention_shift", "agree"} <= set(qk.columns)
+    assert list(qk["agree"]) == sorted(qk["agree"]) and "why the heads attended" in printed
     paths = pd.read_csv(out / "paths.csv")
     assert len(paths) and paths["path"].str.endswith(nodes[nodes.kind == "logit"].label.iloc[0]).all()
     m = json.loads((out / "manifest.json").read_text())

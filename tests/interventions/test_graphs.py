@@ -439,3 +439,59 @@ def test_head_loadings_are_single_head_knockouts_and_sum_to_the_edge() -> None:
     # somewhere in the deep edges two heads compose (else the composition row says nothing)
     deep_comp = tab[(tab.carrier == "composition") & tab.target_node.isin([t for t, _ in deep])]
     assert deep_comp.loading.abs().max() > 1e-6 * scale
+
+
+def test_qk_audit_prediction_is_the_replacement_models_row() -> None:
+    """The QK audit's prediction: zeroing a feature moves the layer's input by the forward-mode derivative
+    through the replacement model; it equals the by-value replay with that feature zeroed (float64; the model's
+    float32 RMSNorm bounds the difference), and its score change at (query, key) equals the bilinear formula from
+    the QK parts, (q − q(X))·(k − k(X))·scale − q·k·scale (rows stored in float32). The table: one row per head
+    and side, disagreements first, the measured shift read from the original model."""
+    from streetlamp.interventions.graphs.heads import cross_position_edges, head_loadings
+    from streetlamp.interventions.graphs.qk import feature_qk
+    from streetlamp.interventions.graphs.qk_audit import predicted_row, qk_audit, qk_heads
+    from streetlamp.models.readout import pre_attn_norm, query_key
+
+    a = llama64()
+    ids = a.encode([TEXT]).input_ids[0]
+    g = attribute(a, ids, batch_size=32, zero_bos=False)
+    p = prune(g, 0.8, 0.98)
+    tab = head_loadings(a, ids, g, cross_position_edges(g, p, 6), batch_size=32)
+    heads = qk_heads(tab, 2)
+    assert len(heads) == 2
+    layer, head, query, key, _ = heads[0]
+    fq = feature_qk(a, ids, layer, head, query, key, batch_size=32, zero_bos=False)
+    nf = len(fq.features)
+    i = int(np.argmax(np.abs(fq.q_side[:nf])))
+    raw0, raw1, p0, p1 = predicted_row(a, ids, layer, head, query, fq.features[i], zero_bos=False)
+    Q, K = torch.as_tensor(fq.q_parts), torch.as_tensor(fq.k_parts)
+    q, k = Q.sum(0), K.sum(0)
+    bilinear = float(((q - Q[i]) @ (k - K[i]) - q @ k) * fq.scale)
+    mag = float((Q.norm(dim=1).sum() * K.norm(dim=1).sum()) * fq.scale)
+    assert float(raw1[key] - raw0[key]) == pytest.approx(bilinear, abs=1e-6 * mag)
+    assert float(raw0[key]) == pytest.approx(fq.score, abs=1e-9 * mag)
+    # the by-value replay: the feature zeroed in the frozen replacement model, the layer's input recorded
+    fr = Frozen(a, ids)
+    resid: list = []
+    hk = a.layer_modules[layer].register_forward_pre_hook(
+        lambda m, args, kwargs: resid.append((args[0] if args else kwargs["hidden_states"])[0]), with_kwargs=True
+    )
+    try:
+        fr.run()
+        base = resid[-1]
+        lab = {tuple(int(v) for v in g.features[j]): j for j in range(g.n_features)}
+        knock_out(a, fr, g, lab[fq.features[i]])
+        moved = resid[-1]
+    finally:
+        hk.remove()
+    norm = pre_attn_norm(a, layer)
+    scale, z0 = norm.scale(base), norm(base)
+    z1 = norm.linear(moved, scale) + norm.beta(base.shape[-1])
+    qq, kk = query_key(a, layer, z1, bias=True, full=z0)
+    want = (kk[: query + 1, head] @ qq[query, head]) * fq.scale
+    torch.testing.assert_close(raw1, want, rtol=0, atol=1e-6 * float(want.abs().max()))
+    assert float(p1.sum()) == pytest.approx(1.0, abs=1e-12)
+    table = qk_audit(a, g, heads)
+    assert len(table) == 4 and set(table.side) == {"query", "key"}
+    assert list(table["agree"]) == sorted(table["agree"])
+    assert (table.clean_attention > 0).all() and table.predicted_attention_shift.abs().gt(0).all()

@@ -17,6 +17,7 @@ from ...interventions.graphs.audit import audit, audit_lines
 from ...interventions.graphs.heads import cross_position_edges, head_lines, head_loadings
 from ...interventions.graphs.neuronpedia import graph_json
 from ...interventions.graphs.pruning import top_paths
+from ...interventions.graphs.qk_audit import qk_audit, qk_audit_lines, qk_heads
 from ...models.adapter import ModelAdapter
 from ...store.run_folder import RunFolder
 from . import GraphSettings
@@ -121,6 +122,9 @@ def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -
     t_heads = time.perf_counter() - t1
     t1 = time.perf_counter()
     audit_df = audit(adapter, g, p, top=s.top) if s.audit else pd.DataFrame()
+    qk_df = None
+    if s.audit and heads_df is not None and s.qk_heads:
+        qk_df = qk_audit(adapter, g, qk_heads(heads_df, s.qk_heads), batch_size=s.rows)
     t_audit = time.perf_counter() - t1
     tokens = _decode(adapter, g.ids)
     logit_strings = _decode(adapter, [int(i) for i in g.logit_ids])
@@ -152,6 +156,8 @@ def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -
         lines += head_lines(heads_df, s.top)
     if s.audit:
         lines += audit_lines(audit_df)
+    if qk_df is not None:
+        lines += qk_audit_lines(qk_df)
     with out.staging() as w:
         nodes.to_parquet(w.path / "nodes.parquet", index=False)
         edges.to_parquet(w.path / "edges.parquet", index=False)
@@ -160,6 +166,8 @@ def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -
             heads_df.to_parquet(w.path / "edge_heads.parquet", index=False)
         if s.audit:
             audit_df.to_csv(w.path / "audit.csv", index=False)
+        if qk_df is not None:
+            qk_df.to_csv(w.path / "qk_audit.csv", index=False)
         (w.path / "graph.json").write_text(json.dumps(js, indent=2))
         (w.path / "graph-metadata.json").write_text(json.dumps({"graphs": [js["metadata"]]}, indent=2))
         w.write_manifest(
@@ -213,6 +221,16 @@ def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -
                             "direct and total change, measured change, ratio, sign_right, agree; disagreements first"
                         }
                         if s.audit
+                        else {}
+                    ),
+                    **(
+                        {
+                            "qk_audit.csv": "why the heads carrying the top edges attended, checked: the top "
+                            "query-side and key-side feature of the head's score at (target, source position) "
+                            "zeroed in the real model; predicted (replacement model) vs measured attention and "
+                            "score shift, sign_right, agree; disagreements first"
+                        }
+                        if qk_df is not None
                         else {}
                     ),
                     "graph.json": "the pruned graph in circuit-tracer's Neuronpedia format",
