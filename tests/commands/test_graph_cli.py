@@ -102,6 +102,15 @@ def test_graph_run_folder(setup: dict[str, Path], tmp_path: Path, capsys: pytest
     audit = pd.read_csv(out / "audit.csv")
     assert {"predicted_total", "measured", "agree", "sign_right"} <= set(audit.columns)
     assert list(audit["agree"]) == sorted(audit["agree"])  # disagreements first
+    heads = pd.read_parquet(out / "edge_heads.parquet")
+    assert len(heads) and "composition" in set(heads.carrier)
+    per_edge = heads.groupby(["target_node", "source_node"])
+    assert (per_edge.loading.sum() - per_edge.edge_weight.first()).abs().max() <= 1e-9 * heads.edge_weight.abs().max()
+    assert (heads.source_position != heads.target_position).all()
+    assert "heads carrying" in printed
+    qk = pd.read_csv(out / "qk_audit.csv")
+    assert len(qk) and {"predicted_attention_shift", "measured_attention_shift", "agree"} <= set(qk.columns)
+    assert list(qk["agree"]) == sorted(qk["agree"]) and "why the heads attended" in printed
     paths = pd.read_csv(out / "paths.csv")
     assert len(paths) and paths["path"].str.endswith(nodes[nodes.kind == "logit"].label.iloc[0]).all()
     m = json.loads((out / "manifest.json").read_text())

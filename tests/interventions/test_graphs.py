@@ -58,6 +58,7 @@ class Frozen:
         rec = ["embed"] + [f"layers.{l}.attn.pattern" for l in range(a.n_layers)]
         rec += [feature_site(l, "mlp", e) for l in self.layers for e in (False, True)]
         rec += [f"layers.{l}.mlp.out" for l in range(a.n_layers)]
+        rec += [f"layers.{l}.attn.v" for l in range(a.n_layers)]
         self.mode = "record"
         fwd = self._forward(record=rec)
         self.clean = {k: v.clone() for k, v in fwd.cache.items()}
@@ -88,10 +89,23 @@ class Frozen:
             for h in handles:
                 h.remove()
 
-    def run(self, acts=None, errors=None, embed=None):
-        """MLP inputs {layer: [pos, d]} and the LM head's input [d] with the given node values (default clean)."""
+    def run(self, acts=None, errors=None, embed=None, heads=None):
+        """MLP inputs {layer: [pos, d]} and the LM head's input [d] with the given node values (default clean);
+        ``heads``: the (layer, head)s whose values may move, every other head's values held at the clean run's
+        (default: all move)."""
         c = self.clean
         edit = {"embed": lambda e: (c["embed"] if embed is None else embed).clone()}
+        if heads is not None:
+            for l in range(self.a.n_layers):
+
+                def hold(v, l=l):
+                    out = c[f"layers.{l}.attn.v"].clone()
+                    for h in range(v.shape[2]):
+                        if (l, h) in heads:
+                            out[:, :, h] = v[:, :, h]
+                    return out
+
+                edit[f"layers.{l}.attn.v"] = hold
         for l in range(self.a.n_layers):
             edit[f"layers.{l}.attn.pattern"] = lambda p, l=l: c[f"layers.{l}.attn.pattern"].clone()
             if l in self.layers:
@@ -115,25 +129,25 @@ def target_value(a: ModelAdapter, g: Graph, t: int, mlp_in: dict, h: torch.Tenso
     return float(h @ (W[i] - W.mean(0)).detach())
 
 
-def knock_out(a: ModelAdapter, fr: Frozen, g: Graph, s: int) -> tuple[dict, torch.Tensor]:
-    """The frozen run with source node ``s``'s value set to zero."""
+def knock_out(a: ModelAdapter, fr: Frozen, g: Graph, s: int, heads=None) -> tuple[dict, torch.Tensor]:
+    """The frozen run with source node ``s``'s value set to zero (``heads``: as :meth:`Frozen.run`)."""
     c = fr.clean
     k = g.kind(s)
     if k == "feature":
         l, p, f = (int(v) for v in g.features[s])
         x = c[feature_site(l, "mlp")].clone()
         x[0, p, f] = 0
-        return fr.run(acts={l: x})
+        return fr.run(acts={l: x}, heads=heads)
     if k == "error":
         l, p = g.where(s)
         name = feature_site(l, "mlp", True) if l in fr.layers else f"layers.{l}.mlp.out"
         x = c[name].clone()
         x[0, p] = 0
-        return fr.run(errors={l: x})
+        return fr.run(errors={l: x}, heads=heads)
     _, p = g.where(s)
     x = c["embed"].clone()
     x[0, p] = 0
-    return fr.run(embed=x)
+    return fr.run(embed=x, heads=heads)
 
 
 @pytest.mark.parametrize("missing", [None, 2])
@@ -370,3 +384,124 @@ def test_feature_qk_parts_are_knockouts_and_sum_to_the_score() -> None:
             assert bool((err <= bound).all()), f"node {i}: error {err.max():.3g} above the float32 bound"
     finally:
         h.remove()
+
+
+def test_head_loadings_are_single_head_knockouts_and_sum_to_the_edge() -> None:
+    """Head loadings: head h's loading on a cross-position edge s -> t equals, in the replacement model run by value
+    (float64), target(clean) - target(s zeroed) with every other head's values held at their clean values (only
+    h's OV path lets the change through); the loadings plus the composition term (paths through two or more
+    heads) sum to the edge the graph holds; with one attention layer between source and target the composition
+    term vanishes and a loading is also the edge less the edge with that head's values held (knocked out).
+    Tolerance: Llama's RMSNorm normalises in float32 even in a float64 model, so the model (which the loadings
+    differentiate) and the by-value replay (float64 scales) differ at float32 rounding, 6e-8 relative per
+    norm: 1e-6 of the edge's total absolute path weight; sums of float64 rows against each other: 1e-12."""
+    from streetlamp.interventions.graphs.heads import head_loadings
+
+    a = llama64()
+    ids = a.encode([TEXT]).input_ids[0]
+    g = attribute(a, ids, batch_size=16, zero_bos=False)
+    A = g.adjacency.double()
+    n = g.n_pos
+    rng = np.random.default_rng(1)
+
+    def pick(targets, sources, k):
+        pairs = [(t, s) for t in targets for s in sources if g.where(t)[1] != g.where(s)[1] and A[t, s] != 0]
+        return [pairs[i] for i in rng.choice(len(pairs), min(k, len(pairs)), replace=False)]
+
+    f0 = [i for i in range(g.n_features) if g.features[i, 0] == 0]
+    f1 = [i for i in range(g.n_features) if g.features[i, 0] == 1]
+    f2 = [i for i in range(g.n_features) if g.features[i, 0] == 2]
+    toks = list(range(g.token_start, g.logit_start))
+    errs = [g.error_start + n + p for p in range(n)]  # layer-1 error nodes
+    logit = [g.logit_start]
+    adjacent = pick(f2, f1, 3) + pick(f0, toks, 2)  # one attention layer between (layer 2's; layer 0's)
+    deep = pick(f2, f0, 2) + pick(logit, f0 + toks, 3) + pick(f2, errs, 1)
+    edges = adjacent + deep
+    tab = head_loadings(a, ids, g, edges, batch_size=7)
+    fr = Frozen(a, ids)
+    base_in, base_h = fr.run()
+    all_heads = {(l, h) for l in range(a.n_layers) for h in range(a.n_heads)}
+    scale = float(A.abs().max())
+    for t, s in edges:
+        rows = tab[(tab.target_node == t) & (tab.source_node == s)]
+        edge = float(rows.edge_weight.iloc[0])
+        assert edge == pytest.approx(float(A[t, s]), abs=1e-6 * scale)  # the graph's float32 edge
+        assert rows.loading.sum() == pytest.approx(edge, abs=1e-12 * scale)
+        none_in, none_h = knock_out(a, fr, g, s, heads=set())
+        e_none = target_value(a, g, t, base_in, base_h) - target_value(a, g, t, none_in, none_h)
+        assert abs(e_none) <= 1e-12 * scale  # no path without a head across positions (exactly 0 up to rounding)
+        by_head = {(int(r.layer), int(r.head)): float(r.loading) for r in rows.itertuples() if r.layer >= 0}
+        tol = 1e-6 * float(rows.loading.abs().sum())
+        checked = 0
+        for l, h in sorted(all_heads):
+            mi, mh = knock_out(a, fr, g, s, heads={(l, h)})
+            want = target_value(a, g, t, base_in, base_h) - target_value(a, g, t, mi, mh) - e_none
+            assert by_head.get((l, h), 0.0) == pytest.approx(want, abs=tol), (g.label(t), g.label(s), l, h)
+            checked += abs(want) > 1e-6 * scale
+        assert checked >= 1
+        comp = float(rows[rows.carrier == "composition"].loading.iloc[0])
+        if (t, s) in adjacent:
+            assert abs(comp) <= 1e-12 * scale
+            for (l, h), v in by_head.items():  # knock one head out: the edge loses exactly its loading
+                mi, mh = knock_out(a, fr, g, s, heads=all_heads - {(l, h)})
+                without = target_value(a, g, t, base_in, base_h) - target_value(a, g, t, mi, mh)
+                assert edge - without == pytest.approx(v, abs=tol)
+    # somewhere in the deep edges two heads compose (else the composition row says nothing)
+    deep_comp = tab[(tab.carrier == "composition") & tab.target_node.isin([t for t, _ in deep])]
+    assert deep_comp.loading.abs().max() > 1e-6 * scale
+
+
+def test_qk_audit_prediction_is_the_replacement_models_row() -> None:
+    """The QK audit's prediction: zeroing a feature moves the layer's input by the forward-mode derivative
+    through the replacement model; it equals the by-value replay with that feature zeroed (float64; the model's
+    float32 RMSNorm bounds the difference), and its score change at (query, key) equals the bilinear formula from
+    the QK parts, (q − q(X))·(k − k(X))·scale − q·k·scale (rows stored in float32). The table: one row per head
+    and side, disagreements first, the measured shift read from the original model."""
+    from streetlamp.interventions.graphs.heads import cross_position_edges, head_loadings
+    from streetlamp.interventions.graphs.qk import feature_qk
+    from streetlamp.interventions.graphs.qk_audit import predicted_row, qk_audit, qk_heads
+    from streetlamp.models.readout import pre_attn_norm, query_key
+
+    a = llama64()
+    ids = a.encode([TEXT]).input_ids[0]
+    g = attribute(a, ids, batch_size=32, zero_bos=False)
+    p = prune(g, 0.8, 0.98)
+    tab = head_loadings(a, ids, g, cross_position_edges(g, p, 6), batch_size=32)
+    heads = qk_heads(tab, 2)
+    assert len(heads) == 2
+    layer, head, query, key, _ = heads[0]
+    fq = feature_qk(a, ids, layer, head, query, key, batch_size=32, zero_bos=False)
+    nf = len(fq.features)
+    i = int(np.argmax(np.abs(fq.q_side[:nf])))
+    raw0, raw1, p0, p1 = predicted_row(a, ids, layer, head, query, fq.features[i], zero_bos=False)
+    Q, K = torch.as_tensor(fq.q_parts), torch.as_tensor(fq.k_parts)
+    q, k = Q.sum(0), K.sum(0)
+    bilinear = float(((q - Q[i]) @ (k - K[i]) - q @ k) * fq.scale)
+    mag = float((Q.norm(dim=1).sum() * K.norm(dim=1).sum()) * fq.scale)
+    assert float(raw1[key] - raw0[key]) == pytest.approx(bilinear, abs=1e-6 * mag)
+    assert float(raw0[key]) == pytest.approx(fq.score, abs=1e-9 * mag)
+    # the by-value replay: the feature zeroed in the frozen replacement model, the layer's input recorded
+    fr = Frozen(a, ids)
+    resid: list = []
+    hk = a.layer_modules[layer].register_forward_pre_hook(
+        lambda m, args, kwargs: resid.append((args[0] if args else kwargs["hidden_states"])[0]), with_kwargs=True
+    )
+    try:
+        fr.run()
+        base = resid[-1]
+        lab = {tuple(int(v) for v in g.features[j]): j for j in range(g.n_features)}
+        knock_out(a, fr, g, lab[fq.features[i]])
+        moved = resid[-1]
+    finally:
+        hk.remove()
+    norm = pre_attn_norm(a, layer)
+    scale, z0 = norm.scale(base), norm(base)
+    z1 = norm.linear(moved, scale) + norm.beta(base.shape[-1])
+    qq, kk = query_key(a, layer, z1, bias=True, full=z0)
+    want = (kk[: query + 1, head] @ qq[query, head]) * fq.scale
+    torch.testing.assert_close(raw1, want, rtol=0, atol=1e-6 * float(want.abs().max()))
+    assert float(p1.sum()) == pytest.approx(1.0, abs=1e-12)
+    table = qk_audit(a, g, heads)
+    assert len(table) == 4 and set(table.side) == {"query", "key"}
+    assert list(table["agree"]) == sorted(table["agree"])
+    assert (table.clean_attention > 0).all() and table.predicted_attention_shift.abs().gt(0).all()

@@ -36,6 +36,12 @@ class GraphSettings(Settings):
     )
     rows: int = option(32, ge=1, le=4096, help="graph rows per backward pass (the prompt repeated; default 32)")
     top: int = option(10, ge=1, le=1000, help="top paths printed and features / edges audited (default 10)")
+    head_edges: int = option(
+        50, ge=0, le=100_000, help="split this many kept cross-position edges (largest first) over heads (default 50)"
+    )
+    qk_heads: int = option(
+        5, ge=0, le=1000, help="audit why this many edge-carrying heads attended (QK; default 5; needs --head-edges)"
+    )
     audit: bool = option(True, flag="--no-audit", help="skip the audit on the real model")
     zero_bos: bool = option(True, flag="--keep-bos", help="give a special first token (BOS) feature and error nodes")
 

@@ -14,8 +14,10 @@ import pandas as pd
 
 from ...interventions.graphs import attribute, graph_scores, prune
 from ...interventions.graphs.audit import audit, audit_lines
+from ...interventions.graphs.heads import cross_position_edges, head_lines, head_loadings
 from ...interventions.graphs.neuronpedia import graph_json
 from ...interventions.graphs.pruning import top_paths
+from ...interventions.graphs.qk_audit import qk_audit, qk_audit_lines, qk_heads
 from ...models.adapter import ModelAdapter
 from ...store.run_folder import RunFolder
 from . import GraphSettings
@@ -112,7 +114,17 @@ def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -
         path_rows, columns=["rank", "path", "influence_share", "edge_weight_product", "length", "nodes"]
     )
     t1 = time.perf_counter()
+    heads_df = (
+        head_loadings(adapter, ids, g, cross_position_edges(g, p, s.head_edges), batch_size=s.rows, progress=True)
+        if s.head_edges
+        else None
+    )
+    t_heads = time.perf_counter() - t1
+    t1 = time.perf_counter()
     audit_df = audit(adapter, g, p, top=s.top) if s.audit else pd.DataFrame()
+    qk_df = None
+    if s.audit and heads_df is not None and s.qk_heads:
+        qk_df = qk_audit(adapter, g, qk_heads(heads_df, s.qk_heads), batch_size=s.rows)
     t_audit = time.perf_counter() - t1
     tokens = _decode(adapter, g.ids)
     logit_strings = _decode(adapter, [int(i) for i in g.logit_ids])
@@ -140,14 +152,22 @@ def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -
     ]
     for r in path_rows:
         lines.append(f"  {r['influence_share']:.4f}  {r['path']}")
+    if heads_df is not None:
+        lines += head_lines(heads_df, s.top)
     if s.audit:
         lines += audit_lines(audit_df)
+    if qk_df is not None:
+        lines += qk_audit_lines(qk_df)
     with out.staging() as w:
         nodes.to_parquet(w.path / "nodes.parquet", index=False)
         edges.to_parquet(w.path / "edges.parquet", index=False)
         paths_df.to_csv(w.path / "paths.csv", index=False)
+        if heads_df is not None:
+            heads_df.to_parquet(w.path / "edge_heads.parquet", index=False)
         if s.audit:
             audit_df.to_csv(w.path / "audit.csv", index=False)
+        if qk_df is not None:
+            qk_df.to_csv(w.path / "qk_audit.csv", index=False)
         (w.path / "graph.json").write_text(json.dumps(js, indent=2))
         (w.path / "graph-metadata.json").write_text(json.dumps({"graphs": [js["metadata"]]}, indent=2))
         w.write_manifest(
@@ -171,6 +191,10 @@ def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -
                     "zero_bos": g.info["zero_bos"],
                     "seconds": t_graph,
                     "audit_seconds": t_audit,
+                    "head_loadings_seconds": t_heads,
+                    "n_edges_split_over_heads": 0
+                    if heads_df is None
+                    else int(heads_df.groupby(["target_node", "source_node"]).ngroups),
                 },
                 "replacement_model": "MLPs replaced by the transcoders (features and errors fixed nodes), attention "
                 "patterns and every norm's denominator frozen at the clean run; an edge is the source's direct "
@@ -183,10 +207,30 @@ def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -
                     "paths.csv": "the kept paths into the top logit with the largest share of its influence",
                     **(
                         {
+                            "edge_heads.parquet": "head loadings: each kept cross-position edge (the --head-edges "
+                            "largest) split over the heads whose OV path alone carries part of it (loading = the "
+                            "edge through that head and no other) plus a 'composition' row (paths through two or "
+                            "more heads); per edge the loadings sum to edge_weight"
+                        }
+                        if heads_df is not None
+                        else {}
+                    ),
+                    **(
+                        {
                             "audit.csv": "the graph's claims against the real model (a feature zeroed): predicted "
                             "direct and total change, measured change, ratio, sign_right, agree; disagreements first"
                         }
                         if s.audit
+                        else {}
+                    ),
+                    **(
+                        {
+                            "qk_audit.csv": "why the heads carrying the top edges attended, checked: the top "
+                            "query-side and key-side feature of the head's score at (target, source position) "
+                            "zeroed in the real model; predicted (replacement model) vs measured attention and "
+                            "score shift, sign_right, agree; disagreements first"
+                        }
+                        if qk_df is not None
                         else {}
                     ),
                     "graph.json": "the pruned graph in circuit-tracer's Neuronpedia format",

@@ -144,7 +144,13 @@ class Replacement:
     target). :meth:`rows` turns target scalars (one per copy) into rows over every active node."""
 
     def __init__(
-        self, adapter: ModelAdapter, ids: torch.Tensor, batch: int, zero_bos: bool, record: tuple[str, ...] = ()
+        self,
+        adapter: ModelAdapter,
+        ids: torch.Tensor,
+        batch: int,
+        zero_bos: bool,
+        record: tuple[str, ...] = (),
+        cut_heads: bool = False,
     ) -> None:
         fs = adapter.features
         assert fs is not None
@@ -153,6 +159,14 @@ class Replacement:
         self.stash: dict[int, torch.Tensor] = {}
         self.layers = transcoder_layers(adapter)
         edits = freeze_edits(adapter, self.sinks, self.stash)
+        # cut_heads: every head's OV path cut for gradients (values detached, a zero leaf added: the gradient
+        # there is what a value written at that (layer, position, head) does downstream with no other head on
+        # its way); the live values kept in v_stash (their gradients reach the nodes with no head on the way)
+        self.v_stash: dict[int, torch.Tensor] = {}
+        self.v_sinks: dict[int, torch.Tensor] = {}
+        if cut_heads:
+            for l in range(adapter.n_layers):
+                edits[f"layers.{l}.attn.v"] = self._cut(l)
         rec = ["embed"] + [feature_site(l, "mlp", e) for l in self.layers for e in (False, True)]
         rec += [f"layers.{l}.mlp.out" for l in range(adapter.n_layers) if l not in self.layers] + list(record)
         head = adapter.hf_model.get_output_embeddings()
@@ -210,25 +224,52 @@ class Replacement:
         self.embed_vals[:first] = 0
         self.n_cols = self.n_act + L * n + n  # features, errors, tokens
 
+    def _cut(self, layer: int):  # noqa: ANN202 - an edit function
+        def fn(v: torch.Tensor) -> torch.Tensor:
+            self.v_stash[layer] = v
+            z = torch.zeros_like(v, requires_grad=True)
+            self.v_sinks[layer] = z
+            return v.detach() + z
+
+        return fn
+
     def grads(self, scalar: torch.Tensor) -> list[torch.Tensor]:
         gs = torch.autograd.grad(scalar, self.leaves, retain_graph=True, allow_unused=True)
         return [torch.zeros_like(leaf) if g is None else g for g, leaf in zip(gs, self.leaves)]
 
-    def rows(self, parts: list[torch.Tensor]) -> torch.Tensor:
-        """Rows ``[len(parts), n_cols]`` (float32): ``parts[b]`` is a scalar of batch copy ``b``; each row is the
-        direct effect of every node on it through the replacement model."""
+    def rows(self, parts: list[torch.Tensor], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Rows ``[len(parts), n_cols]`` (float32 unless ``dtype``): ``parts[b]`` is a scalar of batch copy ``b``;
+        each row is the direct effect of every node on it through the replacement model."""
         g = self.grads(torch.stack(parts).sum())
         m, n, L, n_act = len(parts), self.n, self.L, self.n_act
-        out = torch.zeros(m, self.n_cols, dtype=torch.float32)
+        out = torch.zeros(m, self.n_cols, dtype=dtype)
         g_embed, g_mlp = g[0][:m], g[1:]
         for (l, p), vecs in self.dec.items():
             o = self.offsets[(l, p)]
-            out[:, o : o + vecs.shape[0]] = (g_mlp[l][:m, p] @ vecs.t()).float().cpu()
+            out[:, o : o + vecs.shape[0]] = (g_mlp[l][:m, p] @ vecs.t()).to(dtype).cpu()
         for l in range(L):
             e0 = n_act + l * n
-            out[:, e0 : e0 + n] = torch.einsum("bnd,nd->bn", g_mlp[l][:m], self.err_dev[l]).float().cpu()
-        out[:, n_act + L * n :] = torch.einsum("bnd,nd->bn", g_embed[:m], self.embed_vals).float().cpu()
+            out[:, e0 : e0 + n] = torch.einsum("bnd,nd->bn", g_mlp[l][:m], self.err_dev[l]).to(dtype).cpu()
+        out[:, n_act + L * n :] = torch.einsum("bnd,nd->bn", g_embed[:m], self.embed_vals).to(dtype).cpu()
         return out
+
+    def column(self, graph: Graph, node: int) -> int:
+        """The column of graph node ``node`` (a feature, error or token) among this pass's columns."""
+        if node < graph.error_start:
+            if not hasattr(self, "_col_of"):
+                self._col_of = {f: i for i, f in enumerate(self.feats)}
+            l, p, f = (int(v) for v in graph.features[node])
+            return self._col_of[(l, p, f)]
+        return self.n_act + node - graph.error_start
+
+    def target(self, graph: Graph, node: int, b: int) -> torch.Tensor:
+        """Graph target ``node`` (a feature's pre-activation less b_enc, or a demeaned logit) in batch copy ``b``."""
+        if node >= graph.logit_start:
+            W_U = self.adapter.hf_model.get_output_embeddings().weight.detach()
+            i = int(graph.logit_ids[node - graph.logit_start])
+            return self.h[b] @ (W_U[i] - W_U.mean(0)).to(self.h.dtype)
+        l, p, f = (int(v) for v in graph.features[node])
+        return self.stash[l][b, p, f]
 
 
 def attribute(

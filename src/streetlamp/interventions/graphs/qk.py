@@ -15,7 +15,7 @@ the rotation is linear), the bias part ``R_i (W_Q β + b_Q)`` as there, and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -44,6 +44,8 @@ class FeatureQK:
     pattern: float  # the model's attention weight from query to key
     q_parts: np.ndarray  # [part, d_head] q_i(X), rotated (RoPE at the query's position)
     k_parts: np.ndarray  # [part, d_head] k_j(Y), rotated at the key's position
+    features: list[tuple[int, int, int]] = field(default_factory=list)  # (layer, pos, feature) of the first parts
+    scale: float = 1.0  # the head's score scale (q · k · scale)
 
 
 def _labels(rep: Replacement, adapter: ModelAdapter, ids: torch.Tensor) -> list[str]:
@@ -132,5 +134,18 @@ def feature_qk(
         a, b = np.unravel_index(f, T.shape)
         pairs.append((labels[qi[a]], labels[ki[b]], float(T[a, b])))
     return FeatureQK(
-        layer, head, query, key, labels, q_side, k_side, pairs, score, float(row[key]), Q.cpu().numpy(), K.cpu().numpy()
+        layer,
+        head,
+        query,
+        key,
+        labels,
+        q_side,
+        k_side,
+        pairs,
+        score,
+        float(row[key]),
+        Q.cpu().numpy(),
+        K.cpu().numpy(),
+        features=list(rep.feats),
+        scale=s,
     )
