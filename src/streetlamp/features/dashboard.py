@@ -233,7 +233,7 @@ class Tracker:
         self.top = [np.zeros((0, 3)) for _ in range(n)]
         self.res = [np.zeros((0, 3)) for _ in range(n)]  # reservoir of firing sequences: value, sequence, pos
         self.seen = np.zeros(n, np.int64)  # firing sequences offered to the reservoir
-        self.rng = np.random.default_rng([seed, 11])
+        self.rngs = [np.random.default_rng([seed, 11, f]) for f in range(n)]  # one per feature: batch-free
 
     def update(self, seq: np.ndarray, acts: np.ndarray, mask: np.ndarray) -> None:
         """One batch: ``seq [b]`` corpus indices, ``acts [b, pos, n]``, ``mask [b, pos]`` (positions counted)."""
@@ -256,13 +256,13 @@ class Tracker:
             both = np.concatenate([self.top[f], new])
             order = np.lexsort((both[:, 1], -both[:, 0]))[: self.top_k]
             self.top[f] = both[order]
-            for row in new[np.argsort(new[:, 1], kind="stable")]:  # corpus order within the batch
+            for row in new:  # in stream order: the sample depends on the seed and the order, not the batches
                 c = int(self.seen[f])
                 self.seen[f] += 1
                 if c < self.R:
                     self.res[f] = np.concatenate([self.res[f], row[None]])
                 else:
-                    j = int(self.rng.integers(0, c + 1))
+                    j = int(self.rngs[f].integers(0, c + 1))
                     if j < self.R:
                         self.res[f][j] = row
 
