@@ -1,5 +1,5 @@
-"""Tiny random dictionaries for the tiny Llama (d_model 32), in streetlamp's format (copied from
-tests/commands/test_manifests.py, where the manifests test still defines its own)."""
+"""Tiny random feature sets for the tiny Llama (d_model 32), in streetlamp's own format: what command tests
+(manifests, the device matrix) pass to ``--features``."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def tiny_dictionary(folder: Path) -> Path:
 
 
 def tiny_transcoders(folder: Path) -> Path:
-    """Random transcoders at both layers of the tiny llama (d_model 32)."""
+    """Random transcoders at both layers of the tiny llama (d_model 32) for ``graph``."""
     import torch
 
     from streetlamp.models.dictionaries import save_features
