@@ -12,6 +12,7 @@ import pytest
 
 from streetlamp.cli import main
 from streetlamp.models.tiny import WORDS, save_tiny
+from tests.helpers.dictionaries import tiny_dictionary, tiny_transcoders
 
 HEADER = {"streetlamp", "format_version", "created", "command", "versions"}
 KEYS = {
@@ -69,10 +70,10 @@ KEYS = {
     "atlas": HEADER | {"ablation", "arrays", "atlas", "files", "model_info", "n_cut_to_max_tokens", "settings"},
     "experts": HEADER
     | {"arrays", "effect", "forwards", "model", "n_texts", "n_tokens", "parameters", "removal", "streetlight"}
-    | {"tables", "top_k", "removed_throughout"},
+    | {"files", "tables", "top_k", "removed_throughout"},
     "features-audit": HEADER
     | {"arrays", "attribution", "edits", "error", "feature_set", "metric", "model", "parameters", "seed", "selection"}
-    | {"summary", "tables", "task"},
+    | {"files", "summary", "tables", "task"},
     "cite": HEADER
     | {"answer", "arrays", "contextcite", "methods", "model", "n_tokens", "parameters", "question", "seed", "sources"}
     | {"files", "template", "tokens"},
@@ -115,55 +116,12 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "gpt2": save_tiny("gpt2", t / "gpt2", seed=1),
         "llama": save_tiny("llama", t / "llama", seed=1),
         "mixtral": save_tiny("mixtral", t / "mixtral", seed=1),
-        "features": _tiny_transcoders(t / "features"),
+        "features": tiny_transcoders(t / "features"),
         "data": data,
         "pairs": pairs,
         "dictionary": tiny_dictionary(t / "dict"),
         "sources": sources,
     }
-
-
-def tiny_dictionary(folder: Path) -> Path:
-    """A random transcoder at layer 1 of the tiny Llama (d_model 32), in streetlamp's format."""
-    import torch
-
-    from streetlamp.models.dictionaries import save_features
-    from streetlamp.models.features import Dictionary, FeatureSet
-
-    g = torch.Generator().manual_seed(0)
-    d = Dictionary(
-        1,
-        "mlp",
-        torch.randn(32, 64, generator=g) / 6,
-        torch.zeros(64),
-        torch.randn(64, 32, generator=g) / 8,
-        torch.zeros(32),
-    )
-    save_features(FeatureSet({(1, "mlp"): d}, "random"), folder)
-    return folder
-
-
-def _tiny_transcoders(folder: Path) -> Path:
-    """Random transcoders at both layers of the tiny llama (d_model 32) for ``graph``."""
-    import torch
-
-    from streetlamp.models.dictionaries import save_features
-    from streetlamp.models.features import Dictionary, FeatureSet
-
-    g = torch.Generator().manual_seed(0)
-    dicts = {
-        (l, "mlp"): Dictionary(
-            l,
-            "mlp",
-            torch.randn(32, 48, generator=g) / 6,
-            torch.zeros(48) - 0.2,
-            torch.randn(48, 32, generator=g) / 7,
-            torch.zeros(32),
-        )
-        for l in range(2)
-    }
-    save_features(FeatureSet(dicts, source="random"), folder)
-    return folder
 
 
 def argv(command: str, s: dict[str, Path]) -> list[str]:
@@ -278,6 +236,14 @@ def test_manifest_keys(command: str, setup: dict[str, Path], tmp_path: Path, cap
         assert set(d) >= {"axes", "meaning", "file", "key", "shape", "dtype"} and len(d["axes"]) == len(d["shape"])
     for f in m.get("figures", []):
         assert (out / f["file"]).is_file() and f["shows"]
+    # the report's generic view renders manifest["tables"]: a list of {title, columns, rows} (file descriptions
+    # go under "files"); each named file exists in the folder
+    tables = m.get("tables", [])
+    assert isinstance(tables, list), f"{command}: manifest['tables'] must be a list of tables, not {type(tables)}"
+    for t in tables:
+        assert {"title", "columns", "rows"} <= set(t) and all(len(r) == len(t["columns"]) for r in t["rows"]), t
+    for name in m.get("files", {}) if isinstance(m.get("files"), dict) else []:
+        assert (out / name).exists(), f"{command}: manifest['files'] names {name}, not in the folder"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no staging folder left
 
 

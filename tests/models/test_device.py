@@ -199,6 +199,7 @@ def checkpoints(t: Path) -> dict[str, Path]:
     """Tiny checkpoints (a BERT classifier, GPT-2, a grouped-query Llama, Mixtral, the cot test's Llama LM)
     and their data, in ``t`` (what :data:`CASES` reads)."""
     from tests.helpers.cot_helpers import save_tiny_lm, write_questions
+    from tests.helpers.dictionaries import tiny_dictionary, tiny_transcoders
 
     data = t / "d.csv"
     data.write_text(
@@ -223,6 +224,8 @@ def checkpoints(t: Path) -> dict[str, Path]:
         "pairs": t / "pairs.csv",
         "sources": t / "sources.txt",
         "bench": t / "bench.jsonl",
+        "dictionary": tiny_dictionary(t / "dictionary"),  # a transcoder at layer 1 of the tiny Llama
+        "transcoders": tiny_transcoders(t / "transcoders"),  # one at each of its layers (graph)
     }
 
 
@@ -352,6 +355,25 @@ CASES: dict[str, dict[str, Argv]] = {
             + ["--methods", "attention,attntrace,integrated_gradients,contextcite,leave_one_out"]
             + ["--max-answer-tokens", "2", "--ablations", "4", "--held-out", "2", "--ig-steps", "2"]
         ),
+    },
+    "features-fit": {
+        "transcoder": lambda c: (
+            ["features-fit", "--model", c["llama"], "--kind", "transcoder", "--data", c["data"], "--width", "8"]
+            + ["--tokens", "20", "--seq-len", "4", "--heldout", "1", "--batch-seqs", "2"]
+        ),
+        "sae": lambda c: (
+            ["features-fit", "--model", c["llama"], "--kind", "sae", "--data", c["data"], "--width", "8"]
+            + ["--tokens", "20", "--seq-len", "4", "--heldout", "1", "--batch-seqs", "2", "--layers", "1"]
+        ),
+    },
+    "features-audit": {
+        "llama": lambda c: (
+            ["features-audit", "--model", c["llama"], "--features", c["dictionary"], "--task", c["pairs"]]
+            + ["--top", "3", "--edits", "patch,zero,mean,steer", "--error", "both"]
+        ),
+    },
+    "graph": {
+        "llama": lambda c: (["graph", TEXT, "--model", c["llama"], "--features", c["transcoders"], "--top", "2"]),
     },
 }
 # commands that place no model, with the reason (a command that takes --device cannot be listed here)

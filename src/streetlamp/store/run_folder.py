@@ -100,6 +100,20 @@ def check_store_out(out: Path | str) -> None:
     check_can_create(out if out.is_dir() else out.parent, out)
 
 
+def manifest_table(df: Any, title: str, note: str | None = None, max_rows: int = 500) -> dict[str, Any]:
+    """A table as ``manifest["tables"]`` holds it for the report's generic view: ``{title, note, columns, rows}``
+    with the first ``max_rows`` rows of the DataFrame ``df`` (the whole table is its CSV/Parquet file; the note
+    says how many rows the page shows), missing values as ``null``, numpy scalars as Python numbers."""
+    shown = df.head(max_rows)
+    rows = [
+        [None if (isinstance(v, float) and v != v) else (v.item() if isinstance(v, np.generic) else v) for v in r]
+        for r in shown.itertuples(index=False, name=None)
+    ]
+    if len(df) > max_rows:
+        note = f"{note + ' ' if note else ''}(the first {max_rows} of {len(df)} rows; the file holds them all)"
+    return {"title": title, "note": note, "columns": [str(c) for c in df.columns], "rows": rows}
+
+
 class RunWriter:
     """The staging folder of a :class:`RunFolder`: collects arrays and figures, writes the manifest once."""
 

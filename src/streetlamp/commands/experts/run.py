@@ -12,7 +12,7 @@ import pandas as pd
 from ...interventions import experts as X
 from ...models.adapter import Inputs, ModelAdapter
 from ...stats import bootstrap_ci, kendall_tau, spearman_rho
-from ...store.run_folder import RunFolder
+from ...store.run_folder import RunFolder, manifest_table
 from . import ExpertsSettings
 
 
@@ -155,7 +155,7 @@ def run(adapter: ModelAdapter, s: ExpertsSettings, out: RunFolder, options: Any)
                 "n_texts": len(texts),
                 "n_tokens": res.n_tokens,
                 "forwards": res.forwards,
-                "tables": {
+                "files": {
                     "experts.csv": "one row per (layer, expert): routing_frequency (share of real tokens routed to "
                     "it), mean_router_weight (0 where not routed), kl_removed_mean and its bootstrap interval over "
                     "texts, streetlight, hidden_influence",
@@ -163,6 +163,12 @@ def run(adapter: ModelAdapter, s: ExpertsSettings, out: RunFolder, options: Any)
                     "kl_removed_at_token",
                     "agreement.csv": "rank agreement of routing and effect: Spearman and Kendall over the pairs",
                 },
+                "tables": [
+                    manifest_table(
+                        t, "experts.csv", note="per (layer, expert): routing beside the effect of removing it"
+                    ),
+                    manifest_table(ag, "agreement.csv", note="rank agreement of routing and effect"),
+                ],
             }
         )
     return ExpertsResult(out.out, t, ag, len(texts), res.n_tokens, res.forwards)

@@ -16,7 +16,7 @@ from ...interventions import features as FI
 from ...interventions.circuits.tasks import PairSet, encode_pairs
 from ...models.adapter import ModelAdapter
 from ...stats import bootstrap_ci, spearman_rho
-from ...store.run_folder import RunFolder
+from ...store.run_folder import RunFolder, manifest_table
 from .sentiment import sentiment
 
 if TYPE_CHECKING:
@@ -204,7 +204,11 @@ def run(adapter: ModelAdapter, s: FeaturesAuditSettings, out: RunFolder, options
                 "attribution": "sum over positions of dm/da_f x (replacement - a_f) at the clean run (gradient through "
                 "the dictionary's decoder; frozen errors carry none)",
                 "summary": summary.drop(columns=["top_by_attribution", "top_by_exact"]).to_dict("records"),
-                "tables": tables,
+                "files": tables,
+                "tables": [
+                    manifest_table(df, name, note=tables[name])
+                    for name, df in (("audit.csv", audit_t), ("features.csv", wide), ("summary.csv", summary))
+                ],
             }
         )
     return FeaturesAuditResult(out.out, summary, wide, len(pairs), float(res.metric_clean.mean()), s.select)

@@ -357,7 +357,7 @@
     return notes.length ? el("div", { cls: "warn reading", "data-method": name }, notes.map((t) => el("div", { text: t }))) : null;
   }
   function genericTables() {
-    return (MAN.tables || []).map((t, k) => el("div", { cls: "panel" }, el("h2", { text: t.title || `table ${k + 1}` }),
+    return (Array.isArray(MAN.tables) ? MAN.tables : []).map((t, k) => el("div", { cls: "panel" }, el("h2", { text: t.title || `table ${k + 1}` }),
       t.note ? el("div", { cls: "note", text: t.note }) : null,
       table((t.columns || []).map((c, j) => ({ title: String(c), text: (t.rows || []).some((r) => typeof r[j] === "string") })), t.rows || [], { id: `table-${k}` })));
   }
