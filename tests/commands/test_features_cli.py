@@ -181,7 +181,8 @@ def test_feature_ids_and_the_manifest(setup: dict[str, Path], tmp_path: Path) ->
     assert d.feature.tolist() == ["L1.mlp.47", "L0.mlp.0"] and d.sequences.tolist() == [10, 10]
     m = json.loads((out / "manifest.json").read_text())
     assert m["seed"] == 0 and m["parameters"]["seed"] == 0 and "--feature-ids" in m["selection"]
-    assert set(m["tables"]) == {"tokens.csv", "density.csv", "contexts.parquet", "logits.csv"}
+    assert set(m["files"]) == {"tokens.csv", "density.csv", "contexts.parquet", "logits.csv"}
+    assert [t["title"] for t in m["tables"]] == ["density.csv", "logits.csv", "tokens.csv"]
     assert (out / "report.html").is_file()
 
 

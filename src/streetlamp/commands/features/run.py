@@ -28,7 +28,7 @@ from ...features.dashboard import (
 )
 from ...models.adapter import ModelAdapter
 from ...progress import Bar
-from ...store.run_folder import RunFolder
+from ...store.run_folder import RunFolder, manifest_table
 
 if TYPE_CHECKING:
     from . import FeaturesSettings
@@ -332,7 +332,11 @@ def run(adapter: ModelAdapter, s: FeaturesSettings, out: RunFolder, options: Any
                     "features": dash_feats,
                     "sequences": seqs,
                 },
-                "tables": TABLES,
+                "files": TABLES,
+                "tables": [
+                    manifest_table(df, name, note=TABLES[name])
+                    for name, df in (("density.csv", density), ("logits.csv", logits), ("tokens.csv", tokens_t))
+                ],
             }
         )
     return FeaturesResult(out.out, density, logits, len(labels), len(corpus.rows))
