@@ -112,10 +112,11 @@ def parse_feature_ids(spec: str, fs: FeatureSet) -> list[FeatureRef]:
     return out
 
 
-def read_ids(adapter: ModelAdapter, text: str, seq_len: int | None = None) -> list[int]:
-    """The separator, then ``text``'s tokens without special tokens (cut so the row has ``seq_len`` tokens)."""
+def read_ids(adapter: ModelAdapter, text: str, seq_len: int | None = None, sep: int | None = None) -> list[int]:
+    """The separator (``sep``: the model's, looked up when None), then ``text``'s tokens without special tokens
+    (cut so the row has ``seq_len`` tokens)."""
     ids = [int(i) for i in adapter.tokenizer(text, add_special_tokens=False)["input_ids"]]
-    row = [adapter.empty_context_token(), *ids]
+    row = [adapter.empty_context_token() if sep is None else sep, *ids]
     return row[:seq_len] if seq_len is not None else row
 
 
@@ -155,6 +156,7 @@ def dashboard_corpus(adapter: ModelAdapter, spec: str, n: int, seq_len: int, see
     rows: list[list[int]] = []
     sources: list[str] = []
     tokens = dict.fromkeys(order, 0)
+    sep = adapter.empty_context_token()  # once: it reads the whole vocabulary
     while len(rows) < n:
         live = [k for k in order if used[k] < len(order[k])]
         if not live:
@@ -164,7 +166,7 @@ def dashboard_corpus(adapter: ModelAdapter, spec: str, n: int, seq_len: int, see
                 break
             text = order[k][used[k]]
             used[k] += 1
-            row = read_ids(adapter, text, seq_len)
+            row = read_ids(adapter, text, seq_len, sep)
             if len(row) <= SKIP:
                 continue
             rows.append(row)
