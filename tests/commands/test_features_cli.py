@@ -210,3 +210,19 @@ def test_bad_input_is_one_line_and_nothing_written(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_the_python_api_is_feature_dashboard(setup: dict[str, Path], tmp_path: Path) -> None:
+    """``streetlamp.features`` is the subpackage; the command's function is ``streetlamp.feature_dashboard``, and it
+    stays so after the subpackage is imported."""
+    import streetlamp
+    import streetlamp.features.dashboard  # noqa: F401
+
+    res = streetlamp.feature_dashboard(
+        TEXT, model=str(setup["llama"]), features=str(setup["dict"]), data=str(setup["data"]), sequences=5, top=2,
+        out=tmp_path / "api",
+    )  # fmt: skip
+    assert res.manifest["streetlamp"] == "features" and list(res.tables["density"].feature) == list(
+        pd.read_csv(tmp_path / "api" / "density.csv").feature
+    )
+    assert streetlamp.feature_dashboard.__name__ == "feature_dashboard"
