@@ -32,7 +32,12 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     rng = np.random.default_rng(0)
     lines = [" ".join(rng.choice(WORDS, int(rng.integers(2, 12)))) for _ in range(45)]
     (t / "c.csv").write_text("text\n" + "\n".join(lines) + "\n")
-    return {"llama": save_tiny("llama", t / "llama", seed=1), "dict": tiny_transcoders(t / "dict"), "data": t / "c.csv"}
+    return {
+        "llama": save_tiny("llama", t / "llama", seed=1),
+        "bert": save_tiny("bert", t / "bert", seed=1),
+        "dict": tiny_transcoders(t / "dict"),
+        "data": t / "c.csv",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -196,6 +201,7 @@ def test_feature_ids_and_the_manifest(setup: dict[str, Path], tmp_path: Path) ->
         (["--features", "DICT", "--feature-ids", "mlp.0"], "L<layer>.<site>.<index>"),
         (["--features", "NOPE"], "not a folder"),
         (["--features", "DICT", "--text-is-empty"], "empty text"),
+        (["--features", "DICT", "--model", "BERT"], "causal LM"),
     ],
 )
 def test_bad_input_is_one_line_and_nothing_written(
@@ -204,7 +210,8 @@ def test_bad_input_is_one_line_and_nothing_written(
     text = TEXT
     if "--text-is-empty" in extra:
         extra, text = [x for x in extra if x != "--text-is-empty"], "   "
-    extra = [str(setup["dict"]) if x == "DICT" else str(tmp_path / "nope") if x == "NOPE" else x for x in extra]
+    names = {"DICT": str(setup["dict"]), "NOPE": str(tmp_path / "nope"), "BERT": str(setup["bert"])}
+    extra = [names.get(x, x) for x in extra]
     out = tmp_path / "bad"
     assert main(["features", text, "--model", str(setup["llama"]), *extra, "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -60,8 +60,11 @@ class FeaturesSettings(Settings):
         from ...features.dashboard import parse_feature_ids, read_ids
         from ...models.dictionaries import load_features
 
-        if adapter.modality != "text":
-            raise StreetlampError(f"features reads text; {adapter.name} is an image model")
+        if adapter.modality != "text" or not adapter.kind.causal:
+            raise StreetlampError(
+                f"features reads texts as a causal LM does (after the document separator) and the promoted tokens "
+                f"through its LM head; {adapter.name} is a {adapter.kind}: not supported"
+            )
         adapter.attach_features(load_features(self.features, adapter))
         assert adapter.features is not None
         if self.feature_ids is not None:
