@@ -49,6 +49,7 @@ _API = (
     "atlas",
     "experts",
     "features_audit",
+    "feature_dashboard",  # the command `features` (streetlamp.features is the subpackage)
     "cite",
     "cite_bench",
     "graph",

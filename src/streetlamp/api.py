@@ -97,9 +97,18 @@ class RunResult:
         return "<pre>" + html.escape("\n".join(self.lines())) + "</pre>"
 
 
+# a command named like a subpackage of streetlamp gets another Python name: ``import streetlamp.features.x`` sets
+# the attribute ``streetlamp.features`` to the subpackage, which would replace the function
+PYTHON_NAMES = {"features": "feature_dashboard"}
+
+
+def python_name(cmd: Command) -> str:
+    return PYTHON_NAMES.get(cmd.name, cmd.name.replace("-", "_"))
+
+
 def names() -> dict[str, Command]:
     """``{python_name: command}`` for every registered command that runs something."""
-    return {c.name.replace("-", "_"): c for c in commands.COMMANDS if c.writes is not None}
+    return {python_name(c): c for c in commands.COMMANDS if c.writes is not None}
 
 
 def function_of(cmd: Command) -> Callable[..., RunResult]:
@@ -117,7 +126,7 @@ def function_of(cmd: Command) -> Callable[..., RunResult]:
 
     fields = [f.name for f in dataclasses.fields(cmd.settings)]
     opts = [n for n in cmd.shared.options() if n in RunOptions.__dataclass_fields__]
-    run.__name__ = run.__qualname__ = cmd.name.replace("-", "_")
+    run.__name__ = run.__qualname__ = python_name(cmd)
     run.__doc__ = (
         f"{cmd.help}.\n\nThe CLI's ``streetlamp {cmd.name}``; positional: {', '.join(positional) or 'none'}; "
         f"settings: {', '.join(fields)}; options: {', '.join(opts)}. Returns a :class:`RunResult`."

@@ -79,6 +79,9 @@ KEYS = {
     | {"files", "template", "tokens"},
     "graph": HEADER
     | {"features", "files", "graph", "model", "parameters", "prompt", "replacement_model", "scores", "tokens"},
+    "features": HEADER
+    | {"arrays", "corpus", "dashboard", "feature_set", "files", "logits", "model", "parameters", "seed", "selection"}
+    | {"statistics", "tables", "text"},
 }
 
 
@@ -216,6 +219,15 @@ def argv(command: str, s: dict[str, Path]) -> list[str]:
         ],
         "graph": ["graph", "when mary and john went", "--model", str(s["llama"]), "--features", str(s["features"])]
         + ["--top", "2"],
+        "features": [
+            "features",
+            "when mary and john went",
+            "--model",
+            str(s["llama"]),
+            "--features",
+            str(s["features"]),
+        ]
+        + ["--data", str(s["data"]), "--sequences", "4", "--top", "2"],
     }[command]
 
 

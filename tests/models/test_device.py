@@ -375,6 +375,12 @@ CASES: dict[str, dict[str, Argv]] = {
     "graph": {
         "llama": lambda c: (["graph", TEXT, "--model", c["llama"], "--features", c["transcoders"], "--top", "2"]),
     },
+    "features": {
+        "llama": lambda c: (
+            ["features", TEXT, "--model", c["llama"], "--features", c["transcoders"], "--data", c["data"]]
+            + ["--sequences", "6", "--top", "2", "--contexts", "2", "--batch-size", "4"]
+        ),
+    },
 }
 # commands that place no model, with the reason (a command that takes --device cannot be listed here)
 NO_MODEL = {

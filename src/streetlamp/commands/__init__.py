@@ -16,6 +16,7 @@ from .cot import COT
 from .evaluate import BENCHMARK, EVALUATE
 from .experts import EXPERTS
 from .explain import ATTENTION_ROW, EXPLAIN, EXPLAIN_GENERATION
+from .features import FEATURES
 from .features_audit import FEATURES_AUDIT
 from .features_fit import FEATURES_FIT
 from .graph import GRAPH
@@ -51,6 +52,7 @@ COMMANDS: list[Command] = [
     ATLAS,
     EXPERTS,
     FEATURES_AUDIT,
+    FEATURES,
     CITE,
     CITE_BENCH,
     GRAPH,
