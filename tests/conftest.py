@@ -39,6 +39,8 @@ def messages_name_only_the_commands_options():
     with pytest.MonkeyPatch.context() as m:
         m.setattr(C, "execute", execute)
         yield
+
+
 TEXTS = ["the movie was not good , but the acting was great .", "i loved it", "when mary and john went to the store"]
 
 

@@ -40,6 +40,7 @@ ARGS = {
     "cite": ["--context", "{t}/d.txt", "--question", "what was good"],
     "cite-bench": ["--data", "{t}/bench.jsonl"],
     "graph": ["the movie was", "--features", "{t}"],
+    "features": ["the movie was", "--features", "{t}"],
 }
 
 

@@ -454,7 +454,9 @@ class ModelAdapter:
         for i, r in enumerate(rows):
             if len(r) > self.max_positions:
                 if not truncate:
-                    fix = "pass --truncate to cut it (recorded in the manifest)" if takes("--truncate") else "shorten it"
+                    fix = (
+                        "pass --truncate to cut it (recorded in the manifest)" if takes("--truncate") else "shorten it"
+                    )
                     raise StreetlampError(
                         f"text {i} has {len(r)} tokens but the model takes at most {self.max_positions}; {fix}"
                     )
