@@ -40,7 +40,11 @@ class GraphSettings(Settings):
         50, ge=0, le=100_000, help="split this many kept cross-position edges (largest first) over heads (default 50)"
     )
     qk_heads: int = option(
-        5, ge=0, le=1000, help="audit why this many edge-carrying heads attended (QK; default 5; needs --head-edges)"
+        5,
+        ge=0,
+        le=1000,
+        help="explain (QK in feature units) and audit why this many edge-carrying heads attended (default 5; "
+        "needs --head-edges)",
     )
     audit: bool = option(True, flag="--no-audit", help="skip the audit on the real model")
     zero_bos: bool = option(True, flag="--keep-bos", help="give a special first token (BOS) feature and error nodes")
@@ -74,5 +78,5 @@ GRAPH = Command(
     GraphSettings,
     lazy(__name__ + ".run"),
     shared=Shared(model="smollm2-135m"),
-    views=("generic",),
+    views=("graph",),
 )

@@ -1,5 +1,6 @@
-"""``streetlamp graph``: the graph's tables (nodes.parquet, edges.parquet, paths.csv, audit.csv), its Neuronpedia
-JSON (graph.json, graph-metadata.json) and the manifest."""
+"""``streetlamp graph``: the graph's tables (nodes.parquet, edges.parquet, paths.csv, audit.csv; with head
+loadings edge_heads.parquet and heads.csv, with QK qk_pairs.csv and qk_audit.csv), its Neuronpedia JSON
+(graph.json, graph-metadata.json), the report view's arrays (:mod:`.view`) and the manifest."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ from ...interventions.graphs.audit import audit, audit_lines
 from ...interventions.graphs.heads import cross_position_edges, head_lines, head_loadings
 from ...interventions.graphs.neuronpedia import graph_json
 from ...interventions.graphs.pruning import top_paths
-from ...interventions.graphs.qk_audit import qk_audit, qk_audit_lines, qk_heads
+from ...interventions.graphs.qk_audit import qk_audit, qk_audit_lines, qk_explain, qk_heads, qk_pairs
 from ...models.adapter import ModelAdapter
 from ...store.run_folder import RunFolder
 from . import GraphSettings
+from .view import add_view, head_summary
 
 
 @dataclass
@@ -122,9 +124,13 @@ def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -
     t_heads = time.perf_counter() - t1
     t1 = time.perf_counter()
     audit_df = audit(adapter, g, p, top=s.top) if s.audit else pd.DataFrame()
-    qk_df = None
-    if s.audit and heads_df is not None and s.qk_heads:
-        qk_df = qk_audit(adapter, g, qk_heads(heads_df, s.qk_heads), batch_size=s.rows)
+    qk_df = pairs_df = None
+    if heads_df is not None and s.qk_heads:
+        chosen = qk_heads(heads_df, s.qk_heads)
+        explained = qk_explain(adapter, g, chosen, top=s.top, batch_size=s.rows)
+        pairs_df = qk_pairs(explained, chosen, top=s.top)
+        if s.audit:
+            qk_df = qk_audit(adapter, g, chosen, batch_size=s.rows, explained=explained)
     t_audit = time.perf_counter() - t1
     tokens = _decode(adapter, g.ids)
     logit_strings = _decode(adapter, [int(i) for i in g.logit_ids])
@@ -164,12 +170,16 @@ def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -
         paths_df.to_csv(w.path / "paths.csv", index=False)
         if heads_df is not None:
             heads_df.to_parquet(w.path / "edge_heads.parquet", index=False)
+            head_summary(heads_df).to_csv(w.path / "heads.csv", index=False)
+        if pairs_df is not None:
+            pairs_df.to_csv(w.path / "qk_pairs.csv", index=False)
         if s.audit:
             audit_df.to_csv(w.path / "audit.csv", index=False)
         if qk_df is not None:
             qk_df.to_csv(w.path / "qk_audit.csv", index=False)
         (w.path / "graph.json").write_text(json.dumps(js, indent=2))
         (w.path / "graph-metadata.json").write_text(json.dumps({"graphs": [js["metadata"]]}, indent=2))
+        view = add_view(w, nodes, edges, heads_df, g.n_layers, adapter.n_heads)
         w.write_manifest(
             {
                 "model": adapter.name,
@@ -196,6 +206,7 @@ def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -
                     if heads_df is None
                     else int(heads_df.groupby(["target_node", "source_node"]).ngroups),
                 },
+                "graph_view": view,
                 "replacement_model": "MLPs replaced by the transcoders (features and errors fixed nodes), attention "
                 "patterns and every norm's denominator frozen at the clean run; an edge is the source's direct "
                 "linear effect on the target's pre-activation (a logit: its demeaned value) through that model",
@@ -231,6 +242,25 @@ def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -
                             "score shift, sign_right, agree; disagreements first"
                         }
                         if qk_df is not None
+                        else {}
+                    ),
+                    **(
+                        {
+                            "heads.csv": "per carrier of edge_heads.parquet (a head, or composition): edges it "
+                            "carries, summed loading, summed |loading| and its share of all carriers', the edge "
+                            "it carries most of"
+                        }
+                        if heads_df is not None
+                        else {}
+                    ),
+                    **(
+                        {
+                            "qk_pairs.csv": "why each head carrying a top edge attended (the --qk-heads heads at "
+                            "the edge's target and source positions), in node units: the top (query-side part, "
+                            "key-side part) pairs of its score, then the top query-side and key-side parts, an "
+                            "'other parts' row holding the rest (each side's rows sum to the score)"
+                        }
+                        if pairs_df is not None
                         else {}
                     ),
                     "graph.json": "the pruned graph in circuit-tracer's Neuronpedia format",

@@ -29,7 +29,16 @@ from ..engine import Intervention, run, zero
 from .attribution import Graph, Replacement
 from .qk import FeatureQK, feature_qk
 
-__all__ = ["QK_AUDIT_COLUMNS", "predicted_row", "qk_audit", "qk_audit_lines", "qk_heads"]
+__all__ = [
+    "QK_AUDIT_COLUMNS",
+    "QK_PAIRS_COLUMNS",
+    "predicted_row",
+    "qk_audit",
+    "qk_audit_lines",
+    "qk_explain",
+    "qk_heads",
+    "qk_pairs",
+]
 
 QK_AUDIT_COLUMNS = [
     "side",
@@ -125,6 +134,93 @@ def qk_heads(heads: pd.DataFrame, top: int) -> list[tuple[int, int, int, int, st
     return out
 
 
+def qk_explain(
+    adapter: ModelAdapter,
+    graph: Graph,
+    heads: list[tuple[int, int, int, int, str]],
+    *,
+    top: int = 10,
+    batch_size: int = 32,
+) -> list[FeatureQK]:
+    """:func:`~.qk.feature_qk` for each of ``heads`` (from :func:`qk_heads`) at its edge's (query, key)."""
+    ids = torch.as_tensor(graph.ids)
+    zero_bos = bool(graph.info.get("zero_bos", False))
+    return [
+        feature_qk(adapter, ids, layer, head, query, key, top=top, batch_size=batch_size, zero_bos=zero_bos)
+        for layer, head, query, key, _ in heads
+    ]
+
+
+QK_PAIRS_COLUMNS = [
+    "head",
+    "query_position",
+    "key_position",
+    "edge",
+    "attention",
+    "score",
+    "kind",
+    "rank",
+    "query_part",
+    "key_part",
+    "contribution",
+    "share_of_score",
+    "layer",
+    "head_index",
+]
+
+
+def qk_pairs(explained: list[FeatureQK], heads: list[tuple[int, int, int, int, str]], top: int = 10) -> pd.DataFrame:
+    """Why each head attended, in node units (the QK attribution of :func:`qk_explain`), one table: per head,
+    ``kind`` "pair" rows (the top (query-side part, key-side part) terms ``q_i(X) · k_j(Y) · scale``, largest
+    first), then "query side" rows (the ``top`` largest ``q_i(X) · k_j · scale``, then one "other parts" row
+    holding the rest, so a head's query-side rows sum to its score) and "key side" rows alike."""
+    rows = []
+    for fq, (_, _, _, _, edge) in zip(explained, heads):
+        base = {
+            "head": f"L{fq.layer}H{fq.head}",
+            "query_position": fq.query,
+            "key_position": fq.key,
+            "edge": edge,
+            "attention": fq.pattern,
+            "score": fq.score,
+            "layer": fq.layer,
+            "head_index": fq.head,
+        }
+        for r, (qp, kp, v) in enumerate(fq.pairs, 1):
+            rows.append({**base, "kind": "pair", "rank": r, "query_part": qp, "key_part": kp, "contribution": v})
+        for kind, share, col, other in (
+            ("query side", fq.q_side, "query_part", "key_part"),
+            ("key side", fq.k_side, "key_part", "query_part"),
+        ):
+            order = np.argsort(-np.abs(share), kind="stable")
+            for r, i in enumerate(order[:top], 1):
+                rows.append(
+                    {
+                        **base,
+                        "kind": kind,
+                        "rank": r,
+                        col: fq.labels[i],
+                        other: "(all)",
+                        "contribution": float(share[i]),
+                    }
+                )
+            rest = order[top:]
+            if len(rest):
+                rows.append(
+                    {
+                        **base,
+                        "kind": kind,
+                        "rank": top + 1,
+                        col: f"other parts ({len(rest)})",
+                        other: "(all)",
+                        "contribution": float(share[rest].sum()),
+                    }
+                )
+    table = pd.DataFrame(rows, columns=QK_PAIRS_COLUMNS)
+    table["share_of_score"] = table["contribution"] / table["score"].where(table["score"] != 0)
+    return table
+
+
 def qk_audit(
     adapter: ModelAdapter,
     graph: Graph,
@@ -132,14 +228,17 @@ def qk_audit(
     *,
     tolerance: float = 2.0,
     batch_size: int = 32,
+    explained: list[FeatureQK] | None = None,
 ) -> pd.DataFrame:
-    """One row per (head, side): the top query-side / key-side feature zeroed, predicted vs measured."""
+    """One row per (head, side): the top query-side / key-side feature zeroed, predicted vs measured.
+    ``explained``: :func:`qk_explain`'s result for ``heads`` when already computed."""
     ids = torch.as_tensor(graph.ids)
     zero_bos = bool(graph.info.get("zero_bos", False))
     inputs = Inputs.from_ids(adapter, [graph.ids])
+    if explained is None:
+        explained = qk_explain(adapter, graph, heads, batch_size=batch_size)
     rows = []
-    for layer, head, query, key, edge in heads:
-        fq: FeatureQK = feature_qk(adapter, ids, layer, head, query, key, batch_size=batch_size, zero_bos=zero_bos)
+    for (layer, head, query, key, edge), fq in zip(heads, explained):
         nf = len(fq.features)
         if not nf:
             continue

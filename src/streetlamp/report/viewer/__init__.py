@@ -24,7 +24,17 @@ from .palettes import palettes
 __all__ = ["FORMAT_VERSION", "build_html", "iframe_html", "read_manifest", "write_report"]
 
 # the core first: the views register themselves in it
-SCRIPTS = ("viewer.js", "explain.js", "views.js", "long.js", "atlas.js", "circuit.js", "lens.js", "features.js")
+SCRIPTS = (
+    "viewer.js",
+    "explain.js",
+    "views.js",
+    "long.js",
+    "atlas.js",
+    "circuit.js",
+    "lens.js",
+    "features.js",
+    "graph.js",
+)
 CSP = (
     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
     "base-uri 'none'; form-action 'none'"
