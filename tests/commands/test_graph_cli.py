@@ -111,9 +111,57 @@ def test_graph_run_folder(setup: dict[str, Path], tmp_path: Path, capsys: pytest
     qk = pd.read_csv(out / "qk_audit.csv")
     assert len(qk) and {"predicted_attention_shift", "measured_attention_shift", "agree"} <= set(qk.columns)
     assert list(qk["agree"]) == sorted(qk["agree"]) and "why the heads attended" in printed
+    m = json.loads((out / "manifest.json").read_text())
+    # heads.csv: one row per carrier of edge_heads.parquet, its sums, shares summing to 1
+    hs = pd.read_csv(out / "heads.csv")
+    assert sorted(hs.carrier) == sorted(set(heads.carrier))
+    assert list(hs.abs_loading_sum) == sorted(hs.abs_loading_sum, reverse=True)
+    for r in hs.itertuples():
+        mine = heads[heads.carrier == r.carrier]
+        assert r.edges == int((mine.loading != 0).sum())
+        assert r.loading_sum == pytest.approx(mine.loading.sum(), rel=1e-9, abs=1e-12)
+        assert r.abs_loading_sum == pytest.approx(mine.loading.abs().sum(), rel=1e-9)
+        assert r.largest_loading == pytest.approx(mine.loading.iloc[mine.loading.abs().argmax()], rel=1e-9)
+    assert hs.share_of_abs_loading.sum() == pytest.approx(1.0)
+    # qk_pairs.csv: the QK attribution of the audited heads, at an edge they carry most of; each side's rows
+    # (the top parts and "other parts") sum to the score; it is feature_qk's, recomputed here
+    pairs = pd.read_csv(out / "qk_pairs.csv")
+    assert set(qk["head"]) <= set(pairs["head"])
+    carried = set(zip(heads.carrier, heads.target_position, heads.source_position))
+    from streetlamp.interventions.graphs.qk import feature_qk
+    from streetlamp.models.dictionaries import load_features
+    from streetlamp.models.loading import load
+
+    adapter = load(str(setup["llama"]))
+    adapter.attach_features(load_features(str(setup["features"])))
+    ids = adapter.encode([PROMPT]).input_ids[0]
+    for (h, qp, kp), grp in pairs.groupby(["head", "query_position", "key_position"]):
+        assert (h, qp, kp) in carried
+        score = grp.score.iloc[0]
+        for side in ("query side", "key side"):
+            rows = grp[grp.kind == side]
+            assert list(rows["rank"]) == list(range(1, len(rows) + 1)) and len(rows) == 3 + 1  # --top 3, the rest
+            assert rows.contribution.sum() == pytest.approx(score, rel=1e-6, abs=1e-9)
+        pr = grp[grp.kind == "pair"]
+        assert list(pr.contribution.abs()) == sorted(pr.contribution.abs(), reverse=True)
+        fq = feature_qk(adapter, ids, int(grp.layer.iloc[0]), int(grp.head_index.iloc[0]), qp, kp, top=3)
+        assert score == pytest.approx(fq.score, rel=1e-9)
+        assert list(zip(pr.query_part, pr.key_part)) == [(a, b) for a, b, _ in fq.pairs]
+        assert pr.contribution.to_numpy() == pytest.approx([v for _, _, v in fq.pairs], rel=1e-9)
+    # the report view's arrays: the kept nodes and edges, the split edges' loadings (summing to the edge)
+    from streetlamp.store.files import load_arrays
+
+    arr = load_arrays(out / "arrays.safetensors")
+    kept = nodes[nodes.kept]
+    assert list(arr["node_id"]) == list(kept.node) and list(arr["node_position"]) == list(kept.position)
+    assert list(arr["edge_source"]) == list(edges.source) and list(arr["edge_target"]) == list(edges.target)
+    assert arr["edge_weight"] == pytest.approx(edges.weight.to_numpy())
+    assert m["graph_view"]["labels"] == list(kept.label)
+    total = arr["head_loading"].sum((1, 2)) + arr["head_composition"]
+    assert total == pytest.approx(arr["head_edge_weight"], rel=1e-9, abs=1e-9)
+    assert (out / "report.html").is_file() and m["files"].keys() >= {"heads.csv", "qk_pairs.csv"}
     paths = pd.read_csv(out / "paths.csv")
     assert len(paths) and paths["path"].str.endswith(nodes[nodes.kind == "logit"].label.iloc[0]).all()
-    m = json.loads((out / "manifest.json").read_text())
     assert 0 <= m["scores"]["replacement"] <= 1 and 0 <= m["scores"]["completeness"] <= 1
     # the Neuronpedia JSON, against circuit-tracer's schema
     js = json.loads((out / "graph.json").read_text())
