@@ -78,7 +78,8 @@ KEYS = {
     | {"answer", "arrays", "contextcite", "methods", "model", "n_tokens", "parameters", "question", "seed", "sources"}
     | {"files", "template", "tokens"},
     "graph": HEADER
-    | {"features", "files", "graph", "model", "parameters", "prompt", "replacement_model", "scores", "tokens"},
+    | {"arrays", "features", "files", "graph", "graph_view", "model", "parameters", "prompt", "replacement_model"}
+    | {"scores", "tokens"},
     "features": HEADER
     | {"arrays", "corpus", "dashboard", "feature_set", "files", "logits", "model", "parameters", "seed", "selection"}
     | {"statistics", "tables", "text"},
