@@ -82,6 +82,7 @@
     const nodeEdges = el("div", { id: "graph-node-edges" });
     let focus = null; // a set of node ids whose edges alone are drawn (a clicked node, a clicked path)
     let focusEdges = null; // with a path: the set of "source:target" edges on it
+    let drawn = { nodes: [], edges: [] }; // what the last draw() drew (the tests read it): [id, kind, x, y], [source, target, weight, highlighted]
     function draw() {
       const g = canvas.getContext("2d");
       g.fillStyle = "#fff"; g.fillRect(0, 0, W, Hh);
@@ -93,6 +94,7 @@
       g.strokeStyle = "#e4e4e4"; g.lineWidth = 1;
       for (let p = 0; p <= n; p++) { g.beginPath(); g.moveTo(left + p * colW, base[NL] - levelH[NL]); g.lineTo(left + p * colW, base[0]); g.stroke(); }
       let shown = 0;
+      drawn = { nodes: [], edges: [] };
       for (const e of order) {
         const a = at.get(es[e]), b = at.get(et[e]);
         if (a === undefined || b === undefined || !xy[a] || !xy[b]) continue;
@@ -101,18 +103,18 @@
         g.strokeStyle = `rgba(${c[0]},${c[1]},${c[2]},${on ? 0.12 + 0.78 * Math.sqrt(t) : 0.04})`;
         g.lineWidth = on ? 0.5 + 3.5 * t : 0.5;
         g.beginPath(); g.moveTo(xy[a][0], xy[a][1]); g.lineTo(xy[b][0], xy[b][1]); g.stroke();
-        shown++;
+        shown++; drawn.edges.push([es[e], et[e], ew[e], on]);
       }
       let nodes = 0, errors = 0;
       for (let i = 0; i < K; i++) {
         if (!xy[i]) continue;
         const [x, y] = xy[i], k = kindOf(i), dim = focus && !focus.has(nid[i]);
         g.globalAlpha = dim ? 0.3 : 1; g.lineWidth = 1; g.strokeStyle = "#333";
-        if (k === "error") { g.fillStyle = ERR; g.fillRect(x - 4.5, y - 4.5, 9, 9); g.strokeRect(x - 4.5, y - 4.5, 9, 9); errors++; }
+        if (k === "error") { g.fillStyle = ERR; g.fillRect(x - 5, y - 5, 10, 10); g.strokeRect(x - 5, y - 5, 10, 10); errors++; }
         else if (k === "token") { g.fillStyle = TOK; g.beginPath(); g.moveTo(x, y - 6); g.lineTo(x + 6, y); g.lineTo(x, y + 6); g.lineTo(x - 6, y); g.closePath(); g.fill(); }
         else if (k === "logit") { g.fillStyle = LOGIT; g.beginPath(); g.arc(x, y, 6.5, 0, 7); g.fill(); g.stroke(); }
         else { g.fillStyle = L.css(L.seq(0.15 + 0.85 * Math.max(0, ninf[i]) / maxInf)); g.beginPath(); g.arc(x, y, 4.2, 0, 7); g.fill(); g.stroke(); }
-        nodes++;
+        nodes++; drawn.nodes.push([nid[i], k, x, y]);
       }
       g.globalAlpha = 1; g.fillStyle = "#222"; g.font = "10px sans-serif"; g.textAlign = "center";
       logits.forEach((i, r) => { const [x, y] = xy[i]; g.fillText(fit(g, toks.length ? label(nid[i]).replace(/^logit /, "") : "", slot - 8), x, y - 22 + (r % 2 ? -11 : 0)); g.fillText(fmt(nprob[i], 3), x, y + 15); });
@@ -141,10 +143,10 @@
     function select(i) {
       nodeEdges.textContent = "";
       if (i < 0) { focus = null; focusEdges = null; draw(); return; }
-      focus = new Set([nid[i]]); focusEdges = null;
+      focus = new Set([nid[i]]); focusEdges = new Set();
       readout.textContent = describe(i); readout.setAttribute("data-node", String(nid[i]));
       const rows = [];
-      for (let e = 0; e < es.length; e++) if (es[e] === nid[i] || et[e] === nid[i]) { rows.push([label(es[e]), label(et[e]), ew[e]]); focus.add(es[e]); focus.add(et[e]); }
+      for (let e = 0; e < es.length; e++) if (es[e] === nid[i] || et[e] === nid[i]) { rows.push([label(es[e]), label(et[e]), ew[e]]); focus.add(es[e]); focus.add(et[e]); focusEdges.add(`${es[e]}:${et[e]}`); }
       rows.sort((a, b) => Math.abs(b[2]) - Math.abs(a[2]));
       nodeEdges.appendChild(el("div", { cls: "note", text: `${rows.length} kept edges into or out of ${label(nid[i])} (largest |weight| first, at most 30 shown)` }));
       nodeEdges.appendChild(L.table([{ title: "source", text: true }, { title: "target", text: true }, { title: "weight" }], rows.slice(0, 30), { id: "graph-node-edge-table" }));
@@ -162,7 +164,7 @@
       el("div", { cls: "scroll" }, canvas), readout, el("div", { cls: "note", text: "the tokens (as text):" }), strip,
       L.exportButtons(() => canvas, "graph", () => `attribution graph of ${MAN.prompt || ""}`), nodeEdges));
     draw();
-    S.graph = { xy, nid, kind: nkind, draw, select, focus: () => focus, W, Hh };
+    S.graph = { drawn: () => drawn, draw, select, W, Hh };
 
     // ---------- paths and the audit ----------
     const paths = csv("paths.csv");

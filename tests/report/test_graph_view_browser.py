@@ -1,0 +1,214 @@
+"""The attribution-graph view (``static/graph.js``) in a real browser, on a ``streetlamp graph`` run of the tiny
+Llama with random transcoders at both layers: the nodes drawn are nodes.parquet's kept ones (error nodes as grey
+squares, none overlapping), the edges drawn are edges.parquet's, hovering a node shows its label, activation and
+influence, clicking it lists its edges; the paths and audit tables are paths.csv and audit.csv (disagreements
+first); a panel per head of edge_heads.parquet with the edges it carries, its QK pairs (qk_pairs.csv) and its QK
+audit rows; a token and node labels that look like HTML stay text; a run without head loadings says so."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests.helpers.browser import Page, require_browser
+
+require_browser()
+
+from streetlamp.cli import main  # noqa: E402
+from streetlamp.models.tiny import save_tiny  # noqa: E402
+from tests.helpers.dictionaries import tiny_transcoders  # noqa: E402
+
+EVIL = "<img src=x onerror=alert(1)><b>"
+PROMPT = "when mary and john went to the store , john gave a drink to"
+
+
+def graph_run(t: Path, name: str, extra: list[str]) -> Path:
+    model = t / "llama" if (t / "llama").exists() else save_tiny("llama", t / "llama", seed=1)
+    feats = t / "dict" if (t / "dict").exists() else tiny_transcoders(t / "dict")
+    out = t / name
+    argv = ["graph", PROMPT, "--model", str(model), "--features", str(feats), "--top", "3", "--out", str(out)]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert main(argv + extra) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    t = tmp_path_factory.mktemp("graph-view")
+    out = graph_run(t, "run", [])
+    from streetlamp.report.viewer import write_report
+
+    # a token and the labels that carry it look like markup: they must stay text
+    m = json.loads((out / "manifest.json").read_text())
+    m["tokens"][1] = EVIL
+    labels = m["graph_view"]["labels"]
+    labels[labels.index("token 'mary' @1")] = f"token {EVIL} @1"
+    (out / "manifest.json").write_text(json.dumps(m))
+    qp = pd.read_csv(out / "qk_pairs.csv")
+    qp.loc[0, "query_part"] = EVIL
+    qp.to_csv(out / "qk_pairs.csv", index=False)
+    write_report(out)
+    return {"run": out, "plain": graph_run(t, "plain", ["--head-edges", "0"])}
+
+
+def drawn(p: Any) -> dict:
+    return p.evaluate("() => window.streetlamp.graph.drawn()")
+
+
+def test_graph_nodes_edges_and_node_labels(runs: dict[str, Path], page: Page, tmp_path: Path) -> None:
+    out = runs["run"]
+    page.open(out / "report.html")
+    p = page.page
+    nodes = pd.read_parquet(out / "nodes.parquet")
+    kept = nodes[nodes.kept].set_index("node")
+    edges = pd.read_parquet(out / "edges.parquet")
+    d = drawn(p)
+    # every kept node once, at its kind; every kept edge once, with its weight (float32 on the page)
+    assert sorted(n[0] for n in d["nodes"]) == sorted(kept.index)
+    assert {int(n[0]): n[1] for n in d["nodes"]} == kept.kind.to_dict()
+    got = {(int(s), int(t)): w for s, t, w, _ in d["edges"]}
+    assert len(d["edges"]) == len(edges) == len(got)
+    assert set(got) == set(zip(edges.source, edges.target))
+    for s, t, w in zip(edges.source, edges.target, edges.weight):
+        assert got[(s, t)] == pytest.approx(w, rel=1e-6)
+    ds = p.evaluate("() => ({...document.getElementById('graph-canvas').dataset})")
+    assert int(ds["nodes"]) == len(kept) and int(ds["edges"]) == len(edges)
+    n_err = int((kept.kind == "error").sum())
+    assert n_err > 0 and int(ds["errors"]) == n_err
+    # layout: layers upwards (tokens lowest, logits highest), positions rightwards, no two nodes overlapping
+    xy = {int(n[0]): (n[2], n[3]) for n in d["nodes"]}
+    level = {i: -1 if k == "token" else 99 if k == "logit" else kept.layer[i] for i, k in kept.kind.items()}
+    for i in xy:
+        for j in xy:
+            if level[i] < level[j]:
+                assert xy[i][1] > xy[j][1]
+            if i < j:
+                assert np.hypot(xy[i][0] - xy[j][0], xy[i][1] - xy[j][1]) >= 9, (i, j)
+    tok = kept[kept.kind == "token"].sort_values("position")
+    assert [xy[i][0] for i in tok.index] == sorted(xy[i][0] for i in tok.index)
+    # error nodes are grey squares, features are not grey: the pixel at each node's centre
+    px = p.evaluate(
+        """(pts) => { const g = document.getElementById('graph-canvas').getContext('2d');
+        return pts.map(([x, y]) => Array.from(g.getImageData(Math.round(x), Math.round(y), 1, 1).data)); }""",
+        [list(xy[i]) for i in kept.index],
+    )
+    colour = dict(zip(kept.index, px))
+    for i, k in kept.kind.items():
+        if k == "error":
+            assert colour[i][:3] == [154, 154, 154], (i, colour[i])
+            corner = p.evaluate(
+                "([x, y]) => Array.from(document.getElementById('graph-canvas').getContext('2d')"
+                ".getImageData(Math.floor(x + 3.5), Math.floor(y - 3.5), 1, 1).data)",
+                list(xy[i]),
+            )
+            assert corner[:3] == [154, 154, 154]  # near a square's corner, where a circle of radius 4.2 does not reach
+        elif k == "feature":
+            assert colour[i][:3] != [154, 154, 154]
+    # hover a feature node: its label, layer, position, activation and influence; click: its edges
+    f = kept[kept.kind == "feature"].influence.idxmax()
+    box = p.locator("#graph-canvas").bounding_box()
+    p.mouse.move(box["x"] + xy[f][0], box["y"] + xy[f][1])
+    text = p.locator("#graph-node").text_content()
+    assert p.get_attribute("#graph-node", "data-node") == str(f)
+    assert kept.label[f] in text and f"feature {kept.feature_or_token_id[f]}" in text
+    assert f"layer {kept.layer[f]}" in text and f"position {kept.position[f]}" in text
+    assert f"activation {kept.activation[f]:.4f}" in text and "influence" in text
+    p.mouse.click(box["x"] + xy[f][0], box["y"] + xy[f][1])
+    mine = edges[(edges.source == f) | (edges.target == f)]
+    assert p.locator("#graph-node-edge-table tbody tr").count() == min(30, len(mine))
+    on = [e for e in drawn(p)["edges"] if e[3]]
+    assert len(on) == len(mine)
+    p.mouse.click(box["x"] + 3, box["y"] + 3)  # empty space: every edge again
+    assert all(e[3] for e in drawn(p)["edges"])
+    # the tokens as text, the planted markup included, never parsed
+    assert p.locator("#graph-tokens .tok").all_text_contents() == [
+        w if k != 1 else EVIL for k, w in enumerate(PROMPT.split())
+    ]
+    tok1 = int(kept[(kept.kind == "token") & (kept.position == 1)].index[0])
+    p.mouse.move(box["x"] + xy[tok1][0], box["y"] + xy[tok1][1])
+    assert EVIL in p.locator("#graph-node").text_content()
+    assert p.locator("#app img, #app b").count() == 0 and page.dialogs == []
+    p.locator("#graph-canvas").screenshot(path=str(tmp_path / "graph_canvas.png"))
+    page.clean()
+
+
+def test_graph_paths_audit_and_head_panels(runs: dict[str, Path], page: Page, tmp_path: Path) -> None:
+    out = runs["run"]
+    page.open(out / "report.html")
+    p = page.page
+    paths = pd.read_csv(out / "paths.csv")
+    assert p.locator("#graph-paths tbody tr").count() == len(paths)
+    assert p.locator("#graph-paths tbody tr td:nth-child(2)").all_text_contents() == list(paths.path)
+    p.locator("#graph-paths tbody tr").first.click()  # the path alone is highlighted
+    ids = [int(v) for v in paths.nodes[0].split()]
+    on = {(int(s), int(t)) for s, t, _, h in drawn(p)["edges"] if h}
+    assert on == set(zip(ids[:-1], ids[1:]))
+    audit = pd.read_csv(out / "audit.csv")
+    rows = p.locator("#graph-audit tbody tr")
+    assert rows.count() == len(audit)
+    agree_col = list(audit.columns).index("agree") + 1
+    shown = p.locator(f"#graph-audit tbody tr td:nth-child({agree_col})").all_text_contents()
+    assert shown == sorted(shown) and sorted(shown) == sorted(str(v) for v in audit.agree)  # False first
+    # the heads: the table is heads.csv, one panel per head of edge_heads.parquet
+    heads = pd.read_parquet(out / "edge_heads.parquet")
+    summary = pd.read_csv(out / "heads.csv")
+    assert p.locator("#graph-heads tbody tr td:first-child").all_text_contents() == list(summary.carrier)
+    panels = p.locator(".graph-head")
+    names = [panels.nth(k).get_attribute("data-head") for k in range(panels.count())]
+    assert sorted(names) == sorted(set(heads.carrier) - {"composition"})
+    qp = pd.read_csv(out / "qk_pairs.csv")
+    qa = pd.read_csv(out / "qk_audit.csv")
+    for h in names:
+        mine = heads[heads.carrier == h]
+        box = p.locator(f"#graph-head-{h}")
+        if box.get_attribute("open") is None:
+            box.locator("summary").click()
+        rows = box.locator(f"#graph-head-edges-{h} tbody tr")
+        assert rows.count() == min(12, int((mine.loading != 0).sum()))
+        big = mine.iloc[int(mine.loading.abs().argmax())]
+        first = rows.first.locator("td").all_text_contents()
+        assert first[:2] == [big.source, big.target]
+        assert float(rows.first.locator("td").nth(3).get_attribute("data-value")) == pytest.approx(
+            big.loading, rel=1e-6
+        )
+        for (q, k), grp in qp[qp["head"] == h].groupby(["query_position", "key_position"]):
+            for kind in ("pair", "query side", "key side"):
+                want = grp[grp.kind == kind]
+                t = box.locator(f"#graph-qk-{h}-{q}-{k}-{kind.replace(' ', '-')} tbody tr")
+                assert t.count() == len(want)
+                vals = [
+                    float(v) for v in t.locator("td:nth-child(4)").evaluate_all("es => es.map(e => e.dataset.value)")
+                ]
+                assert vals == pytest.approx(list(want.contribution), rel=1e-6)
+                assert t.locator("td:nth-child(2)").all_text_contents() == list(want.query_part.astype(str))
+        a = box.locator(f"#graph-qk-audit-{h} tbody tr")
+        assert a.count() == int((qa["head"] == h).sum())
+    assert set(qp["head"]) <= set(names) and len(qp)
+    assert (
+        p.locator(f"#graph-qk-{qp['head'][0]}-{qp.query_position[0]}-{qp.key_position[0]}-pair tbody tr td")
+        .nth(1)
+        .text_content()
+        == EVIL
+    )
+    assert p.locator("#app img, #app b").count() == 0 and page.dialogs == []
+    p.screenshot(path=str(tmp_path / "graph_page.png"), full_page=True)
+    page.clean()
+
+
+def test_graph_without_head_loadings(runs: dict[str, Path], page: Page) -> None:
+    out = runs["plain"]
+    page.open(out / "report.html")
+    p = page.page
+    assert not (out / "edge_heads.parquet").exists()
+    assert "--head-edges" in p.locator("#graph-heads-panel").text_content()
+    assert p.locator(".graph-head").count() == 0
+    nodes = pd.read_parquet(out / "nodes.parquet")
+    assert int(p.get_attribute("#graph-canvas", "data-nodes")) == int(nodes.kept.sum())
+    page.clean()
