@@ -78,20 +78,33 @@ def _experts_per_expert(
     indices: torch.Tensor,
     weights: torch.Tensor,
     n_experts: int,
-) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    total: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``[token, expert, d_model]`` weighted outputs, from the module's own ``forward`` once per expert on the
-    tokens routed to it (in the module's order: by top-k slot, then token), and the token rows of each expert."""
-    cols, rows = [], []
-    for e in range(n_experts):
-        slot, tok = torch.where(indices.t() == e)
-        rows.append(tok)
-        col = hidden.new_zeros(hidden.shape)
-        if tok.numel():
-            ids = torch.full((tok.numel(), 1), e, dtype=indices.dtype, device=indices.device)
-            out = forward(hidden[tok], ids, weights[tok, slot][:, None])
-            col = col.index_add(0, tok, out.to(col.dtype))
-        cols.append(col)
-    return torch.stack(cols, dim=1), rows
+    tokens routed to it (in the module's order: by top-k slot, then token), and (``total``) their sum as the
+    module adds them: into zeros, per expert in expert order, ``index_add_`` over the expert's tokens (bit for
+    bit the module's output, without a second pass over the ``[token, expert, d_model]`` tensor)."""
+    per = hidden.new_zeros(hidden.shape[0], n_experts, hidden.shape[1])
+    out = torch.zeros_like(hidden) if total else None
+    # every (slot, token) pair at once, grouped by expert and kept in (slot, token) order within an expert:
+    # what ``torch.where(indices.t() == e)`` gives per expert, without one full-size comparison per expert
+    flat = indices.t().reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=n_experts).tolist()
+    n_tok = indices.shape[0]
+    start = 0
+    for e, c in enumerate(counts[:n_experts]):
+        if not c:
+            continue
+        pick = order[start : start + c]
+        start += c
+        slot, tok = pick // n_tok, pick % n_tok
+        ids = torch.full((c, 1), e, dtype=indices.dtype, device=indices.device)
+        y = forward(hidden[tok], ids, weights[tok, slot][:, None]).to(per.dtype)
+        per[:, e].index_add_(0, tok, y)
+        if out is not None:
+            out.index_add_(0, tok, y.to(out.dtype))
+    return per, out
 
 
 class _Restore:
@@ -129,26 +142,38 @@ def expert_hooks(session: Session, layer: int, layer_module: nn.Module, spec: Ex
         logits, weights, indices = output
         n = logits.shape[0]
         if wants(names["router.logits"]):
-            new = session.site(names["router.logits"], as_site(logits)).reshape(n, -1)
-            if new is not as_site(logits) and not torch.equal(new, logits):
-                top_k = int(getattr(module, "top_k", indices.shape[-1]))
-                weights, indices = route(new, top_k, spec.rule, bool(getattr(module, "norm_topk_prob", True)))
-            logits = new
+            view = as_site(logits)
+            new = session.site(names["router.logits"], view)
+            if new is not view:
+                new = new.reshape(n, -1)
+                if not torch.equal(new, logits):
+                    top_k = int(getattr(module, "top_k", indices.shape[-1]))
+                    weights, indices = route(new, top_k, spec.rule, bool(getattr(module, "norm_topk_prob", True)))
+                logits = new
         if wants(names["router.weights"]):
             d = dense_weights(weights, indices, n_experts)
-            new = session.site(names["router.weights"], as_site(d)).reshape(n, -1)
-            if not torch.equal(new, d):
-                weights, indices = sparse_weights(new)
+            view = as_site(d)
+            new = session.site(names["router.weights"], view)
+            if new is not view:
+                new = new.reshape(n, -1)
+                if not torch.equal(new, d):
+                    weights, indices = sparse_weights(new)
         return logits, weights, indices
 
     own = type(experts).forward.__get__(experts)  # the class's forward, bound: called once per expert below
 
     def experts_forward(hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         # in place of the module's forward while recorded or edited: each expert computed once (not the module's
-        # loop and then each expert again), the block's output their sum in expert order, as the module adds them
-        # per token (x + 0 = x: bit for bit the module's output; tests/models/test_sites.py)
-        per, _ = _experts_per_expert(own, hidden, indices, weights, n_experts)
-        new = session.site(names["experts.out"], as_site(per)).reshape(per.shape)
+        # loop and then each expert again); unedited, the block's output is summed as the module sums it
+        # (index_add_ per expert in expert order: bit for bit the module's output; tests/models/test_sites.py);
+        # edited, the edited outputs' sum over experts in expert order (x + 0 = x: the same rule)
+        edited = names["experts.out"] in session.edits
+        per, out = _experts_per_expert(own, hidden, indices, weights, n_experts, total=not edited)
+        view = as_site(per)
+        new = session.site(names["experts.out"], view)
+        if out is not None and new is view:
+            return out
+        new = new.reshape(per.shape)
         out = torch.zeros_like(hidden)
         for e in range(n_experts):
             out = out + new[:, e].to(out.dtype)
