@@ -21,7 +21,7 @@ With nothing edited the block's output is unchanged (the hooks return the module
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -72,7 +72,14 @@ def sparse_weights(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return dense.gather(1, order), order
 
 
+# the experts modules whose forward is Mixtral's loop (transformers 5: the same source in each), which
+# :func:`_experts_per_expert` runs itself, op for op, without the module's per-call mask and buffers;
+# tests/interventions/test_experts.py checks it against the module's own loop bit for bit
+MIXTRAL_LOOP = frozenset({"MixtralExperts", "Qwen2MoeExperts", "Qwen3MoeExperts", "OlmoeExperts"})
+
+
 def _experts_per_expert(
+    experts: nn.Module,
     forward: Callable[..., torch.Tensor],
     hidden: torch.Tensor,
     indices: torch.Tensor,
@@ -80,18 +87,20 @@ def _experts_per_expert(
     n_experts: int,
     total: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``[token, expert, d_model]`` weighted outputs, from the module's own ``forward`` once per expert on the
-    tokens routed to it (in the module's order: by top-k slot, then token), and (``total``) their sum as the
-    module adds them: into zeros, per expert in expert order, ``index_add_`` over the expert's tokens (bit for
-    bit the module's output, without a second pass over the ``[token, expert, d_model]`` tensor)."""
-    per = hidden.new_zeros(hidden.shape[0], n_experts, hidden.shape[1])
+    """``[token, expert, d_model]`` weighted outputs, each expert run once on the tokens routed to it (in the
+    module's order: by top-k slot, then token) by the module's own ``forward`` (or, for :data:`MIXTRAL_LOOP`
+    modules, by the loop body of that forward), and (``total``) their sum as the module adds them: into zeros,
+    per expert in expert order, ``index_add_`` over the expert's tokens (bit for bit the module's output, without
+    a second pass over the ``[token, expert, d_model]`` tensor)."""
+    n_tok, d = hidden.shape
+    per = hidden.new_zeros(n_experts, n_tok, d)  # expert-major while filled (contiguous rows), token-major after
     out = torch.zeros_like(hidden) if total else None
     # every (slot, token) pair at once, grouped by expert and kept in (slot, token) order within an expert:
     # what ``torch.where(indices.t() == e)`` gives per expert, without one full-size comparison per expert
     flat = indices.t().reshape(-1)
     order = torch.argsort(flat, stable=True)
     counts = torch.bincount(flat, minlength=n_experts).tolist()
-    n_tok = indices.shape[0]
+    loop = type(experts).__name__ in MIXTRAL_LOOP
     start = 0
     for e, c in enumerate(counts[:n_experts]):
         if not c:
@@ -99,12 +108,18 @@ def _experts_per_expert(
         pick = order[start : start + c]
         start += c
         slot, tok = pick // n_tok, pick % n_tok
-        ids = torch.full((c, 1), e, dtype=indices.dtype, device=indices.device)
-        y = forward(hidden[tok], ids, weights[tok, slot][:, None]).to(per.dtype)
-        per[:, e].index_add_(0, tok, y)
+        if loop:  # Mixtral's loop body for expert e, as written there
+            m: Any = experts
+            gate, up = nn.functional.linear(hidden[tok], m.gate_up_proj[e]).chunk(2, dim=-1)
+            y = nn.functional.linear(m.act_fn(gate) * up, m.down_proj[e])
+            y = (y * weights[tok, slot, None]).to(hidden.dtype)
+        else:
+            ids = torch.full((c, 1), e, dtype=indices.dtype, device=indices.device)
+            y = forward(hidden[tok], ids, weights[tok, slot][:, None]).to(hidden.dtype)
+        per[e].index_add_(0, tok, y)
         if out is not None:
-            out.index_add_(0, tok, y.to(out.dtype))
-    return per, out
+            out.index_add_(0, tok, y)
+    return per.transpose(0, 1).contiguous(), out
 
 
 class _Restore:
@@ -168,7 +183,7 @@ def expert_hooks(session: Session, layer: int, layer_module: nn.Module, spec: Ex
         # (index_add_ per expert in expert order: bit for bit the module's output; tests/models/test_sites.py);
         # edited, the edited outputs' sum over experts in expert order (x + 0 = x: the same rule)
         edited = names["experts.out"] in session.edits
-        per, out = _experts_per_expert(own, hidden, indices, weights, n_experts, total=not edited)
+        per, out = _experts_per_expert(experts, own, hidden, indices, weights, n_experts, total=not edited)
         view = as_site(per)
         new = session.site(names["experts.out"], view)
         if out is not None and new is view:
