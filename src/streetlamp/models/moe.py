@@ -10,9 +10,10 @@ per token in expert order. The hooks here expose that as named sites of shape ``
   an edit routes with exactly the edited weights (an expert with weight 0 is not computed, one with a
   non-zero weight is, whether or not the router chose it);
 - ``layers.{l}.experts.out``: ``[batch, pos, expert, d_model]``, each expert's weighted output (0 where not
-  routed); computed by calling the experts module once per expert on the tokens routed to it, in the
-  module's own token order, in place of the module's loop (each expert runs once), so the sum over experts in
-  expert order is the module's output bit for bit;
+  routed); computed once per expert on the tokens routed to it, in the module's own token order, in place of
+  the module's loop (each expert runs once: Mixtral's loop body where the module's forward is Mixtral's, else
+  the module called on that expert's tokens), the block's output added up as the module adds it, so the sum over
+  experts in expert order is the module's output bit for bit;
 - ``layers.{l}.shared_expert.out``: Qwen-MoE's shared expert's output before its sigmoid gate.
 
 With nothing edited the block's output is unchanged (the hooks return the module's own outputs).
