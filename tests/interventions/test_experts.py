@@ -288,3 +288,32 @@ def test_bad_routing_edits_are_one_line() -> None:
     with pytest.raises(StreetlampError, match="some token's only expert: removing it leaves nothing to renormalise"):
         X.audit(a, inputs, top_k=1, renormalise=True, tokens=False)
     assert a.layer_modules[0].mlp.gate.top_k == 2  # restored after the refusal
+
+
+@pytest.mark.parametrize("family", [n for n in MOE if n != "gpt_oss"])
+def test_recorded_expert_outputs_are_hugging_faces_own_loop_in_float32(family: str) -> None:
+    """Recording (models/moe.py runs each expert once on its tokens, grouped by one sort) leaves the logits bit
+    for bit unchanged, and ``experts.out[..., e, :]`` is bit for bit what Hugging Face's eager loop computes for
+    expert e: the unpatched module called on the block's own inputs with every other expert's index set to
+    ``num_experts`` (which its loop skips)."""
+    a = _adapter(family, torch.float32)
+    inputs = a.encode(TEXTS)
+    seen: dict[int, tuple] = {}
+    handles = [
+        a.layer_modules[l].mlp.experts.register_forward_hook(lambda m, args, out, l=l: seen.__setitem__(l, args))
+        for l in range(a.n_layers)
+    ]
+    try:
+        plain = a.forward(inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    f = a.forward(inputs, record=["*"])
+    assert torch.equal(f.logits, plain.logits)
+    for l in range(a.n_layers):
+        hidden, idx, w = seen[l]
+        ex = a.layer_modules[l].mlp.experts
+        per = f.cache[f"layers.{l}.experts.out"].reshape(hidden.shape[0], ex.num_experts, -1)
+        for e in range(ex.num_experts):
+            want = ex(hidden, torch.where(idx == e, idx, ex.num_experts), w)
+            assert torch.equal(per[:, e], want), (l, e)

@@ -10,9 +10,10 @@ per token in expert order. The hooks here expose that as named sites of shape ``
   an edit routes with exactly the edited weights (an expert with weight 0 is not computed, one with a
   non-zero weight is, whether or not the router chose it);
 - ``layers.{l}.experts.out``: ``[batch, pos, expert, d_model]``, each expert's weighted output (0 where not
-  routed); computed by calling the experts module once per expert on the tokens routed to it, in the
-  module's own token order, in place of the module's loop (each expert runs once), so the sum over experts in
-  expert order is the module's output bit for bit;
+  routed); computed once per expert on the tokens routed to it, in the module's own token order, in place of
+  the module's loop (each expert runs once: Mixtral's loop body where the module's forward is Mixtral's, else
+  the module called on that expert's tokens), the block's output added up as the module adds it, so the sum over
+  experts in expert order is the module's output bit for bit;
 - ``layers.{l}.shared_expert.out``: Qwen-MoE's shared expert's output before its sigmoid gate.
 
 With nothing edited the block's output is unchanged (the hooks return the module's own outputs).
@@ -21,7 +22,7 @@ With nothing edited the block's output is unchanged (the hooks return the module
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -72,26 +73,54 @@ def sparse_weights(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return dense.gather(1, order), order
 
 
+# the experts modules whose forward is Mixtral's loop (transformers 5: the same source in each), which
+# :func:`_experts_per_expert` runs itself, op for op, without the module's per-call mask and buffers;
+# tests/interventions/test_experts.py checks it against the module's own loop bit for bit
+MIXTRAL_LOOP = frozenset({"MixtralExperts", "Qwen2MoeExperts", "Qwen3MoeExperts", "OlmoeExperts"})
+
+
 def _experts_per_expert(
+    experts: nn.Module,
     forward: Callable[..., torch.Tensor],
     hidden: torch.Tensor,
     indices: torch.Tensor,
     weights: torch.Tensor,
     n_experts: int,
-) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """``[token, expert, d_model]`` weighted outputs, from the module's own ``forward`` once per expert on the
-    tokens routed to it (in the module's order: by top-k slot, then token), and the token rows of each expert."""
-    cols, rows = [], []
-    for e in range(n_experts):
-        slot, tok = torch.where(indices.t() == e)
-        rows.append(tok)
-        col = hidden.new_zeros(hidden.shape)
-        if tok.numel():
-            ids = torch.full((tok.numel(), 1), e, dtype=indices.dtype, device=indices.device)
-            out = forward(hidden[tok], ids, weights[tok, slot][:, None])
-            col = col.index_add(0, tok, out.to(col.dtype))
-        cols.append(col)
-    return torch.stack(cols, dim=1), rows
+    total: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``[token, expert, d_model]`` weighted outputs, each expert run once on the tokens routed to it (in the
+    module's order: by top-k slot, then token) by the module's own ``forward`` (or, for :data:`MIXTRAL_LOOP`
+    modules, by the loop body of that forward), and (``total``) their sum as the module adds them: into zeros,
+    per expert in expert order, ``index_add_`` over the expert's tokens (bit for bit the module's output, without
+    a second pass over the ``[token, expert, d_model]`` tensor)."""
+    n_tok, d = hidden.shape
+    per = hidden.new_zeros(n_experts, n_tok, d)  # expert-major while filled (contiguous rows), token-major after
+    out = torch.zeros_like(hidden) if total else None
+    # every (slot, token) pair at once, grouped by expert and kept in (slot, token) order within an expert:
+    # what ``torch.where(indices.t() == e)`` gives per expert, without one full-size comparison per expert
+    flat = indices.t().reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=n_experts).tolist()
+    loop = type(experts).__name__ in MIXTRAL_LOOP
+    start = 0
+    for e, c in enumerate(counts[:n_experts]):
+        if not c:
+            continue
+        pick = order[start : start + c]
+        start += c
+        slot, tok = pick // n_tok, pick % n_tok
+        if loop:  # Mixtral's loop body for expert e, as written there
+            m: Any = experts
+            gate, up = nn.functional.linear(hidden[tok], m.gate_up_proj[e]).chunk(2, dim=-1)
+            y = nn.functional.linear(m.act_fn(gate) * up, m.down_proj[e])
+            y = (y * weights[tok, slot, None]).to(hidden.dtype)
+        else:
+            ids = torch.full((c, 1), e, dtype=indices.dtype, device=indices.device)
+            y = forward(hidden[tok], ids, weights[tok, slot][:, None]).to(hidden.dtype)
+        per[e].index_add_(0, tok, y)
+        if out is not None:
+            out.index_add_(0, tok, y)
+    return per.transpose(0, 1).contiguous(), out
 
 
 class _Restore:
@@ -129,26 +158,38 @@ def expert_hooks(session: Session, layer: int, layer_module: nn.Module, spec: Ex
         logits, weights, indices = output
         n = logits.shape[0]
         if wants(names["router.logits"]):
-            new = session.site(names["router.logits"], as_site(logits)).reshape(n, -1)
-            if new is not as_site(logits) and not torch.equal(new, logits):
-                top_k = int(getattr(module, "top_k", indices.shape[-1]))
-                weights, indices = route(new, top_k, spec.rule, bool(getattr(module, "norm_topk_prob", True)))
-            logits = new
+            view = as_site(logits)
+            new = session.site(names["router.logits"], view)
+            if new is not view:
+                new = new.reshape(n, -1)
+                if not torch.equal(new, logits):
+                    top_k = int(getattr(module, "top_k", indices.shape[-1]))
+                    weights, indices = route(new, top_k, spec.rule, bool(getattr(module, "norm_topk_prob", True)))
+                logits = new
         if wants(names["router.weights"]):
             d = dense_weights(weights, indices, n_experts)
-            new = session.site(names["router.weights"], as_site(d)).reshape(n, -1)
-            if not torch.equal(new, d):
-                weights, indices = sparse_weights(new)
+            view = as_site(d)
+            new = session.site(names["router.weights"], view)
+            if new is not view:
+                new = new.reshape(n, -1)
+                if not torch.equal(new, d):
+                    weights, indices = sparse_weights(new)
         return logits, weights, indices
 
     own = type(experts).forward.__get__(experts)  # the class's forward, bound: called once per expert below
 
     def experts_forward(hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         # in place of the module's forward while recorded or edited: each expert computed once (not the module's
-        # loop and then each expert again), the block's output their sum in expert order, as the module adds them
-        # per token (x + 0 = x: bit for bit the module's output; tests/models/test_sites.py)
-        per, _ = _experts_per_expert(own, hidden, indices, weights, n_experts)
-        new = session.site(names["experts.out"], as_site(per)).reshape(per.shape)
+        # loop and then each expert again); unedited, the block's output is summed as the module sums it
+        # (index_add_ per expert in expert order: bit for bit the module's output; tests/models/test_sites.py);
+        # edited, the edited outputs' sum over experts in expert order (x + 0 = x: the same rule)
+        edited = names["experts.out"] in session.edits
+        per, out = _experts_per_expert(experts, own, hidden, indices, weights, n_experts, total=not edited)
+        view = as_site(per)
+        new = session.site(names["experts.out"], view)
+        if out is not None and new is view:
+            return out
+        new = new.reshape(per.shape)
         out = torch.zeros_like(hidden)
         for e in range(n_experts):
             out = out + new[:, e].to(out.dtype)
