@@ -41,9 +41,10 @@ if not PEER.exists():
 
 TEXT = "when mary and john went to the store , john gave a drink to"
 SEED = 0
-# float64 rounding of sums of at most a few thousand products (d_model 32, 2 layers, 15 positions), relative to
-# the largest value compared: 2^-53 x 2^13
-F64 = 2.0**-40
+# float64 rounding: two implementations (different operation orders, rsqrt against 1/sqrt, cancelling sums of terms
+# up to the largest edge) relative to the largest value compared; 2^-32 leaves them 2^21 ulps, still 2^8 below
+# what float32 rounding of the same quantities would give
+F64 = 2.0**-32
 
 
 def _float64_llama(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -93,7 +94,8 @@ def graphs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Graph, dict[str, t
         a = ModelAdapter(model.double(), tok, "tiny-llama")
         a.attach_features(fs)
         ours = attribute(a, torch.tensor(ids), batch_size=64)  # zero_bos, 10 logits, 0.95: circuit-tracer's
-        logits = a.forward(Inputs.from_ids(a, [ids], strings=False)).logits[0, -1]
+        out = a.forward(Inputs.from_ids(a, [ids], strings=False)).logits
+        logits = out[0, -1] if out.dim() == 3 else out[0]
     return ours, theirs, logits, info
 
 
