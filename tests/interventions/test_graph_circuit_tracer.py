@@ -41,10 +41,10 @@ if not PEER.exists():
 
 TEXT = "when mary and john went to the store , john gave a drink to"
 SEED = 0
-# float64 rounding: two implementations (different operation orders, rsqrt against 1/sqrt, cancelling sums of terms
-# up to the largest edge) relative to the largest value compared; 2^-32 leaves them 2^21 ulps, still 2^8 below
-# what float32 rounding of the same quantities would give
-F64 = 2.0**-32
+# float64 on both sides, relative to the largest value compared. Measured: activations 2e-10, logits 3e-11, adjacency
+# 5e-9 of the largest (its float32 storage), i.e. above float64 rounding (1e-15) but 2^8 below float32's 2^-24: a
+# float32 constant on one side (e.g. a norm's eps) is the likely residue, not located. 2^-28 is 2^4 below float32.
+F64 = 2.0**-28
 
 
 def _float64_llama(monkeypatch: pytest.MonkeyPatch) -> None:
