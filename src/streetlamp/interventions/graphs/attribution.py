@@ -17,7 +17,8 @@ the target through the frozen model:
   reaches ``logit_prob`` (circuit-tracer's ``compute_salient_logits``: top ``max_logits`` by probability,
   cut after the first whose running sum reaches the threshold; defaults 10 and 0.95);
 - with ``zero_bos`` (circuit-tracer's default) a first token that is a special token (BOS) has no feature
-  nodes and zero error vectors: its residual stream is the same on every prompt.
+  nodes and zero error vectors (its residual stream is the same on every prompt); its token node keeps its
+  embedding and its edges, as circuit-tracer's.
 
 Rows are computed in batches: the prompt is repeated ``batch_size`` times, one target per copy, one
 backward pass per batch from the retained forward graph. Every row holds the columns of every active
@@ -219,9 +220,9 @@ class Replacement:
             c += self.dec[key].shape[0]
         self.errors = errors
         self.err_dev = errors.to(self.h.device, self.h.dtype)
-        embed = self.cache["embed"][0].detach()
-        self.embed_vals = embed.clone()
-        self.embed_vals[:first] = 0
+        # every token keeps its embedding as its node's vector, the special first one too (circuit-tracer's
+        # token_vectors = W_E[tokens]: zero_bos zeroes that position's features and errors, not its token node)
+        self.embed_vals = self.cache["embed"][0].detach().clone()
         self.n_cols = self.n_act + L * n + n  # features, errors, tokens
 
     def _cut(self, layer: int):  # noqa: ANN202 - an edit function
