@@ -49,13 +49,18 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     m = json.loads((out / "manifest.json").read_text())
     m["tokens"][1] = EVIL
     labels = m["graph_view"]["labels"]
-    labels[labels.index("token 'mary' @1")] = f"token {EVIL} @1"
+    labels[labels.index("token 'mary' @1")] = shown_label("token 'mary' @1")
     (out / "manifest.json").write_text(json.dumps(m))
     qp = pd.read_csv(out / "qk_pairs.csv")
     qp.loc[0, "query_part"] = EVIL
     qp.to_csv(out / "qk_pairs.csv", index=False)
     write_report(out)
     return {"run": out, "plain": graph_run(t, "plain", ["--head-edges", "0"])}
+
+
+def shown_label(label: str) -> str:
+    """A node's label as the page shows it: the fixture planted markup in token 1's."""
+    return f"token {EVIL} @1" if label == "token 'mary' @1" else label
 
 
 def drawn(p: Any) -> dict:
@@ -174,7 +179,7 @@ def test_graph_paths_audit_and_head_panels(runs: dict[str, Path], page: Page, tm
         assert rows.count() == min(12, int((mine.loading != 0).sum()))
         big = mine.iloc[int(mine.loading.abs().argmax())]
         first = rows.first.locator("td").all_text_contents()
-        assert first[:2] == [big.source, big.target]
+        assert first[:2] == [shown_label(big.source), shown_label(big.target)]
         assert float(rows.first.locator("td").nth(3).get_attribute("data-value")) == pytest.approx(
             big.loading, rel=1e-6
         )

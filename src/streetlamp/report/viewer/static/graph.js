@@ -117,7 +117,7 @@
         nodes++; drawn.nodes.push([nid[i], k, x, y]);
       }
       g.globalAlpha = 1; g.fillStyle = "#222"; g.font = "10px sans-serif"; g.textAlign = "center";
-      logits.forEach((i, r) => { const [x, y] = xy[i]; g.fillText(fit(g, toks.length ? label(nid[i]).replace(/^logit /, "") : "", slot - 8), x, y - 22 + (r % 2 ? -11 : 0)); g.fillText(fmt(nprob[i], 3), x, y + 15); });
+      logits.forEach((i, r) => { const [x, y] = xy[i]; g.fillText(fit(g, label(nid[i]).replace(/^logit /, ""), slot - 8), x, y - 22 + (r % 2 ? -11 : 0)); g.fillText(fmt(nprob[i], 3), x, y + 15); });
       g.font = "11px sans-serif";
       toks.forEach((t, p) => g.fillText(fit(g, t, colW - 6), colX(p), base[0] + 10));
       g.font = "9px sans-serif"; g.fillStyle = "#777";
