@@ -49,6 +49,7 @@ def main() -> None:
         ig_steps=8,
         max_answer_tokens=4,
         truncate=False,
+        court=[1, 3, 5],
         batch_size=None,
         seed=a.seed,
     )

@@ -169,6 +169,31 @@ def test_run_folder_and_court(setup: dict[str, Path], adapter, tmp_path: Path, c
     assert set(court.k) == {1, 3, 5}
 
 
+def test_court_sizes(setup: dict[str, Path], adapter, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    """``--court 2``: only k = 2, equal to direct forwards; ``--court none``: no court rows (the header kept), no
+    court forwards counted; a bad size: one line, exit 2, no folder."""
+    base = ["cite", "--model", str(setup["llama"]), "--context", str(setup["sources"])]
+    base += ["--question", "what is the capital of france", "--answer", "paris", "--methods", "leave_one_out"]
+    two = tmp_path / "two"
+    assert main([*base, "--court", "2", "--out", str(two)]) == 0
+    court = pd.read_csv(two / "court.csv")
+    assert court.k.tolist() == [2]
+    r = court.iloc[0]
+    keep = np.ones(len(SOURCES), bool)
+    keep[[int(x) for x in str(r.top_sources).split()]] = False
+    assert abs(r.logprob_without_top_k - direct_logprob(adapter, lay_of(adapter).ids(keep), 1)) < 1e-4
+    none = tmp_path / "none"
+    assert main([*base, "--court", "none", "--out", str(none)]) == 0
+    empty = pd.read_csv(none / "court.csv")
+    assert len(empty) == 0 and "drop_without_top_k" in empty.columns
+    assert "court (k=1)" not in capsys.readouterr().out
+    bad = tmp_path / "bad"
+    for spec in ("0", "one"):
+        assert main([*base, "--court", spec, "--out", str(bad)]) == 2
+        err = capsys.readouterr().err
+        assert "--court" in err and len(err.strip().splitlines()) == 1 and not bad.exists()
+
+
 @pytest.mark.parametrize(
     ("content", "why"),
     [

@@ -38,6 +38,20 @@ def parse_cite_methods(spec: str | list[str]) -> list[str]:
     return [m for m in METHODS if m in names]
 
 
+def parse_court(spec: str | list[str] | list[int]) -> list[int]:
+    """``"1,3,5"`` -> ``[1, 3, 5]``; ``"none"`` -> ``[]`` (no court: each question costs only its methods)."""
+    names = split_list([str(x) for x in spec] if isinstance(spec, list) else spec)
+    if names == ["none"]:
+        return []
+    try:
+        ks = sorted({int(n) for n in names})
+    except ValueError:
+        raise StreetlampError(f"--court takes sizes like 1,3,5 or 'none', not {spec!r}") from None
+    if not ks or ks[0] < 1:
+        raise StreetlampError(f"--court sizes must be positive integers (or 'none'), not {spec!r}")
+    return ks
+
+
 @dataclass
 class CiteMethodSettings(Settings):
     """The methods and their parameters (shared by ``cite`` and ``cite-bench``)."""
@@ -56,6 +70,12 @@ class CiteMethodSettings(Settings):
     attntrace_fraction: float = option(0.4, gt=0, le=1, help="AttnTrace: fraction of the sources in a subset")
     attntrace_top: int = option(5, ge=1, help="AttnTrace: a source's score is the mean of its top-K token values")
     ig_steps: int = option(16, ge=2, le=512, help="integrated gradients: Riemann steps (fixed, not adaptive)")
+    court: list[int] = option(
+        default_factory=lambda: [1, 3, 5],
+        parse=parse_court,
+        help="the court's sizes k: the answer with each method's top-k sources removed / only them kept "
+        "(default 1,3,5; 'none': no court, the cheap way to measure recall at long contexts)",
+    )
     max_answer_tokens: int = option(8, ge=1, le=64, help="the generated answer's length at most (no --answer)")
     truncate: bool = option(False, help="drop sources from the end when the context is over the model's window")
 

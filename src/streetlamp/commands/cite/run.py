@@ -160,7 +160,7 @@ def cite(
             res.costs["leave_one_out"] = c
         res.scores = {m: res.scores[m] for m in methods}  # the methods' order, whichever ran first
         score.forget()
-        res.court = C.court(score, res.scores)
+        res.court = C.court(score, res.scores, tuple(s.court))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return res
@@ -206,6 +206,18 @@ TABLE_MEANING = {
 }
 
 
+COURT_COLUMNS = [
+    "method",
+    "k",
+    "top_sources",
+    "logprob_all",
+    "logprob_without_top_k",
+    "drop_without_top_k",
+    "logprob_only_top_k",
+    "drop_only_top_k",
+]
+
+
 def run_cite(adapter: ModelAdapter, s: Any, out: Any, options: Any) -> Lines:
     sources = read_sources(s.context, s.split)
     with out.staging() as w:
@@ -213,7 +225,7 @@ def run_cite(adapter: ModelAdapter, s: Any, out: Any, options: Any) -> Lines:
         tables = {
             "sources.csv": sources_table(res),
             "scores.csv": scores_table(res),
-            "court.csv": pd.DataFrame(res.court),
+            "court.csv": pd.DataFrame(res.court, columns=COURT_COLUMNS),
             "cost.csv": cost_table(res),
         }
         for name, df in tables.items():
