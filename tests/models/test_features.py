@@ -121,6 +121,55 @@ def test_editing_features_moves_the_output_through_the_decoder() -> None:
     assert (base.cache[site] != 0).sum(-1).max() <= 4  # TopK k=4
 
 
+@pytest.mark.parametrize("act", ["topk", "jumprelu", "relu"])
+def test_sparse_decode_is_the_dense_product(act: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decode from the active latents only (``embedding_bag``) equals ``a W_dec + b_dec`` in float64 (rows
+    with no active latent, negative values as an edit leaves them, a skip term); it is taken where the rows are
+    sparse (TopK k=4 of 256) and not where they are not (ReLU and this JumpReLU: many active); a gradient through ``a`` takes
+    the dense product (every latent's gradient, active or not)."""
+    d = random_dictionary(0, "mlp", 32, 256, act, seed=3)
+    d.W_skip = torch.randn(32, 32, dtype=torch.float64) * 0.1
+    x = torch.randn(3, 7, 32, dtype=torch.float64)
+    a = d.encode(x)
+    a[0, 0] = 0  # a row with nothing active
+    a[1, 2, :3] = -a[1, 2, :3] - 1.5  # edited values, negative ones among them
+    dense = a @ d.W_dec + d.b_dec + x @ d.W_skip
+    taken = []
+    original = Dictionary._sparse_decode
+    monkeypatch.setattr(Dictionary, "_sparse_decode", lambda self, *z: taken.append(r := original(self, *z)) or r)
+    got = d.decode(a, x)
+    torch.testing.assert_close(got, dense, rtol=0, atol=1e-12 * float(dense.abs().max()))
+    sparse = bool((a != 0).sum(-1).max() <= 256 // 16)
+    assert (taken[0] is not None) == sparse and sparse == (act == "topk")  # these JumpReLU rows are dense
+    a.requires_grad_(True)
+    (g,) = torch.autograd.grad(d.decode(a, x)[..., 0].sum(), a)
+    torch.testing.assert_close(g, d.W_dec[:, 0].expand_as(g), rtol=0, atol=0)  # inactive latents included
+
+
+def test_feature_edit_without_error_record_equals_two_decodes() -> None:
+    """An edit at a feature site with the error kept as computed (not recorded): the spliced output is
+    ``decode(a') + (value − decode(a))``, here computed as ``value + (a' − a) W_dec`` (one sparse product);
+    equal in float64 to the hand-written form, and an in-place edit does not fool it."""
+    a = adapter64("llama")
+    fs = FeatureSet({(0, "mlp"): random_dictionary(0, "mlp", a.d_model, 256, "topk", seed=5)}, source="r")
+    a.attach_features(fs)
+    inputs = a.encode(TEXT)
+    site, tc = feature_site(0, "mlp"), fs.get(0, "mlp")
+    base = a.forward(inputs, record=[site, "layers.0.mlp.out"])
+    feats, out = base.cache[site], base.cache["layers.0.mlp.out"]
+
+    def inplace(t: torch.Tensor) -> torch.Tensor:
+        t[..., 7] += 2.0  # steering one latent, in place
+        return t
+
+    got = a.forward(inputs, edit={site: inplace}, record=["layers.0.mlp.out"]).cache["layers.0.mlp.out"]
+    steered = feats.clone()
+    steered[..., 7] += 2.0
+    want = (steered @ tc.W_dec + tc.b_dec) + (out - (feats @ tc.W_dec + tc.b_dec))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    assert float((got - out).abs().max()) > 0.1  # the edit moved it
+
+
 def test_gradient_at_features_is_the_decoder_path() -> None:
     """d logit / d features = W_dec · d logit / d resid (the error's path does not cancel it)."""
     a = adapter64("llama")

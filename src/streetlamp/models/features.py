@@ -65,6 +65,10 @@ FEATURE_SITES: dict[str, tuple[str, str]] = {
 }
 
 
+# decode from the active latents only when at most this share of a row's latents is nonzero (Dictionary.decode)
+SPARSE_DECODE = 1 / 16
+
+
 def feature_site(layer: int, where: str, error: bool = False) -> str:
     """``layers.{layer}.{where}.features`` (or ``.features_error``)."""
     return f"layers.{layer}.{FEATURE_SITES[where][int(error)]}"
@@ -171,14 +175,43 @@ class Dictionary:
         return self.activate(self.pre(x))
 
     def decode(self, a: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
-        """``a W_dec + b_dec`` (+ ``x W_skip`` for a skip transcoder: ``x`` is its input)."""
+        """``a W_dec + b_dec`` (+ ``x W_skip`` for a skip transcoder: ``x`` is its input).
+
+        Sparse activations (at most :data:`SPARSE_DECODE` of the latents nonzero in every row, TopK's at most
+        ``k``) outside autograd are decoded from the active latents' rows only (``embedding_bag``: the same sum,
+        ``k · d_out`` multiply-adds a token instead of ``width · d_out``); a gradient through ``a`` takes the
+        dense product, so every latent, active or not, gets its gradient."""
         p = self.params(a)
-        out = a @ p["W_dec"] + p["b_dec"]  # type: ignore[operator]
+        out = self.product(a) + p["b_dec"]  # type: ignore[operator]
         if p["W_skip"] is not None:
             if x is None:
                 raise ValueError("a skip transcoder decodes with its input")
             out = out + x.to(a.dtype) @ p["W_skip"]
         return out
+
+    def product(self, a: torch.Tensor) -> torch.Tensor:
+        """``a W_dec`` (no bias, no skip term): sparse where :meth:`decode` says."""
+        W_dec = self.params(a)["W_dec"]
+        out = self._sparse_decode(a, W_dec) if not (a.requires_grad and torch.is_grad_enabled()) else None
+        return a @ W_dec if out is None else out  # type: ignore[operator]
+
+    def _sparse_decode(self, a: torch.Tensor, W_dec: torch.Tensor | None) -> torch.Tensor | None:
+        """``a @ W_dec`` from the nonzero latents of each row, or None when ``a`` is not sparse enough for that
+        to pay (or is on a device / dtype where ``embedding_bag`` is not the better path)."""
+        assert W_dec is not None
+        if a.dim() == 0 or a.shape[-1] < 64 or a.device.type != "cpu" or a.dtype not in (torch.float32, torch.float64):
+            return None
+        flat = a.reshape(-1, a.shape[-1])
+        nnz = (flat != 0).sum(-1)
+        most = int(nnz.max()) if flat.shape[0] else 0
+        if most > SPARSE_DECODE * flat.shape[-1]:
+            return None
+        if most == 0:
+            return torch.zeros(*a.shape[:-1], W_dec.shape[1], dtype=a.dtype, device=a.device)
+        vals, idx = torch.topk(flat.abs(), most, dim=-1, sorted=False)  # every nonzero of a row among its `most`
+        weights = flat.gather(-1, idx)
+        out = torch.nn.functional.embedding_bag(idx, W_dec, per_sample_weights=weights, mode="sum")
+        return out.reshape(*a.shape[:-1], W_dec.shape[1])
 
     def to(self, dtype: torch.dtype) -> Dictionary:
         """A copy with every weight in ``dtype`` (for saving in bfloat16, or float64 checks)."""
@@ -266,6 +299,20 @@ def _splice(session: Session, d: Dictionary, layer: int, x_in: torch.Tensor, val
     gradients."""
     f_name, e_name = feature_site(layer, d.where), feature_site(layer, d.where, True)
     a = d.encode(x_in)
+    if not session.keep_grad and f_name not in session.edits and not session.wants(e_name):
+        # only the features are read: the forward continues with ``value`` itself, no reconstruction needed
+        session.site(f_name, a)
+        return value
+    if not session.keep_grad and e_name not in session.edits:
+        # the error kept as computed: spliced = decode(a') + value - decode(a) = value + (a' - a) W_dec, one
+        # product of the (sparse) change instead of two decodes
+        if session.wants(e_name):
+            session.site(e_name, value - d.decode(a, x_in))
+        if f_name not in session.edits:
+            session.site(f_name, a)
+            return value
+        a_site = session.site(f_name, a.clone())  # a copy: an edit may work in place
+        return value + d.product(a_site - a).to(value.dtype)
     recon = d.decode(a, x_in)
     err = value - recon
     # a copy, so that a gradient taken at the recorded features flows through the decoder only (the error
