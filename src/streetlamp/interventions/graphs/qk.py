@@ -98,27 +98,29 @@ def feature_qk(
     if not 0 <= key <= query:
         raise StreetlampError(f"key position {key} is not visible from query {query}")
     x = rep.cache[site]  # [B, n, d], in the graph
-    contrib = {}
-    for pos in (query, key):
-        rows = []
-        for c0 in range(0, d, B):
-            cs = list(range(c0, min(d, c0 + B)))
-            rows.append(rep.rows([x[b, pos, c] for b, c in enumerate(cs)]))
-        contrib[pos] = torch.cat(rows).t().double()  # [n_cols, d]
     x0 = x[0].detach().double()
     norm = pre_attn_norm(adapter, layer)
     scale = norm.scale(x0)  # [n, 1]
     z = norm(x0)
     s = attention_scaling(adapter, layer)
+    eye = torch.eye(d, dtype=torch.float64, device=x0.device)
     side_vecs = []
     for side, pos in ((0, query), (1, key)):
-        parts = contrib[pos].to(x0.device)
-        rest = x0[pos] - parts.sum(0)  # what no node carries
-        lin = norm.linear(torch.cat([parts, rest[None]]), scale[pos])  # [P-1, d]
         M = _qk_map(adapter, layer, head, pos, z, side)  # [d_head, d]
+        # the whole linear map from the residual at ``pos`` to the rotated query / key there (the norm linearised
+        # with the token's own scale): every node's part of q_i (k_j) is P applied to what it writes at ``pos``,
+        # so the rows are read for the d_head coordinates of P x, not for the d coordinates of x
+        P = norm.linear(eye, scale[pos]) @ M.t()  # [d, d_head]
+        Px = P.to(x.dtype)
+        rows = []
+        for r0 in range(0, P.shape[1], B):
+            rs = list(range(r0, min(P.shape[1], r0 + B)))
+            rows.append(rep.rows([x[b, pos] @ Px[:, r] for b, r in enumerate(rs)], dtype=torch.float64))
+        parts = torch.cat(rows).t().to(x0.device)  # [n_cols, d_head]
+        rest = x0[pos] @ P - parts.sum(0)  # what no node carries
         bias_in = norm.beta(d).expand_as(x0)
         qb = query_key(adapter, layer, bias_in, bias=True, full=z)[side][pos, head]
-        side_vecs.append(torch.cat([lin @ M.t(), qb[None]]))  # [P, d_head]
+        side_vecs.append(torch.cat([parts, rest[None], qb[None]]))  # [P, d_head]
     Q, K = side_vecs
     q_tot, k_tot = Q.sum(0), K.sum(0)
     score = float(q_tot @ k_tot * s)
