@@ -55,7 +55,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     qp.loc[0, "query_part"] = EVIL
     qp.to_csv(out / "qk_pairs.csv", index=False)
     write_report(out)
-    return {"run": out, "plain": graph_run(t, "plain", ["--head-edges", "0"])}
+    every = graph_run(t, "every", ["--node-threshold", "1", "--edge-threshold", "1", "--head-edges", "0"])
+    return {"run": out, "plain": graph_run(t, "plain", ["--head-edges", "0"]), "every": every}
 
 
 def shown_label(label: str) -> str:
@@ -216,4 +217,57 @@ def test_graph_without_head_loadings(runs: dict[str, Path], page: Page) -> None:
     assert p.locator(".graph-head").count() == 0
     nodes = pd.read_parquet(out / "nodes.parquet")
     assert int(p.get_attribute("#graph-canvas", "data-nodes")) == int(nodes.kept.sum())
+    page.clean()
+
+
+def test_graph_edge_cap_and_error_toggle(runs: dict[str, Path], page: Page, tmp_path: Path) -> None:
+    """A large graph is not drawn whole: the N most important kept edges (default 1000, set in the page), a line
+    saying how many of how many, every edge of a clicked node even under the cap, error nodes hidden on request."""
+    out = runs["every"]
+    page.open(out / "report.html")
+    p = page.page
+    edges = pd.read_parquet(out / "edges.parquet")
+    nodes = pd.read_parquet(out / "nodes.parquet").set_index("node")
+    M = len(edges)
+    assert M > 200, M  # thresholds 1: every edge of the tiny graph kept
+    cap = min(1000, M)
+    assert p.evaluate("window.streetlamp.graph.cap()") == cap
+    assert int(p.get_attribute("#graph-canvas", "data-edges")) == cap
+    assert f"drawing {cap} of the {M} kept edges" in p.locator("#graph-edge-count").text_content()
+    p.fill("#graph-edge-cap", "50")
+    p.dispatch_event("#graph-edge-cap", "change")
+    d = drawn(p)
+    assert len(d["edges"]) == 50 and "drawing 50 of the" in p.locator("#graph-edge-count").text_content()
+    # the 50 most important as the pruning scores them: share of the target's incoming |weight| (over the kept
+    # edges) times the target's influence (plus a logit's probability)
+    a = edges.weight.abs()
+    reach = nodes.influence.fillna(0) + nodes.logit_probability.fillna(0).where(nodes.kind == "logit", 0)
+    total = a.groupby(edges.target).transform("sum")
+    score = (a / total.where(total > 0, 1)) * edges.target.map(reach)  # thresholds 1 keep zero edges too: score 0
+    top = edges.assign(score=score).nlargest(50, "score")
+    assert score.nlargest(51).iloc[-2] > score.nlargest(51).iloc[-1]  # no tie at the cut
+    assert {(int(s), int(t)) for s, t, _, _ in d["edges"]} == set(zip(top.source, top.target))
+    # a node's edges all drawn when it is clicked, though most are under the cap
+    f = int(nodes[nodes.kind == "feature"].influence.idxmax())
+    mine = edges[(edges.source == f) | (edges.target == f)]
+    xy = {int(n[0]): (n[2], n[3]) for n in d["nodes"]}
+    box = p.locator("#graph-canvas").bounding_box()
+    p.mouse.click(box["x"] + xy[f][0], box["y"] + xy[f][1])
+    on = {(int(s), int(t)) for s, t, _, h in drawn(p)["edges"] if h}
+    assert on == set(zip(mine.source, mine.target)) and len(mine) > 0
+    p.mouse.click(box["x"] + 3, box["y"] + 3)
+    # error nodes and their edges hidden, then shown again
+    p.uncheck("#graph-show-errors")
+    d = drawn(p)
+    kinds = nodes.kind.to_dict()
+    assert all(k != "error" for _, k, _, _ in d["nodes"]) and int(p.get_attribute("#graph-canvas", "data-errors")) == 0
+    assert all(kinds[int(s)] != "error" and kinds[int(t)] != "error" for s, t, _, _ in d["edges"])
+    assert "error nodes and their edges hidden" in p.locator("#graph-edge-count").text_content()
+    p.check("#graph-show-errors")
+    assert int(p.get_attribute("#graph-canvas", "data-errors")) == int((nodes[nodes.kept].kind == "error").sum())
+    p.click("#graph-edge-all")
+    assert len(drawn(p)["edges"]) == M
+    p.fill("#graph-edge-cap", "300")
+    p.dispatch_event("#graph-edge-cap", "change")
+    p.locator("#graph-canvas").screenshot(path=str(tmp_path / "graph_cap300.png"))
     page.clean()

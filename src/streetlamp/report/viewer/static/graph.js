@@ -76,13 +76,33 @@
     maxW = maxW || 1;
     let maxInf = 0; for (let i = 0; i < K; i++) if (kindOf(i) === "feature" && Number.isFinite(ninf[i])) maxInf = Math.max(maxInf, ninf[i]);
     maxInf = maxInf || 1;
-    const order = es.map((_, e) => e).sort((a, b) => Math.abs(ew[a]) - Math.abs(ew[b])); // the largest drawn last
+    // an edge's importance as the pruning scores it: its share of its target's incoming |weight| times the
+    // target's influence on the logits (a logit's own weight is its probability); the kept edges' sums
+    const inSum = new Map();
+    for (let e = 0; e < es.length; e++) inSum.set(et[e], (inSum.get(et[e]) || 0) + Math.abs(ew[e]));
+    const reach = (v) => { const i = at.get(v); if (i === undefined) return 0; return (Number.isFinite(ninf[i]) ? ninf[i] : 0) + (kindOf(i) === "logit" && Number.isFinite(nprob[i]) ? nprob[i] : 0); };
+    const escore = es.map((_, e) => (Math.abs(ew[e]) / (inSum.get(et[e]) || 1)) * reach(et[e]));
+    const order = es.map((_, e) => e).sort((a, b) => escore[a] - escore[b] || Math.abs(ew[a]) - Math.abs(ew[b])); // the most important drawn last
+    // a large graph (a real model keeps 10^5 edges) is a hairball: by default only the CAP most important are drawn
+    const M = es.length, CAP = 1000;
+    let cap = Math.min(M, CAP), showErrors = true;
+    const isError = (v) => at.has(v) && kindOf(at.get(v)) === "error";
     const canvas = el("canvas", { id: "graph-canvas", width: W, height: Hh });
     const readout = el("div", { cls: "readout", id: "graph-node" }, "hover a node for its label; click it to show only its edges (click empty space to show all)");
     const nodeEdges = el("div", { id: "graph-node-edges" });
     let focus = null; // a set of node ids whose edges alone are drawn (a clicked node, a clicked path)
     let focusEdges = null; // with a path: the set of "source:target" edges on it
     let drawn = { nodes: [], edges: [] }; // what the last draw() drew (the tests read it): [id, kind, x, y], [source, target, weight, highlighted]
+    const count = el("div", { cls: "note", id: "graph-edge-count" });
+    const capIn = el("input", { type: "number", id: "graph-edge-cap", min: "0", max: String(M), step: "100", value: String(cap) });
+    capIn.addEventListener("change", () => { const v = Math.round(Number(capIn.value)); cap = Number.isFinite(v) ? Math.max(0, Math.min(M, v)) : cap; capIn.value = String(cap); draw(); });
+    const allBtn = el("button", { id: "graph-edge-all", text: `all ${M}` });
+    allBtn.addEventListener("click", () => { cap = M; capIn.value = String(M); draw(); });
+    const errIn = el("input", { type: "checkbox", id: "graph-show-errors" }); errIn.checked = true;
+    errIn.addEventListener("change", () => { showErrors = errIn.checked; draw(); });
+    const controls = el("div", { cls: "row", id: "graph-controls" },
+      el("label", { text: "edges drawn, most important first: " }, capIn), allBtn,
+      el("label", { text: " error nodes " }, errIn));
     function draw() {
       const g = canvas.getContext("2d");
       g.fillStyle = "#fff"; g.fillRect(0, 0, W, Hh);
@@ -95,9 +115,14 @@
       for (let p = 0; p <= n; p++) { g.beginPath(); g.moveTo(left + p * colW, base[NL] - levelH[NL]); g.lineTo(left + p * colW, base[0]); g.stroke(); }
       let shown = 0;
       drawn = { nodes: [], edges: [] };
-      for (const e of order) {
+      const start = M - cap; // order is ascending: the cap most important are its last ones
+      for (let r = 0; r < M; r++) {
+        const e = order[r];
         const a = at.get(es[e]), b = at.get(et[e]);
         if (a === undefined || b === undefined || !xy[a] || !xy[b]) continue;
+        if (!showErrors && (isError(es[e]) || isError(et[e]))) continue;
+        const mine = focusEdges ? focusEdges.has(`${es[e]}:${et[e]}`) : focus && (focus.has(es[e]) || focus.has(et[e]));
+        if (r < start && !mine) continue; // under the cap, unless it is the clicked node's or path's
         const on = focusEdges ? focusEdges.has(`${es[e]}:${et[e]}`) : !focus || focus.has(es[e]) || focus.has(et[e]);
         const t = Math.abs(ew[e]) / maxW, c = ew[e] >= 0 ? POS : NEG;
         g.strokeStyle = `rgba(${c[0]},${c[1]},${c[2]},${on ? 0.12 + 0.78 * Math.sqrt(t) : 0.04})`;
@@ -107,7 +132,7 @@
       }
       let nodes = 0, errors = 0;
       for (let i = 0; i < K; i++) {
-        if (!xy[i]) continue;
+        if (!xy[i] || (!showErrors && kindOf(i) === "error")) continue;
         const [x, y] = xy[i], k = kindOf(i), dim = focus && !focus.has(nid[i]);
         g.globalAlpha = dim ? 0.3 : 1; g.lineWidth = 1; g.strokeStyle = "#333";
         if (k === "error") { g.fillStyle = ERR; g.fillRect(x - 5, y - 5, 10, 10); g.strokeRect(x - 5, y - 5, 10, 10); errors++; }
@@ -123,12 +148,15 @@
       g.font = "9px sans-serif"; g.fillStyle = "#777";
       toks.forEach((_, p) => g.fillText(String(p), colX(p), base[0] + 24));
       g.textAlign = "start";
-      Object.assign(canvas.dataset, { nodes: String(nodes), edges: String(shown), errors: String(errors), logits: String(logits.length) });
+      Object.assign(canvas.dataset, { nodes: String(nodes), edges: String(shown), errors: String(errors), logits: String(logits.length), kept: String(M) });
+      count.textContent = `drawing ${shown} of the ${M} kept edges (the ${cap} most important: share of the target's incoming |weight| × the target's influence, as the pruning scores them` +
+        `${focus ? ", and every edge of the selection" : ""}${showErrors ? "" : "; error nodes and their edges hidden"}); ` +
+        "every kept edge is in edges.parquet";
     }
     function nodeAt(ev) {
       const b = canvas.getBoundingClientRect(), px = (ev.clientX - b.left) * W / b.width, py = (ev.clientY - b.top) * Hh / b.height;
       let best = -1, bd = 49;
-      for (let i = 0; i < K; i++) { if (!xy[i]) continue; const d = (xy[i][0] - px) ** 2 + (xy[i][1] - py) ** 2; if (d < bd) { bd = d; best = i; } }
+      for (let i = 0; i < K; i++) { if (!xy[i] || (!showErrors && kindOf(i) === "error")) continue; const d = (xy[i][0] - px) ** 2 + (xy[i][1] - py) ** 2; if (d < bd) { bd = d; best = i; } }
       return best;
     }
     function describe(i) {
@@ -161,10 +189,10 @@
       "Circles: features (fill: influence on the logits, sequential palette); grey squares: error nodes (what the transcoder misses at that layer and position); dark diamonds: token embeddings; orange: logits (probability below). " +
       "Edges: blue positive, vermillion negative (Okabe-Ito), width and opacity by |weight| / the largest |weight| (" + fmt(maxW, 4) + ")." });
     root.appendChild(el("div", { cls: "panel" }, el("h2", { text: "The attribution graph (kept nodes and edges)" }), key,
-      el("div", { cls: "scroll" }, canvas), readout, el("div", { cls: "note", text: "the tokens (as text):" }), strip,
+      controls, el("div", { cls: "scroll" }, canvas), count, readout, el("div", { cls: "note", text: "the tokens (as text):" }), strip,
       L.exportButtons(() => canvas, "graph", () => `attribution graph of ${MAN.prompt || ""}`), nodeEdges));
     draw();
-    S.graph = { drawn: () => drawn, draw, select, W, Hh };
+    S.graph = { drawn: () => drawn, draw, select, W, Hh, cap: () => cap };
 
     // ---------- paths and the audit ----------
     const paths = csv("paths.csv");
