@@ -44,18 +44,20 @@ AUDIT_COLUMNS = [
 ]
 
 
-def propagate(graph: Graph, s: int) -> np.ndarray:
-    """The change at every node when source ``s`` is set to zero, through the graph (see the module)."""
-    A = graph.adjacency.double()
+def propagate(graph: Graph, s: int, A: torch.Tensor | None = None) -> np.ndarray:
+    """The change at every node when source ``s`` is set to zero, through the graph (see the module). ``A``: the
+    adjacency in float64 when the caller has it (one copy for many sources); ``M v`` is ``A (scale · v)``, so no
+    scaled ``[n, n]`` copy is made."""
+    if A is None:
+        A = graph.adjacency.double()
     nf = graph.n_features
     scale = torch.zeros(graph.n_nodes, dtype=torch.float64)
     scale[:nf] = 1.0 / torch.as_tensor(graph.activations, dtype=torch.float64).clamp(min=1e-30)
-    M = A * scale[None, :]
     d = -A[:, s]
     total = d.clone()
     cur = d
     for _ in range(graph.n_layers + 2):  # a feature reaches at most one layer further per step
-        cur = M @ cur
+        cur = A @ (scale * cur)
         if not cur.any():
             break
         total += cur
@@ -122,8 +124,9 @@ def audit(
         for r, s in enumerate(chunk):
             measured[s] = (float(dem[r] - base_logit[0]), {t: float(tv[t][r] - base_t[t][0]) for t in targets})
     rows = []
+    A64 = graph.adjacency.double()
     for c in claims:
-        pred = propagate(graph, c.source)
+        pred = propagate(graph, c.source, A64)
         m_logit, m_t = measured[c.source]
         m = m_logit if c.target == logit else m_t[c.target]
         p_tot = float(pred[c.target])

@@ -30,8 +30,13 @@ __all__ = ["Pruned", "find_threshold", "graph_scores", "influence", "normalize",
 
 
 def normalize(A: torch.Tensor) -> torch.Tensor:
-    m = A.double().abs()
-    return m / m.sum(1, keepdim=True).clamp(min=1e-10)
+    """``|A|`` with each row divided by its sum (float64, a new tensor: one ``[n, n]`` copy, worked in place)."""
+    return _normalize_(A.to(torch.float64, copy=True))
+
+
+def _normalize_(m: torch.Tensor) -> torch.Tensor:
+    m.abs_()
+    return m.div_(m.sum(1, keepdim=True).clamp_(min=1e-10))
 
 
 def influence(A: torch.Tensor, weights: torch.Tensor, max_iter: int = 10_000) -> torch.Tensor:
@@ -47,8 +52,14 @@ def influence(A: torch.Tensor, weights: torch.Tensor, max_iter: int = 10_000) ->
 
 
 def find_threshold(scores: torch.Tensor, threshold: float) -> torch.Tensor:
-    """The score at which the scores sorted in descending order first reach ``threshold`` of their total."""
-    s = torch.sort(scores.flatten(), descending=True).values
+    """The score at which the scores sorted in descending order first reach ``threshold`` of their total.
+    Only the positive scores are sorted (zeros add nothing to the total; an ``[n, n]`` matrix of edge scores is
+    mostly zeros): a zero score is never kept, at threshold 1 either (+inf when no score is positive)."""
+    s = scores.flatten()
+    s = s[s > 0]
+    if not s.numel():
+        return torch.tensor(float("inf"), dtype=scores.dtype)
+    s = torch.sort(s, descending=True).values
     cum = torch.cumsum(s, 0) / s.sum()
     i = int(torch.searchsorted(cum, torch.tensor(threshold, dtype=cum.dtype)))
     return s[min(i, len(s) - 1)]
@@ -75,12 +86,15 @@ def prune(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.9
     node_inf = influence(normalize(A), w)
     node_mask = node_inf >= find_threshold(node_inf, node_threshold)
     node_mask[-n_keep:] = True
-    pruned = A.double().clone()
+    # one float64 [n, n] at a time (the graph's own float32 adjacency aside): pruned, normalised and scored in place
+    pruned = A.to(torch.float64, copy=True)
     pruned[~node_mask] = 0
     pruned[:, ~node_mask] = 0
-    An = normalize(pruned)
-    edge_scores = An * (influence(An, w) + w)[:, None]
+    An = _normalize_(pruned)
+    reach = influence(An, w) + w
+    edge_scores = An.mul_(reach[:, None])
     edge_mask = edge_scores >= find_threshold(edge_scores, edge_threshold)
+    del An, edge_scores, pruned
     nf = graph.n_features
     old = node_mask.clone()
     node_mask[:-n_keep] &= edge_mask[:, :-n_keep].any(0)
