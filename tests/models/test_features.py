@@ -218,3 +218,28 @@ def test_bad_feature_sets(tmp_path) -> None:
         load_features(tmp_path / "d")
     with pytest.raises(StreetlampError, match="no feature set"):
         load_features(tmp_path)
+
+
+@pytest.mark.parametrize("act", ["topk", "jumprelu", "relu"])
+def test_encode_in_place_is_the_formula(act: str) -> None:
+    """encode works in place on its own pre-activations (no extra buffers): it equals σ(x W_enc + b_enc) written
+    out in float64 (TopK: the k largest by a full sort), bit for bit; activate() leaves a caller's tensor alone;
+    under autograd the gradient at x is the formula's (W_enc's columns of the active latents, hand-summed)."""
+    d = random_dictionary(0, "mlp", 32, 256, act, seed=7)
+    x = torch.randn(3, 5, 32, dtype=torch.float64)
+    z = x @ d.W_enc + d.b_enc
+    if act == "relu":
+        want = torch.where(z > 0, z, torch.zeros_like(z))
+    elif act == "jumprelu":
+        want = torch.where(z > d.threshold, z, torch.zeros_like(z))
+    else:
+        kth = z.sort(-1, descending=True).values[..., d.k - 1 : d.k]
+        want = torch.where((z >= kth) & (z > 0), z, torch.zeros_like(z))
+    assert torch.equal(d.encode(x), want)
+    assert int((want != 0).sum()) > 0 and int((want == 0).sum()) > 0  # some active, some not
+    z_copy = z.clone()
+    assert torch.equal(d.activate(z), want) and torch.equal(z, z_copy)
+    xg = x.clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(d.encode(xg).sum(), xg)
+    hand = (want != 0).double() @ d.W_enc.T  # d/dx of the active latents' z, each with slope 1
+    torch.testing.assert_close(g, hand, rtol=0, atol=1e-12)
