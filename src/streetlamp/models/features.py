@@ -159,7 +159,7 @@ class Dictionary:
             x = x - p["b_dec"]  # type: ignore[operator]
         # the bias added in place: the product is a fresh tensor, and a second [tokens, width] buffer costs
         # its page faults (2 ms a layer at width 4096, 512 tokens; autograd is unaffected: mm keeps no output)
-        return (x @ p["W_enc"]).add_(p["b_enc"])  # type: ignore[operator]
+        return (x @ p["W_enc"]).add_(p["b_enc"])  # type: ignore[operator,arg-type]
 
     def activate(self, z: torch.Tensor, inplace: bool = False) -> torch.Tensor:
         """σ(z): ReLU; TopK (the k largest kept, then ReLU; ties by index, as torch.topk); JumpReLU ``z [z > θ]``.

@@ -268,10 +268,13 @@ class Seq2SeqAdapter(ModelAdapter):
         return Seq2SeqForward(out.logits, s.cache)
 
     @torch.no_grad()
-    def generate(self, prompt_ids: torch.Tensor, n_new: int, stop_at_eos: bool = True) -> list[int]:
+    def generate(
+        self, prompt_ids: torch.Tensor, n_new: int, stop_at_eos: bool = True, kv_cache: bool = True
+    ) -> list[int]:
         """Greedy decoding for the source ``prompt_ids`` ``[src]``: at most ``n_new`` target tokens, ending
         after the decoder's EOS (``</s>``, kept as the last token: it is what the model generated) when it
-        comes first and ``stop_at_eos``, as Hugging Face's ``generate`` does."""
+        comes first and ``stop_at_eos``, as Hugging Face's ``generate`` does. ``kv_cache`` is accepted for the
+        base class's signature; the decoder reruns on the whole target each step."""
         if n_new < 1:
             raise StreetlampError(f"need at least one new token (got {n_new})")
         src = prompt_ids.view(1, -1)
