@@ -34,7 +34,10 @@ VARIANTS = [dict(), dict(qk=1.3, live_head=1), dict(qk=0.0)]  # qk 0: no match, 
 class Hand:
     """The construction's quantities computed by hand (float64) from its parameters."""
 
-    def __init__(self, pg: PlantedGraph, qk: float, value: float = 1.0, readout: float = 3.0) -> None:
+    def __init__(
+        self, pg: PlantedGraph, qk: float, value: float = 1.0, readout: float = 3.0, key: int | None = None
+    ) -> None:
+        key = pg.source if key is None else key  # the position the planted match points at
         cfg = pg.adapter.hf_model.config
         d, eps, n = cfg.hidden_size, cfg.rms_norm_eps, len(pg.ids)
         hd = d // cfg.num_attention_heads
@@ -46,13 +49,15 @@ class Hand:
         read = self.act / self.rms1  # d_A . norm(x) at the source, d_Q . norm(x) at the query
         # RoPE: u in the last rotary pair's first coordinate turns by omega per position of distance
         omega = cfg.rope_parameters["rope_theta"] ** (-(hd - 2) / hd)
-        self.score = qk**2 * read * read * math.cos(omega * (pg.query - pg.source)) / math.sqrt(hd)
+        self.score = qk**2 * read * read * math.cos(omega * (pg.query - key)) / math.sqrt(hd)
         self.alpha = math.exp(self.score) / (math.exp(self.score) + n - 1)  # every other key scores 0
-        moved = self.alpha * value * read  # the r component written at the query position
+        # the source's share of the head's attention: alpha when the match points at it, else an unmatched key's
+        self.alpha_source = self.alpha if key == pg.source else 1 / (math.exp(self.score) + n - 1)
+        moved = self.alpha_source * value * read  # the r component written at the query position (only A moves)
         self.rms_f = math.sqrt((1 + self.act**2 + moved**2) / d + eps)
         # the demeaned target logit's weight on r is readout * (1 - 1/V); the edge A -> logit is linear in A's
         # activation through the frozen pattern and norm scales
-        self.edge = readout * (1 - 1 / self.V) * self.alpha * value * (self.act / self.rms1) / self.rms_f
+        self.edge = readout * (1 - 1 / self.V) * self.alpha_source * value * (self.act / self.rms1) / self.rms_f
         self.logit = readout * moved / self.rms_f
         self.d, self.eps, self.readout, self.read, self.value = d, eps, readout, read, value
 
@@ -121,6 +126,35 @@ def test_head_loading_and_qk_name_the_planted_head_and_pair(kw: dict) -> None:
     assert (q_part, k_part) == (f"L0 F{Q} @{pg.query}", f"L0 F{A} @{pg.source}")
     assert value == pytest.approx(h.score, rel=REL)  # the planted match is the whole score
     assert all(abs(v) <= REL * h.score for _, _, v in ex.pairs[1:])
+
+
+def test_a_misplanted_match_is_named_where_it_was_planted() -> None:
+    """The key reads d_B instead of d_A: the head attends to the distractor (value 0) and moves only an unmatched
+    key's share of A. The graph's edge A -> logit follows the hand value for that share; the QK attribution at
+    (query, source) finds no pair (the (Q, A) pair of the planted model is not recovered because it is not
+    there), and at (query, distractor) names (Q, B) with the hand-computed score."""
+    pg = planted_graph_model(key=B)
+    h = Hand(pg, 0.8, key=pg.distractor)
+    right = built()[1]  # the correctly planted model's values, for contrast
+    assert h.alpha_source < 0.5 * right.alpha  # the misplanting changes the numbers the test checks
+    g = attribute(pg.adapter, pg.ids, batch_size=4)
+    col = g.adjacency[g.logit_start].double()
+    src = next(i for i in range(g.n_features) if tuple(g.features[i, 1:]) == (pg.source, A))
+    assert abs(float(col[src]) - h.edge) <= REL * abs(h.edge)
+    p = prune(g, 0.8, 0.98)
+    heads = head_loadings(pg.adapter, pg.ids, g, cross_position_edges(g, p, 10), batch_size=4)
+    chosen = qk_heads(heads, 3)
+    assert [c[:4] for c in chosen] == [(1, pg.head, pg.query, pg.source)]
+    at_source = qk_explain(pg.adapter, g, chosen, top=5, batch_size=4)[0]
+    assert at_source.score == pytest.approx(0.0, abs=REL * h.score)
+    assert at_source.pattern == pytest.approx(h.alpha_source, rel=REL)
+    assert all(abs(v) <= REL * h.score for _, _, v in at_source.pairs)
+    at_b = qk_explain(pg.adapter, g, [(1, pg.head, pg.query, pg.distractor, "probe")], top=5, batch_size=4)[0]
+    assert at_b.pattern == pytest.approx(h.alpha, rel=REL) and at_b.score == pytest.approx(h.score, rel=REL)
+    q_part, k_part, value = at_b.pairs[0]
+    assert (q_part, k_part) == (f"L0 F{Q} @{pg.query}", f"L0 F{B} @{pg.distractor}")
+    assert value == pytest.approx(h.score, rel=REL)
+    assert all(abs(v) <= REL * h.score for _, _, v in at_b.pairs[1:])
 
 
 @pytest.mark.parametrize("kw", VARIANTS[:2])

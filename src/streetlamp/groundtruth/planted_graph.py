@@ -23,6 +23,10 @@ cross-position edge ``A → logit`` is carried by ``H`` alone; H's score from th
 bilinear term between ``Q`` (query side) and ``A`` (key side); ``B``, ``C`` and ``Q`` have no edge to the logit
 in the graph (attention frozen), while in the real model zeroing ``Q`` removes the match and with it the
 answer: the mechanism a frozen-attention graph hides, and the one its QK attribution names.
+
+``key=B`` plants the wrong match (the key reads ``d_B``): the head then attends to the distractor, whose value is
+0, and moves only the small share ``1/(e^s + n - 1)`` of A; the tests check that the QK attribution names
+``(Q, B)`` there and nothing at the source, so a recovered pair is the planted one, not an artefact of the path.
 """
 
 from __future__ import annotations
@@ -72,10 +76,17 @@ class PlantedGraph:
 
 
 def planted_graph_model(
-    d_model: int = 16, heads: int = 2, qk: float = 0.8, value: float = 1.0, readout: float = 3.0, live_head: int = 0
+    d_model: int = 16,
+    heads: int = 2,
+    qk: float = 0.8,
+    value: float = 1.0,
+    readout: float = 3.0,
+    live_head: int = 0,
+    key: int = A,
 ) -> PlantedGraph:
     """The model above, with its layer-0 transcoder attached. ``qk`` scales W_Q and W_K (the match's strength),
-    ``value`` W_V, ``readout`` the target's unembedding row."""
+    ``value`` W_V, ``readout`` the target's unembedding row, ``key`` the feature whose decoder direction the key
+    reads (A: the planted match; another feature plants the match elsewhere)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from ..models.families.base import decoder_config
@@ -115,7 +126,7 @@ def planted_graph_model(
         L0.mlp.up_proj.bias.fill_(1.0)
         L0.mlp.down_proj.weight.copy_(dec.T)
         L1.self_attn.q_proj.weight[rows] = qk * torch.outer(u, dec[Q])
-        L1.self_attn.k_proj.weight[rows] = qk * torch.outer(u, dec[A])
+        L1.self_attn.k_proj.weight[rows] = qk * torch.outer(u, dec[key])
         L1.self_attn.v_proj.weight[rows] = value * torch.outer(u, dec[A])
         L1.self_attn.o_proj.weight[:, rows] = torch.outer(r, u)
         model.lm_head.weight[vocab[TARGET]] = readout * r
