@@ -371,29 +371,17 @@ def attribute(
     )
 
 
-def partial_influences(
-    rows: torch.Tensor, logit_p: torch.Tensor, row_node: torch.Tensor, n_nodes: int, chunk: int = 512
-) -> torch.Tensor:
+def partial_influences(rows: torch.Tensor, logit_p: torch.Tensor, row_node: torch.Tensor, n_nodes: int) -> torch.Tensor:
     """Influence on the logits of every column, from the rows computed so far (circuit-tracer's
     ``compute_partial_influences``): ``prod ← prod[row_node] @ |rows| / rowsum`` from the logits' probabilities,
-    summed until it vanishes (a DAG: at most its depth). ``|rows| / rowsum`` is formed ``chunk`` rows at a time
-    (no second ``[rows, columns]`` matrix: that copy doubled the graph's peak memory)."""
-    st = rows.shape[0]
-    bounds = [(a, min(st, a + chunk)) for a in range(0, st, chunk)]
-    sums = [rows[a:b].abs().sum(1, keepdim=True).clamp(min=1e-8) for a, b in bounds]
+    summed until it vanishes (a DAG: at most its depth)."""
+    A = rows.abs()
+    A /= A.sum(1, keepdim=True).clamp(min=1e-8)
     infl = torch.zeros(n_nodes, dtype=torch.float32)
     prod = torch.zeros(n_nodes, dtype=torch.float32)
     prod[-len(logit_p) :] = logit_p.float()
     for _ in range(10_000):
-        w = prod[row_node]
-        if not w.any():
-            return infl
-        nxt = torch.zeros(n_nodes, dtype=torch.float32)
-        for (a, b), s in zip(bounds, sums):
-            wc = w[a:b]
-            if wc.any():
-                nxt[: rows.shape[1]] += wc @ (rows[a:b].abs() / s)
-        prod = nxt
+        prod = prod[row_node] @ A
         if not prod.any():
             return infl
         infl += prod
