@@ -129,8 +129,10 @@ def top_paths(graph: Graph, pruned: Pruned, k: int = 10, beam: int = 256) -> lis
     """The ``k`` kept paths into the top logit that carry most influence: a path's score is the product of
     its edges' normalised shares ``Â[t, s]`` (on the pruned graph) times the logit's weight; a path ends at a
     token or an error node. Found by a beam search backwards from the logit (``beam`` partial paths)."""
-    A = graph.adjacency.double() * pruned.edge_mask
-    An = normalize(A)
+    # one float64 [n, n] (was three: the cast, the masked product, the normalised copy), worked in place
+    An = graph.adjacency.to(torch.float64, copy=True)
+    An.mul_(pruned.edge_mask)
+    An = _normalize_(An)
     start = graph.logit_start
     partial: list[tuple[float, list[int]]] = [(float(graph.logit_probs[0]), [start])]
     done: list[tuple[float, list[int]]] = []

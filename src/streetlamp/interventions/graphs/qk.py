@@ -79,8 +79,12 @@ def feature_qk(
     top: int = 10,
     batch_size: int = 32,
     zero_bos: bool = True,
+    rep: Replacement | None = None,
 ) -> FeatureQK:
-    """Head (layer, head)'s score from ``query`` to ``key`` (default: where it attends most) in node units."""
+    """Head (layer, head)'s score from ``query`` to ``key`` (default: where it attends most) in node units.
+    ``rep``: a retained replacement pass on ``ids`` (``batch_size`` copies, the same ``zero_bos``) that records
+    ``layers.{layer}.resid_pre`` and ``layers.{layer}.attn.pattern``, shared by several heads (one forward pass
+    instead of one per head; the same values)."""
     check_replacement(adapter)
     check_lens(adapter)
     check_layer_head(adapter, layer, head)
@@ -91,7 +95,8 @@ def feature_qk(
     site = f"layers.{layer}.resid_pre"
     d = adapter.d_model
     B = max(1, int(batch_size))
-    rep = Replacement(adapter, ids, B, zero_bos, record=(site, f"layers.{layer}.attn.pattern"))
+    if rep is None:
+        rep = Replacement(adapter, ids, B, zero_bos, record=(site, f"layers.{layer}.attn.pattern"))
     row = rep.cache[f"layers.{layer}.attn.pattern"][0, head, query].double().cpu().numpy()
     if key is None:
         key = int(np.argmax(row))

@@ -24,8 +24,15 @@ import torch
 
 from ...models.adapter import Inputs, ModelAdapter
 from ...models.features import feature_site
-from ...models.readout import attention_scaling, attention_softcap, pre_attn_norm, query_key, sliding_window
-from ..engine import Intervention, run, zero
+from ...models.readout import (
+    attention_scaling,
+    attention_softcap,
+    check_lens,
+    pre_attn_norm,
+    query_key,
+    sliding_window,
+)
+from ..engine import Intervention, check_layer_head, run, zero
 from .attribution import Graph, Replacement
 from .qk import FeatureQK, feature_qk
 
@@ -145,8 +152,17 @@ def qk_explain(
     """:func:`~.qk.feature_qk` for each of ``heads`` (from :func:`qk_heads`) at its edge's (query, key)."""
     ids = torch.as_tensor(graph.ids)
     zero_bos = bool(graph.info.get("zero_bos", False))
+    if not heads:
+        return []
+    check_lens(adapter)
+    for layer, head, *_ in heads:
+        check_layer_head(adapter, layer, head)
+    # one retained replacement pass for every head (it records each head's layer input and pattern)
+    layers = sorted({layer for layer, *_ in heads})
+    record = tuple(s for l in layers for s in (f"layers.{l}.resid_pre", f"layers.{l}.attn.pattern"))
+    rep = Replacement(adapter, ids.view(-1).cpu(), max(1, int(batch_size)), zero_bos, record=record)
     return [
-        feature_qk(adapter, ids, layer, head, query, key, top=top, batch_size=batch_size, zero_bos=zero_bos)
+        feature_qk(adapter, ids, layer, head, query, key, top=top, batch_size=batch_size, zero_bos=zero_bos, rep=rep)
         for layer, head, query, key, _ in heads
     ]
 
