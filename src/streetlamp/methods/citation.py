@@ -414,6 +414,19 @@ def gradient_tokens(
 
 
 # -- the court -----------------------------------------------------------------------------------------------------
+# the court's rows (``court``), in order: court.csv keeps this header when no k is asked (``--court none``)
+COURT_COLUMNS = [
+    "method",
+    "k",
+    "top_sources",
+    "logprob_all",
+    "logprob_without_top_k",
+    "drop_without_top_k",
+    "logprob_only_top_k",
+    "drop_only_top_k",
+]
+
+
 def court(score: AnswerScore, scores: dict[str, np.ndarray], ks: tuple[int, ...] = KS) -> list[dict[str, Any]]:
     """Per method and k (k <= the number of sources): the answer's log-probability without its top-k sources
     and with only them, and each one's drop from ``L(all)``."""

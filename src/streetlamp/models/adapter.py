@@ -623,15 +623,14 @@ class ModelAdapter:
             raise StreetlampError(f"need at least one new token (got {n_new})")
         ids, out = prompt_ids.cpu(), []
         if kv_cache and self.kind.causal:
-            with torch.no_grad():
-                logits, cache = self.prefix_forward(Inputs.from_ids(self, [ids], strings=False), keep_cache=True)
-                for step in range(n_new):
-                    nxt = int(logits[0].argmax())
-                    out.append(nxt)
-                    if (stop_at_eos and nxt in self.eos_token_ids) or step == n_new - 1:
-                        break
-                    one = Inputs.from_ids(self, [[nxt]], strings=False)
-                    logits, cache = self.prefix_forward(one, cache, start=len(ids) + step, keep_cache=True)
+            logits, cache = self.prefix_forward(Inputs.from_ids(self, [ids], strings=False), keep_cache=True)
+            for step in range(n_new):
+                nxt = int(logits[0].argmax())
+                out.append(nxt)
+                if (stop_at_eos and nxt in self.eos_token_ids) or step == n_new - 1:
+                    break
+                one = Inputs.from_ids(self, [[nxt]], strings=False)
+                logits, cache = self.prefix_forward(one, cache, start=len(ids) + step, keep_cache=True)
             return out
         for _ in range(n_new):
             nxt = int(self.forward(Inputs.from_ids(self, [ids])).logits[0].argmax())

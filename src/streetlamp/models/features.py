@@ -213,7 +213,7 @@ class Dictionary:
             return None
         if most == 0:
             return torch.zeros(*a.shape[:-1], W_dec.shape[1], dtype=a.dtype, device=a.device)
-        vals, idx = torch.topk(flat.abs(), most, dim=-1, sorted=False)  # every nonzero of a row among its `most`
+        idx = torch.topk(flat.abs(), most, dim=-1, sorted=False).indices  # every nonzero of a row among its `most`
         weights = flat.gather(-1, idx)
         out = torch.nn.functional.embedding_bag(idx, W_dec, per_sample_weights=weights, mode="sum")
         return out.reshape(*a.shape[:-1], W_dec.shape[1])
@@ -324,9 +324,7 @@ def _splice(session: Session, d: Dictionary, layer: int, x_in: torch.Tensor, val
     # was computed from ``a`` itself, and its path would cancel the decoder's)
     a_site = session.site(f_name, a.clone() if session.keep_grad else a)
     e_site = session.site(e_name, err)
-    if not session.keep_grad and f_name not in session.edits and e_name not in session.edits:
-        return value
-    return d.decode(a_site, x_in) + e_site
+    return d.decode(a_site, x_in) + e_site  # kept for gradients, or the error itself edited
 
 
 def feature_hooks(session: Session, layer: int, layer_module: nn.Module) -> list[RemovableHandle]:

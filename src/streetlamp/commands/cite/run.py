@@ -206,18 +206,6 @@ TABLE_MEANING = {
 }
 
 
-COURT_COLUMNS = [
-    "method",
-    "k",
-    "top_sources",
-    "logprob_all",
-    "logprob_without_top_k",
-    "drop_without_top_k",
-    "logprob_only_top_k",
-    "drop_only_top_k",
-]
-
-
 def run_cite(adapter: ModelAdapter, s: Any, out: Any, options: Any) -> Lines:
     sources = read_sources(s.context, s.split)
     with out.staging() as w:
@@ -225,7 +213,7 @@ def run_cite(adapter: ModelAdapter, s: Any, out: Any, options: Any) -> Lines:
         tables = {
             "sources.csv": sources_table(res),
             "scores.csv": scores_table(res),
-            "court.csv": pd.DataFrame(res.court, columns=COURT_COLUMNS),
+            "court.csv": pd.DataFrame(res.court, columns=C.COURT_COLUMNS),
             "cost.csv": cost_table(res),
         }
         for name, df in tables.items():

@@ -123,7 +123,7 @@
         if (!showErrors && (isError(es[e]) || isError(et[e]))) continue;
         const mine = focusEdges ? focusEdges.has(`${es[e]}:${et[e]}`) : focus && (focus.has(es[e]) || focus.has(et[e]));
         if (r < start && !mine) continue; // under the cap, unless it is the clicked node's or path's
-        const on = focusEdges ? focusEdges.has(`${es[e]}:${et[e]}`) : !focus || focus.has(es[e]) || focus.has(et[e]);
+        const on = !focus || mine; // a path or a node sets focus (and focusEdges) together
         const t = Math.abs(ew[e]) / maxW, c = ew[e] >= 0 ? POS : NEG;
         g.strokeStyle = `rgba(${c[0]},${c[1]},${c[2]},${on ? 0.12 + 0.78 * Math.sqrt(t) : 0.04})`;
         g.lineWidth = on ? 0.5 + 3.5 * t : 0.5;
