@@ -50,6 +50,40 @@ def test_fit_writes_a_dictionary_folder_with_metrics(setup, tmp_path, capsys) ->
     assert (out / "training.csv").is_file()
 
 
+def test_evaluate_measures_a_finished_fit_without_fitting(setup, tmp_path, capsys) -> None:
+    """--evaluate DIR with the fit's corpus settings rebuilds the fit's held-out text: its metrics.csv equals the
+    fit's, value for value; the per-token columns are in the table, the csv and the manifest's columns."""
+    fit, ev = tmp_path / "fit", tmp_path / "eval"
+    assert main(args(setup, fit, "--activation", "topk", "--k", "3")) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in fit.iterdir() if p.is_file()}
+    assert main(args(setup, ev, "--evaluate", str(fit))) == 0, capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert "measured, not fitted" in out and "fvu_token_median" in out and "not the fit's" not in err
+    a, b = pd.read_csv(fit / "metrics.csv"), pd.read_csv(ev / "metrics.csv")
+    assert {"fvu_token_median", "fvu_without_massive", "massive_tokens"} <= set(b)
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
+    assert not (ev / "features.json").exists() and not (ev / "training.csv").exists()
+    man = json.loads((ev / "manifest.json").read_text())
+    assert set(man["columns"]) == set(b) and man["evaluated"]["heldout_is_the_fit's"] is True
+    assert before == {p.name: p.read_bytes() for p in fit.iterdir() if p.is_file()}  # the fit is untouched
+    # other corpus settings: measured, and said to be on other text; one layer only
+    assert main(args(setup, tmp_path / "e2", "--evaluate", str(fit), "--seed", "3", "--no-ce")) == 0
+    assert "not the fit's: --seed 3 (fit: 0)" in capsys.readouterr().err
+    one = args(setup, tmp_path / "e5", "--evaluate", str(fit), "--no-ce")
+    one[one.index("0,1")] = "1"
+    assert main(one) == 0
+    c = pd.read_csv(tmp_path / "e5" / "metrics.csv")
+    assert c.layer.tolist() == [1] and c.fvu_token_median[0] == a.fvu_token_median[1]
+    # an SAE's --kind against a transcoder folder, and a folder that is no dictionary: one line, exit 2
+    bad = args(setup, tmp_path / "e3", "--evaluate", str(fit))
+    bad[bad.index("transcoder")] = "sae"
+    assert main(bad) == 2
+    assert "sits at resid_pre" in capsys.readouterr().err
+    assert main(args(setup, tmp_path / "e4", "--evaluate", str(tmp_path))) == 2
+    assert "not a finished dictionary folder" in capsys.readouterr().err
+
+
 def test_interrupted_and_resumed_equals_uninterrupted(setup, tmp_path, capsys) -> None:
     full, part = tmp_path / "full", tmp_path / "part"
     assert main(args(setup, full, "--activation", "jumprelu", "--no-ce")) == 0

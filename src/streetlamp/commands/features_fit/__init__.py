@@ -56,6 +56,12 @@ class FeaturesFitSettings(Settings):
         None, ge=1, help="stop (checkpointed) once N shards are done in all: fit across sessions with --resume"
     )
     save_dtype: str = option("float32", choices=("float32", "bfloat16"), help="dtype of the saved dictionaries")
+    evaluate: str | None = option(
+        None,
+        help="no fit: measure the finished dictionary folder DIR (its layers among --layers) on the held-out "
+        "sequences these settings build; give the fit's --data, --tokens, --seq-len, --heldout, --seed and "
+        "--generated to get the fit's held-out text",
+    )
     ce: bool = option(
         True, flag="--no-ce", help="skip the cross-entropy metrics (3 passes over the held-out text per layer)"
     )
@@ -78,6 +84,8 @@ class FeaturesFitSettings(Settings):
                 raise StreetlampError(f"--k {self.k} is more than --width {self.width}")
         elif self.k is not None:
             raise StreetlampError(f"--k is for --activation topk, not {self.activation}")
+        if self.evaluate is not None and (self.resume or self.stop_after is not None):
+            raise StreetlampError("--evaluate fits nothing: it takes neither --resume nor --stop-after")
         if self.heldout < 1:
             raise StreetlampError("--heldout must be at least 1")
 

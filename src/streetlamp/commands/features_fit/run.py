@@ -1,9 +1,13 @@
 """``streetlamp features-fit``: one sparse dictionary per layer, fitted on the model's own activations.
 
+With ``--evaluate DIR`` nothing is fitted: the dictionaries of DIR are measured on the held-out sequences of the
+corpus the settings build, and OUT gets metrics.csv and manifest.json only.
+
 The run folder (written in place, resumable) is also the dictionary folder that ``--features DIR`` reads:
 
     OUT/features.json, layer_LLL_SITE.safetensors   the fitted set (models/dictionaries.py), when finished
-    OUT/metrics.csv       per layer: fvu, l0, dead and dense fractions, clean/spliced/zero-ablated CE, CE recovered
+    OUT/metrics.csv       per layer: fvu (and per token: its median, without massive tokens), l0, dead and dense
+                          fractions, clean/spliced/zero-ablated CE, CE recovered
     OUT/training.csv      per shard and layer: mean mse, sparsity (and aux) loss and L0 of the Adam steps
     OUT/checkpoint.safetensors   the whole training state while the fit is unfinished (removed at the end)
     OUT/manifest.json     settings (compared on --resume), model, corpus (tokens per source), training record
@@ -11,6 +15,7 @@ The run folder (written in place, resumable) is also the dictionary folder that 
 
 from __future__ import annotations
 
+import json
 import math
 import resource
 import sys
@@ -27,6 +32,7 @@ from ...features.metrics import METRIC_COLUMNS, layer_metrics
 from ...features.train import CHECKPOINT, FitConfig, fit, load_checkpoint
 from ...models.adapter import ModelAdapter
 from ...models.dictionaries import INDEX, load_features, save_features
+from ...models.features import FeatureSet
 from ...progress import Bar
 from ...specs import parse_indices
 from ...store.run_store import RunStore, atomic_write
@@ -36,6 +42,9 @@ if TYPE_CHECKING:
     from . import FeaturesFitSettings
 
 PER_RUN = ("resume", "stop_after")  # settings that may differ between the parts of one fit
+CORPUS = ("data", "tokens", "seq_len", "heldout", "seed", "generated")  # the settings that decide the held-out text
+TABLE = ("layer", "fvu", "fvu_token_median", "fvu_without_massive", "massive_tokens", "l0", "dead_fraction")
+TABLE += ("dense_fraction", "ce_recovered")
 
 
 class FeaturesFitResult:
@@ -47,6 +56,12 @@ class FeaturesFitResult:
 
     def lines(self) -> list[str]:
         v = self.values
+        if "evaluated" in v:
+            return [
+                f"{v['kind']} dictionaries of {v['evaluated']} on {v['model']}, layers "
+                f"{','.join(map(str, v['layers']))}: measured, not fitted",
+                *self._table(),
+            ]
         t = v["training"]
         head = (
             f"{v['kind']} ({v['site']}, {v['activation']}, width {v['width']}) on {v['model']}, layers "
@@ -59,18 +74,15 @@ class FeaturesFitResult:
                 f"stopped with {t['shards'] - t['shards_done']} shards to go; checkpoint {self.out}/{CHECKPOINT}",
                 f"continue: the same command with --resume --out {self.out}",
             ]
-        rows = v["metrics"]
-        cols = [c for c in ("layer", "fvu", "l0", "dead_fraction", "dense_fraction", "ce_recovered") if c in rows[0]]
+        return [head, *self._table(), "", f"dictionary folder: {self.out}/ (use: --features {self.out})"]
+
+    def _table(self) -> list[str]:
+        rows = self.values["metrics"]
+        cols = [c for c in TABLE if c in rows[0]]
         body = ["  " + " | ".join(cols)]
         for r in rows:
             body.append("  " + " | ".join(f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols))
-        return [
-            head,
-            f"metrics on {rows[0]['heldout_tokens']} held-out tokens (metrics.csv):",
-            *body,
-            "",
-            f"dictionary folder: {self.out}/ (use: --features {self.out})",
-        ]
+        return [f"metrics on {rows[0]['heldout_tokens']} held-out tokens (metrics.csv):", *body]
 
 
 def _settings_record(s: FeaturesFitSettings) -> dict:
@@ -93,6 +105,8 @@ def run_features_fit(
     if s.resume and not ck.exists():
         raise StreetlampError(f"nothing to resume: {folder} has no {CHECKPOINT}")
     layers = parse_indices(s.layers, adapter.n_layers, "--layers", "layer")
+    if s.evaluate is not None:
+        return _evaluate(adapter, s, folder, layers)
     store = RunStore.open(
         folder, _settings_record(s), {"model": adapter.describe(), "seed": s.seed}, command="features-fit"
     )
@@ -198,35 +212,91 @@ def run_features_fit(
     t_metrics = time.perf_counter() - t2
     atomic_write(folder / "metrics.csv", lambda p: pd.DataFrame(rows).to_csv(p, index=False))
     ck.unlink(missing_ok=True)
-    cols = list(rows[0])
-    store.update_manifest(
-        {
-            **common,
-            "summary": {
-                "finished": True,
-                "layers": layers,
-                "mean_fvu": sum(r["fvu"] for r in rows) / len(rows),
-                "mean_l0": sum(r["l0"] for r in rows) / len(rows),
-                "metrics_seconds": t_metrics,
-            },
-            "tables": [
-                {
-                    "title": f"per layer, on {rows[0]['heldout_tokens']} held-out tokens",
-                    "columns": cols,
-                    "rows": [[r[c] for c in cols] for r in rows],
-                }
-            ],
-            "columns": {c: METRIC_COLUMNS[c] for c in cols},
-            "files": {
-                INDEX: "the feature set (streetlamp's format): read by --features DIR",
-                "metrics.csv": "per layer: " + "; ".join(f"{c}: {METRIC_COLUMNS[c]}" for c in cols),
-                "training.csv": "per shard and layer: mean loss parts and L0 over its Adam steps (scaled units)",
-            },
-        }
-    )
+    files = {
+        INDEX: "the feature set (streetlamp's format): read by --features DIR",
+        "training.csv": "per shard and layer: mean loss parts and L0 over its Adam steps (scaled units)",
+    }
+    store.update_manifest({**common, **_metrics_manifest(rows, layers, t_metrics, files)})
     values["metrics"] = rows
     print(f"features-fit: metrics in {t_metrics:.1f} s", file=sys.stderr)
     return FeaturesFitResult(folder, values)
+
+
+def _metrics_manifest(rows: list[dict], layers: list[int], seconds: float, files: dict[str, str]) -> dict:
+    cols = list(rows[0])
+    return {
+        "summary": {
+            "finished": True,
+            "layers": layers,
+            "mean_fvu": sum(r["fvu"] for r in rows) / len(rows),
+            "mean_l0": sum(r["l0"] for r in rows) / len(rows),
+            "metrics_seconds": seconds,
+        },
+        "tables": [
+            {
+                "title": f"per layer, on {rows[0]['heldout_tokens']} held-out tokens",
+                "columns": cols,
+                "rows": [[r[c] for c in cols] for r in rows],
+            }
+        ],
+        "columns": {c: METRIC_COLUMNS[c] for c in cols},
+        "files": {"metrics.csv": "per layer: " + "; ".join(f"{c}: {METRIC_COLUMNS[c]}" for c in cols), **files},
+    }
+
+
+def _evaluate(adapter: ModelAdapter, s: FeaturesFitSettings, folder: Path, layers: list[int]) -> FeaturesFitResult:
+    """``--evaluate DIR``: the metrics of a finished dictionary folder on these settings' held-out sequences."""
+    source = Path(s.evaluate or "")
+    if not (source / INDEX).is_file():
+        raise StreetlampError(f"--evaluate {source}: no {INDEX} there (not a finished dictionary folder)")
+    fs = load_features(source, adapter)
+    other = sorted({d.where for d in fs} - {s.where})
+    if other:
+        raise StreetlampError(
+            f"--evaluate {source} holds {','.join(other)} dictionaries; --kind {s.kind} sits at {s.where}"
+        )
+    dicts = {(d.layer, d.where): d for d in fs if d.layer in layers}
+    if not dicts:
+        raise StreetlampError(f"--evaluate {source} has no dictionary at --layers {s.layers}")
+    fs = FeatureSet(dicts, source=fs.source, model=fs.model)
+    # the fit's own settings, where the folder has its manifest: is this the fit's held-out text?
+    fit: dict = {}
+    if (source / "manifest.json").is_file():
+        fit = json.loads((source / "manifest.json").read_text()).get("settings", {})
+    differs = [
+        f"--{k.replace('_', '-')} {getattr(s, k)} (fit: {fit[k]})"
+        for k in CORPUS
+        if k in fit and fit[k] != getattr(s, k)
+    ]
+    if differs:
+        print(f"features-fit: the held-out text is not the fit's: {'; '.join(differs)}", file=sys.stderr)
+    store = RunStore.open(
+        folder, _settings_record(s), {"model": adapter.describe(), "seed": s.seed}, command="features-fit"
+    )
+    corpus = build_corpus(
+        adapter, s.data, tokens=s.tokens, seq_len=s.seq_len, heldout=s.heldout, seed=s.seed, generated=s.generated
+    )
+    layers = [d.layer for d in fs]
+    t0 = time.perf_counter()
+    rows = layer_metrics(adapter, fs, corpus.held, batch_seqs=max(1, min(8, s.batch_seqs)), ce=s.ce)
+    t_metrics = time.perf_counter() - t0
+    atomic_write(folder / "metrics.csv", lambda p: pd.DataFrame(rows).to_csv(p, index=False))
+    evaluated = {
+        "folder": str(source),
+        "fit_settings": {k: fit[k] for k in CORPUS if k in fit} or None,
+        "heldout_is_the_fit's": None if not fit else not differs,
+    }
+    store.update_manifest(
+        {
+            "corpus": corpus.describe(),
+            "parameters": {**_settings_record(s), "where": s.where, "layers": layers},
+            "evaluated": evaluated,
+            **_metrics_manifest(rows, layers, t_metrics, {}),
+        }
+    )
+    print(f"features-fit: metrics in {t_metrics:.1f} s", file=sys.stderr)
+    values = {"kind": s.kind, "site": s.where, "model": adapter.name, "layers": layers, "metrics": rows}
+    return FeaturesFitResult(folder, {**values, "evaluated": str(source), "finished": True})
 
 
 def _training_rows(log: list[dict], layers: list[int]) -> list[dict]:
