@@ -112,6 +112,16 @@ def test_interrupted_and_resumed_equals_uninterrupted(setup, tmp_path, capsys) -
     assert "finished" in capsys.readouterr().err
 
 
+def test_a_fit_checkpointed_before_evaluate_existed_resumes(setup, tmp_path, capsys) -> None:
+    part = tmp_path / "part"
+    assert main(args(setup, part, "--no-ce", "--stop-after", "2")) == 0
+    man = json.loads((part / "manifest.json").read_text())
+    del man["settings"]["evaluate"]  # as an older streetlamp wrote it
+    (part / "manifest.json").write_text(json.dumps(man))
+    assert main(args(setup, part, "--no-ce", "--resume")) == 0, capsys.readouterr().err
+    assert (part / "features.json").is_file()
+
+
 @pytest.mark.parametrize(
     ("extra", "says"),
     [
@@ -121,6 +131,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(setup, tmp_path, capsys) -
         (["--activation", "topk"], "needs --k"),
         (["--site", "resid_pre"], "sits at mlp"),
         (["--resume"], "nothing to resume"),
+        (["--evaluate", "x", "--stop-after", "2"], "fits nothing"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(setup, tmp_path, capsys, extra, says) -> None:
