@@ -113,6 +113,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(setup, tmp_path, capsys) -
 
 
 def test_a_fit_checkpointed_before_evaluate_existed_resumes(setup, tmp_path, capsys) -> None:
+    """Its manifest has no ``evaluate``: a stored setting that is absent compares as None, --evaluate's default."""
     part = tmp_path / "part"
     assert main(args(setup, part, "--no-ce", "--stop-after", "2")) == 0
     man = json.loads((part / "manifest.json").read_text())

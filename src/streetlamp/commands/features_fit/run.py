@@ -108,11 +108,7 @@ def run_features_fit(
     if s.evaluate is not None:
         return _evaluate(adapter, s, folder, layers)
     store = RunStore.open(
-        folder,
-        _settings_record(s),
-        {"model": adapter.describe(), "seed": s.seed},
-        command="features-fit",
-        added={"evaluate": None},  # a fit checkpointed before --evaluate existed resumes
+        folder, _settings_record(s), {"model": adapter.describe(), "seed": s.seed}, command="features-fit"
     )
     t0 = time.perf_counter()
     corpus = build_corpus(
