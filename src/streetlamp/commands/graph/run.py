@@ -87,13 +87,12 @@ def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -
             "kept": p.node_mask.numpy(),
         }
     )
-    t_idx, s_idx = np.nonzero(p.edge_mask.numpy())
-    A = g.adjacency  # float32 as stored (a float64 copy would be 8 bytes x n_nodes^2); values cast one by one
+    t_idx, s_idx, r_idx = p.edges()
     edges = pd.DataFrame(
         {
             "source": s_idx,
             "target": t_idx,
-            "weight": A.numpy()[t_idx, s_idx].astype(np.float64),
+            "weight": g.rows.numpy()[r_idx, s_idx].astype(np.float64),  # float32 as stored, cast per edge
             "source_label": [g.label(int(i)) for i in s_idx],
             "target_label": [g.label(int(i)) for i in t_idx],
         }
@@ -101,7 +100,7 @@ def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -
     paths = top_paths(g, p, s.top)
     path_rows = []
     for rank, (score, path) in enumerate(paths, 1):
-        signed = float(np.prod([float(A[path[i + 1], path[i]]) for i in range(len(path) - 1)], dtype=np.float64))
+        signed = float(np.prod([g.weight(path[i + 1], path[i]) for i in range(len(path) - 1)], dtype=np.float64))
         path_rows.append(
             {
                 "rank": rank,
