@@ -176,7 +176,7 @@ def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -
             audit_df.to_csv(w.path / "audit.csv", index=False)
         if qk_df is not None:
             qk_df.to_csv(w.path / "qk_audit.csv", index=False)
-        (w.path / "graph.json").write_text(json.dumps(js, indent=2))
+        (w.path / "graph.json").write_text(json.dumps(js))  # no indent: the C encoder (76 MB at 66 tokens)
         (w.path / "graph-metadata.json").write_text(json.dumps({"graphs": [js["metadata"]]}, indent=2))
         view = add_view(w, nodes, edges, heads_df, g.n_layers, adapter.n_heads)
         w.write_manifest(

@@ -41,7 +41,7 @@ from ...errors import StreetlampError
 from ...models.adapter import Inputs, ModelAdapter
 from ...models.features import feature_site
 from ...progress import bar as progress_bar
-from .replacement import check_replacement, freeze_edits, frozen_norms, transcoder_layers
+from .replacement import check_replacement, freeze_edits, frozen_norms, frozen_weights, transcoder_layers
 
 __all__ = ["Graph", "Replacement", "attribute", "salient_logits"]
 
@@ -227,7 +227,7 @@ class Replacement:
         hook = head.register_forward_pre_hook(lambda m, args: seen.__setitem__("h", args[0]))
         inputs = Inputs.from_ids(adapter, [ids.tolist()] * batch, strings=False)
         try:
-            with frozen_norms(adapter):
+            with frozen_norms(adapter), frozen_weights(adapter):
                 fwd = adapter.forward(inputs, record=rec, edit=edits, keep_grad=True, grad=True)
         finally:
             hook.remove()
@@ -273,6 +273,15 @@ class Replacement:
         # token_vectors = W_E[tokens]: zero_bos zeroes that position's features and errors, not its token node)
         self.embed_vals = self.cache["embed"][0].detach().clone()
         self.n_cols = self.n_act + L * n + n  # features, errors, tokens
+
+    def release(self) -> None:
+        """Drop the retained forward pass (its graph, cache and sinks); the nodes' values stay."""
+        self.cache, self.leaves, self.blocks = {}, [], []
+        self.h = self.h.detach()
+        self.sinks.clear()
+        self.stash.clear()
+        self.v_stash.clear()
+        self.v_sinks.clear()
 
     def _cut(self, layer: int):  # noqa: ANN202 - an edit function
         def fn(v: torch.Tensor) -> torch.Tensor:
@@ -327,7 +336,7 @@ def attribute(
     *,
     max_logits: int = 10,
     logit_prob: float = 0.95,
-    batch_size: int = 32,
+    batch_size: int = 8,
     max_feature_nodes: int | None = None,
     update_interval: int = 4,
     zero_bos: bool = True,
@@ -371,7 +380,7 @@ def attribute(
     layer_of = torch.as_tensor(feat_arr[:, 0])
     bar = progress_bar(total=K + cap, desc="graph rows", disable=not progress)
 
-    def fill(st: int, targets: list[tuple[str, int]], nodes: torch.Tensor) -> None:
+    def fill(rows: torch.Tensor, st: int, targets: list[tuple[str, int]], nodes: torch.Tensor) -> None:
         r = rows_for(targets)
         rows[st : st + len(targets), :n_cols] = r
         row_node[st : st + len(targets)] = nodes
@@ -380,7 +389,7 @@ def attribute(
 
     for s in range(0, K, B):
         idx = list(range(s, min(K, s + B)))
-        fill(s, [("logit", i) for i in idx], torch.tensor(idx) + n_cols)
+        fill(rows, s, [("logit", i) for i in idx], torch.tensor(idx) + n_cols)
     st = K
     visited = torch.zeros(n_act, dtype=torch.bool)
     logit_p = torch.as_tensor(probs[logit_ids.to(probs.device)].cpu(), dtype=torch.float64)
@@ -396,10 +405,11 @@ def attribute(
             pending = pending[torch.argsort(layer_of[pending], descending=True, stable=True)]
         for s in range(0, len(pending), B):
             chunk = pending[s : s + B]
-            fill(st, [("feature", int(i)) for i in chunk], chunk)
+            fill(rows, st, [("feature", int(i)) for i in chunk], chunk)
             visited[chunk] = True
             st += len(chunk)
     bar.bar.close()
+    ctx.release()  # before the graph's rows are gathered: the retained pass is not needed any more
 
     selected = torch.nonzero(visited).view(-1)
     keep_cols = torch.cat([selected, torch.arange(n_act, n_cols + K)])
@@ -444,8 +454,8 @@ def partial_influences(
     m = rows.shape[0]
     inv = 1.0 / row_abs.clamp(min=1e-8)
     is_feature = row_node < n_cols
-    sub = torch.zeros(m, m, dtype=torch.float32)  # Â[r, column of row r'] (a logit is nobody's source)
-    sub[:, is_feature] = rows[:, row_node[is_feature]].abs_() * inv[:, None]
+    sub = rows[:, row_node]  # Â[r, column of row r']: one [m, m] copy (a logit's column is zero: nobody's source)
+    sub.abs_().mul_(inv[:, None])
     P = torch.zeros(m, dtype=torch.float32)
     P[~is_feature] = logit_p.float()[row_node[~is_feature] - n_cols]
     total = P.clone()

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-import numpy as np
 import pandas as pd
 import torch
 
@@ -78,7 +77,7 @@ def head_loadings(
     graph: Graph,
     edges: list[tuple[int, int]],
     *,
-    batch_size: int = 32,
+    batch_size: int = 8,
     progress: bool = False,
 ) -> pd.DataFrame:
     """The loadings of every head on each edge ``(target, source)`` of ``graph`` (cross-position edges), one row
