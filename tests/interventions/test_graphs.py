@@ -252,7 +252,7 @@ def hand_graph() -> Graph:
         logit_ids=np.array([9]),
         logit_probs=np.array([0.5]),
         logit_labels=["y"],
-        adjacency=A,
+        rows=A[[0, 1, 5]],  # the targets' rows: f0, f1, the logit
         error_norms=np.ones((2, 1)),
     )
 
@@ -267,6 +267,8 @@ def test_scores_on_a_hand_made_graph() -> None:
     inf = influence(normalize(g.adjacency), w)
     want = torch.tensor([1 / 9, 1 / 3, 1 / 9, 1 / 9, 5 / 18, 0], dtype=torch.float64)
     torch.testing.assert_close(inf, want, rtol=0, atol=1e-15)
+    # the graph's own form: the targets' rows only
+    torch.testing.assert_close(influence(normalize(g.rows), w, g.row_nodes), want, rtol=0, atol=1e-15)
     # (I - A)^{-1} - I, the closed form
     An = normalize(g.adjacency)
     closed = w @ (torch.linalg.inv(torch.eye(6, dtype=torch.float64) - An) - torch.eye(6, dtype=torch.float64))
@@ -290,7 +292,7 @@ def test_pruning_by_hand() -> None:
     g = hand_graph()
     p = prune(g, node_threshold=0.5, edge_threshold=0.9)
     assert p.node_mask.tolist() == [False, True, False, False, True, True]
-    kept = {(int(t), int(s)) for t, s in torch.nonzero(p.edge_mask)}
+    kept = {(int(t), int(s)) for t, s, _ in zip(*p.edges())}
     assert kept == {(1, 4), (5, 1)}
     # everything kept at thresholds 1
     p1 = prune(g, 1.0, 1.0)
@@ -505,3 +507,33 @@ def test_qk_audit_prediction_is_the_replacement_models_row() -> None:
     assert len(table) == 4 and set(table.side) == {"query", "key"}
     assert list(table["agree"]) == sorted(table["agree"])
     assert (table.clean_attention > 0).all() and table.predicted_attention_shift.abs().gt(0).all()
+
+
+def test_partial_influences_equal_circuit_tracers_loop() -> None:
+    """The influence ranking iterates on the rows' own square block and reads the wide rows once; it equals
+    circuit-tracer's loop (prod <- prod[row_node] @ |rows|/rowsum over every column, summed) on a random DAG,
+    float64 reference."""
+    from streetlamp.interventions.graphs.attribution import partial_influences
+
+    g = torch.Generator().manual_seed(3)
+    n_cols, K, m_feat = 300, 4, 60
+    level = torch.randint(0, 6, (n_cols,), generator=g)  # a node's layer: sources come from lower levels
+    feats = torch.randperm(n_cols, generator=g)[:m_feat]
+    row_node = torch.cat([torch.arange(K) + n_cols, feats])
+    rows = torch.randn(K + m_feat, n_cols + K, generator=g, dtype=torch.float64)
+    rows[:, n_cols:] = 0  # logits are nobody's source
+    rows[K:, :n_cols] *= (level[None, :] < level[feats][:, None]).double()
+    rows[:K, :n_cols] *= torch.rand(K, n_cols, generator=g) < 0.5
+    logit_p = torch.tensor([0.5, 0.2, 0.2, 0.1], dtype=torch.float64)
+    A = rows.abs() / rows.abs().sum(1, keepdim=True).clamp(min=1e-8)
+    infl = torch.zeros(n_cols + K, dtype=torch.float64)
+    prod = torch.zeros(n_cols + K, dtype=torch.float64)
+    prod[n_cols:] = logit_p
+    for _ in range(100):
+        prod = prod[row_node] @ A
+        if not prod.any():
+            break
+        infl += prod
+    assert not prod.any() and infl[feats].abs().sum() > 0  # deep enough to test the iteration
+    got = partial_influences(rows.float(), logit_p, row_node, rows.abs().sum(1).float(), n_cols)
+    torch.testing.assert_close(got.double(), infl[:n_cols], rtol=1e-5, atol=1e-7 * float(infl.max()))

@@ -34,7 +34,9 @@ class GraphSettings(Settings):
     max_feature_nodes: int = option(
         7500, ge=1, help="at most this many feature nodes, the most influential (circuit-tracer's default 7500)"
     )
-    rows: int = option(32, ge=1, le=4096, help="graph rows per backward pass (the prompt repeated; default 32)")
+    rows: int = option(
+        8, ge=1, le=4096, help="graph rows per backward pass (the prompt repeated: memory grows with it; default 8)"
+    )
     top: int = option(10, ge=1, le=1000, help="top paths printed and features / edges audited (default 10)")
     head_edges: int = option(
         50, ge=0, le=100_000, help="split this many kept cross-position edges (largest first) over heads (default 50)"

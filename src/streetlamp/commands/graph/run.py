@@ -87,13 +87,12 @@ def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -
             "kept": p.node_mask.numpy(),
         }
     )
-    t_idx, s_idx = np.nonzero(p.edge_mask.numpy())
-    A = g.adjacency  # float32 as stored (a float64 copy would be 8 bytes x n_nodes^2); values cast one by one
+    t_idx, s_idx, r_idx = p.edges()
     edges = pd.DataFrame(
         {
             "source": s_idx,
             "target": t_idx,
-            "weight": A.numpy()[t_idx, s_idx].astype(np.float64),
+            "weight": g.rows.numpy()[r_idx, s_idx].astype(np.float64),  # float32 as stored, cast per edge
             "source_label": [g.label(int(i)) for i in s_idx],
             "target_label": [g.label(int(i)) for i in t_idx],
         }
@@ -101,7 +100,7 @@ def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -
     paths = top_paths(g, p, s.top)
     path_rows = []
     for rank, (score, path) in enumerate(paths, 1):
-        signed = float(np.prod([float(A[path[i + 1], path[i]]) for i in range(len(path) - 1)], dtype=np.float64))
+        signed = float(np.prod([g.weight(path[i + 1], path[i]) for i in range(len(path) - 1)], dtype=np.float64))
         path_rows.append(
             {
                 "rank": rank,
@@ -177,7 +176,7 @@ def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -
             audit_df.to_csv(w.path / "audit.csv", index=False)
         if qk_df is not None:
             qk_df.to_csv(w.path / "qk_audit.csv", index=False)
-        (w.path / "graph.json").write_text(json.dumps(js, indent=2))
+        (w.path / "graph.json").write_text(json.dumps(js))  # no indent: the C encoder (76 MB at 66 tokens)
         (w.path / "graph-metadata.json").write_text(json.dumps({"graphs": [js["metadata"]]}, indent=2))
         view = add_view(w, nodes, edges, heads_df, g.n_layers, adapter.n_heads)
         w.write_manifest(

@@ -4,7 +4,9 @@
 Nodes, in circuit-tracer's order (so the adjacency and its Neuronpedia JSON are the same object):
 ``[features (layer, position, feature) ascending, errors (layer-major: layer·n + position), token embeddings
 (position), logits (by probability)]``. ``adjacency[target, source]`` is the direct effect of the source on
-the target through the frozen model:
+the target through the frozen model. Only features and logits are targets (errors and tokens are sources
+only), so a graph stores ``rows`` ``[features + logits, n_nodes]``: ``rows[graph.row(t), s]`` is
+``adjacency[t, s]`` (the square matrix would be mostly empty rows: at 2,048 tokens 31 · 2,048 of them):
 
 - a source writes ``v`` into the residual stream: a feature ``a_s W_dec[s]`` (at its layer's MLP output),
   an error node its error vector, a token its embedding (the ``embed`` site); the edge is ``g · v`` with
@@ -39,7 +41,7 @@ from ...errors import StreetlampError
 from ...models.adapter import Inputs, ModelAdapter
 from ...models.features import feature_site
 from ...progress import bar as progress_bar
-from .replacement import check_replacement, freeze_edits, frozen_norms, transcoder_layers
+from .replacement import check_replacement, freeze_edits, frozen_norms, frozen_weights, transcoder_layers
 
 __all__ = ["Graph", "Replacement", "attribute", "salient_logits"]
 
@@ -60,7 +62,7 @@ class Graph:
     logit_ids: np.ndarray  # [n_logits]
     logit_probs: np.ndarray  # [n_logits]
     logit_labels: list[str]
-    adjacency: torch.Tensor  # [n_nodes, n_nodes] float32, adjacency[target, source]
+    rows: torch.Tensor  # [n_features + n_logits, n_nodes] float32: the targets' rows of adjacency[target, source]
     error_norms: np.ndarray  # [n_layers, n_pos] ‖error vector‖ (0 where zeroed)
     n_active: int = 0  # active features on the prompt (the graph holds all of them, or the most influential)
     info: dict = field(default_factory=dict)
@@ -124,6 +126,32 @@ class Graph:
             return f"token {self.tokens[p]!r} @{p}"
         return f"logit {self.logit_labels[i - self.logit_start]!r}"
 
+    @property
+    def row_nodes(self) -> torch.Tensor:
+        """The node of each of :attr:`rows` (the features, then the logits)."""
+        return torch.cat([torch.arange(self.n_features), torch.arange(self.logit_start, self.n_nodes)])
+
+    def row(self, node: int) -> int | None:
+        """The row of ``node`` in :attr:`rows`; None for an error or token node (a source only)."""
+        if node < self.error_start:
+            return node
+        if node >= self.logit_start:
+            return self.n_features + node - self.logit_start
+        return None
+
+    def weight(self, target: int, source: int) -> float:
+        """``adjacency[target, source]``: the direct effect of ``source`` on ``target``."""
+        r = self.row(target)
+        return 0.0 if r is None else float(self.rows[r, source])
+
+    @property
+    def adjacency(self) -> torch.Tensor:
+        """The square ``[n_nodes, n_nodes]`` matrix (zero rows for errors and tokens), built on each call: for
+        small graphs and checks; the graph's own code reads :attr:`rows`."""
+        A = torch.zeros(self.n_nodes, self.n_nodes, dtype=self.rows.dtype)
+        A[self.row_nodes] = self.rows
+        return A
+
     def logit_weights(self) -> torch.Tensor:
         w = torch.zeros(self.n_nodes, dtype=torch.float64)
         w[self.logit_start :] = torch.as_tensor(self.logit_probs, dtype=torch.float64)
@@ -137,6 +165,30 @@ def salient_logits(probs: torch.Tensor, max_logits: int = 10, logit_prob: float 
     top_p, top_i = torch.topk(probs, min(max_logits, probs.shape[-1]))
     cut = int(torch.searchsorted(torch.cumsum(top_p, 0), torch.tensor(logit_prob, dtype=top_p.dtype))) + 1
     return top_i[:cut]
+
+
+class _Block:
+    """One layer's active features: column ``start + i`` is feature ``i`` (at position ``pos[i]``, writing
+    ``vecs[i] = a_i W_dec[i]``). The vectors are laid out by position, padded to the most features any position
+    has, so a batch of gradients ``[m, n, d]`` meets them in one batched product per layer: each position's
+    gradient is read once (a gather per feature would copy it once per feature)."""
+
+    def __init__(self, layer: int, start: int, pos: torch.Tensor, vecs: torch.Tensor) -> None:
+        self.layer, self.start, self.size = layer, start, len(pos)
+        self.pos_u, counts = torch.unique_consecutive(pos, return_counts=True)  # pos is sorted
+        kmax = int(counts.max())
+        slot = torch.arange(len(pos), device=pos.device) - torch.repeat_interleave(
+            torch.cumsum(counts, 0) - counts, counts
+        )
+        which = torch.repeat_interleave(torch.arange(len(self.pos_u), device=pos.device), counts)
+        self.padded = vecs.new_zeros(len(self.pos_u), kmax, vecs.shape[-1])
+        self.padded[which, slot] = vecs
+        self.flat = which * kmax + slot  # feature i's entry in the [positions x kmax] product
+
+    def columns(self, g: torch.Tensor) -> torch.Tensor:
+        """``[m, size]``: ``g[b, pos[i]] · vecs[i]`` for a batch of gradients ``g [m, n, d]``."""
+        prod = torch.bmm(g[:, self.pos_u].transpose(0, 1), self.padded.transpose(1, 2))  # [positions, m, kmax]
+        return prod.transpose(0, 1).reshape(g.shape[0], -1)[:, self.flat]
 
 
 class Replacement:
@@ -175,7 +227,7 @@ class Replacement:
         hook = head.register_forward_pre_hook(lambda m, args: seen.__setitem__("h", args[0]))
         inputs = Inputs.from_ids(adapter, [ids.tolist()] * batch, strings=False)
         try:
-            with frozen_norms(adapter):
+            with frozen_norms(adapter), frozen_weights(adapter):
                 fwd = adapter.forward(inputs, record=rec, edit=edits, keep_grad=True, grad=True)
         finally:
             hook.remove()
@@ -188,10 +240,11 @@ class Replacement:
         self.n, self.L = n, L
         self.skip_bos = bool(zero_bos and n > 1 and int(ids[0]) in adapter.special_ids)
         first = 1 if self.skip_bos else 0
-        # active features (row 0 of the batch), their scaled decoder vectors, per (layer, position)
+        # active features (row 0 of the batch): their scaled decoder vectors a_s W_dec[s] and positions, one block
+        # of consecutive columns per layer (features are sorted by layer, position, index)
         self.feats: list[tuple[int, int, int]] = []
-        acts: list[float] = []
-        self.dec: dict[tuple[int, int], torch.Tensor] = {}  # (layer, pos) -> [m, d] a_s W_dec[s]
+        acts: list[torch.Tensor] = []
+        self.blocks: list[_Block] = []
         errors = torch.zeros(L, n, adapter.d_model, dtype=torch.float64)
         for l in range(L):
             if l in self.layers:
@@ -201,29 +254,34 @@ class Replacement:
                 assert tc is not None
                 W_dec = tc.params(a)["W_dec"]
                 assert W_dec is not None
-                for p in range(first, n):
-                    nz = torch.nonzero(a[p] > 0).view(-1)
-                    if nz.numel():
-                        self.dec[(l, p)] = a[p, nz, None] * W_dec[nz]
-                        self.feats.extend((l, p, int(f)) for f in nz.tolist())
-                        acts.extend(a[p, nz].double().cpu().tolist())
+                a = a.clone()
+                a[:first] = 0
+                pos, idx = torch.nonzero(a > 0, as_tuple=True)  # row-major: by position, then feature index
+                if pos.numel():
+                    val = a[pos, idx]
+                    self.blocks.append(_Block(l, len(self.feats), pos, val[:, None] * W_dec[idx]))
+                    self.feats.extend(zip([l] * len(pos), pos.tolist(), idx.tolist()))
+                    acts.append(val.double().cpu())
             else:
                 err = self.cache[f"layers.{l}.mlp.out"][0].detach()
             errors[l, first:] = err[first:].double().cpu()
-        self.acts = np.asarray(acts, dtype=np.float64)
+        self.acts = torch.cat(acts).numpy() if acts else np.zeros(0, dtype=np.float64)
         self.n_act = len(self.feats)
-        # column offsets of each (layer, pos) block of features (features are sorted by layer, pos, index)
-        self.offsets: dict[tuple[int, int], int] = {}
-        c = 0
-        for key in self.dec:
-            self.offsets[key] = c
-            c += self.dec[key].shape[0]
         self.errors = errors
         self.err_dev = errors.to(self.h.device, self.h.dtype)
         # every token keeps its embedding as its node's vector, the special first one too (circuit-tracer's
         # token_vectors = W_E[tokens]: zero_bos zeroes that position's features and errors, not its token node)
         self.embed_vals = self.cache["embed"][0].detach().clone()
         self.n_cols = self.n_act + L * n + n  # features, errors, tokens
+
+    def release(self) -> None:
+        """Drop the retained forward pass (its graph, cache and sinks); the nodes' values stay."""
+        self.cache, self.leaves, self.blocks = {}, [], []
+        self.h = self.h.detach()
+        self.sinks.clear()
+        self.stash.clear()
+        self.v_stash.clear()
+        self.v_sinks.clear()
 
     def _cut(self, layer: int):  # noqa: ANN202 - an edit function
         def fn(v: torch.Tensor) -> torch.Tensor:
@@ -245,9 +303,8 @@ class Replacement:
         m, n, L, n_act = len(parts), self.n, self.L, self.n_act
         out = torch.zeros(m, self.n_cols, dtype=dtype)
         g_embed, g_mlp = g[0][:m], g[1:]
-        for (l, p), vecs in self.dec.items():
-            o = self.offsets[(l, p)]
-            out[:, o : o + vecs.shape[0]] = (g_mlp[l][:m, p] @ vecs.t()).to(dtype).cpu()
+        for blk in self.blocks:
+            out[:, blk.start : blk.start + blk.size] = blk.columns(g_mlp[blk.layer][:m]).to(dtype).cpu()
         for l in range(L):
             e0 = n_act + l * n
             out[:, e0 : e0 + n] = torch.einsum("bnd,nd->bn", g_mlp[l][:m], self.err_dev[l]).to(dtype).cpu()
@@ -279,7 +336,7 @@ def attribute(
     *,
     max_logits: int = 10,
     logit_prob: float = 0.95,
-    batch_size: int = 32,
+    batch_size: int = 8,
     max_feature_nodes: int | None = None,
     update_interval: int = 4,
     zero_bos: bool = True,
@@ -319,12 +376,20 @@ def attribute(
     cap = n_act if max_feature_nodes is None else min(n_act, int(max_feature_nodes))
     rows = torch.zeros(K + cap, n_cols + K, dtype=torch.float32)
     row_node = torch.zeros(K + cap, dtype=torch.long)  # row -> column (node) index in the full order
+    row_abs = torch.zeros(K + cap, dtype=torch.float32)  # each row's sum of |entries| (the influence's normaliser)
+    layer_of = torch.as_tensor(feat_arr[:, 0])
     bar = progress_bar(total=K + cap, desc="graph rows", disable=not progress)
+
+    def fill(rows: torch.Tensor, st: int, targets: list[tuple[str, int]], nodes: torch.Tensor) -> None:
+        r = rows_for(targets)
+        rows[st : st + len(targets), :n_cols] = r
+        row_node[st : st + len(targets)] = nodes
+        row_abs[st : st + len(targets)] = r.abs().sum(1)
+        bar.update(len(targets))
+
     for s in range(0, K, B):
         idx = list(range(s, min(K, s + B)))
-        rows[s : s + len(idx), :n_cols] = rows_for([("logit", i) for i in idx])
-        row_node[s : s + len(idx)] = torch.tensor(idx) + n_cols
-        bar.update(len(idx))
+        fill(rows, s, [("logit", i) for i in idx], torch.tensor(idx) + n_cols)
     st = K
     visited = torch.zeros(n_act, dtype=torch.bool)
     logit_p = torch.as_tensor(probs[logit_ids.to(probs.device)].cpu(), dtype=torch.float64)
@@ -332,26 +397,30 @@ def attribute(
         if cap == n_act:
             pending = torch.arange(n_act)
         else:
-            infl = partial_influences(rows[:st], logit_p, row_node[:st], n_cols + K)
+            infl = partial_influences(rows[:st], logit_p, row_node[:st], row_abs[:st], n_cols)
             rank = torch.argsort(infl[:n_act], descending=True, stable=True)
             pending = rank[~visited[rank]][: min(update_interval * QUEUE_BATCH, cap - int(visited.sum()))]
+            # rows of one ranking are all computed before the next: batched by layer (a backward pass goes down
+            # from the batch's highest layer), which changes no row
+            pending = pending[torch.argsort(layer_of[pending], descending=True, stable=True)]
         for s in range(0, len(pending), B):
             chunk = pending[s : s + B]
-            rows[st : st + len(chunk), :n_cols] = rows_for([("feature", int(i)) for i in chunk])
-            row_node[st : st + len(chunk)] = chunk
+            fill(rows, st, [("feature", int(i)) for i in chunk], chunk)
             visited[chunk] = True
             st += len(chunk)
-            bar.update(len(chunk))
     bar.bar.close()
+    ctx.release()  # before the graph's rows are gathered: the retained pass is not needed any more
 
     selected = torch.nonzero(visited).view(-1)
     keep_cols = torch.cat([selected, torch.arange(n_act, n_cols + K)])
-    N = len(selected) + L * n + n + K
-    adj = torch.zeros(N, N, dtype=torch.float32)
     pos_of = torch.full((n_cols + K,), -1, dtype=torch.long)
-    pos_of[keep_cols] = torch.arange(N)
-    tgt = pos_of[row_node[:st]]
-    adj[tgt] = rows[:st][:, keep_cols]
+    pos_of[keep_cols] = torch.arange(len(keep_cols))
+    n_sel = len(selected)
+    target_row = pos_of[row_node[:st]]  # a feature's row = its node; logit k's row = n_sel + k
+    target_row[target_row >= n_sel] -= L * n + n
+    adj = torch.zeros(n_sel + K, len(keep_cols), dtype=torch.float32)
+    for s in range(0, st, 1024):  # gathered in row chunks: no second [rows, every column] copy
+        adj[target_row[s : s + 1024]] = rows[s : s + 1024][:, keep_cols]
     del rows
     sel = selected.numpy()
     labels = [adapter.token_label(t) for t in adapter.tokenizer.convert_ids_to_tokens(ids.tolist())]
@@ -364,25 +433,43 @@ def attribute(
         logit_ids=logit_ids.numpy(),
         logit_probs=logit_p.numpy(),
         logit_labels=[adapter.output_label(int(i)) for i in logit_ids],
-        adjacency=adj,
+        rows=adj,
         error_norms=ctx.errors.norm(dim=-1).numpy(),
         n_active=n_act,
         info={"zero_bos": ctx.skip_bos, "batch_size": B, "max_feature_nodes": max_feature_nodes},
     )
 
 
-def partial_influences(rows: torch.Tensor, logit_p: torch.Tensor, row_node: torch.Tensor, n_nodes: int) -> torch.Tensor:
+def partial_influences(
+    rows: torch.Tensor, logit_p: torch.Tensor, row_node: torch.Tensor, row_abs: torch.Tensor, n_cols: int
+) -> torch.Tensor:
     """Influence on the logits of every column, from the rows computed so far (circuit-tracer's
-    ``compute_partial_influences``): ``prod ← prod[row_node] @ |rows| / rowsum`` from the logits' probabilities,
-    summed until it vanishes (a DAG: at most its depth)."""
-    A = rows.abs()
-    A /= A.sum(1, keepdim=True).clamp(min=1e-8)
-    infl = torch.zeros(n_nodes, dtype=torch.float32)
-    prod = torch.zeros(n_nodes, dtype=torch.float32)
-    prod[-len(logit_p) :] = logit_p.float()
+    ``compute_partial_influences``: ``prod ← prod[row_node] @ Â``, ``Â = |rows| / rowsum``, from the logits'
+    probabilities, summed until it vanishes; a DAG, so at most its depth).
+
+    ``prod[row_node]`` reads only the nodes that have rows, so the sum is ``(Σ_k P_k) @ Â`` where ``P_k`` lives on
+    the rows and ``P_{k+1} = P_k @ Â[:, row_node]``: the iteration runs on the square ``rows × rows`` block and the
+    wide ``Â`` is read once, in row chunks, never copied whole. ``rows[:, :n_cols]`` are the source columns;
+    a row whose node is ``n_cols + k`` is logit ``k``."""
+    m = rows.shape[0]
+    inv = 1.0 / row_abs.clamp(min=1e-8)
+    is_feature = row_node < n_cols
+    sub = rows[:, row_node]  # Â[r, column of row r']: one [m, m] copy (a logit's column is zero: nobody's source)
+    sub.abs_().mul_(inv[:, None])
+    P = torch.zeros(m, dtype=torch.float32)
+    P[~is_feature] = logit_p.float()[row_node[~is_feature] - n_cols]
+    total = P.clone()
     for _ in range(10_000):
-        prod = prod[row_node] @ A
-        if not prod.any():
-            return infl
-        infl += prod
-    raise StreetlampError("influence did not converge: the graph has a cycle")
+        P = P @ sub
+        if not P.any():
+            break
+        total += P
+    else:
+        raise StreetlampError("influence did not converge: the graph has a cycle")
+    w = total * inv
+    infl = torch.zeros(n_cols, dtype=torch.float32)
+    step = max(1, (1 << 24) // max(1, n_cols))
+    for s in range(0, m, step):
+        infl += w[s : s + step] @ rows[s : s + step, :n_cols].abs()
+    # the old loop also counted P_0's own entries: none, logits are nobody's source (columns n_cols.. are zero)
+    return infl

@@ -46,22 +46,24 @@ AUDIT_COLUMNS = [
 
 def propagate(graph: Graph, s: int, A: torch.Tensor | None = None) -> np.ndarray:
     """The change at every node when source ``s`` is set to zero, through the graph (see the module). ``A``: the
-    adjacency in float64 when the caller has it (one copy for many sources); ``M v`` is ``A (scale · v)``, so no
-    scaled ``[n, n]`` copy is made."""
+    graph's rows in float64 when the caller has them (one copy for many sources); ``M v`` is ``A (scale · v)``,
+    so no scaled copy is made. Only features and logits change (errors and tokens have no inputs)."""
     if A is None:
-        A = graph.adjacency.double()
+        A = graph.rows.double()
+    rn = graph.row_nodes
     nf = graph.n_features
-    scale = torch.zeros(graph.n_nodes, dtype=torch.float64)
+    scale = torch.zeros(A.shape[0], dtype=torch.float64)  # per row: 1 / activation for a feature, 0 for a logit
     scale[:nf] = 1.0 / torch.as_tensor(graph.activations, dtype=torch.float64).clamp(min=1e-30)
-    d = -A[:, s]
-    total = d.clone()
-    cur = d
+    cur = -A[:, s]
+    total = cur.clone()
     for _ in range(graph.n_layers + 2):  # a feature reaches at most one layer further per step
-        cur = A @ (scale * cur)
+        cur = A[:, :nf] @ (scale[:nf] * cur[:nf])  # the only sources that change are features (rows[:nf])
         if not cur.any():
             break
         total += cur
-    return total.numpy()
+    out = np.zeros(graph.n_nodes)
+    out[rn.numpy()] = total.numpy()
+    return out
 
 
 @dataclass
@@ -88,7 +90,7 @@ def audit(
     logit = graph.logit_start
     claims = [_Claim(s, logit) for s in feats]
     em = pruned.edge_mask[:nf, :nf].numpy()
-    A = graph.adjacency[:nf, :nf].double().numpy()
+    A = graph.rows[:nf, :nf].double().numpy()
     t_idx, s_idx = np.nonzero(em)
     order = np.argsort(-np.abs(A[t_idx, s_idx]), kind="stable")[:top]
     claims += [_Claim(int(s_idx[k]), int(t_idx[k])) for k in order]
@@ -124,7 +126,7 @@ def audit(
         for r, s in enumerate(chunk):
             measured[s] = (float(dem[r] - base_logit[0]), {t: float(tv[t][r] - base_t[t][0]) for t in targets})
     rows = []
-    A64 = graph.adjacency.double()
+    A64 = graph.rows.double()
     for c in claims:
         pred = propagate(graph, c.source, A64)
         m_logit, m_t = measured[c.source]
@@ -137,7 +139,7 @@ def audit(
                 "claim": "feature -> logit" if c.target == logit else "feature -> feature",
                 "source": graph.label(c.source),
                 "target": graph.label(c.target),
-                "predicted_direct": -float(graph.adjacency[c.target, c.source]),
+                "predicted_direct": -graph.weight(c.target, c.source),
                 "predicted_total": p_tot,
                 "measured": m,
                 "ratio": ratio,

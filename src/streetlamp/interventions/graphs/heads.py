@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-import numpy as np
 import pandas as pd
 import torch
 
@@ -53,10 +52,10 @@ HEAD_COLUMNS = [
 
 def cross_position_edges(graph: Graph, pruned: Pruned, limit: int | None = None) -> list[tuple[int, int]]:
     """The kept edges (target, source) whose source and target sit at different positions, by |weight|."""
-    t_idx, s_idx = np.nonzero(pruned.edge_mask.numpy())
+    t_idx, s_idx, r_idx = pruned.edges()
     keep = [k for k in range(len(t_idx)) if graph.where(int(t_idx[k]))[1] != graph.where(int(s_idx[k]))[1]]
-    A = graph.adjacency
-    keep.sort(key=lambda k: -abs(float(A[t_idx[k], s_idx[k]])))
+    A = graph.rows
+    keep.sort(key=lambda k: -abs(float(A[r_idx[k], s_idx[k]])))
     if limit is not None:
         keep = keep[:limit]
     return [(int(t_idx[k]), int(s_idx[k])) for k in keep]
@@ -78,7 +77,7 @@ def head_loadings(
     graph: Graph,
     edges: list[tuple[int, int]],
     *,
-    batch_size: int = 32,
+    batch_size: int = 8,
     progress: bool = False,
 ) -> pd.DataFrame:
     """The loadings of every head on each edge ``(target, source)`` of ``graph`` (cross-position edges), one row

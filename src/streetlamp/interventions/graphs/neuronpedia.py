@@ -115,10 +115,10 @@ def graph_json(
                 jsNodeId=f"L_{v}-{p}",
                 clerp=f'Output "{process_token(logit_strings[k])}" (p={prob:.3f})',
             )
-    A = graph.adjacency
+    A = graph.rows
     links = [
-        {"source": nodes[s]["node_id"], "target": nodes[t]["node_id"], "weight": float(A[t, s])}
-        for t, s in pruned.edge_mask.nonzero().tolist()
+        {"source": nodes[s]["node_id"], "target": nodes[t]["node_id"], "weight": float(A[r, s])}
+        for t, s, r in zip(*(x.tolist() for x in pruned.edges()))
         if s in nodes and t in nodes
     ]
     used = {e["source"] for e in links} | {e["target"] for e in links}

@@ -77,7 +77,7 @@ def feature_qk(
     key: int | None = None,
     *,
     top: int = 10,
-    batch_size: int = 32,
+    batch_size: int = 8,
     zero_bos: bool = True,
     rep: Replacement | None = None,
 ) -> FeatureQK:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ...models.adapter import ModelAdapter
     from ...models.features import FeatureSet
 
-__all__ = ["check_replacement", "frozen_norms", "transcoder_layers"]
+__all__ = ["check_replacement", "frozen_norms", "frozen_weights", "transcoder_layers"]
 
 
 def check_replacement(adapter: ModelAdapter) -> FeatureSet:
@@ -81,6 +81,22 @@ def frozen_norms(adapter: ModelAdapter) -> Iterator[None]:
     finally:
         for h in handles:
             h.remove()
+
+
+@contextmanager
+def frozen_weights(adapter: ModelAdapter) -> Iterator[None]:
+    """The model's parameters with ``requires_grad`` off for the ``with`` block: a pass built inside saves no
+    layer input for a weight gradient (a graph's rows need the gradients at its nodes only), so the retained
+    forward pass holds the patterns, norm scales and what the nodes' own gradients need. Restored on exit (a
+    retained graph built inside keeps working)."""
+    params = [p for p in adapter.hf_model.parameters() if p.requires_grad]
+    try:
+        for p in params:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p in params:
+            p.requires_grad_(True)
 
 
 def freeze_edits(
