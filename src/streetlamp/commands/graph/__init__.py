@@ -37,6 +37,12 @@ class GraphSettings(Settings):
     rows: int = option(
         8, ge=1, le=4096, help="graph rows per backward pass (the prompt repeated: memory grows with it; default 8)"
     )
+    rows_memory_gb: float = option(
+        8.0,
+        ge=0,
+        help="the graph's rows buffer ((logits + feature nodes) x (active features + errors + tokens) float32) in "
+        "memory up to this many GiB, in a temporary file beyond (default 8)",
+    )
     top: int = option(10, ge=1, le=1000, help="top paths printed and features / edges audited (default 10)")
     head_edges: int = option(
         50, ge=0, le=100_000, help="split this many kept cross-position edges (largest first) over heads (default 50)"

@@ -58,6 +58,7 @@ def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -
         max_feature_nodes=s.max_feature_nodes,
         zero_bos=s.zero_bos,
         progress=True,
+        rows_memory=s.rows_memory_gb * 2**30,
     )
     t_graph = time.perf_counter() - t0
     p = prune(g, s.node_threshold, s.edge_threshold)
@@ -198,6 +199,8 @@ def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -
                         for lab, i, q in zip(g.logit_labels, g.logit_ids, g.logit_probs)
                     ],
                     "zero_bos": g.info["zero_bos"],
+                    "rows_buffer_bytes": g.info["rows_bytes"],
+                    "rows_buffer_on_disk": g.info["rows_on_disk"],
                     "seconds": t_graph,
                     "audit_seconds": t_audit,
                     "head_loadings_seconds": t_heads,

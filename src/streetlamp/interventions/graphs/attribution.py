@@ -32,7 +32,11 @@ visited ones. Memory is ``rows × active features``, never ``width × width``.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -43,11 +47,13 @@ from ...models.features import feature_site
 from ...progress import bar as progress_bar
 from .replacement import check_replacement, freeze_edits, frozen_norms, frozen_weights, transcoder_layers
 
-__all__ = ["Graph", "Replacement", "attribute", "salient_logits"]
+__all__ = ["Graph", "Replacement", "RowStore", "attribute", "salient_logits"]
 
 # features visited between two influence rankings: update_interval x circuit-tracer's default batch of 256 rows
 # (independent of how many rows one backward pass here holds)
 QUEUE_BATCH = 256
+# the rows buffer in memory up to this many bytes; larger, in a temporary file (memory-mapped)
+ROWS_MEMORY = 8 * 2**30
 
 
 @dataclass
@@ -341,8 +347,11 @@ def attribute(
     update_interval: int = 4,
     zero_bos: bool = True,
     progress: bool = False,
+    rows_memory: float = ROWS_MEMORY,
 ) -> Graph:
-    """The attribution graph of the attached transcoders on ``ids`` (one prompt, 1-D token ids)."""
+    """The attribution graph of the attached transcoders on ``ids`` (one prompt, 1-D token ids). The rows
+    buffer (``(logits + feature nodes) × (active features + errors + tokens)`` float32) stays in memory up to
+    ``rows_memory`` bytes and goes to a temporary file beyond (:func:`row_buffer`)."""
     check_replacement(adapter)
     ids = ids.view(-1).cpu()
     n, L = int(ids.shape[0]), adapter.n_layers
@@ -374,54 +383,57 @@ def attribute(
         return ctx.rows(parts)
 
     cap = n_act if max_feature_nodes is None else min(n_act, int(max_feature_nodes))
-    rows = torch.zeros(K + cap, n_cols + K, dtype=torch.float32)
     row_node = torch.zeros(K + cap, dtype=torch.long)  # row -> column (node) index in the full order
     row_abs = torch.zeros(K + cap, dtype=torch.float32)  # each row's sum of |entries| (the influence's normaliser)
     layer_of = torch.as_tensor(feat_arr[:, 0])
     bar = progress_bar(total=K + cap, desc="graph rows", disable=not progress)
 
-    def fill(rows: torch.Tensor, st: int, targets: list[tuple[str, int]], nodes: torch.Tensor) -> None:
+    def fill(rows: RowStore, st: int, targets: list[tuple[str, int]], nodes: torch.Tensor) -> None:
         r = rows_for(targets)
-        rows[st : st + len(targets), :n_cols] = r
+        rows.write(st, torch.cat([r, r.new_zeros(len(targets), K)], 1))  # a logit is nobody's source
         row_node[st : st + len(targets)] = nodes
         row_abs[st : st + len(targets)] = r.abs().sum(1)
         bar.update(len(targets))
 
-    for s in range(0, K, B):
-        idx = list(range(s, min(K, s + B)))
-        fill(rows, s, [("logit", i) for i in idx], torch.tensor(idx) + n_cols)
-    st = K
-    visited = torch.zeros(n_act, dtype=torch.bool)
-    logit_p = torch.as_tensor(probs[logit_ids.to(probs.device)].cpu(), dtype=torch.float64)
-    while int(visited.sum()) < cap:
-        if cap == n_act:
-            pending = torch.arange(n_act)
-        else:
-            infl = partial_influences(rows[:st], logit_p, row_node[:st], row_abs[:st], n_cols)
-            rank = torch.argsort(infl[:n_act], descending=True, stable=True)
-            pending = rank[~visited[rank]][: min(update_interval * QUEUE_BATCH, cap - int(visited.sum()))]
-            # rows of one ranking are all computed before the next: batched by layer (a backward pass goes down
-            # from the batch's highest layer), which changes no row
-            pending = pending[torch.argsort(layer_of[pending], descending=True, stable=True)]
-        for s in range(0, len(pending), B):
-            chunk = pending[s : s + B]
-            fill(rows, st, [("feature", int(i)) for i in chunk], chunk)
-            visited[chunk] = True
-            st += len(chunk)
-    bar.bar.close()
-    ctx.release()  # before the graph's rows are gathered: the retained pass is not needed any more
+    rows = RowStore(K + cap, n_cols + K, rows_memory)
+    try:
+        for s in range(0, K, B):
+            idx = list(range(s, min(K, s + B)))
+            fill(rows, s, [("logit", i) for i in idx], torch.tensor(idx) + n_cols)
+        st = K
+        visited = torch.zeros(n_act, dtype=torch.bool)
+        logit_p = torch.as_tensor(probs[logit_ids.to(probs.device)].cpu(), dtype=torch.float64)
+        while int(visited.sum()) < cap:
+            if cap == n_act:
+                pending = torch.arange(n_act)
+            else:
+                infl = partial_influences(rows, logit_p, row_node[:st], row_abs[:st], n_cols)
+                rank = torch.argsort(infl[:n_act], descending=True, stable=True)
+                pending = rank[~visited[rank]][: min(update_interval * QUEUE_BATCH, cap - int(visited.sum()))]
+                # rows of one ranking are all computed before the next: batched by layer (a backward pass goes down
+                # from the batch's highest layer), which changes no row
+                pending = pending[torch.argsort(layer_of[pending], descending=True, stable=True)]
+            for s in range(0, len(pending), B):
+                chunk = pending[s : s + B]
+                fill(rows, st, [("feature", int(i)) for i in chunk], chunk)
+                visited[chunk] = True
+                st += len(chunk)
+        bar.bar.close()
+        ctx.release()  # before the graph's rows are gathered: the retained pass is not needed any more
 
-    selected = torch.nonzero(visited).view(-1)
-    keep_cols = torch.cat([selected, torch.arange(n_act, n_cols + K)])
-    pos_of = torch.full((n_cols + K,), -1, dtype=torch.long)
-    pos_of[keep_cols] = torch.arange(len(keep_cols))
-    n_sel = len(selected)
-    target_row = pos_of[row_node[:st]]  # a feature's row = its node; logit k's row = n_sel + k
-    target_row[target_row >= n_sel] -= L * n + n
-    adj = torch.zeros(n_sel + K, len(keep_cols), dtype=torch.float32)
-    for s in range(0, st, 1024):  # gathered in row chunks: no second [rows, every column] copy
-        adj[target_row[s : s + 1024]] = rows[s : s + 1024][:, keep_cols]
-    del rows
+        selected = torch.nonzero(visited).view(-1)
+        keep_cols = torch.cat([selected, torch.arange(n_act, n_cols + K)])
+        pos_of = torch.full((n_cols + K,), -1, dtype=torch.long)
+        pos_of[keep_cols] = torch.arange(len(keep_cols))
+        n_sel = len(selected)
+        target_row = pos_of[row_node[:st]]  # a feature's row = its node; logit k's row = n_sel + k
+        target_row[target_row >= n_sel] -= L * n + n
+        adj = torch.zeros(n_sel + K, len(keep_cols), dtype=torch.float32)
+        for s, blk in rows.blocks(st):  # gathered in row blocks: no second [rows, every column] copy
+            adj[target_row[s : s + blk.shape[0]]] = blk[:, keep_cols]
+        on_disk = rows.on_disk
+    finally:
+        rows.close()
     sel = selected.numpy()
     labels = [adapter.token_label(t) for t in adapter.tokenizer.convert_ids_to_tokens(ids.tolist())]
     return Graph(
@@ -436,12 +448,87 @@ def attribute(
         rows=adj,
         error_norms=ctx.errors.norm(dim=-1).numpy(),
         n_active=n_act,
-        info={"zero_bos": ctx.skip_bos, "batch_size": B, "max_feature_nodes": max_feature_nodes},
+        info={
+            "zero_bos": ctx.skip_bos,
+            "batch_size": B,
+            "max_feature_nodes": max_feature_nodes,
+            "rows_on_disk": on_disk,
+            "rows_bytes": 4 * (K + cap) * (n_cols + K),
+        },
     )
 
 
+class RowStore:
+    """The graph's rows buffer, a zero float32 ``[n_rows, n_cols]`` matrix: in memory when it takes at most
+    ``in_memory`` bytes, else in a temporary file (written and read in row blocks; removed by :meth:`close`),
+    so the graph's memory stays bounded by its other parts and the rows cost disk and page-cache traffic
+    instead (each influence re-ranking reads the rows computed so far twice)."""
+
+    def __init__(self, n_rows: int, n_cols: int, in_memory: float = float("inf")) -> None:
+        self.shape = (n_rows, n_cols)
+        size = 4 * n_rows * n_cols
+        self.mem: torch.Tensor | None = None
+        self.tmp: tempfile.TemporaryDirectory[str] | None = None
+        if size <= in_memory:
+            self.mem = torch.zeros(n_rows, n_cols, dtype=torch.float32)
+            return
+        self.tmp = tempfile.TemporaryDirectory(prefix="streetlamp-graph-rows-")
+        free = shutil.disk_usage(self.tmp.name).free
+        if size > free:
+            self.close()
+            raise StreetlampError(
+                f"the graph's rows take {size / 2**30:.1f} GiB, more than the {in_memory / 2**30:.1f} GiB allowed in "
+                f"memory, and the temporary folder has {free / 2**30:.1f} GiB free: lower --max-feature-nodes or "
+                "raise --rows-memory-gb"
+            )
+        self.file = open(Path(self.tmp.name) / "rows.f32", "w+b")  # noqa: SIM115 - closed by close()
+        self.file.truncate(size)  # a sparse file: zeros
+
+    @classmethod
+    def wrap(cls, rows: torch.Tensor) -> RowStore:
+        store = cls.__new__(cls)
+        store.shape, store.mem, store.tmp = tuple(rows.shape), rows, None  # type: ignore[assignment]
+        return store
+
+    @property
+    def on_disk(self) -> bool:
+        return self.mem is None
+
+    def write(self, start: int, block: torch.Tensor) -> None:
+        """Rows ``start …`` ← ``block`` (whole rows)."""
+        if self.mem is not None:
+            self.mem[start : start + block.shape[0]] = block
+            return
+        self.file.seek(4 * start * self.shape[1])
+        self.file.write(block.to(torch.float32).contiguous().numpy().tobytes())
+
+    def read(self, start: int, stop: int) -> torch.Tensor:
+        """Rows ``start:stop`` (a view in memory, a fresh tensor from the file)."""
+        if self.mem is not None:
+            return self.mem[start:stop]
+        n = self.shape[1]
+        self.file.seek(4 * start * n)
+        out = torch.empty(stop - start, n, dtype=torch.float32)
+        self.file.readinto(out.numpy().data)  # type: ignore[arg-type]
+        return out
+
+    def blocks(self, stop: int, target_bytes: int = 1 << 26) -> Iterator[tuple[int, torch.Tensor]]:
+        """``(start, rows[start:start + step])`` for the rows ``:stop``, ~``target_bytes`` at a time."""
+        step = max(1, target_bytes // (4 * self.shape[1]))
+        for s in range(0, stop, step):
+            yield s, self.read(s, min(stop, s + step))
+
+    def close(self) -> None:
+        self.mem = None
+        if self.tmp is not None:
+            if hasattr(self, "file"):
+                self.file.close()
+            self.tmp.cleanup()
+            self.tmp = None
+
+
 def partial_influences(
-    rows: torch.Tensor, logit_p: torch.Tensor, row_node: torch.Tensor, row_abs: torch.Tensor, n_cols: int
+    rows: RowStore | torch.Tensor, logit_p: torch.Tensor, row_node: torch.Tensor, row_abs: torch.Tensor, n_cols: int
 ) -> torch.Tensor:
     """Influence on the logits of every column, from the rows computed so far (circuit-tracer's
     ``compute_partial_influences``: ``prod ← prod[row_node] @ Â``, ``Â = |rows| / rowsum``, from the logits'
@@ -450,11 +537,15 @@ def partial_influences(
     ``prod[row_node]`` reads only the nodes that have rows, so the sum is ``(Σ_k P_k) @ Â`` where ``P_k`` lives on
     the rows and ``P_{k+1} = P_k @ Â[:, row_node]``: the iteration runs on the square ``rows × rows`` block and the
     wide ``Â`` is read once, in row chunks, never copied whole. ``rows[:, :n_cols]`` are the source columns;
-    a row whose node is ``n_cols + k`` is logit ``k``."""
-    m = rows.shape[0]
+    a row whose node is ``n_cols + k`` is logit ``k``. ``rows``: the first ``len(row_node)`` rows of a
+    :class:`RowStore` (or a tensor of them)."""
+    store = rows if isinstance(rows, RowStore) else RowStore.wrap(rows)
+    m = len(row_node)
     inv = 1.0 / row_abs.clamp(min=1e-8)
     is_feature = row_node < n_cols
-    sub = rows[:, row_node]  # Â[r, column of row r']: one [m, m] copy (a logit's column is zero: nobody's source)
+    sub = torch.empty(m, m, dtype=torch.float32)  # Â[r, column of row r'] (a logit's column is zero: nobody's source)
+    for s, blk in store.blocks(m):
+        sub[s : s + blk.shape[0]] = blk[:, row_node]
     sub.abs_().mul_(inv[:, None])
     P = torch.zeros(m, dtype=torch.float32)
     P[~is_feature] = logit_p.float()[row_node[~is_feature] - n_cols]
@@ -468,8 +559,7 @@ def partial_influences(
         raise StreetlampError("influence did not converge: the graph has a cycle")
     w = total * inv
     infl = torch.zeros(n_cols, dtype=torch.float32)
-    step = max(1, (1 << 24) // max(1, n_cols))
-    for s in range(0, m, step):
-        infl += w[s : s + step] @ rows[s : s + step, :n_cols].abs()
+    for s, blk in store.blocks(m):
+        infl += w[s : s + blk.shape[0]] @ blk[:, :n_cols].abs()
     # the old loop also counted P_0's own entries: none, logits are nobody's source (columns n_cols.. are zero)
     return infl
