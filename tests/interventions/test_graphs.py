@@ -579,3 +579,22 @@ def test_row_store_blocks() -> None:
         assert torch.equal(got, want[:30])
     finally:
         store.close()
+
+
+def test_projected_decoder_columns_equal_the_padded_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past DECODER_MEMORY the feature columns come from the gradients projected on the whole decoder instead
+    of the held written vectors: the same graph to float32 rounding of each product (float64 model here: to
+    float64 rounding of a d-term dot product, relative to the row's largest entry)."""
+    from streetlamp.interventions.graphs import attribution as at
+
+    a = llama64()
+    ids = a.encode([TEXT]).input_ids[0]
+    held = attribute(a, ids, batch_size=16, zero_bos=False)
+    monkeypatch.setattr(at, "DECODER_MEMORY", 0)
+    proj = attribute(a, ids, batch_size=16, zero_bos=False)
+    assert np.array_equal(held.features, proj.features)
+    d = a.d_model
+    scale = held.rows.abs().amax(1, keepdim=True).double()
+    # stored in float32: two roundings of 2^-24 each, plus float64 rounding of the d-term sums (far below)
+    assert ((proj.rows.double() - held.rows.double()).abs() <= 2 * 2.0**-24 * scale + d * 2.0**-52 * scale).all()
+    assert (held.rows != 0).any()

@@ -52,6 +52,8 @@ __all__ = ["Graph", "Replacement", "RowStore", "attribute", "salient_logits"]
 # features visited between two influence rankings: update_interval x circuit-tracer's default batch of 256 rows
 # (independent of how many rows one backward pass here holds)
 QUEUE_BATCH = 256
+# the active features' written vectors (a_s W_dec[s]) held up to this many bytes; beyond, projected per pass
+DECODER_MEMORY = 2**30
 # the rows buffer in memory up to this many bytes; larger, in a temporary file (memory-mapped)
 ROWS_MEMORY = 8 * 2**30
 
@@ -174,27 +176,50 @@ def salient_logits(probs: torch.Tensor, max_logits: int = 10, logit_prob: float 
 
 
 class _Block:
-    """One layer's active features: column ``start + i`` is feature ``i`` (at position ``pos[i]``, writing
-    ``vecs[i] = a_i W_dec[i]``). The vectors are laid out by position, padded to the most features any position
-    has, so a batch of gradients ``[m, n, d]`` meets them in one batched product per layer: each position's
-    gradient is read once (a gather per feature would copy it once per feature)."""
+    """One layer's active features: column ``start + i`` is feature ``idx[i]`` at position ``pos[i]``, writing
+    ``val[i] W_dec[idx[i]]``; :meth:`columns` gives ``g[b, pos[i]] · val[i] W_dec[idx[i]]`` for a batch of
+    gradients ``g [m, n, d]``, each position's gradient read once (a gather per feature would copy it once per
+    feature). Two layouts, the same numbers to float rounding:
 
-    def __init__(self, layer: int, start: int, pos: torch.Tensor, vecs: torch.Tensor) -> None:
+    - ``padded``: the written vectors laid out by position, padded to the most features any position has, met
+      by one batched product per layer (``m · positions · k · d`` flops; ``active features × d`` floats held);
+    - projected (``padded=False``): the gradients projected on the whole decoder, ``g W_decᵀ``, and the active
+      entries read out (``m · positions · width · d`` flops, width / k times more; nothing held but indices),
+      for prompts whose written vectors would not fit (2,048 tokens of SmolLM2 with TopK 32 at 30 layers:
+      1.97 M vectors, 4.5 GB)."""
+
+    def __init__(
+        self,
+        layer: int,
+        start: int,
+        pos: torch.Tensor,
+        idx: torch.Tensor,
+        val: torch.Tensor,
+        W_dec: torch.Tensor,
+        padded: bool,
+    ) -> None:
         self.layer, self.start, self.size = layer, start, len(pos)
         self.pos_u, counts = torch.unique_consecutive(pos, return_counts=True)  # pos is sorted
-        kmax = int(counts.max())
-        slot = torch.arange(len(pos), device=pos.device) - torch.repeat_interleave(
-            torch.cumsum(counts, 0) - counts, counts
-        )
         which = torch.repeat_interleave(torch.arange(len(self.pos_u), device=pos.device), counts)
-        self.padded = vecs.new_zeros(len(self.pos_u), kmax, vecs.shape[-1])
-        self.padded[which, slot] = vecs
-        self.flat = which * kmax + slot  # feature i's entry in the [positions x kmax] product
+        self.padded: torch.Tensor | None = None
+        if padded:
+            kmax = int(counts.max())
+            slot = torch.arange(len(pos), device=pos.device) - torch.repeat_interleave(
+                torch.cumsum(counts, 0) - counts, counts
+            )
+            self.padded = W_dec.new_zeros(len(self.pos_u), kmax, W_dec.shape[-1])
+            self.padded[which, slot] = val[:, None] * W_dec[idx]
+            self.flat = which * kmax + slot  # feature i's entry in the [positions x kmax] product
+        else:
+            self.which, self.idx, self.val, self.W_dec = which, idx, val, W_dec
 
     def columns(self, g: torch.Tensor) -> torch.Tensor:
-        """``[m, size]``: ``g[b, pos[i]] · vecs[i]`` for a batch of gradients ``g [m, n, d]``."""
-        prod = torch.bmm(g[:, self.pos_u].transpose(0, 1), self.padded.transpose(1, 2))  # [positions, m, kmax]
-        return prod.transpose(0, 1).reshape(g.shape[0], -1)[:, self.flat]
+        """``[m, size]``: ``g[b, pos[i]] · val[i] W_dec[idx[i]]`` for a batch of gradients ``g [m, n, d]``."""
+        gp = g[:, self.pos_u]  # [m, positions, d]
+        if self.padded is not None:
+            prod = torch.bmm(gp.transpose(0, 1), self.padded.transpose(1, 2))  # [positions, m, kmax]
+            return prod.transpose(0, 1).reshape(g.shape[0], -1)[:, self.flat]
+        return (gp @ self.W_dec.t())[:, self.which, self.idx] * self.val
 
 
 class Replacement:
@@ -251,6 +276,7 @@ class Replacement:
         self.feats: list[tuple[int, int, int]] = []
         acts: list[torch.Tensor] = []
         self.blocks: list[_Block] = []
+        found: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
         errors = torch.zeros(L, n, adapter.d_model, dtype=torch.float64)
         for l in range(L):
             if l in self.layers:
@@ -265,7 +291,7 @@ class Replacement:
                 pos, idx = torch.nonzero(a > 0, as_tuple=True)  # row-major: by position, then feature index
                 if pos.numel():
                     val = a[pos, idx]
-                    self.blocks.append(_Block(l, len(self.feats), pos, val[:, None] * W_dec[idx]))
+                    found.append((l, pos, idx, val, W_dec))
                     self.feats.extend(zip([l] * len(pos), pos.tolist(), idx.tolist()))
                     acts.append(val.double().cpu())
             else:
@@ -273,6 +299,11 @@ class Replacement:
             errors[l, first:] = err[first:].double().cpu()
         self.acts = torch.cat(acts).numpy() if acts else np.zeros(0, dtype=np.float64)
         self.n_act = len(self.feats)
+        padded = self.n_act * adapter.d_model * 4 <= DECODER_MEMORY
+        start = 0
+        for l, pos, idx, val, W_dec in found:
+            self.blocks.append(_Block(l, start, pos, idx, val, W_dec, padded))
+            start += len(pos)
         self.errors = errors
         self.err_dev = errors.to(self.h.device, self.h.dtype)
         # every token keeps its embedding as its node's vector, the special first one too (circuit-tracer's
