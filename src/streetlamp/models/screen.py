@@ -26,9 +26,10 @@ classical bound on the error of any order of float32 summation of ``m`` terms, F
 of their magnitudes: Higham, *Accuracy and Stability of Numerical Algorithms*, §3.1 and §4.2). For one token
 ``x`` and one latent column ``w``:
 
-- ``x̂ = bf16(x)``, ``ŵ = bf16(w)``, with values below bfloat16's smallest normal (2^-126) set to 0 (the bf16
-  kernels flush subnormal inputs); ``r_x = x - x̂``, ``r_w = w - ŵ``, both exact in float32 (each is the low
-  bits of a float32 number), ``|r_x| ≤ u |x|`` elementwise.
+- ``x̂ = bf16(x)``, ``ŵ = bf16(w)`` (the weights' values below bfloat16's smallest normal 2^-126 set to 0: the
+  bf16 kernels may flush subnormal inputs; the input's, if flushed, lose at most ``2^-126 ‖ŵ‖₁``, which the
+  offset's slack covers); ``r_x = x - x̂``, ``r_w = w - ŵ``, both exact in float32 (each is the low bits of a
+  float32 number).
 - ``x · w = x̂·ŵ + x̂·r_w + r_x·ŵ + r_x·r_w`` exactly, so by Cauchy-Schwarz
   ``|x·w - x̂·ŵ| ≤ A ‖r_w‖ + R ‖ŵ‖ + R ‖r_w‖`` with ``A = ‖x̂‖``, ``R = ‖r_x‖`` (per token), ``‖ŵ‖``, ``‖r_w‖``
   (per latent, cached): the *measured* residual norms, about half the worst case ``u ‖x‖``.
@@ -71,10 +72,14 @@ import torch
 if TYPE_CHECKING:
     from .features import Dictionary
 
-__all__ = ["ENABLED", "MIN_WIDTH", "ScreenCache", "encode", "screenable"]
+__all__ = ["ACTIVATIONS", "ENABLED", "MIN_WIDTH", "ScreenCache", "bound", "candidates", "encode", "screenable"]
 
 # the screen is used where it applies (tests switch it off to compare against the dense encode)
 ENABLED = True
+# the activations it is used for: TopK's screen is exact too, but not faster than the dense encode (its k-th
+# largest lower bound is a top-k over every latent, as costly as the dense encode's own; 30 against 23 ms for
+# 512 tokens, width 4096, k 32), so TopK dictionaries keep the dense product unless this is widened
+ACTIVATIONS = ("relu", "jumprelu")
 # narrower dictionaries keep the dense product: the screen's fixed costs (masks, index lists) outweigh the saving
 MIN_WIDTH = 1024
 
@@ -100,6 +105,8 @@ def screenable(d: Dictionary, x: torch.Tensor) -> bool:
     """Whether :func:`encode` may replace the dense encode of ``x``: a float32 input on a CPU with native
     bfloat16, at least :data:`MIN_WIDTH` latents, no gradient through the encode."""
     if not (ENABLED and NATIVE_BF16 and x.dtype == torch.float32 and x.device.type == "cpu"):
+        return False
+    if d.activation not in ACTIVATIONS:
         return False
     if d.width < MIN_WIDTH or x.numel() == 0:
         return False
@@ -136,10 +143,11 @@ def _split3(f: torch.Tensor) -> torch.Tensor:
     return pieces
 
 
-def _bf16_parts(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``t̂ = bf16(t)`` with subnormals set to zero, and ``t - t̂`` (exact, float32)."""
+def _bf16_parts(t: torch.Tensor, flush: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``t̂ = bf16(t)`` (``flush``: with subnormals set to zero) and ``t - t̂`` (exact, float32)."""
     hat = t.to(torch.bfloat16)
-    hat = hat.masked_fill(hat.abs() < TINY, 0)
+    if flush:
+        hat = hat.masked_fill(hat.abs() < TINY, 0)
     return hat, t - hat.float()
 
 
@@ -167,7 +175,7 @@ class ScreenCache:
             return None
         n = W.shape[0]
         g = gamma(n + EXTRA)
-        w_hat, r_w = _bf16_parts(W)
+        w_hat, r_w = _bf16_parts(W, flush=True)
         nw, nr = w_hat.double().norm(dim=0), r_w.double().norm(dim=0)
         # float64 norms of float32 numbers: their own error (n 2^-53 relative) is covered by the bfloat16 rounding up
         P = (nr + g * (2 * nw + nr)) * (1 + 2 * g)
@@ -175,7 +183,9 @@ class ScreenCache:
         h = b.double() - (theta.double() if d.activation == "jumprelu" and theta is not None else 0)
         if float(h.abs().max()) >= BIG:
             return None
-        slack = 2 * g * h.abs() + 2 * (n + EXTRA + 1) * TINY  # Γ on the offset's own pieces, and flushed underflows
+        # Γ on the offset's own pieces; underflows flushed to zero: products and sums (2 m of them) and the
+        # input's subnormal bfloat16 entries, if the kernel flushes them (each loses at most 2^-126 |ŵ_i|)
+        slack = 2 * g * h.abs() + (2 * (n + EXTRA + 1) + w_hat.double().abs().sum(0)) * TINY
         up = torch.cat(
             [w_hat, _split3(_directed_float32(h + slack, up=True)), _round_up_bf16(P)[None], _round_up_bf16(Q)[None]]
         )
@@ -198,6 +208,15 @@ def _cache(d: Dictionary, p: dict[str, torch.Tensor | None]) -> ScreenCache | No
     if held.get("key") != key:
         held["cache"], held["key"] = ScreenCache.build(d, p), key
     return held["cache"]
+
+
+def bound(x: torch.Tensor, cache: ScreenCache, width: int) -> torch.Tensor:
+    """The bound ``A↑P↑ + R↑Q↑ ≥ |s_d - x̂·ŵ|`` the screen adds, ``[tokens, width]`` in float64, from the
+    very numbers the screen's product multiplies (for tests)."""
+    x_hat, r_x = _bf16_parts(x)
+    A, R = _round_up_bf16(x_hat.double().norm(dim=1)), _round_up_bf16(r_x.double().norm(dim=1))
+    PQ = cache.V_t[:width, -2:].double()
+    return A.double()[:, None] * PQ[:, 0] + R.double()[:, None] * PQ[:, 1]
 
 
 # four bfloat16 sign bits in one int64 word (a tensor: a Python scalar takes a slower kernel)
@@ -228,19 +247,20 @@ def candidates(d: Dictionary, x: torch.Tensor, cache: ScreenCache) -> torch.Tens
         return None
     one = torch.ones(x.shape[0], 3, dtype=torch.bfloat16)
     bound = torch.stack([_round_up_bf16(A), _round_up_bf16(R)], dim=1)
-    V = cache.V_t @ torch.cat([x_hat, one, bound], dim=1).t()  # bfloat16 [width, tokens] (TopK: 2 width)
+    x_aug = torch.cat([x_hat, one, bound], dim=1)
+    width = d.width
+    V = cache.V_t[:width] @ x_aug.t()  # bfloat16 [width, tokens]
     if d.activation != "topk":
         return _sign_clear(V)  # T > 0 rounds to a number with a clear sign bit (+0 included)
-    width = d.width
     assert d.k is not None
     c = U / (1 - U)
-    low = V[width:].t().contiguous().float()
+    low = (x_aug @ cache.V_t[width:].t()).float()  # the lower bounds V⁻, token-major [tokens, width]
     kth = torch.topk(low, d.k, dim=1, sorted=False).values.amin(dim=1).double()  # the k-th largest V⁻
     lam = kth - c * kth.abs()  # the k-th largest ℓ of the token (v ↦ v - c|v| is increasing)
     lam = lam - 2.0**-22 * lam.abs() - TINY  # float32 ties of s_d + b with the k-th
     tau = torch.where(lam >= 0, lam / (1 + c), lam / (1 - c))  # υ ≥ λ  ⟺  V⁺ ≥ τ
     tau = _directed_float32(tau - 2.0**-40 * tau.abs(), up=False)
-    return V[:width].float() >= tau[None, :]
+    return V.float() >= tau[None, :]
 
 
 def encode(d: Dictionary, x: torch.Tensor) -> torch.Tensor | None:
@@ -289,5 +309,5 @@ def encode(d: Dictionary, x: torch.Tensor) -> torch.Tensor | None:
         tok = torch.arange(tokens).repeat_interleave(d.k)
         y = top.values.reshape(-1).clamp_min_(0)
     out = torch.zeros(tokens * width, dtype=x.dtype)
-    out[tok * width + lat] = y
+    out.put_(tok * width + lat, y)
     return out.view(*lead, width)
