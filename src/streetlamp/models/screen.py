@@ -223,17 +223,27 @@ def bound(x: torch.Tensor, cache: ScreenCache, width: int) -> torch.Tensor:
 SIGNS = torch.tensor(int.from_bytes(bytes.fromhex("8000800080008000"), "big", signed=True), dtype=torch.int64)
 
 
+def _flat_nonzero(mask: torch.Tensor) -> torch.Tensor:
+    """Ascending flat indices of the True entries of a contiguous bool tensor: eight at a time first (the
+    mask read as int64 words), then within the words that hold one (``nonzero`` costs per entry read)."""
+    flat = mask.reshape(-1)
+    if flat.numel() % 8:
+        return flat.nonzero().squeeze(1)
+    words = flat.view(torch.int64).nonzero().squeeze(1)
+    which, at = flat.view(-1, 8).index_select(0, words).nonzero().unbind(1)
+    return words[which] * 8 + at
+
+
 def _sign_clear(V: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(row, column) of the entries of the bfloat16 matrix ``V`` whose sign bit is clear, row-major: the
     words of four entries with some sign bit clear first (one test a word), then the entries of those."""
     rows, cols = V.shape
     if cols % 4 or not V.is_contiguous():
         return (V.view(torch.int16) >= 0).nonzero().unbind(1)
-    words = V.view(torch.int64)
-    w_row, w_col = (torch.bitwise_and(words, SIGNS) != SIGNS).nonzero().unbind(1)
-    lanes = V.view(torch.int16).view(-1, 4).index_select(0, w_row * (cols // 4) + w_col)
-    which, lane = (lanes >= 0).nonzero().unbind(1)
-    return w_row[which], w_col[which] * 4 + lane
+    words = _flat_nonzero(torch.bitwise_and(V.view(torch.int64), SIGNS) != SIGNS)
+    which, lane = (V.view(torch.int16).view(-1, 4).index_select(0, words) >= 0).nonzero().unbind(1)
+    flat = words[which] * 4 + lane
+    return flat // cols, flat % cols
 
 
 def candidates(d: Dictionary, x: torch.Tensor, cache: ScreenCache) -> torch.Tensor | tuple | None:
@@ -285,11 +295,9 @@ def encode(d: Dictionary, x: torch.Tensor) -> torch.Tensor | None:
     pattern = torch.sparse_csr_tensor(crow, tok, torch.zeros(tok.shape[0]), size=(width, tokens))
     s = torch.sparse.sampled_addmm(pattern, cache.W_t, flat.t(), beta=0.0).values()
     y = s + cache.b[lat]  # fl(s + b), as the dense encoder's add
-    if d.activation == "relu":
-        y = y.clamp_min_(0)
-    elif d.activation == "jumprelu":
-        assert cache.threshold is not None
-        y = y.mul_(y > cache.threshold[lat])
+    if d.activation != "topk":  # only the active candidates are written (the writes are scattered)
+        keep = y > (0 if d.activation == "relu" else cache.threshold[lat])  # type: ignore[index]
+        lat, tok, y = lat[keep], tok[keep], y[keep]
     else:  # topk among each token's candidates, which hold every latent of the dense top k
         assert d.k is not None
         order = torch.argsort(tok, stable=True)
