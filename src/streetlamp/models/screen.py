@@ -34,7 +34,8 @@ of their magnitudes: Higham, *Accuracy and Stability of Numerical Algorithms*, �
   ``|x·w - x̂·ŵ| ≤ A ‖r_w‖ + R ‖ŵ‖ + R ‖r_w‖`` with ``A = ‖x̂‖``, ``R = ‖r_x‖`` (per token), ``‖ŵ‖``, ``‖r_w‖``
   (per latent, cached): the *measured* residual norms, about half the worst case ``u ‖x‖``.
 - ``|s_d - x·w| ≤ Γ Σ|x_i w_i| ≤ Γ (A + R)(‖ŵ‖ + ‖r_w‖)`` (the dense path's own rounding, whatever its order).
-- The screen's product is the bfloat16 matmul of ``[x̂, 1, 1, 1, A↑, R↑]`` with ``[ŵ; h₁; h₂; h₃; P↑; Q↑]``:
+- The screen's product is the bfloat16 matmul of ``[x̂, 1, 1, 1, A↑, R↑]`` with ``[ŵ; h₁; h₂; h₃; P↑; Q↑]``
+  (and three zeros, for a length of n + 8):
   the products of two bfloat16 numbers are exact in float32, the kernels accumulate in float32, so the
   computed sum ``T`` is within ``Γ (A ‖ŵ‖ + |h₁|+|h₂|+|h₃| + A↑P↑ + R↑Q↑)`` of the exact sum of its terms,
   plus ``2 m 2^-126`` for float32 underflows flushed to zero. ``h₁ + h₂ + h₃`` is a float32 number ``h⁺``
@@ -48,17 +49,23 @@ of their magnitudes: Higham, *Accuracy and Stability of Numerical Algorithms*, �
 ReLU / JumpReLU: the dense encode keeps a latent when ``fl(s_d + b) > θ`` (θ = 0 for ReLU), which implies
 ``s_d + b - θ > 0`` (rounding to nearest is monotone and θ is a float32 number), hence ``T > 0``, hence the
 bfloat16 result has a clear sign bit: the candidates are the entries whose sign bit is clear. TopK: a second
-product with ``[x̂, 1, 1, 1, -A↑, -R↑]`` and the offset ``h⁻ ≤ b`` gives ``T⁻ ≤ s_d + b``; the bfloat16 result
+product with ``[ŵ; h⁻ pieces; -P↑; -Q↑]``, the offset ``h⁻ ≤ b``, gives ``T⁻ ≤ s_d + b``; the bfloat16 result
 ``V`` of ``T`` is within ``u|T| ≤ c|V|``, ``c = u / (1 - u)``, so ``ℓ = V⁻ - c|V⁻| ≤ s_d + b ≤ V⁺ + c|V⁺| = υ``.
 If ``λ`` is the k-th largest ``ℓ`` of a row, k latents have ``s_d + b ≥ λ``, so a latent of the dense top k
 (ties aside) has ``υ ≥ λ``; the test ``υ ≥ λ - 2^-22 |λ| - 2^-126`` also keeps a latent tied with those k after
 the float32 rounding of ``s_d + b``. Both maps ``v ↦ v ± c|v|`` are increasing, so the test is done on the
 bfloat16 values against one threshold per row.
 
+The one assumption about the kernel, that it accumulates bfloat16 products in float32 (AMX's TDPBF16PS and
+AVX512-BF16's VDPBF16PS do, as does PyTorch's fallback), is checked by the tests on inputs where the bound is
+attained to within 5% (tests/models/test_screen.py).
+
 Where it applies (:func:`screenable`): a float32 input on a CPU with native bfloat16 (AMX or AVX512-BF16), no
-gradient needed through the encode, weights and inputs finite and below 2^100 (else the dense path). The
-bfloat16 copy of the encoder (with its four extra rows) and a column-major float32 copy for the recomputation
-are cached per dictionary (rebuilt when a weight is changed in place).
+gradient needed through the encode, ReLU or JumpReLU (:data:`ACTIVATIONS`), at least :data:`MIN_WIDTH` latents,
+weights and inputs finite and below 2^100; else the dense path. The bfloat16 copy of the encoder (with its extra
+rows) and a latent-major float32 copy for the recomputation (none when ``W_enc`` is already a transposed view)
+are cached per dictionary and rebuilt when a weight is replaced or changed in place: 1.5x the encoder's
+float32 memory.
 """
 
 from __future__ import annotations
@@ -92,7 +99,7 @@ U32 = 2.0**-24  # float32's
 TINY = 2.0**-126  # the smallest normal float32 / bfloat16: the bf16 kernels flush anything below to zero
 GRID = 2.0**-110  # offsets snapped to multiples of this, so that their three bfloat16 pieces are all normal
 BIG = 2.0**100  # inputs and weights beyond this take the dense path (no overflow anywhere in the screen)
-EXTRA = 8  # the screen's extra product terms (3 offset pieces, 2 bound terms) plus padding, counted in m
+EXTRA = 8  # the screen's extra product terms: 3 offset pieces, 3 zeros (padding), 2 bound terms
 
 
 def _native_bf16() -> bool:
@@ -163,7 +170,7 @@ def gamma(m: int) -> float:
 @dataclass
 class ScreenCache:
     """What the screen keeps of one dictionary: the bfloat16 encoder with its extra rows, latent-major
-    (``V_t [width, n + 5]``; TopK: ``[2 width, n + 5]``, the lower bound's latents after the upper's), the
+    (``V_t [width, n + 8]``; TopK: ``[2 width, n + 8]``, the lower bound's latents after the upper's), the
     float32 encoder latent-major (``W_t [width, n]``, for the recomputation), the bias and the threshold."""
 
     V_t: torch.Tensor
@@ -190,12 +197,19 @@ class ScreenCache:
         # Γ on the offset's own pieces; underflows flushed to zero: products and sums (2 m of them) and the
         # input's subnormal bfloat16 entries, if the kernel flushes them (each loses at most 2^-126 |ŵ_i|)
         slack = 2 * g * h.abs() + (2 * (n + EXTRA + 1) + w_hat.double().abs().sum(0)) * TINY
+        pad = torch.zeros(3, W.shape[1], dtype=torch.bfloat16)  # the product's length n + 8, a multiple of 8
         up = torch.cat(
-            [w_hat, _split3(_directed_float32(h + slack, up=True)), _round_up_bf16(P)[None], _round_up_bf16(Q)[None]]
+            [
+                w_hat,
+                _split3(_directed_float32(h + slack, up=True)),
+                pad,
+                _round_up_bf16(P)[None],
+                _round_up_bf16(Q)[None],
+            ]
         )
         cols = [up]
         if d.activation == "topk":
-            cols.append(torch.cat([w_hat, _split3(_directed_float32(h - slack, up=False)), -up[-2:]]))
+            cols.append(torch.cat([w_hat, _split3(_directed_float32(h - slack, up=False)), pad, -up[-2:]]))
         V_t = torch.cat(cols, dim=1).t().contiguous()
         W_t = W.t() if W.t().is_contiguous() else W.t().contiguous()
         return cls(V_t, W_t, b, theta)
@@ -259,7 +273,7 @@ def candidates(d: Dictionary, x: torch.Tensor, cache: ScreenCache) -> torch.Tens
     top = float(A.max())
     if not math.isfinite(top) or top >= BIG:
         return None
-    one = torch.ones(x.shape[0], 3, dtype=torch.bfloat16)
+    one = torch.tensor([1, 1, 1, 0, 0, 0], dtype=torch.bfloat16).expand(x.shape[0], 6)  # offset pieces, padding
     bound = torch.stack([_round_up_bf16(A), _round_up_bf16(R)], dim=1)
     x_aug = torch.cat([x_hat, one, bound], dim=1)
     width = d.width
