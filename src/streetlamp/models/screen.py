@@ -71,6 +71,7 @@ float32 memory.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -257,7 +258,8 @@ def _sign_clear(V: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     words of four entries with some sign bit clear first (one test a word), then the entries of those."""
     rows, cols = V.shape
     if cols % 4 or not V.is_contiguous():
-        return (V.view(torch.int16) >= 0).nonzero().unbind(1)
+        row, col = (V.view(torch.int16) >= 0).nonzero().unbind(1)
+        return row, col
     words = _flat_nonzero(torch.bitwise_and(V.view(torch.int64), SIGNS) != SIGNS)
     which, lane = (V.view(torch.int16).view(-1, 4).index_select(0, words) >= 0).nonzero().unbind(1)
     flat = words[which] * 4 + lane
@@ -311,7 +313,11 @@ def encode(d: Dictionary, x: torch.Tensor) -> torch.Tensor | None:
     )  # latent-major: each encoder row is read once, the input rows stay in cache
     crow = torch.zeros(width + 1, dtype=torch.int64)
     torch.cumsum(torch.bincount(lat, minlength=width), 0, out=crow[1:])
-    pattern = torch.sparse_csr_tensor(crow, tok, torch.zeros(tok.shape[0]), size=(width, tokens))
+    with warnings.catch_warnings():  # "sparse CSR support is in beta": sampled_addmm is all it is used for
+        warnings.simplefilter("ignore", UserWarning)
+        pattern = torch.sparse_csr_tensor(
+            crow, tok, torch.zeros(tok.shape[0]), size=(width, tokens), check_invariants=False
+        )
     s = torch.sparse.sampled_addmm(pattern, cache.W_t, flat.t(), beta=0.0).values()
     y = s + cache.b[lat]  # fl(s + b), as the dense encoder's add
     if d.activation != "topk":  # only the active candidates are written (the writes are scattered)
