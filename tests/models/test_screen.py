@@ -122,6 +122,11 @@ def test_screened_encode_is_the_dense_encode(act: str, monkeypatch: pytest.Monke
     else:
         mask = found
     assert bool(mask.t()[dense != 0].all())
+    # a token count that is not a multiple of four (the sign test a word at a time does not apply)
+    with torch.no_grad():
+        odd = screen.encode(d, x[:-1])
+    assert odd is not None
+    check_against_truth(d, x[:-1], odd, dense[:-1])
     # through Dictionary.encode, with leading dimensions and an SAE's b_dec_in
     b_dec = torch.randn(N) * 0.1
     d = Dictionary(0, "mlp", d.W_enc, d.b_enc, d.W_dec, b_dec, d.activation, d.k, d.threshold, b_dec_in=True)
