@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from ..errors import StreetlampError
+from . import screen
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
@@ -97,6 +98,7 @@ class Dictionary:
     _cast: dict[tuple[torch.device, torch.dtype], dict[str, torch.Tensor | None]] = field(
         default_factory=dict, repr=False
     )
+    _screened: dict = field(default_factory=dict, repr=False)  # the bfloat16 screen's cache (models/screen.py)
 
     def __post_init__(self) -> None:
         d_in, width = self.W_enc.shape
@@ -177,6 +179,13 @@ class Dictionary:
         return z.mul_(z > theta) if inplace else z * (z > theta)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """σ(pre(x)). Outside autograd, on a float32 input on a CPU with bfloat16 units, through the exact
+        bfloat16 screen (:mod:`.screen`: the same active latents and values, without the dense float32
+        product); else densely."""
+        if screen.screenable(self, x):
+            out = screen.encode(self, x)
+            if out is not None:
+                return out
         return self.activate(self.pre(x), inplace=True)
 
     def decode(self, a: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
