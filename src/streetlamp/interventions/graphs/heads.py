@@ -111,6 +111,8 @@ def head_loadings(
     for t in targets:
         lo = min(_first_layer(graph, s) for s in sources_of[t])
         jobs += [(t, l, h) for l in range(lo, _last_layer(graph, t) + 1) for h in range(H)]
+    # batched by layer, highest first: a backward pass goes down from its batch's highest layer (no row changes)
+    jobs.sort(key=lambda j: -j[1])
     bar = progress_bar(total=len(targets) + len(jobs), desc="head loadings", disable=not progress)
     D: dict[int, list[torch.Tensor]] = {}  # target -> per layer [n, H, d_head] downstream gradients
     for c in range(0, len(targets), B):
