@@ -598,3 +598,31 @@ def test_projected_decoder_columns_equal_the_padded_ones(monkeypatch: pytest.Mon
     # stored in float32: two roundings of 2^-24 each, plus float64 rounding of the d-term sums (far below)
     assert ((proj.rows.double() - held.rows.double()).abs() <= 2 * 2.0**-24 * scale + d * 2.0**-52 * scale).all()
     assert (held.rows != 0).any()
+
+
+def test_rows_at_some_columns_equal_the_full_rows() -> None:
+    """Replacement.rows_at (head loadings' rows, only the edges' sources) equals the full rows at those columns:
+    features, errors and tokens, for feature and logit targets (float64 model: to float64 rounding of a
+    d-term dot product)."""
+    from streetlamp.interventions.graphs.attribution import Replacement
+
+    a = llama64()
+    ids = a.encode([TEXT]).input_ids[0]
+    g = attribute(a, ids, batch_size=16, zero_bos=False)
+    rep = Replacement(a, ids, 4, False)
+    targets = [g.logit_start, g.n_features - 1, g.n_features // 2, 3]
+    nodes = [
+        0,
+        g.n_features // 3,
+        g.n_features - 2,
+        g.error_start + 1,
+        g.token_start - 1,
+        g.token_start,
+        g.logit_start - 1,
+    ]
+    parts = [rep.target(g, t, b) for b, t in enumerate(targets)]
+    full = rep.rows(parts, dtype=torch.float64)
+    some = rep.rows_at([rep.target(g, t, b) for b, t in enumerate(targets)], g, nodes)
+    want = full[:, [rep.column(g, s) for s in nodes]]
+    assert want.abs().max() > 0
+    torch.testing.assert_close(some, want, rtol=0, atol=a.d_model * 2.0**-52 * float(full.abs().max()))

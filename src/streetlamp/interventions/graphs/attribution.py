@@ -300,6 +300,7 @@ class Replacement:
         self.acts = torch.cat(acts).numpy() if acts else np.zeros(0, dtype=np.float64)
         self.n_act = len(self.feats)
         padded = self.n_act * adapter.d_model * 4 <= DECODER_MEMORY
+        self.W_dec = {l: W for l, _, _, _, W in found}
         start = 0
         for l, pos, idx, val, W_dec in found:
             self.blocks.append(_Block(l, start, pos, idx, val, W_dec, padded))
@@ -313,7 +314,7 @@ class Replacement:
 
     def release(self) -> None:
         """Drop the retained forward pass (its graph, cache and sinks); the nodes' values stay."""
-        self.cache, self.leaves, self.blocks = {}, [], []
+        self.cache, self.leaves, self.blocks, self.W_dec = {}, [], [], {}
         self.h = self.h.detach()
         self.sinks.clear()
         self.stash.clear()
@@ -346,6 +347,27 @@ class Replacement:
             e0 = n_act + l * n
             out[:, e0 : e0 + n] = torch.einsum("bnd,nd->bn", g_mlp[l][:m], self.err_dev[l]).to(dtype).cpu()
         out[:, n_act + L * n :] = torch.einsum("bnd,nd->bn", g_embed[:m], self.embed_vals).to(dtype).cpu()
+        return out
+
+    def rows_at(self, parts: list[torch.Tensor], graph: Graph, nodes: list[int]) -> torch.Tensor:
+        """:meth:`rows` at the columns of graph ``nodes`` only (features, errors, tokens), float64
+        ``[len(parts), len(nodes)]``: each node's written vector dotted with the gradient at its site, no
+        other column computed."""
+        g = self.grads(torch.stack(parts).sum())
+        m, n_act = len(parts), self.n_act
+        out = torch.zeros(m, len(nodes), dtype=torch.float64)
+        for j, node in enumerate(nodes):
+            c = self.column(graph, node)
+            if c < n_act:
+                l, p, f = self.feats[c]
+                site, vec = 1 + l, float(self.acts[c]) * self.W_dec[l][f]
+            elif c < n_act + self.L * self.n:
+                l, p = divmod(c - n_act, self.n)
+                site, vec = 1 + l, self.err_dev[l, p]
+            else:
+                p = c - n_act - self.L * self.n
+                site, vec = 0, self.embed_vals[p]
+            out[:, j] = (g[site][:m, p] @ vec.to(g[site].dtype)).double().cpu()
         return out
 
     def column(self, graph: Graph, node: int) -> int:

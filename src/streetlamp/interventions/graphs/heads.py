@@ -98,10 +98,11 @@ def head_loadings(
     edge64: dict[tuple[int, int], float] = {}
     for c in range(0, len(targets), B):
         chunk = targets[c : c + B]
-        rows = plain.rows([plain.target(graph, t, b) for b, t in enumerate(chunk)], dtype=torch.float64)
+        cols = sorted({s for t in chunk for s in sources_of[t]})
+        rows = plain.rows_at([plain.target(graph, t, b) for b, t in enumerate(chunk)], graph, cols)
         for b, t in enumerate(chunk):
             for s in sources_of[t]:
-                edge64[(t, s)] = float(rows[b, plain.column(graph, s)])
+                edge64[(t, s)] = float(rows[b, cols.index(s)])
     del plain
 
     rep = Replacement(adapter, ids, B, zero_bos, cut_heads=True)
@@ -126,10 +127,12 @@ def head_loadings(
     for c in range(0, len(jobs), B):
         jchunk = jobs[c : c + B]
         parts = [(D[t][l][:, h] * rep.v_stash[l][b, :, h]).sum() for b, (t, l, h) in enumerate(jchunk)]
-        rows = rep.rows(parts, dtype=torch.float64)
+        cols = sorted({s for t, _, _ in jchunk for s in sources_of[t]})
+        rows = rep.rows_at(parts, graph, cols)  # only the edges' sources: a few columns, not every node
+        at = {s: j for j, s in enumerate(cols)}
         for b, (t, l, h) in enumerate(jchunk):
             for s in sources_of[t]:
-                v = float(rows[b, rep.column(graph, s)])
+                v = float(rows[b, at[s]])
                 if v != 0.0:
                     loading[(t, s, l, h)] = v
         bar.update(len(jchunk))
