@@ -14,7 +14,7 @@ their rows); all in float64; and ReLU in float32.
 transformers' Llama computes RMSNorm and RoPE's cos/sin in float32 whatever the model's dtype; TransformerLens in
 the model's. For the float64 comparison both are made float64 here (``_float64_llama``: the same formulas in
 the input's dtype), so the two graphs are one float64 computation apart, each stored in float32 (both libraries'
-adjacency dtype): an edge may differ by its two roundings, ``2^-24 |w|` each, plus float64 rounding.
+adjacency dtype): an edge may differ by its two roundings, ``2^-24 |w|`` each, plus float64 rounding.
 
 circuit-tracer lives in the test-only ``.feat-venv`` (``make feat-venv``; its pins: transformers 4,
 TransformerLens 3), run in one subprocess for every case. Skipped when that environment is missing, failed
@@ -177,7 +177,12 @@ def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pair]:
         specs.append(spec)
     (tmp / "cases.json").write_text(json.dumps(specs))
     run = subprocess.run(
-        [str(PEER), str(ROOT / "tests" / "helpers" / "circuit_tracer_peer.py"), str(model_dir), str(tmp / "cases.json")],
+        [
+            str(PEER),
+            str(ROOT / "tests" / "helpers" / "circuit_tracer_peer.py"),
+            str(model_dir),
+            str(tmp / "cases.json"),
+        ],
         capture_output=True,
         text=True,
         timeout=900,
