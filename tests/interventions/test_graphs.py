@@ -216,6 +216,36 @@ def test_nodes_and_rows_are_the_replacement_models() -> None:
     assert not gb.adjacency[:, [gb.error_start + l * gb.n_pos for l in range(3)]].any()
 
 
+def test_negative_jumprelu_latents_are_nodes() -> None:
+    """A JumpReLU latent with θ < 0 fires below zero (``z·[z > θ]``, z in (θ, 0)): it writes ``a W_dec`` into
+    the MLP output, which the error (output − reconstruction) does not hold, so it must be a node (circuit-tracer
+    makes every nonzero latent one). The feature nodes are the nonzero latents, negative ones among them, and a
+    logit's row still sums to the demeaned logit less what no node carries (the frozen replay by value with every
+    node zeroed), as in test_edges_equal_knockouts_through_the_frozen_replacement."""
+    model, tok = tiny_model("llama", seed=1, layers=2)
+    a = ModelAdapter(model.double(), tok, "tiny-llama")
+    dicts = {}
+    for l in range(2):
+        d = random_transcoder(l, a.d_model, 48, 10 + l)
+        theta = torch.rand(48, generator=torch.Generator().manual_seed(l), dtype=torch.float64) * 0.6 - 0.4
+        dicts[(l, "mlp")] = Dictionary(l, "mlp", d.W_enc, d.b_enc, d.W_dec, d.b_dec, "jumprelu", threshold=theta)
+    a.attach_features(FeatureSet(dicts, source="random jumprelu"))
+    ids = a.encode([TEXT]).input_ids[0]
+    g = attribute(a, ids, batch_size=64, zero_bos=False)
+    fwd = a.forward(a.encode([TEXT]), record=[feature_site(l, "mlp") for l in range(2)])
+    assert g.n_features == sum(int((fwd.cache[feature_site(l, "mlp")] != 0).sum()) for l in range(2))
+    assert (g.activations < 0).sum() > 5
+    fr = Frozen(a, ids)
+    base_in, base_h = fr.run()
+    zero_acts = {l: torch.zeros_like(fr.clean[feature_site(l, "mlp")]) for l in range(2)}
+    zero_err = {l: torch.zeros_like(fr.clean[feature_site(l, "mlp", True)]) for l in range(2)}
+    z_in, z_h = fr.run(acts=zero_acts, errors=zero_err, embed=torch.zeros_like(fr.clean["embed"]))
+    A = g.adjacency.double()
+    for t in range(g.logit_start, g.n_nodes):
+        want = target_value(a, g, t, base_in, base_h) - target_value(a, g, t, z_in, z_h)
+        assert abs(float(A[t].sum()) - want) <= 1e-6 * float(A.abs().max()) * A.shape[1] ** 0.5
+
+
 def test_replacement_forward_is_the_model() -> None:
     """The frozen replacement (errors kept) reproduces the model's logits to float64 rounding; its gradients
     differ (frozen patterns and norms: the model is linear between its nodes)."""

@@ -288,7 +288,10 @@ class Replacement:
                 assert W_dec is not None
                 a = a.clone()
                 a[:first] = 0
-                pos, idx = torch.nonzero(a > 0, as_tuple=True)  # row-major: by position, then feature index
+                # every nonzero latent is a node (row-major: by position, then feature index): a JumpReLU latent
+                # with θ < 0 fires below zero, and its a W_dec is in no error (circuit-tracer's to_sparse()
+                # nodes); ReLU and TopK latents are >= 0, where this is a > 0
+                pos, idx = torch.nonzero(a, as_tuple=True)
                 if pos.numel():
                     val = a[pos, idx]
                     found.append((l, pos, idx, val, W_dec))

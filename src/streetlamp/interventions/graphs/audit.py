@@ -53,7 +53,7 @@ def propagate(graph: Graph, s: int, A: torch.Tensor | None = None) -> np.ndarray
     rn = graph.row_nodes
     nf = graph.n_features
     scale = torch.zeros(A.shape[0], dtype=torch.float64)  # per row: 1 / activation for a feature, 0 for a logit
-    scale[:nf] = 1.0 / torch.as_tensor(graph.activations, dtype=torch.float64).clamp(min=1e-30)
+    scale[:nf] = 1.0 / torch.as_tensor(graph.activations, dtype=torch.float64)  # nonzero (a JumpReLU's may be < 0)
     cur = -A[:, s]
     total = cur.clone()
     for _ in range(graph.n_layers + 2):  # a feature reaches at most one layer further per step
