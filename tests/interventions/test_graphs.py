@@ -656,3 +656,27 @@ def test_rows_at_some_columns_equal_the_full_rows() -> None:
     want = full[:, [rep.column(g, s) for s in nodes]]
     assert want.abs().max() > 0
     torch.testing.assert_close(some, want, rtol=0, atol=a.d_model * 2.0**-52 * float(full.abs().max()))
+
+
+def test_propagate_many_is_the_linear_solve() -> None:
+    """The audit's predicted change when a source is zeroed, for many sources at once, equals the closed form
+    δ = (I − M)⁻¹ d (d = −A[:, s] on the target rows, M[r, f] = A[r, f] / activation(f) for feature columns f),
+    solved in float64, and the one-source function."""
+    from streetlamp.interventions.graphs.audit import propagate, propagate_many
+
+    a = llama64()
+    ids = a.encode([TEXT]).input_ids[0]
+    g = attribute(a, ids, batch_size=16, zero_bos=False)
+    A = g.rows.double()
+    nf, R = g.n_features, A.shape[0]
+    sources = [0, nf // 2, nf - 1, g.error_start + 2, g.token_start + 1]
+    got = propagate_many(g, sources, A)
+    M = torch.zeros(R, R, dtype=torch.float64)
+    M[:, :nf] = A[:, :nf] / torch.as_tensor(g.activations, dtype=torch.float64)
+    want = torch.linalg.solve(torch.eye(R, dtype=torch.float64) - M, -A[:, sources])
+    rn = g.row_nodes.numpy()
+    scale = float(want.abs().max())
+    assert scale > 0
+    np.testing.assert_allclose(got[rn], want.numpy(), rtol=0, atol=1e-10 * scale)
+    for j, s in enumerate(sources):
+        np.testing.assert_allclose(propagate(g, s, A), got[:, j], rtol=0, atol=1e-12 * scale)  # matvec vs matmul

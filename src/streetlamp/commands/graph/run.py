@@ -66,6 +66,7 @@ def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -
     N = g.n_nodes
     kinds = [g.kind(i) for i in range(N)]
     where = [g.where(i) for i in range(N)]
+    labels = np.array([g.label(i) for i in range(N)], dtype=object)  # once per node; edges index it
     feat = np.full(N, -1, dtype=np.int64)
     feat[: g.n_features] = g.features[:, 2]
     feat[g.logit_start :] = g.logit_ids
@@ -80,7 +81,7 @@ def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -
             "layer": [w[0] for w in where],
             "position": [w[1] for w in where],
             "feature_or_token_id": feat,
-            "label": [g.label(i) for i in range(N)],
+            "label": labels,
             "activation": act,
             "logit_probability": prob,
             "influence": p.node_influence.numpy(),
@@ -94,8 +95,8 @@ def run(adapter: ModelAdapter, s: GraphSettings, out: RunFolder, options: Any) -
             "source": s_idx,
             "target": t_idx,
             "weight": g.rows.numpy()[r_idx, s_idx].astype(np.float64),  # float32 as stored, cast per edge
-            "source_label": [g.label(int(i)) for i in s_idx],
-            "target_label": [g.label(int(i)) for i in t_idx],
+            "source_label": labels[s_idx],
+            "target_label": labels[t_idx],
         }
     )
     paths = top_paths(g, p, s.top)

@@ -123,6 +123,13 @@ class Graph:
             return -1, i - self.token_start
         return self.n_layers, self.n_pos - 1
 
+    def positions(self) -> np.ndarray:
+        """Every node's position (:meth:`where`'s second value), as one array."""
+        n, L = self.n_pos, self.n_layers
+        return np.concatenate(
+            [self.features[:, 1], np.tile(np.arange(n), L), np.arange(n), np.full(self.n_logits, n - 1)]
+        ).astype(np.int64)
+
     def label(self, i: int) -> str:
         k = self.kind(i)
         l, p = self.where(i)
@@ -197,10 +204,14 @@ class _Block:
         val: torch.Tensor,
         W_dec: torch.Tensor,
         padded: bool,
+        n_pos: int,
     ) -> None:
         self.layer, self.start, self.size = layer, start, len(pos)
         self.pos_u, counts = torch.unique_consecutive(pos, return_counts=True)  # pos is sorted
         which = torch.repeat_interleave(torch.arange(len(self.pos_u), device=pos.device), counts)
+        self.every_position = len(self.pos_u) == n_pos and bool(
+            (self.pos_u == torch.arange(n_pos, device=pos.device)).all()
+        )
         self.padded: torch.Tensor | None = None
         if padded:
             kmax = int(counts.max())
@@ -209,16 +220,16 @@ class _Block:
             )
             self.padded = W_dec.new_zeros(len(self.pos_u), kmax, W_dec.shape[-1])
             self.padded[which, slot] = val[:, None] * W_dec[idx]
-            self.flat = which * kmax + slot  # feature i's entry in the [positions x kmax] product
+            self.which, self.slot = which, slot
         else:
             self.which, self.idx, self.val, self.W_dec = which, idx, val, W_dec
 
     def columns(self, g: torch.Tensor) -> torch.Tensor:
         """``[m, size]``: ``g[b, pos[i]] · val[i] W_dec[idx[i]]`` for a batch of gradients ``g [m, n, d]``."""
-        gp = g[:, self.pos_u]  # [m, positions, d]
+        gp = g if self.every_position else g[:, self.pos_u]  # [m, positions, d]
         if self.padded is not None:
             prod = torch.bmm(gp.transpose(0, 1), self.padded.transpose(1, 2))  # [positions, m, kmax]
-            return prod.transpose(0, 1).reshape(g.shape[0], -1)[:, self.flat]
+            return prod[self.which, :, self.slot].t()  # [m, size]: feature i at (which[i], slot[i])
         return (gp @ self.W_dec.t())[:, self.which, self.idx] * self.val
 
 
@@ -306,7 +317,7 @@ class Replacement:
         self.W_dec = {l: W for l, _, _, _, W in found}
         start = 0
         for l, pos, idx, val, W_dec in found:
-            self.blocks.append(_Block(l, start, pos, idx, val, W_dec, padded))
+            self.blocks.append(_Block(l, start, pos, idx, val, W_dec, padded, n))
             start += len(pos)
         self.errors = errors
         self.err_dev = errors.to(self.h.device, self.h.dtype)

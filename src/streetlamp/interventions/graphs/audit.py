@@ -27,7 +27,7 @@ from ..engine import Intervention, repeat_inputs, run, zero
 from .attribution import Graph
 from .pruning import Pruned
 
-__all__ = ["AUDIT_COLUMNS", "audit", "audit_lines", "propagate"]
+__all__ = ["AUDIT_COLUMNS", "audit", "audit_lines", "propagate", "propagate_many"]
 
 AUDIT_COLUMNS = [
     "claim",
@@ -46,22 +46,27 @@ AUDIT_COLUMNS = [
 
 def propagate(graph: Graph, s: int, A: torch.Tensor | None = None) -> np.ndarray:
     """The change at every node when source ``s`` is set to zero, through the graph (see the module). ``A``: the
-    graph's rows in float64 when the caller has them (one copy for many sources); ``M v`` is ``A (scale · v)``,
-    so no scaled copy is made. Only features and logits change (errors and tokens have no inputs)."""
+    graph's rows in float64 when the caller has them (one copy for many sources)."""
+    return propagate_many(graph, [s], A)[:, 0]
+
+
+def propagate_many(graph: Graph, sources: list[int], A: torch.Tensor | None = None) -> np.ndarray:
+    """:func:`propagate` for several sources at once, ``[n_nodes, len(sources)]`` (one matrix product a step
+    instead of one matrix-vector product per source); ``M v`` is ``A (scale · v)``, so no scaled copy is made.
+    Only features and logits change (errors and tokens have no inputs)."""
     if A is None:
         A = graph.rows.double()
     rn = graph.row_nodes
     nf = graph.n_features
-    scale = torch.zeros(A.shape[0], dtype=torch.float64)  # per row: 1 / activation for a feature, 0 for a logit
-    scale[:nf] = 1.0 / torch.as_tensor(graph.activations, dtype=torch.float64)  # nonzero (a JumpReLU's may be < 0)
-    cur = -A[:, s]
+    scale = 1.0 / torch.as_tensor(graph.activations, dtype=torch.float64)[:, None]  # nonzero (a JumpReLU's may be < 0)
+    cur = -A[:, sources]
     total = cur.clone()
     for _ in range(graph.n_layers + 2):  # a feature reaches at most one layer further per step
-        cur = A[:, :nf] @ (scale[:nf] * cur[:nf])  # the only sources that change are features (rows[:nf])
+        cur = A[:, :nf] @ (scale * cur[:nf])  # the only sources that change are features (rows[:nf])
         if not cur.any():
             break
         total += cur
-    out = np.zeros(graph.n_nodes)
+    out = np.zeros((graph.n_nodes, len(sources)))
     out[rn.numpy()] = total.numpy()
     return out
 
@@ -127,8 +132,9 @@ def audit(
             measured[s] = (float(dem[r] - base_logit[0]), {t: float(tv[t][r] - base_t[t][0]) for t in targets})
     rows = []
     A64 = graph.rows.double()
+    preds = propagate_many(graph, sources, A64)  # sources: the claims' sources, sorted
     for c in claims:
-        pred = propagate(graph, c.source, A64)
+        pred = preds[:, sources.index(c.source)]
         m_logit, m_t = measured[c.source]
         m = m_logit if c.target == logit else m_t[c.target]
         p_tot = float(pred[c.target])

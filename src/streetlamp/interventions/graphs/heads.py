@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -53,9 +54,10 @@ HEAD_COLUMNS = [
 def cross_position_edges(graph: Graph, pruned: Pruned, limit: int | None = None) -> list[tuple[int, int]]:
     """The kept edges (target, source) whose source and target sit at different positions, by |weight|."""
     t_idx, s_idx, r_idx = pruned.edges()
-    keep = [k for k in range(len(t_idx)) if graph.where(int(t_idx[k]))[1] != graph.where(int(s_idx[k]))[1]]
-    A = graph.rows
-    keep.sort(key=lambda k: -abs(float(A[r_idx[k], s_idx[k]])))
+    pos = graph.positions()
+    keep = np.nonzero(pos[t_idx] != pos[s_idx])[0]
+    w = np.abs(graph.rows.numpy()[r_idx[keep], s_idx[keep]])
+    keep = keep[np.argsort(-w, kind="stable")]  # by |weight|, ties in the edges' order
     if limit is not None:
         keep = keep[:limit]
     return [(int(t_idx[k]), int(s_idx[k])) for k in keep]
