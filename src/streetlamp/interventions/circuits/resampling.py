@@ -235,7 +235,8 @@ def resample(
         with progress.bar(n, desc) as bar:
             for r in range(n):
                 p = corrupt_sets[r]
-                masks = [circuit(g, score_fn(p).mean, k) for k in ks]
+                mean = score_fn(p).mean  # one score pass per resample, every size cut from it
+                masks = [circuit(g, mean, k) for k in ks]
                 kept.append(masks)
                 if m_full is not None:
                     mv = circuit_metrics(blocks, p, [empty] + [masks[j] for j in meas], ab, metric, batch_size)
