@@ -22,9 +22,9 @@ from streetlamp.interventions.circuits import scores as S
 from streetlamp.interventions.circuits import tasks as T
 from streetlamp.interventions.circuits.tasks import TaskPair, encode_pairs
 from streetlamp.stats import resample_indices
-from tests.conftest import F64_TOL
+from tests.conftest import F64_TOL, assert_same_route
 from tests.interventions.test_circuit_faithfulness import _planted
-from tests.interventions.test_circuit_scores import make
+from tests.interventions.test_circuit_scores import f64_llama, make  # noqa: F401
 
 # three templates; within each the prompts have one token length and end on the same word (so a corrupted
 # prompt moved to another pair of its template is a valid corruption of it)
@@ -88,6 +88,12 @@ def _hand_axis(b, pairs_of, per_of, m_full_of, ks, n, every=None):
 
 
 BASE: list[set] = []
+
+
+def _same_scores(got: np.ndarray, want: np.ndarray) -> None:
+    """Two routes to the same scores: NaN (no edge) at the same places, the rest to float64 rounding."""
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert_same_route(np.nan_to_num(got), np.nan_to_num(want))
 
 
 @pytest.mark.parametrize("axis", ["prompts", "templates"])
@@ -218,6 +224,75 @@ def test_corrupt_axis_rescores_each_draw_and_keeps_the_clean_run() -> None:
     torch.testing.assert_close(res.inclusion, sum(m.double() for m in last) / n, rtol=0, atol=0)
     with pytest.raises(StreetlampError, match="patch ablation"):
         RS.resample(b, pairs, S.eap(b, pairs, ablation="zero"), SIZES, "corrupt", n=2, corrupt_sets=sets)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_reused_clean_gradients_give_a_full_eap_pass_scores(family: str, f64_llama) -> None:  # noqa: F811
+    """The corrupt axis's EAP with the clean forward and backward run once (scores.EapCleanReuse) equals a
+    whole EAP pass (S.eap: its own clean forward, backward and corrupted forward) on each resample, prompt
+    by prompt and edge by edge, to float64 rounding (two chunkings: 4 rows here, 16 there). The resamples'
+    scores differ from the original corruption's by far more, so a reuse that kept the corrupted run (or
+    took its gradients anywhere but the clean run) would fail; a set whose clean side differs is refused."""
+    a, b = make(family)
+    pairs = encode_pairs(a, RAW)
+    sets = RS.corrupt_resamples(a, "pairs.csv", RAW, 4, seed=0)
+    reuse = S.EapCleanReuse(b, pairs, batch_size=4)
+    orig = S.eap(b, pairs).per_prompt.numpy()
+    moved = 0.0
+    for q in [pairs, *sets]:
+        got, want = reuse(q).per_prompt.numpy(), S.eap(b, q).per_prompt.numpy()
+        assert got.dtype == want.dtype == np.float64
+        _same_scores(got, want)
+        moved = max(moved, float(np.nanmax(np.abs(want - orig))))
+    assert moved > 1e-3 * float(np.nanmax(np.abs(orig))) and moved > 1e-3  # the corruption matters
+    other = encode_pairs(a, RAW[1:] + RAW[:1])
+    with pytest.raises(StreetlampError, match="clean prompts or answers differ"):
+        reuse(other)
+
+
+def test_corrupt_axis_scores_each_resample_once() -> None:
+    """One score pass per corrupt resample, whatever the number of sizes (each size's circuit is cut from the
+    same scores)."""
+    a, b = make("gpt2")
+    pairs = encode_pairs(a, RAW)
+    sets = RS.corrupt_resamples(a, "pairs.csv", RAW, 3, seed=0)
+    calls: list[int] = []
+
+    def count(p):
+        calls.append(1)
+        return S.eap(b, p)
+
+    RS.resample(b, pairs, S.eap(b, pairs), SIZES, "corrupt", n=3, corrupt_sets=sets, score_fn=count, measure="none")
+    assert len(calls) == 3 and len(SIZES) > 1
+
+
+def test_resample_rescorer_reuses_the_clean_run_for_eap_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's score function of --resample: EAP under patching on sets with the clean side of the pairs
+    builds one EapCleanReuse (at the first call) and serves every corrupt resample from it; the scores are
+    edge_scores' own. A set with other clean prompts (a prompt resample) and other methods are scored afresh."""
+    from streetlamp.commands.circuit import methods as M
+
+    a, b = make("gpt2")
+    pairs = encode_pairs(a, RAW)
+    sets = RS.corrupt_resamples(a, "pairs.csv", RAW, 3, seed=0)
+    built: list[int] = []
+    real = S.EapCleanReuse
+
+    class Counting(real):  # type: ignore[misc,valid-type]
+        def __init__(self, *args, **kw):
+            built.append(1)
+            super().__init__(*args, **kw)
+
+    monkeypatch.setattr(S, "EapCleanReuse", Counting)
+    for method in ("eap", "eap-ig-inputs"):
+        fn = M.rescorer(b, pairs, method, "patch", "logit_diff", 2, None)
+        for q in [*sets, pairs.select([1, 0, 2, 3, 4, 5])]:
+            want = M.edge_scores(b, q, method, "patch", "logit_diff", 2, 16).per_prompt.numpy()
+            _same_scores(fn(q).per_prompt.numpy(), want)
+        assert len(built) == 1, method  # eap built one; eap-ig-inputs none
+    fn = M.rescorer(b, pairs, "eap", "mean", "logit_diff", 2, None)
+    fn(sets[0])
+    assert len(built) == 1
 
 
 def test_planted_circuit_is_stable_on_every_axis() -> None:

@@ -3,6 +3,8 @@ runner (:mod:`.circuit`) and the Ray actors (:mod:`.circuit_ray`), so neither im
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ...errors import StreetlampError
 from ...interventions.circuits import scores as S
 from ...interventions.circuits import tasks as T
@@ -53,3 +55,22 @@ def edge_scores(
         assert isinstance(out, S.EdgeScores)
         return out
     raise StreetlampError(f"unknown circuit method {method!r}")
+
+
+def rescorer(
+    blocks: Blocks, pairs: T.PairSet, method: str, ablation: str, metric: str, steps: int, budget: int | None
+) -> Callable[[T.PairSet], S.EdgeScores]:
+    """The score function of ``--resample``: ``method`` on a resampled pair set. Plain EAP under patching on
+    a set with ``pairs``' clean side (the corrupt axis: only the corrupted prompts redrawn) reuses the clean
+    forward and backward (:class:`.scores.EapCleanReuse`, built at the first such call: the same per-prompt
+    scores); every other method and set is scored afresh."""
+    reuse: list[S.EapCleanReuse] = []
+
+    def score(p: T.PairSet) -> S.EdgeScores:
+        if method == "eap" and ablation == "patch" and S.same_clean(p, pairs):
+            if not reuse:
+                reuse.append(S.EapCleanReuse(blocks, pairs, metric, rows_of(budget, pairs, 16)))
+            return reuse[0](p)
+        return edge_scores(blocks, p, method, ablation, metric, steps, rows_of(budget, p, 16))
+
+    return score

@@ -107,15 +107,12 @@ def stability_chunk(
     summary."""
     from ...interventions.circuits.blocks import Blocks
     from ...interventions.circuits.resampling import stability
-    from .methods import edge_scores, rows_of
+    from .methods import rescorer
 
     (name, axis, per) = chunk[0]
     blocks = Blocks(adapter)
     sc = S.EdgeScores(name, torch.from_numpy(per), job.ablation, job.metric)
-
-    def rescore(p: PairSet) -> S.EdgeScores:
-        return edge_scores(blocks, p, name, job.ablation, job.metric, job.steps, rows_of(job.score_rows, p, 16))
-
+    rescore = rescorer(blocks, job.pairs, name, job.ablation, job.metric, job.steps, job.score_rows)
     return stability(
         blocks, job.task, job.raw, job.pairs, sc, job.sizes, [axis], job.resamples, job.seed, job.at, rescore,
         job.rows, job.measure,

@@ -55,7 +55,7 @@ from ...store.run_folder import RunFolder
 from . import paths as P
 from . import resume as R
 from . import view as V
-from .methods import edge_scores, rows_of
+from .methods import edge_scores, rescorer, rows_of
 from .ray import RayPlace, StabilityJob, ray_edge_scores, ray_stability
 
 if TYPE_CHECKING:
@@ -499,9 +499,7 @@ def run_circuit(
         for st, (name, axis) in axis_stages.items():  # on Ray every stage is in the checkpoint by now
 
             def stab(name: str = name, axis: str = axis) -> tuple[list[dict], list[str], list[dict]]:
-                def rescore(p: T.PairSet) -> S.EdgeScores:
-                    return edge_scores(blocks, p, name, s.ablation, s.metric, s.steps, rows_of(s.batch_size, p, 16))
-
+                rescore = rescorer(blocks, pairs, name, s.ablation, s.metric, s.steps, s.batch_size)
                 return stability(
                     blocks, s.task, raw, pairs, methods[name].scores, sizes, [axis], s.resamples, s.seed, chosen,
                     rescore, rows_of(s.batch_size, pairs, 32), s.resample_faithfulness,

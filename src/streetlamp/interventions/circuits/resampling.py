@@ -28,7 +28,8 @@ per-prompt scores averaged, top k, pruned: no forward. Its faithfulness needs ma
 (distinct circuit, distinct prompt) not measured before (:class:`Measured`): ``measure="all"`` at every
 size, ``"chosen"`` at the chosen size only (the verdict's), ``"none"`` not at all (f and the areas NaN;
 Jaccard, pairwise Jaccard and inclusion only, and no verdict). The corrupted axis re-scores every
-resample (a new score pass) whatever ``measure`` says. ``forwards`` in the summary counts the (circuit,
+resample (one ``score_fn`` call, every size cut from it) whatever ``measure`` says; the command's EAP
+score function reuses the clean forward and backward there (:class:`.scores.EapCleanReuse`). ``forwards`` in the summary counts the (circuit,
 prompt) masked forwards the resamples ran.
 
 **Stability verdict** (one rule, :data:`STABLE_JACCARD`, :data:`STABLE_F_WIDTH`): a circuit is *stable*
@@ -235,7 +236,8 @@ def resample(
         with progress.bar(n, desc) as bar:
             for r in range(n):
                 p = corrupt_sets[r]
-                masks = [circuit(g, score_fn(p).mean, k) for k in ks]
+                mean = score_fn(p).mean  # one score pass per resample, every size cut from it
+                masks = [circuit(g, mean, k) for k in ks]
                 kept.append(masks)
                 if m_full is not None:
                     mv = circuit_metrics(blocks, p, [empty] + [masks[j] for j in meas], ab, metric, batch_size)
