@@ -35,7 +35,7 @@ class GraphSettings(Settings):
         7500, ge=1, help="at most this many feature nodes, the most influential (circuit-tracer's default 7500)"
     )
     rows: int = option(
-        8, ge=1, le=4096, help="graph rows per backward pass (the prompt repeated: memory grows with it; default 8)"
+        4, ge=1, le=4096, help="graph rows per backward pass (the prompt repeated: memory grows with it; default 4)"
     )
     rows_memory_gb: float = option(
         8.0,

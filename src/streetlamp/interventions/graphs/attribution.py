@@ -409,7 +409,7 @@ def attribute(
     *,
     max_logits: int = 10,
     logit_prob: float = 0.95,
-    batch_size: int = 8,
+    batch_size: int = 4,
     max_feature_nodes: int | None = None,
     update_interval: int = 4,
     zero_bos: bool = True,

@@ -79,7 +79,7 @@ def head_loadings(
     graph: Graph,
     edges: list[tuple[int, int]],
     *,
-    batch_size: int = 8,
+    batch_size: int = 4,
     progress: bool = False,
 ) -> pd.DataFrame:
     """The loadings of every head on each edge ``(target, source)`` of ``graph`` (cross-position edges), one row

@@ -77,7 +77,7 @@ def feature_qk(
     key: int | None = None,
     *,
     top: int = 10,
-    batch_size: int = 8,
+    batch_size: int = 4,
     zero_bos: bool = True,
     rep: Replacement | None = None,
 ) -> FeatureQK:

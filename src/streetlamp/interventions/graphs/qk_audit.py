@@ -147,7 +147,7 @@ def qk_explain(
     heads: list[tuple[int, int, int, int, str]],
     *,
     top: int = 10,
-    batch_size: int = 8,
+    batch_size: int = 4,
 ) -> list[FeatureQK]:
     """:func:`~.qk.feature_qk` for each of ``heads`` (from :func:`qk_heads`) at its edge's (query, key)."""
     ids = torch.as_tensor(graph.ids)
@@ -243,7 +243,7 @@ def qk_audit(
     heads: list[tuple[int, int, int, int, str]],
     *,
     tolerance: float = 2.0,
-    batch_size: int = 8,
+    batch_size: int = 4,
     explained: list[FeatureQK] | None = None,
 ) -> pd.DataFrame:
     """One row per (head, side): the top query-side / key-side feature zeroed, predicted vs measured.
