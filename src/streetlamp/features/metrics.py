@@ -106,10 +106,10 @@ def reconstruction(
     dicts: list[Dictionary] = list(fs)
     where = dicts[0].where
     layers = [d.layer for d in dicts]
+    ys: dict[int, list[torch.Tensor]] = {d.layer: [] for d in dicts}  # targets, model dtype
+    err2s: dict[int, list[torch.Tensor]] = {d.layer: [] for d in dicts}  # per-token squared errors
     acc = {
         d.layer: {
-            "y": [],
-            "err2": [],
             "nnz": torch.zeros((), dtype=torch.float64),
             "fires": torch.zeros(d.width, dtype=torch.float64),
         }
@@ -126,8 +126,8 @@ def reconstruction(
             a = d64.encode(x)
             yh = d64.decode(a, x)
             r = acc[d.layer]
-            r["y"].append(y)  # the model's dtype: .double() of it is exact
-            r["err2"].append((y.double() - yh).pow(2).sum(-1))
+            ys[d.layer].append(y)  # the model's dtype: .double() of it is exact
+            err2s[d.layer].append((y.double() - yh).pow(2).sum(-1))
             active = a != 0
             r["nnz"] += active.sum()
             r["fires"] += active.sum(0)
@@ -136,7 +136,7 @@ def reconstruction(
     for l, r in acc.items():
         frac = r["fires"] / n
         out[l] = {
-            **fvu_columns(torch.cat(r["y"]), torch.cat(r["err2"])),
+            **fvu_columns(torch.cat(ys[l]), torch.cat(err2s[l])),
             "l0": float(r["nnz"] / n),
             "dead_fraction": float((r["fires"] == 0).double().mean()),
             "dense_fraction": float((frac > DENSE).double().mean()),

@@ -43,8 +43,8 @@ if TYPE_CHECKING:
 
 PER_RUN = ("resume", "stop_after")  # settings that may differ between the parts of one fit
 CORPUS = ("data", "tokens", "seq_len", "heldout", "seed", "generated")  # the settings that decide the held-out text
-TABLE = ("layer", "fvu", "fvu_token_median", "fvu_without_massive", "massive_tokens", "l0", "dead_fraction")
-TABLE += ("dense_fraction", "ce_recovered")
+TABLE: tuple[str, ...] = ("layer", "fvu", "fvu_token_median", "fvu_without_massive", "massive_tokens", "l0")
+TABLE += ("dead_fraction", "dense_fraction", "ce_recovered")
 
 
 class FeaturesFitResult:
