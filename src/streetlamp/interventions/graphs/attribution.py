@@ -418,7 +418,7 @@ def attribute(
 ) -> Graph:
     """The attribution graph of the attached transcoders on ``ids`` (one prompt, 1-D token ids). The rows
     buffer (``(logits + feature nodes) × (active features + errors + tokens)`` float32) stays in memory up to
-    ``rows_memory`` bytes and goes to a temporary file beyond (:func:`row_buffer`)."""
+    ``rows_memory`` bytes and goes to a temporary file beyond (:class:`RowStore`)."""
     check_replacement(adapter)
     ids = ids.view(-1).cpu()
     n, L = int(ids.shape[0]), adapter.n_layers
@@ -628,5 +628,4 @@ def partial_influences(
     infl = torch.zeros(n_cols, dtype=torch.float32)
     for s, blk in store.blocks(m):
         infl += w[s : s + blk.shape[0]] @ blk[:, :n_cols].abs()
-    # the old loop also counted P_0's own entries: none, logits are nobody's source (columns n_cols.. are zero)
     return infl
