@@ -7,6 +7,10 @@ The cost of a graph is set by the number of active features and of visited rows,
 so the time and memory are those of a trained set of the same width and L0; the graph itself means nothing.
 
     OMP_NUM_THREADS=1 nice .venv/bin/python benchmarks/bench_graph.py [--tokens 64] [--width 4096] [--l0 32]
+        [--features DIR] [--audit] [--extra "--rows 1 --max-feature-nodes 300 --rows-memory-gb 0"]
+
+``--features DIR``: a trained set (e.g. ``features-fit``'s folder) instead of the random one; the prompt is
+``--tokens`` tokens of a repeated review sentence (``common.text_of_length``) either way.
 
 Prints the seconds and the peak resident memory of ``streetlamp graph`` (a child process: its own peak),
 with the number of active features, and the load average.
@@ -67,14 +71,19 @@ def main() -> None:
     ap.add_argument("--l0", type=int, default=32)
     ap.add_argument("--audit", action="store_true", help="also run the audit on the real model")
     ap.add_argument("--extra", default="", help="more graph options, e.g. '--max-feature-nodes 2000'")
+    ap.add_argument(
+        "--features",
+        default=None,
+        help="an existing transcoder folder (e.g. a features-fit run) instead of the random set",
+    )
     a = ap.parse_args()
     import streetlamp
 
     adapter = streetlamp.load(a.model)
     text = text_of_length(adapter, a.tokens)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) / "tc"
-        active = calibrated_set(adapter, text, a.width, a.l0, folder)
+        folder = Path(a.features) if a.features else Path(tmp) / "tc"
+        active = 0 if a.features else calibrated_set(adapter, text, a.width, a.l0, folder)
         del adapter
         cmd = [sys.executable, "-m", "streetlamp", "graph", text, "--model", a.model, "--features", str(folder)]
         cmd += ["--out", str(Path(tmp) / "run")] + ([] if a.audit else ["--no-audit"]) + a.extra.split()
@@ -86,9 +95,13 @@ def main() -> None:
             print(r.stderr[-2000:])
             raise SystemExit(r.returncode)
         print("\n".join(r.stdout.strip().splitlines()[:6]))
+    where = (
+        f"transcoders from {a.features}"
+        if a.features
+        else f"{a.width}-wide transcoders at every layer, {active} active features (L0 {a.l0} per token and layer)"
+    )
     print(
-        f"graph {a.model}: {a.tokens} tokens, {a.width}-wide transcoders at every layer, {active} active features "
-        f"(L0 {a.l0} per token and layer){', audit' if a.audit else ''} {a.extra}: {secs:.0f} s, peak "
+        f"graph {a.model}: {a.tokens} tokens, {where}{', audit' if a.audit else ''} {a.extra}: {secs:.0f} s, peak "
         f"{peak:.2f} GiB (the graph command's process); {load()}"
     )
 
