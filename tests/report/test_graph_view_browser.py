@@ -29,11 +29,11 @@ EVIL = "<img src=x onerror=alert(1)><b>"
 PROMPT = "when mary and john went to the store , john gave a drink to"
 
 
-def graph_run(t: Path, name: str, extra: list[str]) -> Path:
+def graph_run(t: Path, name: str, extra: list[str], prompt: str = PROMPT) -> Path:
     model = t / "llama" if (t / "llama").exists() else save_tiny("llama", t / "llama", seed=1)
     feats = t / "dict" if (t / "dict").exists() else tiny_transcoders(t / "dict")
     out = t / name
-    argv = ["graph", PROMPT, "--model", str(model), "--features", str(feats), "--top", "3", "--out", str(out)]
+    argv = ["graph", prompt, "--model", str(model), "--features", str(feats), "--top", "3", "--out", str(out)]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         assert main(argv + extra) == 0
     return out
@@ -270,4 +270,49 @@ def test_graph_edge_cap_and_error_toggle(runs: dict[str, Path], page: Page, tmp_
     p.fill("#graph-edge-cap", "300")
     p.dispatch_event("#graph-edge-cap", "change")
     p.locator("#graph-canvas").screenshot(path=str(tmp_path / "graph_cap300.png"))
+    page.clean()
+
+
+def test_graph_long_prompt_is_folded(runs: dict[str, Path], page: Page, tmp_path: Path) -> None:
+    """A long prompt (2,048 tokens) does not push the graph off the page: the summary shows its start and end
+    and its length, the whole prompt sits in a closed fold, as text (markup in it stays text), and the graph's
+    canvas is in the first screen."""
+    import shutil
+
+    from streetlamp.report.viewer import write_report
+
+    out = tmp_path / "long"
+    shutil.copytree(runs["plain"], out)
+    m = json.loads((out / "manifest.json").read_text())
+    long = "START " + " ".join(f"w{i}" for i in range(2000)) + f" {EVIL} END"
+    m["prompt"] = long
+    (out / "manifest.json").write_text(json.dumps(m))
+    write_report(out)
+    page.open(out / "report.html")
+    p = page.page
+    summary = p.locator("#graph-summary").text_content()
+    assert "START" in summary and "END" in summary and f"{len(long)} characters" in summary
+    assert len(summary) < 800, len(summary)
+    fold = p.locator("#graph-prompt")
+    assert fold.get_attribute("open") is None  # closed
+    assert fold.locator("p").text_content() == long  # the whole prompt, markup as text
+    assert p.locator("#graph-prompt img").count() == 0
+    assert p.locator("#graph-canvas").bounding_box()["y"] < 1000
+    p.screenshot(path=str(tmp_path / "graph_long_prompt.png"))
+    page.clean()
+    # a short prompt has no fold
+    page.open(runs["plain"] / "report.html")
+    assert page.page.locator("#graph-prompt").count() == 0
+    page.clean()
+    # a graph wider than the page opens scrolled to its last position, where the logits are
+    wide = graph_run(tmp_path, "wide", ["--head-edges", "0", "--no-audit"], prompt=" ".join([PROMPT] * 4))
+    page.open(wide / "report.html")
+    p = page.page
+    box = p.locator("#graph-canvas").locator("xpath=..")
+    sw, cw, left = (box.evaluate(f"e => e.{k}") for k in ("scrollWidth", "clientWidth", "scrollLeft"))
+    assert sw > cw and left == sw - cw, (sw, cw, left)
+    logit = next(n for n in drawn(p)["nodes"] if n[1] == "logit")
+    frame, canvas = box.bounding_box(), p.locator("#graph-canvas").bounding_box()
+    assert frame["x"] <= canvas["x"] + logit[2] <= frame["x"] + frame["width"]  # the logit node is in view
+    p.screenshot(path=str(tmp_path / "graph_wide.png"))
     page.clean()

@@ -39,9 +39,13 @@
     const sc = MAN.scores || {}, gr = MAN.graph || {}, lg = (gr.logits || [])[0] || {};
 
     root.appendChild(L.header("streetlamp graph", `${MAN.model || ""}; transcoders ${(MAN.features || {}).source || (MAN.features || {}).path || ""}`));
-    root.appendChild(el("p", { cls: "sub", id: "graph-summary", text: `prompt ${L.q(MAN.prompt || "")} (${n} tokens); next token ${L.q(lg.token ?? "")} (p = ${fmt(lg.probability, 3)}); ` +
+    // a long prompt (2,048 tokens) would push the graph off the page: its start and end here, the whole in a fold
+    const prompt = String(MAN.prompt || ""), LONG = 240, long = prompt.length > LONG;
+    const promptShown = long ? `${prompt.slice(0, 120)} … ${prompt.slice(-100)}` : prompt;
+    root.appendChild(el("p", { cls: "sub", id: "graph-summary", text: `prompt ${L.q(promptShown)} (${n} tokens${long ? `, ${prompt.length} characters: start and end shown` : ""}); next token ${L.q(lg.token ?? "")} (p = ${fmt(lg.probability, 3)}); ` +
       `replacement score ${fmt(sc.replacement, 3)}, completeness ${fmt(sc.completeness, 3)}; kept ${gr.n_kept_nodes} of ${gr.n_nodes} nodes, ${gr.n_kept_edges} edges ` +
       `(node threshold ${P0.node_threshold}, edge threshold ${P0.edge_threshold})` }));
+    if (long) root.appendChild(el("details", { id: "graph-prompt" }, el("summary", { text: "the whole prompt" }), el("p", { cls: "note", text: prompt })));
 
     // ---------- layout: levels (0 tokens, 1..NL layers, NL+1 logits) x positions ----------
     const colW = Math.max(46, Math.min(110, Math.floor(1080 / Math.max(n, 1)))), left = 64, perCell = Math.max(1, Math.floor((colW - 8) / PITCH));
@@ -192,6 +196,9 @@
       controls, el("div", { cls: "scroll" }, canvas), count, readout, el("div", { cls: "note", text: "the tokens (as text):" }), strip,
       L.exportButtons(() => canvas, "graph", () => `attribution graph of ${MAN.prompt || ""}`), nodeEdges));
     draw();
+    // wider than the page (a long prompt): start scrolled to the last position, where the logits and most nodes are
+    const box = canvas.parentElement;
+    if (box && box.scrollWidth > box.clientWidth) box.scrollLeft = box.scrollWidth - box.clientWidth;
     S.graph = { drawn: () => drawn, draw, select, W, Hh, cap: () => cap };
 
     // ---------- paths and the audit ----------
