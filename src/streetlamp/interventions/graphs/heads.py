@@ -95,16 +95,21 @@ def head_loadings(
         sources_of[t].append(s)
     H = adapter.n_heads
 
+    def at_sources(r: Replacement, parts: list[torch.Tensor], chunk: list[int]) -> list[dict[int, float]]:
+        """Per row ``b``: the row of ``parts[b]`` at the sources of target ``chunk[b]`` (only those columns)."""
+        cols = sorted({s for t in chunk for s in sources_of[t]})
+        rows = r.rows_at(parts, graph, cols)
+        at = {s: j for j, s in enumerate(cols)}
+        return [{s: float(rows[b, at[s]]) for s in sources_of[t]} for b, t in enumerate(chunk)]
+
     # the edges again in float64 (the graph stores float32), from an uncut pass
     plain = Replacement(adapter, ids, B, zero_bos)
     edge64: dict[tuple[int, int], float] = {}
     for c in range(0, len(targets), B):
         chunk = targets[c : c + B]
-        cols = sorted({s for t in chunk for s in sources_of[t]})
-        rows = plain.rows_at([plain.target(graph, t, b) for b, t in enumerate(chunk)], graph, cols)
-        for b, t in enumerate(chunk):
-            for s in sources_of[t]:
-                edge64[(t, s)] = float(rows[b, cols.index(s)])
+        got = at_sources(plain, [plain.target(graph, t, b) for b, t in enumerate(chunk)], chunk)
+        for t, row in zip(chunk, got):
+            edge64.update({(t, s): v for s, v in row.items()})
     del plain
 
     rep = Replacement(adapter, ids, B, zero_bos, cut_heads=True)
@@ -129,14 +134,9 @@ def head_loadings(
     for c in range(0, len(jobs), B):
         jchunk = jobs[c : c + B]
         parts = [(D[t][l][:, h] * rep.v_stash[l][b, :, h]).sum() for b, (t, l, h) in enumerate(jchunk)]
-        cols = sorted({s for t, _, _ in jchunk for s in sources_of[t]})
-        rows = rep.rows_at(parts, graph, cols)  # only the edges' sources: a few columns, not every node
-        at = {s: j for j, s in enumerate(cols)}
-        for b, (t, l, h) in enumerate(jchunk):
-            for s in sources_of[t]:
-                v = float(rows[b, at[s]])
-                if v != 0.0:
-                    loading[(t, s, l, h)] = v
+        got = at_sources(rep, parts, [t for t, _, _ in jchunk])  # the edges' sources only, not every node
+        for (t, l, h), row in zip(jchunk, got):
+            loading.update({(t, s, l, h): v for s, v in row.items() if v != 0.0})
         bar.update(len(jchunk))
     bar.bar.close()
     del rep
